@@ -1,0 +1,189 @@
+"""The device seam: every line that differs between CPU and CUDA lives here, and nowhere else.
+
+``get_device(name)`` returns a small object with the handful of operations a trial needs (autocast, the fp16
+GradScaler, synchronisation, peak memory, cudnn.benchmark). ``nvml_gpus()`` lists NVIDIA GPUs through pynvml.
+Nothing here imports torch at module import time, so the CLI and the parent process stay light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name"]
+
+
+def autocast_dtype_name(device_type: str, amp: str) -> str | None:
+    """The autocast dtype a config asks for on a device type, or None for full precision.
+
+    fp16 autocast is refused on CPU: it is slower there than fp32 on every CPU we know of, and the search
+    space never offers it (the caller gets a ConfigError naming the fix).
+    """
+    if amp == "off":
+        return None
+    if amp == "fp16" and device_type == "cpu":
+        raise ConfigError("amp='fp16' is not supported on the CPU; use amp='bf16' or amp='off'")
+    return {"bf16": "bfloat16", "fp16": "float16"}[amp]
+
+
+class CPUDevice:
+    type = "cpu"
+
+    def __init__(self, name: str = "cpu") -> None:
+        self.name = name
+
+    def torch_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def prepare(self, config) -> None:
+        """Process-wide settings for this device; CPU has none beyond the threads the worker sets."""
+
+    def autocast(self, amp: str):
+        import torch
+
+        dtype = autocast_dtype_name(self.type, amp)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cpu", dtype=getattr(torch, dtype))
+
+    def grad_scaler(self, amp: str):
+        # bf16 keeps fp32's exponent range: no loss scaling needed, on any device.
+        return None
+
+    def synchronize(self) -> None:
+        """CPU kernels are synchronous: a step's end time is already honest."""
+
+    def reset_peak_memory(self) -> None:
+        pass
+
+    def peak_memory_mb(self) -> float | None:
+        return None  # host memory is sampled by the parent, which sees DataLoader workers too
+
+    def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
+        import torch
+
+        if channels_last and tensor.dim() == 4:
+            return tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+
+class CUDADevice(CPUDevice):
+    type = "cuda"
+
+    def __init__(self, name: str = "cuda") -> None:
+        super().__init__(name)
+
+    def torch_device(self):
+        import torch
+
+        return torch.device(self.name)
+
+    def prepare(self, config) -> None:
+        import torch
+
+        torch.cuda.set_device(self.torch_device())
+        # cudnn.benchmark picks the fastest conv algorithm per input shape; shapes are fixed in a trial.
+        torch.backends.cudnn.benchmark = bool(config.cudnn_benchmark)
+
+    def autocast(self, amp: str):
+        import torch
+
+        dtype = autocast_dtype_name(self.type, amp)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=getattr(torch, dtype))
+
+    def grad_scaler(self, amp: str):
+        import torch
+
+        # fp16 has a narrow exponent: small gradients underflow to zero without loss scaling.
+        return torch.amp.GradScaler("cuda") if amp == "fp16" else None
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.torch_device())  # kernels are async: time only after they finish
+
+    def reset_peak_memory(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(self.torch_device())
+
+    def peak_memory_mb(self) -> float | None:
+        import torch
+
+        return torch.cuda.max_memory_reserved(self.torch_device()) / 2**20
+
+    def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
+        import torch
+
+        fmt = torch.channels_last if channels_last and tensor.dim() == 4 else torch.contiguous_format
+        return tensor.to(self.torch_device(), non_blocking=non_blocking, memory_format=fmt)
+
+
+def get_device(name: str) -> CPUDevice:
+    """``cpu`` or ``cuda``/``cuda:N``; CUDA without a usable GPU is a ConfigError naming the fix."""
+    if name == "cpu":
+        return CPUDevice()
+    if name == "cuda" or name.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name!r} but torch sees no CUDA GPU here; use --device cpu")
+        return CUDADevice(name)
+    raise ConfigError(f"device={name!r} is not supported; use cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    index: int
+    name: str
+    memory_total_mb: float
+    driver: str
+    compute_capability: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def nvml_gpus(nvml: Any = None) -> tuple[list[GPUInfo], str]:
+    """NVIDIA GPUs as pynvml sees them, and a one-line status ("ok", "pynvml not installed", "no driver").
+
+    No pynvml or no driver is not an error: it returns ``([], reason)``. ``nvml`` may be passed in (tests use
+    a fake module with the same functions).
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml  # the nvidia-ml-py package
+        except ImportError:
+            return [], "pynvml not installed (pip install nvidia-ml-py)"
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded: a machine without NVIDIA GPUs
+        return [], f"no NVIDIA driver ({_text(exc) or type(exc).__name__})"
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+                cc = f"{major}.{minor}"
+            except Exception:
+                cc = None
+            gpus.append(GPUInfo(i, _text(nvml.nvmlDeviceGetName(h)), mem.total / 2**20, driver, cc))
+        return gpus, "ok"
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+

@@ -1,0 +1,69 @@
+"""Parse the human units a user types: memory sizes and durations."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigError
+
+_MEM_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_DUR_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_memory_mb(text: str | int | float, *, what: str = "memory size") -> float:
+    """Parse ``"12GiB"``, ``"800MB"``, ``"1.5g"`` or a bare number of MiB into MiB.
+
+    >>> parse_memory_mb("2GiB")
+    2048.0
+    >>> parse_memory_mb(512)
+    512.0
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value_mb = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _MEM_UNITS:
+            raise ConfigError(
+                f"{what} {text!r} does not parse: write a number with a unit, e.g. 12GiB, 800MiB or 2GB"
+            )
+        scale = _MEM_UNITS[unit]
+        value_mb = float(m.group(1)) * scale / 1024**2 if unit else float(m.group(1))
+    if value_mb <= 0:
+        raise ConfigError(f"{what} must be positive, got {text!r}")
+    return value_mb
+
+
+def parse_duration_s(text: str | int | float, *, what: str = "duration") -> float:
+    """Parse ``"8h"``, ``"20m"``, ``"90s"``, ``"1h30m"`` or a bare number of seconds.
+
+    >>> parse_duration_s("1h30m")
+    5400.0
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower()
+        parts = re.findall(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", s)
+        if not parts or re.sub(r"[0-9.\sa-z]", "", s) or "".join(n + u for n, u in parts) != s.replace(" ", ""):
+            raise ConfigError(f"{what} {text!r} does not parse: write e.g. 90s, 20m, 8h or 1h30m")
+        seconds = 0.0
+        for number, unit in parts:
+            if unit not in _DUR_UNITS:
+                raise ConfigError(f"{what} {text!r} has unknown unit {unit!r}: use s, m, h or d")
+            seconds += float(number) * _DUR_UNITS[unit]
+    if seconds <= 0:
+        raise ConfigError(f"{what} must be positive, got {text!r}")
+    return seconds
+
+
+def format_mb(mb: float | None) -> str:
+    if mb is None:
+        return "-"
+    return f"{mb / 1024:.2f} GiB" if mb >= 1024 else f"{mb:.0f} MiB"

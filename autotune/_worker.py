@@ -1,0 +1,218 @@
+"""The child side of one trial. Run as ``python -m autotune._worker FD PAYLOAD_JSON`` by ``runner.py``.
+
+It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the
+trial log): ``started``, ``built``, ``warmup``, one ``window`` per measured window, then ``done`` or ``failed``.
+Thread settings are applied before torch is imported; everything else happens in ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+Send = Callable[..., None]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the parent dies, so a killed tuner leaves no trial running."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _apply_threads(config: dict) -> None:
+    import torch
+
+    if config.get("intra_op_threads"):
+        torch.set_num_threads(int(config["intra_op_threads"]))
+    if config.get("inter_op_threads"):
+        torch.set_num_interop_threads(int(config["inter_op_threads"]))  # only legal before any parallel work
+
+
+def _split_batch(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict) and "input" in batch:
+        return batch["input"], batch.get("target")
+    return batch, None
+
+
+def run(payload: dict, send: Send) -> dict:
+    from .config import MeasureSpec, TrialConfig, Workload
+
+    workload = Workload.from_dict(payload["workload"])
+    config = TrialConfig.from_dict(payload["config"])
+    spec = MeasureSpec.from_dict(payload["measure"])
+
+    import torch
+
+    _apply_threads(payload["config"])
+    torch.manual_seed(spec.seed)
+
+    from ._device import get_device
+    from .workloads import build
+
+    dev = get_device(workload.device)
+    dev.prepare(config)
+    built = build(workload, seed=spec.seed)
+    model = built.model.to(dev.torch_device())
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    train = workload.task == "train"
+    model.train(train)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if train else None
+    scaler = dev.grad_scaler(config.amp) if train else None
+    step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
+
+    loader = torch.utils.data.DataLoader(
+        built.dataset, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(spec.seed),
+        **config.dataloader_kwargs(),
+    )
+    if len(loader) == 0:
+        raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
+    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=len(loader))
+
+    it = iter(loader)
+    last_loss: list[Any] = [None]
+
+    def step() -> tuple[int, float, float]:
+        """One step; returns (samples, seconds waiting for data, seconds computing)."""
+        nonlocal it
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:  # an epoch ended: a new iterator (and, without persistent workers, new workers)
+            it = iter(loader)
+            batch = next(it)
+        t1 = time.perf_counter()
+        x, y = _split_batch(batch)
+        non_blocking = config.pin_memory
+        x = dev.to_device(x, non_blocking=non_blocking, channels_last=config.channels_last)
+        if y is not None:
+            y = dev.to_device(y, non_blocking=non_blocking)
+        if train:
+            optimizer.zero_grad(set_to_none=True)
+            with dev.autocast(config.amp):
+                out = step_model(x)
+                loss = built.loss_fn(out, y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            last_loss[0] = loss.detach()
+        else:
+            with torch.inference_mode(), dev.autocast(config.amp):
+                out = step_model(x)
+                last_loss[0] = built.loss_fn(out, y).detach() if (built.loss_fn and y is not None) else None
+        dev.synchronize()
+        t2 = time.perf_counter()
+        return len(x), t1 - t0, t2 - t1
+
+    def check_loss() -> float | None:
+        if last_loss[0] is None:
+            return None
+        value = float(last_loss[0].float().item())
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss became {value} with amp={config.amp}: this config breaks the numerics of training"
+            )
+        return value
+
+    # --- warm-up: until step times settle -------------------------------------------------------------
+    dev.reset_peak_memory()
+    t_warm = time.perf_counter()
+    times: list[float] = []
+    # Settled = the median of the last k step times is within tolerance of the k before them.
+    k = max(1, min(3, spec.warmup_min_steps // 2))
+    while True:
+        _, wait, comp = step()
+        times.append(wait + comp)
+        n = len(times)
+        if time.perf_counter() - t_warm > spec.warmup_max_s:
+            break
+        if n >= max(spec.warmup_min_steps, 2 * k):
+            recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
+            if abs(recent - before) <= spec.settle_tolerance * before:
+                break
+    warmup_s = time.perf_counter() - t_warm
+    steady = statistics.median(times[-k:])
+    compile_s = max(0.0, times[0] - steady) if config.compile_mode != "none" else None
+    check_loss()
+    send("warmup", warmup_s=warmup_s, warmup_steps=len(times), compile_s=compile_s, step_s=steady)
+
+    # --- measurement windows, streamed as they finish --------------------------------------------------
+    waits: list[float] = []
+    comps: list[float] = []
+    for w in range(spec.windows):
+        samples = steps = 0
+        w_wait = w_comp = 0.0
+        start = time.perf_counter()
+        while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
+            k, wait, comp = step()
+            samples += k
+            steps += 1
+            w_wait += wait
+            w_comp += comp
+        elapsed = time.perf_counter() - start
+        waits.append(w_wait / steps)
+        comps.append(w_comp / steps)
+        send("window", index=w, samples_per_s=samples / elapsed, steps=steps,
+             data_wait_s=w_wait / steps, compute_s=w_comp / steps)
+    final_loss = check_loss()
+    return {
+        "final_loss": final_loss,
+        "data_wait_s_per_step": statistics.median(waits),
+        "compute_s_per_step": statistics.median(comps),
+        "peak_device_mb": dev.peak_memory_mb(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    fd = int(argv[1])
+    payload = json.loads(argv[2])
+    chan = os.fdopen(fd, "w", buffering=1)
+
+    def send(event: str, **fields: Any) -> None:
+        chan.write(json.dumps({"event": event, **fields}) + "\n")
+        chan.flush()
+
+    # Threads for OpenMP/MKL are read once when the libraries load: the parent sets them in our environment,
+    # this is a second guard for anyone starting the worker by hand.
+    threads = payload["config"].get("intra_op_threads")
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(var, str(threads))
+    send("started", pid=os.getpid())
+    try:
+        result = run(payload, send)
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
+        from .oom import is_oom
+
+        send("failed", kind="oom" if is_oom(exc) else "error",
+             message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__,
+             traceback=traceback.format_exc()[-8000:])
+        chan.close()
+        os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it
+    send("done", **result)
+    chan.close()
+    os._exit(0)
+    return 0  # unreachable; keeps type checkers calm
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

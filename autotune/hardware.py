@@ -1,0 +1,234 @@
+"""What this machine is: CPU, usable cores, memory, GPUs, software versions, and a stable fingerprint.
+
+Usable cores and memory honour what the process may really use (sched affinity, cgroup v1/v2 quotas), not what
+the host has: a container with a 2-core quota on a 64-core host tunes for 2 cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._device import nvml_gpus
+
+__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb"]
+
+# CPU flags that change which kernels torch can use for the knobs we tune.
+PERF_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
+
+
+def _read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup") -> float | None:
+    """CPU quota in cores from cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``; None when unlimited."""
+    root = Path(root)
+    v2 = _read(root / "cpu.max")
+    if v2:
+        quota, _, period = v2.partition(" ")
+        if quota != "max" and period:
+            return int(quota) / int(period)
+        return None
+    q, p = _read(root / "cpu" / "cpu.cfs_quota_us"), _read(root / "cpu" / "cpu.cfs_period_us")
+    if q and p and int(q) > 0:
+        return int(q) / int(p)
+    return None
+
+
+def cgroup_memory_limit_mb(root: str | Path = "/sys/fs/cgroup") -> tuple[float | None, float | None]:
+    """(limit, current usage) in MiB from cgroup v2 ``memory.max`` or v1; None where unlimited/unknown."""
+    root = Path(root)
+    v2 = _read(root / "memory.max")
+    if v2 is not None:
+        cur = _read(root / "memory.current")
+        limit = None if v2 == "max" else int(v2) / 2**20
+        return limit, (int(cur) / 2**20 if cur else None)
+    v1 = _read(root / "memory" / "memory.limit_in_bytes")
+    if v1 is not None:
+        cur = _read(root / "memory" / "memory.usage_in_bytes")
+        limit = int(v1) / 2**20
+        if limit > 2**40:  # v1 writes a huge number for "unlimited"
+            limit = None
+        return limit, (int(cur) / 2**20 if cur else None)
+    return None, None
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or platform.machine(), []
+    text = _read("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = value.split()
+    return model, flags
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A snapshot of the machine as it matters for performance. ``fingerprint`` ignores software versions
+    so a torch upgrade finds the old study (and is warned about); it changes when the hardware does."""
+
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    logical_cores: int
+    physical_cores: int | None
+    usable_cores: int
+    affinity_cores: int
+    cgroup_cpu_quota: float | None
+    ram_total_mb: float
+    ram_available_mb: float
+    cgroup_memory_limit_mb: float | None
+    gpus: tuple[dict, ...]
+    gpu_status: str
+    os: str
+    python: str
+    torch: str | None
+    torchvision: str | None
+    cuda: str | None
+    cudnn: str | None
+    torch_cpu_capability: str | None
+    compiler: str | None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def has_bf16(self) -> bool:
+        """bf16 autocast is worth trying: native bf16 (AVX512-BF16/AMX) or a GPU of compute capability >= 8."""
+        if any(f in self.cpu_flags for f in ("avx512_bf16", "amx_bf16", "bf16")):
+            return True
+        return any(int((g.get("compute_capability") or "0").split(".")[0]) >= 8 for g in self.gpus)
+
+    @property
+    def can_compile(self) -> bool:
+        """torch.compile's CPU backend needs a C++ compiler; without one every compiled trial would fail."""
+        return self.compiler is not None
+
+    @property
+    def fingerprint(self) -> str:
+        key = {
+            "cpu": self.cpu_model,
+            "flags": sorted(f for f in self.cpu_flags if f in PERF_FLAGS),
+            "usable_cores": self.usable_cores,
+            "ram_gib": round(self.ram_total_mb / 1024),
+            "gpus": sorted((g["name"], round(g["memory_total_mb"] / 1024)) for g in self.gpus),
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cpu_flags"] = list(self.cpu_flags)
+        d["gpus"] = list(self.gpus)
+        d["fingerprint"] = self.fingerprint
+        return d
+
+    def summary_line(self) -> str:
+        gpu = ", ".join(g["name"] for g in self.gpus) or "no GPU"
+        return (f"{self.cpu_model} ({self.usable_cores} usable cores), "
+                f"{self.ram_total_mb / 1024:.0f} GiB RAM, {gpu}, torch {self.torch}")
+
+    def describe(self) -> str:
+        """The block `autotune env` prints: everything a bug report needs."""
+        from ._units import format_mb
+
+        flags = [f for f in PERF_FLAGS if f in self.cpu_flags]
+        quota = "none" if self.cgroup_cpu_quota is None else f"{self.cgroup_cpu_quota:g} cores"
+        mem_limit = "none" if self.cgroup_memory_limit_mb is None else format_mb(self.cgroup_memory_limit_mb)
+        rows = [
+            ("fingerprint", self.fingerprint),
+            ("cpu", self.cpu_model),
+            ("cpu flags", " ".join(flags) or "-"),
+            ("cores", f"{self.usable_cores} usable ({self.logical_cores} logical, "
+                      f"{self.physical_cores or '?'} physical, affinity {self.affinity_cores}, cgroup quota {quota})"),
+            ("memory", f"{format_mb(self.ram_total_mb)} total, {format_mb(self.ram_available_mb)} available "
+                       f"(cgroup limit {mem_limit})"),
+        ]
+        if self.gpus:
+            for g in self.gpus:
+                rows.append((f"gpu {g['index']}", f"{g['name']}, {format_mb(g['memory_total_mb'])}, "
+                                                  f"driver {g['driver']}, compute {g['compute_capability']}"))
+        else:
+            rows.append(("gpu", f"none ({self.gpu_status})"))
+        rows += [
+            ("os", self.os),
+            ("python", self.python),
+            ("torch", f"{self.torch} (cpu kernels: {self.torch_cpu_capability}, cuda {self.cuda or 'none'}, "
+                      f"cudnn {self.cudnn or 'none'})"),
+            ("torchvision", str(self.torchvision)),
+            ("torch.compile", f"available (C++ compiler {self.compiler})" if self.compiler
+                              else "unavailable: no C++ compiler found (install g++)"),
+            ("bf16", "native" if self.has_bf16 else "not native (bf16 autocast is emulated and usually slower)"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
+    """Detect this machine. ``with_torch=False`` skips importing torch (versions then read None).
+
+    >>> hw = detect(with_torch=False)
+    >>> hw.usable_cores >= 1
+    True
+    """
+    import psutil
+
+    model, flags = _cpuinfo()
+    logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+    physical = psutil.cpu_count(logical=False)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = logical
+    quota = cgroup_cpu_quota()
+    usable = affinity if quota is None else max(1, min(affinity, math.floor(quota + 1e-9) or 1))
+    vm = psutil.virtual_memory()
+    limit_mb, current_mb = cgroup_memory_limit_mb()
+    total_mb = vm.total / 2**20
+    avail_mb = vm.available / 2**20
+    if limit_mb is not None:
+        total_mb = min(total_mb, limit_mb)
+        if current_mb is not None:
+            avail_mb = min(avail_mb, max(0.0, limit_mb - current_mb))
+    gpus, gpu_status = nvml_gpus(nvml)
+
+    torch_v = tv_v = cuda_v = cudnn_v = cap = None
+    if with_torch:
+        import torch
+
+        torch_v = torch.__version__
+        cuda_v = torch.version.cuda
+        if torch.cuda.is_available():
+            cudnn_v = str(torch.backends.cudnn.version())
+        try:
+            cap = torch.backends.cpu.get_cpu_capability()
+        except AttributeError:
+            cap = None
+        try:
+            import torchvision
+
+            tv_v = torchvision.__version__
+        except ImportError:
+            tv_v = None
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
+    return Hardware(
+        cpu_model=model, cpu_flags=tuple(flags), logical_cores=logical, physical_cores=physical,
+        usable_cores=usable, affinity_cores=affinity, cgroup_cpu_quota=quota,
+        ram_total_mb=total_mb, ram_available_mb=avail_mb, cgroup_memory_limit_mb=limit_mb,
+        gpus=tuple(g.to_dict() for g in gpus), gpu_status=gpu_status,
+        os=f"{platform.system()} {platform.release()}", python=platform.python_version(),
+        torch=torch_v, torchvision=tv_v, cuda=cuda_v, cudnn=cudnn_v, torch_cpu_capability=cap,
+        compiler=compiler,
+    )

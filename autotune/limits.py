@@ -1,0 +1,45 @@
+"""Memory limits: the default cap and the checks that refuse a cap this machine cannot honour."""
+
+from __future__ import annotations
+
+from ._units import format_mb
+from .errors import ConfigError
+
+__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_cap_against_machine"]
+
+# A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
+# kill every trial before it measures anything.
+MIN_MEMORY_CAP_MB = 1024.0
+# Without a cap from the user, trials may use this share of the memory available when the run starts: the
+# rest is the safety margin that keeps the kernel's OOM killer away from the tuner and the desktop.
+DEFAULT_CAP_SHARE = 0.85
+
+
+def _hw(hardware):
+    if hardware is None:
+        from .hardware import detect
+
+        hardware = detect(with_torch=False)
+    return hardware
+
+
+def default_memory_cap_mb(hardware=None) -> float:
+    hw = _hw(hardware)
+    return max(MIN_MEMORY_CAP_MB, round(hw.ram_available_mb * DEFAULT_CAP_SHARE))
+
+
+def check_cap_against_machine(cap_mb: float | None, hardware=None) -> None:
+    """Refuse a cap below what a trial needs to start, or above the memory this process may use."""
+    if cap_mb is None:
+        return
+    if cap_mb < MIN_MEMORY_CAP_MB:
+        raise ConfigError(
+            f"memory cap {format_mb(cap_mb)} is below the {format_mb(MIN_MEMORY_CAP_MB)} a trial needs just to "
+            "start Python and torch; give at least 1GiB"
+        )
+    hw = _hw(hardware)
+    if cap_mb > hw.ram_total_mb:
+        raise ConfigError(
+            f"memory cap {format_mb(cap_mb)} is larger than this machine's {format_mb(hw.ram_total_mb)}; "
+            f"give at most {format_mb(hw.ram_available_mb * DEFAULT_CAP_SHARE)} (85% of what is available now)"
+        )

@@ -1,0 +1,311 @@
+"""The parent side of one trial: start a fresh child, watch it, contain it, and turn what happened into a result.
+
+The child (``_worker.py``) measures; the parent only watches: it reads the child's streamed events, samples the
+memory of the child and its DataLoader workers, and kills the whole process group at the memory cap, at the
+time limit, or when ``on_window`` asks to stop (pruning). The parent never times anything itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from ._units import format_mb
+from .config import MeasureSpec, TrialConfig, TrialResult, Workload
+from .errors import ConfigError
+from .limits import MIN_MEMORY_CAP_MB
+
+__all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
+
+_POLL_S = 0.05
+_MEMORY_EVERY_S = 0.1
+
+# on_window(index, samples_per_s) -> True to stop the trial now (pruned)
+WindowCallback = Callable[[int, float], bool]
+
+
+def child_env(config: TrialConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: OpenMP/MKL read their thread counts once, at load, so they are set here."""
+    env = dict(os.environ if base is None else base)
+    if config.intra_op_threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(config.intra_op_threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    # The package must be importable by the child even when the parent runs from a source checkout.
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class _Memory:
+    """Samples the memory of a process tree. RSS is cheap but counts pages that forked DataLoader workers
+    share with the main process once per process; PSS splits shared pages fairly and is what the cap is
+    checked against before a kill (reading it costs a few ms, so it is read only near the cap and every
+    second for the reported peak)."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)
+        self.peak_rss_mb = 0.0
+        self.peak_pss_mb = 0.0
+        self._last_pss = 0.0
+
+    def _procs(self):
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except self._psutil.Error:
+            return []
+
+    def rss_mb(self) -> float:
+        total = 0
+        for p in self._procs():
+            try:
+                total += p.memory_info().rss
+            except self._psutil.Error:
+                pass
+        mb = total / 2**20
+        self.peak_rss_mb = max(self.peak_rss_mb, mb)
+        return mb
+
+    def pss_mb(self) -> float:
+        total = 0
+        for p in self._procs():
+            try:
+                info = p.memory_full_info()
+                total += getattr(info, "pss", info.rss)
+            except self._psutil.Error:
+                pass
+        mb = total / 2**20
+        self.peak_pss_mb = max(self.peak_pss_mb, mb)
+        self._last_pss = time.monotonic()
+        return mb
+
+    def sample(self, cap_mb: float | None) -> float | None:
+        """Return the tree's memory when it is over ``cap_mb`` (PSS-confirmed), else None."""
+        rss = self.rss_mb()
+        if cap_mb is not None and rss > cap_mb:
+            pss = self.pss_mb()
+            return pss if pss > cap_mb else None
+        if time.monotonic() - self._last_pss > 1.0:
+            self.pss_mb()
+        return None
+
+    @property
+    def peak_mb(self) -> float:
+        return max(self.peak_pss_mb, 0.0) or self.peak_rss_mb
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it and its DataLoader workers), then reap it."""
+    import psutil
+
+    try:
+        stragglers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        stragglers = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in stragglers:  # anything that left the group
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+        pass
+    psutil.wait_procs(stragglers, timeout=5)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run_trial(
+    workload: Workload,
+    config: TrialConfig,
+    measure: MeasureSpec = MeasureSpec(),
+    *,
+    on_window: WindowCallback | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    log_path: str | Path | None = None,
+    python: str = sys.executable,
+) -> TrialResult:
+    """Measure one config in a fresh child process and return what happened; never raises for trial failures.
+
+    ``on_window(index, samples_per_s)`` is called for each measured window as it arrives; returning True
+    stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr.
+
+    >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
+    ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
+    >>> r.status, r.median_samples_per_s > 0                  # doctest: +SKIP
+    ('ok', True)
+    """
+    if measure.memory_cap_mb is not None and measure.memory_cap_mb < MIN_MEMORY_CAP_MB:
+        raise ConfigError(f"memory cap {format_mb(measure.memory_cap_mb)} is below the "
+                          f"{format_mb(MIN_MEMORY_CAP_MB)} a trial needs to start; give at least 1GiB")
+    if workload.device == "cpu" and config.amp == "fp16":
+        raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
+
+    own_log = log_path is None
+    if own_log:
+        fd, tmp = tempfile.mkstemp(prefix="autotune-trial-", suffix=".log")
+        os.close(fd)
+        log_path = Path(tmp)
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    spawned_at = time.time()
+    payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
+               "spawned_at": spawned_at}
+    rfd, wfd = os.pipe()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
+            pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=child_env(config), start_new_session=True,  # own process group: one kill reaches the workers
+        )
+    os.close(wfd)
+    t0 = time.monotonic()
+    memory = _Memory(proc.pid)
+    events: list[dict] = []
+    windows: list[dict] = []
+    buf = b""
+    stop: tuple[str, str] | None = None  # (status, reason) when the parent ends the trial
+    last_mem = 0.0
+
+    def handle(line: bytes) -> None:
+        nonlocal stop
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            return
+        events.append(ev)
+        if on_event is not None:
+            on_event(ev)
+        if ev.get("event") == "window":
+            windows.append(ev)
+            if on_window is not None and stop is None and on_window(ev["index"], ev["samples_per_s"]):
+                stop = ("pruned", f"stopped after {len(windows)} window(s): cannot beat the best so far")
+
+    try:
+        while stop is None:
+            ready, _, _ = select.select([rfd], [], [], _POLL_S)
+            if ready:
+                chunk = os.read(rfd, 65536)
+                if not chunk:  # the child closed its end: it is exiting
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    handle(line)
+            now = time.monotonic()
+            if now - last_mem >= _MEMORY_EVERY_S:
+                last_mem = now
+                over = memory.sample(measure.memory_cap_mb)
+                if over is not None:
+                    stop = ("over_memory",
+                            f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
+            if stop is None and now - t0 > measure.timeout_s:
+                stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
+            if stop is None and not ready and proc.poll() is not None:
+                break
+        if stop is None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stop = ("timeout", "the child did not exit after it closed its channel")
+        _kill_tree(proc)  # DataLoader workers hold the pipe open; they go before we drain it
+        buf += _drain(rfd)
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: the child must not outlive it
+        _kill_tree(proc)
+        raise
+    finally:
+        os.close(rfd)
+    for line in buf.split(b"\n"):
+        if line.strip():
+            handle(line)
+
+    wall_s = time.monotonic() - t0
+    by = {e.get("event"): e for e in events}
+    built, warm, done, failed = by.get("built", {}), by.get("warmup", {}), by.get("done"), by.get("failed")
+    rc = proc.returncode
+    sig = None
+    traceback_text = None
+    if stop is not None:
+        status, reason = stop
+    elif done is not None:
+        status, reason = "ok", ""
+    elif failed is not None:
+        status, reason = failed["kind"], failed["message"]
+        traceback_text = failed.get("traceback")
+    elif rc is not None and rc < 0:
+        sig = signal.Signals(-rc).name
+        status = "crashed"
+        reason = f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
+        traceback_text = _tail(log_path)
+    else:
+        status, reason = "crashed", f"exited with code {rc} without a result"
+        traceback_text = _tail(log_path)
+    if own_log:
+        if status != "ok" and not traceback_text:
+            traceback_text = _tail(log_path) or None
+        log_path.unlink(missing_ok=True)
+
+    done = done or {}
+    return TrialResult(
+        status=status,
+        reason=reason,
+        samples_per_s=tuple(w["samples_per_s"] for w in windows),
+        window_steps=tuple(w["steps"] for w in windows),
+        data_wait_s_per_step=done.get("data_wait_s_per_step") or _median([w["data_wait_s"] for w in windows]),
+        compute_s_per_step=done.get("compute_s_per_step") or _median([w["compute_s"] for w in windows]),
+        peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
+        peak_host_rss_mb=round(memory.peak_rss_mb, 1) if memory.peak_rss_mb else None,
+        peak_device_mb=done.get("peak_device_mb"),
+        startup_s=built.get("startup_s"),
+        warmup_s=warm.get("warmup_s"),
+        compile_s=warm.get("compile_s"),
+        warmup_steps=warm.get("warmup_steps"),
+        final_loss=done.get("final_loss"),
+        wall_s=round(wall_s, 3),
+        signal=sig,
+        traceback=traceback_text,
+        batch_size=config.batch_size,
+    )
+
+
+def _drain(fd: int) -> bytes:
+    out = b""
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 65536):
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(xs) if xs else None

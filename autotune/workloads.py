@@ -1,0 +1,208 @@
+"""Build a workload by name: model, dataset and loss.
+
+* any torchvision classification model (``resnet18``, ``mobilenet_v3_small``...), always ``weights=None``;
+* or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys.
+  It is called with the keyword arguments it accepts among ``image_size``, ``task``, ``num_classes``.
+  This runs the user's code by design: only name callables you trust.
+
+Data is either a folder of real images (``torchvision.datasets.ImageFolder``) or synthetic JPEGs that go through
+a real PIL decode and the standard transforms, so data loading costs what it costs in real training.
+
+``check(workload)`` runs in the parent and is cheap: it catches user mistakes before a child is started.
+``build(workload)`` runs in the child.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import Workload
+from .errors import WorkloadError
+
+__all__ = ["check", "build", "Built", "SyntheticJPEGDataset", "list_models"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def list_models() -> list[str]:
+    """torchvision's classification models (the names ``--model`` accepts besides ``module:callable``)."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def _load_callable(spec: str) -> Callable[..., Any]:
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise WorkloadError(f"model {spec!r} is not of the form package.module:callable")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, let users name modules in the current folder
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise WorkloadError(
+            f"cannot import {mod_name!r} for --model {spec}: {exc}; check the module path and that it is "
+            "importable from the current folder (or on PYTHONPATH)"
+        ) from None
+    except Exception as exc:
+        raise WorkloadError(f"importing {mod_name!r} for --model {spec} raised {type(exc).__name__}: {exc}") from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise WorkloadError(f"module {mod_name!r} has no attribute {attr!r} (from --model {spec})")
+    if not callable(fn):
+        raise WorkloadError(f"{spec} is a {type(fn).__name__}, not a callable returning (model, dataset, loss_fn)")
+    return fn  # type: ignore[return-value]
+
+
+def _image_files(root: Path) -> tuple[list[str], int]:
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    n = 0
+    for c in classes:
+        for _dirpath, _dirs, files in os.walk(root / c):
+            n += sum(1 for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
+            if n:
+                break
+    return classes, n
+
+
+def check(workload: Workload) -> None:
+    """Refuse a workload that cannot be built, with a one-line WorkloadError that names the fix."""
+    if workload.is_callable:
+        _load_callable(workload.model)
+    else:
+        names = list_models()
+        if workload.model not in names:
+            import difflib
+
+            close = difflib.get_close_matches(workload.model, names, n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise WorkloadError(
+                f"unknown model {workload.model!r}: {hint}use a torchvision classification model "
+                "(`autotune models` lists them) or package.module:callable"
+            )
+    if workload.data_dir is not None:
+        root = Path(workload.data_dir)
+        if not root.is_dir():
+            raise WorkloadError(f"data dir {workload.data_dir!r} does not exist or is not a folder")
+        classes, n = _image_files(root)
+        if not classes or not n:
+            raise WorkloadError(
+                f"data dir {workload.data_dir!r} has no images in class sub-folders: expected "
+                f"DIR/<class>/<image>{IMAGE_EXTENSIONS[0]} (ImageFolder layout)"
+            )
+
+
+def _transforms(image_size: int, task: str):
+    from torchvision import transforms as T
+
+    normalize = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    if task == "train":
+        return T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+    return T.Compose([T.Resize(int(image_size * 256 / 224)), T.CenterCrop(image_size), T.ToTensor(), normalize])
+
+
+class SyntheticJPEGDataset:
+    """JPEG bytes made once, decoded by PIL and transformed on every access, like a folder of photos.
+
+    A pool of ``pool_size`` distinct images (smooth colour fields plus noise, so they compress like photos,
+    about 1.15x the crop size with varied aspect ratios) is encoded at construction; item ``i`` decodes
+    image ``i % pool_size``. Labels are ``i % num_classes``.
+    """
+
+    def __init__(self, image_size: int, length: int, *, num_classes: int = 1000, transform=None,
+                 pool_size: int = 64, seed: int = 0) -> None:
+        import numpy as np
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        self.length = length
+        self.num_classes = num_classes
+        self.transform = transform
+        self.pool: list[bytes] = []
+        base = int(image_size * 1.15)
+        for _ in range(pool_size):
+            h = max(16, int(base * rng.uniform(0.9, 1.1)))
+            w = max(16, int(base * rng.uniform(0.9, 1.3)))
+            coarse = rng.integers(0, 256, size=(max(2, h // 32), max(2, w // 32), 3), dtype=np.uint8)
+            img = Image.fromarray(coarse).resize((w, h), Image.BILINEAR)
+            arr = np.asarray(img, dtype=np.int16) + rng.integers(-12, 13, size=(h, w, 3))
+            buf = io.BytesIO()
+            Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+            self.pool.append(buf.getvalue())
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.pool[index % len(self.pool)])).convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, index % self.num_classes
+
+
+@dataclass
+class Built:
+    model: Any
+    dataset: Any
+    loss_fn: Callable[..., Any] | None
+
+
+def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
+    offered = {"image_size": workload.image_size, "task": workload.task, "num_classes": workload.num_classes}
+    try:
+        params = inspect.signature(fn).parameters
+        accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        kwargs = offered if accepts_any else {k: v for k, v in offered.items() if k in params}
+    except (TypeError, ValueError):
+        kwargs = {}
+    out = fn(**kwargs)
+    if isinstance(out, dict):
+        missing = {"model", "dataset"} - set(out)
+        if missing:
+            raise WorkloadError(f"{workload.model} returned a dict without {', '.join(sorted(missing))}")
+        model, dataset, loss_fn = out["model"], out["dataset"], out.get("loss_fn", out.get("loss"))
+    elif isinstance(out, (tuple, list)) and len(out) in (2, 3):
+        model, dataset, loss_fn = (*out, None) if len(out) == 2 else out
+    else:
+        raise WorkloadError(
+            f"{workload.model} returned {type(out).__name__}; it must return (model, dataset, loss_fn) "
+            "or a dict with keys model, dataset, loss_fn"
+        )
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise WorkloadError(f"{workload.model} returned a model of type {type(model).__name__}, not torch.nn.Module")
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
+        raise WorkloadError(f"{workload.model} returned a dataset that is empty or has no __len__/__getitem__")
+    if workload.task == "train" and not callable(loss_fn):
+        raise WorkloadError(f"{workload.model} returned no callable loss_fn; task=train needs one")
+    return Built(model, dataset, loss_fn)
+
+
+def build(workload: Workload, *, seed: int = 0) -> Built:
+    """Build model, dataset and loss in this process (the trial's child)."""
+    if workload.is_callable:
+        return _call_user(_load_callable(workload.model), workload)
+    import torch
+    import torchvision
+
+    check(workload)
+    model = torchvision.models.get_model(workload.model, weights=None, num_classes=workload.num_classes)
+    transform = _transforms(workload.image_size, workload.task)
+    if workload.data_dir is not None:
+        dataset = torchvision.datasets.ImageFolder(workload.data_dir, transform=transform)
+    else:
+        dataset = SyntheticJPEGDataset(workload.image_size, workload.dataset_size,
+                                       num_classes=workload.num_classes, transform=transform, seed=seed)
+    return Built(model, dataset, torch.nn.CrossEntropyLoss())
