@@ -144,7 +144,7 @@ def run(payload: dict, send: Send) -> dict:
         n = len(times)
         if time.perf_counter() - t_warm > spec.warmup_max_s:
             break
-        if n >= max(spec.warmup_min_steps, 2 * k):
+        if n >= max(spec.warmup_min_steps, 2 * k) and time.perf_counter() - t_warm >= spec.warmup_min_s:
             recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
             if abs(recent - before) <= spec.settle_tolerance * before:
                 break

@@ -1,5 +1,215 @@
-"""The study commands of the CLI (run, show, export): filled in with the tuner."""
+"""The study commands: `run` (search, resume), `show` (table of trials), `export` (the recommendation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from .errors import AutotuneError, StorageError
+
+RUN_EPILOG = """\
+examples:
+  autotune run --model resnet18 --timeout 8h --memory-cap 12GiB   # overnight; Ctrl-C or a kill loses nothing
+  autotune run --model resnet18 --timeout 8h                      # next night: resumes the same study
+  autotune run --model mypkg.models:build --image-size 128 --trials 30
+
+How it works: trial 0 measures PyTorch's defaults (the baseline); then Optuna's TPE sampler proposes configs
+from the search space (search_spaces/cpu.yaml or cuda.yaml, trimmed to this machine; --space for your own).
+Each trial runs in a fresh child process; one that ran out of memory teaches the sampler the memory boundary;
+one that cannot beat the best is stopped early. At the end the top configs and the baseline are re-measured,
+interleaved, with longer windows, and the winner by median is stored in the study (see `autotune export`).
+The study is named after the workload and this machine's hardware fingerprint, so re-running resumes it.
+"""
+
+
+def _study_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("study")
+    g.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
+    g.add_argument("--study-name", default=None, metavar="NAME",
+                   help="default: derived from workload and hardware fingerprint")
+
+
+def _select_study(args: argparse.Namespace):
+    """The study to show/export: by --study-name, else derived from --model, else the only one stored."""
+    import optuna
+
+    from .study import DEFAULT_STORAGE, open_storage, study_name_for
+
+    url = args.storage or DEFAULT_STORAGE
+    from .study import _sqlite_path
+
+    db = _sqlite_path(url)
+    if db is not None and not db.exists():
+        raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
+    storage = open_storage(url, create_dirs=False)
+    name = args.study_name
+    if name is None and getattr(args, "model", None):
+        from .cli import _workload
+        from .hardware import detect
+
+        name = study_name_for(_workload(args), detect(with_torch=False).fingerprint)
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    names = [s.study_name for s in summaries]
+    if name is None:
+        if not names:
+            raise StorageError(f"{url} holds no study yet: run `autotune run --model ...` first")
+        if len(names) > 1:
+            raise AutotuneError(f"{url} holds {len(names)} studies ({', '.join(names)}); pick one with --study-name")
+        name = names[0]
+    if name not in names:
+        raise AutotuneError(f"no study {name!r} in {url}; stored: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=name, storage=storage), url
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ._units import parse_duration_s
+    from .cli import _measure, _workload
+    from .hardware import detect
+    from .space import load_space
+    from .study import Tuner
+    from .workloads import check
+
+    hw = detect()
+    workload = _workload(args)
+    measure = _measure(args, hardware=hw)
+    timeout_s = parse_duration_s(args.timeout, what="--timeout") if args.timeout else None
+    if args.trials is not None and args.trials < 0:
+        raise AutotuneError(f"--trials {args.trials} must be 0 or more")
+    if args.trials is None and timeout_s is None:
+        raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
+    space = load_space(args.space, hardware=hw, device="cpu" if workload.device == "cpu" else "cuda")
+    check(workload)
+    tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
+                  hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
+                  progress=not args.no_progress)
+
+    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"{hw.summary_line()}\n{space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
+          file=sys.stderr)
+    try:
+        rec = tuner.run(trials=args.trials, timeout_s=timeout_s)
+    except KeyboardInterrupt:
+        print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
+    if rec is None:
+        print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
+        return 1
+    print(rec.summary())
+    print(f"export it with: autotune export --study-name {tuner.study_name} -o best.yaml")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .study import baseline_value, trial_rows
+
+    study, url = _select_study(args)
+    rows = trial_rows(study)
+    if not rows:
+        print(f"study {study.study_name} has no trials yet")
+        return 0
+    df = pd.DataFrame(rows)
+    base = baseline_value(study)
+    df["speedup"] = df["samples_per_s"].map(lambda v: round(v / base, 2) if (base and v) else None)
+    # best first: measured feasible trials by throughput, then the rest by trial number
+    df["_rank"] = df.apply(lambda r: -(r["samples_per_s"] or 0) if r["status"] == "ok" else float("inf"), axis=1)
+    df = df.sort_values(["_rank", "trial"]).drop(columns=["_rank"])
+    if args.csv:
+        from pathlib import Path
+
+        from .recommend import atomic_write
+
+        atomic_write(Path(args.csv), df.to_csv(index=False))
+        print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
+    view = df[["trial", "status", "samples_per_s", "speedup", "rel_iqr", "peak_host_mb", "data_wait_share",
+               "config", "reason"]].copy()
+    view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
+    view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
+    view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
+    view["reason"] = view["reason"].fillna("").map(lambda s: s if len(s) <= 60 else s[:57] + "...")
+    view = view.rename(columns={"samples_per_s": "samples/s", "rel_iqr": "IQR", "peak_host_mb": "peak MiB",
+                                "data_wait_share": "data wait"})
+    if args.limit:
+        view = view.head(args.limit)
+    print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "
+          + (f"{base:.1f} samples/s" if base else "not measured"))
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
+        print(view.to_string(index=False, na_rep=""))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .recommend import Recommendation, atomic_write, stored_recommendation
+
+    study, url = _select_study(args)
+    rec = stored_recommendation(study) or Recommendation.provisional_from_study(study, storage=url)
+    if rec.provisional:
+        print("autotune export: note: the run was stopped before its finalists were re-measured; this is the "
+              "best search trial (marked provisional)", file=sys.stderr)
+    text = rec.to_yaml() if args.format == "yaml" else json.dumps(rec.to_dict(), indent=2) + "\n"
+    if args.output and args.output != "-":
+        atomic_write(Path(args.output), text)
+        print(f"wrote {args.output}: {rec.config.short()}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
-    return None
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("run", help="tune: run (or resume) a study and recommend a config",
+                       description="Tune a workload on this machine: an Optuna study of isolated trials, then a "
+                       "re-measurement of the finalists.", epilog=RUN_EPILOG, formatter_class=fmt)
+    add_workload_args(p)
+    g = p.add_argument_group("budget")
+    g.add_argument("--trials", type=int, default=None, metavar="N", help="run N more trials")
+    g.add_argument("--timeout", default=None, metavar="DURATION",
+                   help="stop searching in time for the finalists to finish by then, e.g. 20m, 8h")
+    g.add_argument("--finalists", type=int, default=3, metavar="K",
+                   help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
+    g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")
+    add_measure_args(p)
+    _study_args(p)
+    p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
+                   "for the device, trimmed to this machine)")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="table of a study's trials, best first (--csv FILE too)",
+                       description="Show a study's trials, best first: status, median throughput, speedup over "
+                       "the baseline, spread, peak memory, share of step time waiting for data, config, reason.",
+                       formatter_class=fmt)
+    _study_args(p)
+    p.add_argument("--model", default=None, help="pick the study of this model (with --task/--image-size/--device)")
+    p.add_argument("--task", default="train", choices=("train", "infer"))
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--data", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--csv", default=None, metavar="FILE", help="also write every trial to a CSV file")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="show only the first N rows")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("export", help="write the recommendation (YAML/JSON) with its provenance",
+                       description="Write the study's recommendation: config, measured throughput and spread, "
+                       "speedup over the baseline, peak memory vs cap, hardware and fingerprint, versions, "
+                       "runner-ups and the command that reproduces the measurement.", formatter_class=fmt)
+    _study_args(p)
+    p.add_argument("--model", default=None, help="pick the study of this model (with --task/--image-size/--device)")
+    p.add_argument("--task", default="train", choices=("train", "infer"))
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--data", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
+    p.set_defaults(func=cmd_export)

@@ -185,7 +185,7 @@ class TrialConfig(_Record):
 class MeasureSpec(_Record):
     """How a trial is warmed up and measured, and the limits the parent enforces.
 
-    Warm-up runs at least ``warmup_min_steps`` and until the median of the last three step times moves by
+    Warm-up runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three step times moves by
     less than ``settle_tolerance`` (or ``warmup_max_s`` passes). Then ``windows`` windows of at least
     ``window_s`` seconds each (and at least ``min_window_steps`` steps) are measured and streamed.
     """
@@ -196,6 +196,7 @@ class MeasureSpec(_Record):
     window_s: float = 3.0
     min_window_steps: int = 2
     warmup_min_steps: int = 6
+    warmup_min_s: float = 2.0
     warmup_max_s: float = 120.0
     settle_tolerance: float = 0.10
     timeout_s: float = 600.0
@@ -209,6 +210,7 @@ class MeasureSpec(_Record):
                self.min_window_steps, "a whole number >= 1")
         _check(_is_int(self.warmup_min_steps) and self.warmup_min_steps >= 1, "warmup_min_steps",
                self.warmup_min_steps, "a whole number >= 1")
+        _check(self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
         _check(self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
         _check(0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
         _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")

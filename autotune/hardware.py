@@ -106,11 +106,18 @@ class Hardware:
     extra: dict = field(default_factory=dict)
 
     @property
-    def has_bf16(self) -> bool:
-        """bf16 autocast is worth trying: native bf16 (AVX512-BF16/AMX) or a GPU of compute capability >= 8."""
-        if any(f in self.cpu_flags for f in ("avx512_bf16", "amx_bf16", "bf16")):
-            return True
+    def cpu_has_bf16(self) -> bool:
+        """The CPU computes bf16 natively (AVX512-BF16, AMX or Arm's BF16): bf16 autocast is worth trying."""
+        return any(f in self.cpu_flags for f in ("avx512_bf16", "amx_bf16", "bf16"))
+
+    @property
+    def gpu_has_bf16(self) -> bool:
+        """Some GPU has compute capability >= 8.0 (Ampere or newer), where bf16 runs on tensor cores."""
         return any(int((g.get("compute_capability") or "0").split(".")[0]) >= 8 for g in self.gpus)
+
+    @property
+    def has_bf16(self) -> bool:
+        return self.cpu_has_bf16 or self.gpu_has_bf16
 
     @property
     def can_compile(self) -> bool:

@@ -1,0 +1,424 @@
+"""The recommendation: the chosen config with the evidence to trust it, YAML in and out, and one-line use.
+
+>>> from autotune import recommend                                   # doctest: +SKIP
+>>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
+>>> loader = DataLoader(ds, **rec.dataloader_kwargs())               # doctest: +SKIP
+>>> with rec.apply() as run:                                         # doctest: +SKIP
+...     model = run.prepare_model(model)
+...     with run.autocast():
+...         loss = loss_fn(model(run.prepare_input(x)), y)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import shlex
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from .config import TrialConfig, Workload
+from .errors import AutotuneError, ConfigError
+from .measure import summarize
+
+__all__ = ["Recommendation", "recommend", "Applied", "VersionMismatchWarning"]
+
+FORMAT_VERSION = 1
+
+
+class VersionMismatchWarning(UserWarning):
+    """The stored recommendation was measured with other torch/CUDA/driver versions than this process has."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
+    """The `autotune trial` command that measures this config again."""
+    args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
+            "--image-size", str(workload.image_size), "--device", workload.device,
+            "--batch-size", str(config.batch_size), "--num-workers", str(config.num_workers),
+            "--amp", config.amp, "--compile", config.compile_mode]
+    if workload.data_dir:
+        args += ["--data", workload.data_dir]
+    if config.prefetch_factor:
+        args += ["--prefetch-factor", str(config.prefetch_factor)]
+    for flag, on in (("--pin-memory", config.pin_memory), ("--persistent-workers", config.persistent_workers),
+                     ("--channels-last", config.channels_last)):
+        if on:
+            args.append(flag)
+    if config.intra_op_threads:
+        args += ["--threads", str(config.intra_op_threads)]
+    if config.inter_op_threads:
+        args += ["--interop-threads", str(config.inter_op_threads)]
+    if cap_mb:
+        args += ["--memory-cap", f"{int(cap_mb)}MiB"]
+    return shlex.join(args)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The best feasible config for a workload on a machine, with the measurements behind it."""
+
+    config: TrialConfig
+    workload: Workload
+    median_samples_per_s: float
+    iqr_samples_per_s: float
+    samples_per_s: tuple[float, ...]
+    baseline_samples_per_s: float | None
+    speedup_vs_baseline: float | None
+    peak_host_mb: float | None
+    memory_cap_mb: float | None
+    margin_vs_runner_up: float | None
+    noisy: bool
+    hardware: dict[str, Any]
+    fingerprint: str
+    versions: dict[str, Any]
+    study_name: str
+    storage: str
+    trial_number: int | None
+    runners_up: tuple[dict, ...] = ()
+    notes: tuple[str, ...] = ()
+    reproduce: str = ""
+    created: str = field(default_factory=_now)
+    provisional: bool = False
+
+    # --- construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_finalists(cls, tuner, study, configs, trials, samples, peaks, runs, base_trial):
+        from .measure import NOISY_REL_IQR
+
+        scored = []
+        for c, t in zip(configs, trials):
+            xs = samples[c.key()]
+            if xs:
+                scored.append((c, t, summarize(xs), peaks[c.key()]))
+        if not scored:
+            return None
+        scored.sort(key=lambda x: -x[2].median)
+        best = scored[0]
+        notes: list[str] = []
+        noise = max(NOISY_REL_IQR / 2, best[2].rel_iqr)
+        # configs within noise of the top: prefer less memory, then fewer cores busy
+        close = [x for x in scored if x[2].median >= best[2].median * (1 - noise)]
+        chosen = min(close, key=lambda x: (round(x[3] / 64), (x[0].intra_op_threads or 99) + x[0].num_workers))
+        if chosen is not best:
+            notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
+                         f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, spread "
+                         f"{100 * noise:.1f}%) and lighter on memory/threads")
+        others = [x for x in scored if x is not chosen]
+        margin = (chosen[2].median / others[0][2].median - 1) if others else None
+        base_xs = samples.get(TrialConfig.from_dict(base_trial.user_attrs["config"]).key()) if base_trial else None
+        base_med = summarize(base_xs).median if base_xs else None
+        s = chosen[2]
+        if s.noisy:
+            notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
+        hw = tuner.hardware
+        return cls(
+            config=chosen[0], workload=tuner.workload,
+            median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
+            samples_per_s=tuple(round(x, 3) for x in samples[chosen[0].key()]),
+            baseline_samples_per_s=None if base_med is None else round(base_med, 3),
+            speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
+            peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
+            margin_vs_runner_up=None if margin is None else round(margin, 4), noisy=s.noisy,
+            hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
+                      "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
+            fingerprint=hw.fingerprint, versions=_versions(hw), study_name=tuner.study_name,
+            storage=tuner.storage_url, trial_number=chosen[1].number,
+            runners_up=tuple({"config": x[0].to_dict(), "short": x[0].short(),
+                              "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
+                              "trial": x[1].number} for x in others),
+            notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
+        )
+
+    @classmethod
+    def provisional_from_study(cls, study, *, storage: str = "") -> "Recommendation":
+        """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
+        (the run was stopped before the end)."""
+        from .study import _feasible_by_config, baseline_value
+
+        feasible = _feasible_by_config(study)
+        if not feasible:
+            raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
+                                "`autotune run` longer, or see `autotune show` for why trials failed")
+        best = max(feasible.values(), key=lambda t: t.value or 0)
+        ua = best.user_attrs
+        xs = ua.get("samples_per_s") or [best.value]
+        s = summarize(xs)
+        base = baseline_value(study)
+        workload = Workload.from_dict(study.user_attrs["workload"])
+        config = TrialConfig.from_dict(ua["config"])
+        space = study.user_attrs.get("space") or {}
+        return cls(
+            config=config, workload=workload, median_samples_per_s=round(s.median, 3),
+            iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
+            speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
+            memory_cap_mb=study.user_attrs.get("memory_cap_mb"), margin_vs_runner_up=None, noisy=s.noisy,
+            hardware={"summary": study.user_attrs.get("hardware"), "usable_cores": space.get("usable_cores")},
+            fingerprint=study.user_attrs.get("fingerprint", ""), versions=_versions(None),
+            study_name=study.study_name, storage=storage, trial_number=best.number,
+            notes=("provisional: the best search trial, not re-measured against the runners-up; "
+                   "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
+            reproduce=reproduce_command(workload, config, study.user_attrs.get("memory_cap_mb")), provisional=True,
+        )
+
+    # --- (de)serialisation ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "config": self.config.to_dict(),
+            "workload": self.workload.to_dict(),
+            "measured": {
+                "median_samples_per_s": self.median_samples_per_s, "iqr_samples_per_s": self.iqr_samples_per_s,
+                "samples_per_s": list(self.samples_per_s), "noisy": self.noisy,
+                "baseline_samples_per_s": self.baseline_samples_per_s,
+                "speedup_vs_baseline": self.speedup_vs_baseline,
+                "margin_vs_runner_up": self.margin_vs_runner_up,
+                "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
+            },
+            "hardware": {**self.hardware, "fingerprint": self.fingerprint},
+            "versions": self.versions,
+            "provenance": {"study_name": self.study_name, "storage": self.storage, "trial": self.trial_number,
+                           "created": self.created, "provisional": self.provisional,
+                           "reproduce": self.reproduce},
+            "runners_up": list(self.runners_up),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "recommendation") -> "Recommendation":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: expected a mapping, got {type(d).__name__}")
+        missing = [k for k in ("config", "workload", "measured", "hardware", "versions", "provenance") if k not in d]
+        if missing:
+            raise ConfigError(f"{source}: missing section(s) {', '.join(missing)}; export it again with "
+                              "`autotune export`")
+        if d.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
+            raise ConfigError(f"{source}: format_version {d['format_version']} is newer than this autotune reads "
+                              f"({FORMAT_VERSION}); upgrade autotune")
+        m, p, hw = d["measured"], d["provenance"], dict(d["hardware"])
+        try:
+            return cls(
+                config=TrialConfig.from_dict(d["config"]), workload=Workload.from_dict(d["workload"]),
+                median_samples_per_s=float(m["median_samples_per_s"]),
+                iqr_samples_per_s=float(m["iqr_samples_per_s"]),
+                samples_per_s=tuple(float(x) for x in m.get("samples_per_s", ())),
+                baseline_samples_per_s=m.get("baseline_samples_per_s"),
+                speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
+                memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
+                noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
+                versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
+                storage=str(p.get("storage", "")), trial_number=p.get("trial"),
+                runners_up=tuple(d.get("runners_up") or ()), notes=tuple(d.get("notes") or ()),
+                reproduce=str(p.get("reproduce", "")), created=str(p.get("created", "")),
+                provisional=bool(p.get("provisional", False)),
+            )
+        except KeyError as exc:
+            raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """YAML text; with ``path``, also written atomically (temp file + rename: a reader never sees half)."""
+        text = "# autotune recommendation: measured, not guessed. Reproduce with provenance.reproduce.\n"
+        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        if path is not None:
+            atomic_write(Path(path), text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Recommendation":
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        return cls.from_dict(doc, source=str(path))
+
+    # --- use -----------------------------------------------------------------------------------------
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size, workers, prefetch, pinning."""
+        return self.config.dataloader_kwargs()
+
+    @contextlib.contextmanager
+    def apply(self) -> Iterator["Applied"]:
+        """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
+
+        Yields an ``Applied`` with the per-call helpers: ``prepare_model`` (channels_last, torch.compile),
+        ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``. The inter-op thread count can
+        only be set before torch's first parallel work; if that moment has passed it is left as is, with a note.
+        """
+        import torch
+
+        old_threads = torch.get_num_threads()
+        old_bench = torch.backends.cudnn.benchmark
+        if self.config.intra_op_threads:
+            torch.set_num_threads(self.config.intra_op_threads)
+        if self.config.inter_op_threads and torch.get_num_interop_threads() != self.config.inter_op_threads:
+            try:
+                torch.set_num_interop_threads(self.config.inter_op_threads)
+            except RuntimeError:
+                warnings.warn(f"inter-op threads stay at {torch.get_num_interop_threads()}: torch allows setting "
+                              "them only before its first parallel work; call apply() earlier", stacklevel=3)
+        if self.workload.device != "cpu":
+            torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
+        try:
+            yield Applied(self.config, self.workload.device)
+        finally:
+            torch.set_num_threads(old_threads)
+            torch.backends.cudnn.benchmark = old_bench
+
+    def check_versions(self) -> list[str]:
+        """Differences between the versions this was measured with and the running ones (empty if none)."""
+        now = _versions(None)
+        return [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
+                if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
+
+    def summary(self) -> str:
+        lines = [f"recommended: {self.config.short()}",
+                 f"  {self.median_samples_per_s:.1f} samples/s median (IQR {self.iqr_samples_per_s:.1f}, "
+                 f"{len(self.samples_per_s)} windows)"
+                 + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
+                    f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
+        if self.margin_vs_runner_up is not None:
+            lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class Applied:
+    """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
+
+    def __init__(self, config: TrialConfig, device: str) -> None:
+        from ._device import CPUDevice, CUDADevice
+
+        self.config = config
+        self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
+
+    def prepare_model(self, model):
+        import torch
+
+        if self.config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if self.config.compile_mode != "none":
+            model = torch.compile(model, mode=self.config.compile_mode)
+        return model
+
+    def prepare_input(self, x, *, non_blocking: bool | None = None):
+        nb = self.config.pin_memory if non_blocking is None else non_blocking
+        return self._dev.to_device(x, non_blocking=nb, channels_last=self.config.channels_last)
+
+    def autocast(self):
+        return self._dev.autocast(self.config.amp)
+
+    def grad_scaler(self):
+        return self._dev.grad_scaler(self.config.amp)
+
+
+def _versions(hw) -> dict[str, Any]:
+    import platform
+
+    from . import __version__
+
+    out: dict[str, Any] = {"autotune": __version__, "python": platform.python_version()}
+    try:
+        import torch
+        import torchvision
+
+        out.update(torch=torch.__version__, torchvision=torchvision.__version__, cuda=torch.version.cuda)
+    except ImportError:
+        pass
+    gpus = hw.gpus if hw is not None else ()
+    out["driver"] = gpus[0]["driver"] if gpus else None
+    return out
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def stored_recommendation(study) -> Recommendation | None:
+    d = study.user_attrs.get("recommendation")
+    return Recommendation.from_dict(d) if d else None
+
+
+def recommend(model: str = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
+              device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
+              memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
+              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True
+              ) -> Recommendation:
+    """The recommended config for a workload on this machine.
+
+    Answers from the study storage when this hardware and workload were tuned before (no trial is run);
+    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
+    ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``.
+    """
+    from ._units import parse_duration_s, parse_memory_mb
+    from .hardware import detect
+    from .limits import check_cap_against_machine
+    from .space import load_space
+    from .study import Tuner
+    from .workloads import check
+
+    hw = detect()
+    if device is None:
+        device = "cuda" if hw.gpus else "cpu"
+    workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device)
+    cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
+    check_cap_against_machine(cap, hw)
+    from .config import MeasureSpec
+
+    measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
+    sp = load_space(space, hardware=hw, device="cpu" if device == "cpu" else "cuda")
+    tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
+                  progress=progress)
+    if not rerun:
+        import optuna
+
+        try:
+            existing = optuna.load_study(study_name=tuner.study_name, storage=_storage_for(tuner))
+        except KeyError:
+            existing = None
+        if existing is not None:
+            rec = stored_recommendation(existing)
+            if rec is not None:
+                changed = rec.check_versions()
+                if changed:
+                    warnings.warn(f"the stored recommendation was measured with other versions ({'; '.join(changed)}); "
+                                  "pass rerun=True to measure again", VersionMismatchWarning, stacklevel=2)
+                return rec
+    check(workload)
+    timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
+    rec = tuner.run(trials=trials, timeout_s=timeout_s)
+    if rec is None:
+        raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
+                            "budget or memory cap, and see `autotune show` for why trials failed")
+    return rec
+
+
+def _storage_for(tuner):
+    from .study import open_storage
+
+    return open_storage(tuner.storage_url)

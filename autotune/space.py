@@ -1,0 +1,322 @@
+"""Search spaces: load a YAML file, validate it, trim it to the hardware, and turn an Optuna trial into a config.
+
+A space file (see ``search_spaces/cpu.yaml``) lists parameters, each with a type (``int``, ``bool``,
+``categorical``) and either ``choices`` or ``low``/``high``; ``when: "num_workers > 0"`` makes a parameter
+conditional on an earlier one. ``fixed`` pins knobs that are not searched; ``baseline`` is the first trial.
+The value ``cores`` stands for the cores this process may use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import TrialConfig
+from .errors import SpaceError
+
+__all__ = ["Param", "SearchSpace", "load_space", "default_space_path"]
+
+_KNOBS = {f.name for f in dataclasses.fields(TrialConfig)}
+_TYPES = ("int", "bool", "categorical")
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
+        "!=": operator.ne}
+_WHEN = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
+_TOP_KEYS = {"name", "device", "oversubscribe", "parameters", "fixed", "baseline", "description"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    choices: tuple = ()
+    when: tuple | None = None  # (param, op, value)
+
+    def values(self) -> tuple:
+        return self.choices
+
+
+@dataclass
+class SearchSpace:
+    """A validated space. ``params`` are in sampling order; ``notes`` say what trimming removed and why."""
+
+    name: str
+    device: str
+    params: list[Param]
+    fixed: dict[str, Any]
+    baseline: dict[str, Any]
+    oversubscribe: bool = False
+    usable_cores: int = 1
+    source: str = "<memory>"
+    notes: list[str] = field(default_factory=list)
+
+    # --- sampling ---------------------------------------------------------------------------------------
+    def suggest(self, trial) -> TrialConfig:
+        """Ask an Optuna trial for one point and return the config that will really run (see ``effective``)."""
+        values: dict[str, Any] = {}
+        for p in self.params:
+            if p.when is not None and not _holds(p.when, values):
+                continue
+            if p.type == "int" and _is_range(p.choices):
+                values[p.name] = trial.suggest_int(p.name, p.choices[0], p.choices[-1])
+            else:
+                values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+        return self.effective(values)
+
+    def effective(self, params: dict[str, Any]) -> TrialConfig:
+        """The config that runs for sampled ``params``: fixed knobs added, threads clamped to the cores.
+
+        Clamping (rather than sampling threads from a range that depends on the workers) keeps every
+        parameter's distribution fixed, which Optuna's samplers need; the clamped config is what is stored.
+        """
+        values = {**self.fixed, **{k: v for k, v in params.items() if k in _KNOBS}}
+        cores = self.usable_cores
+        if not self.oversubscribe:
+            workers = min(int(values.get("num_workers", 0)), max(0, cores - 1))
+            values["num_workers"] = workers
+            if values.get("intra_op_threads"):
+                values["intra_op_threads"] = max(1, min(int(values["intra_op_threads"]), cores - workers))
+            if values.get("inter_op_threads"):
+                values["inter_op_threads"] = max(1, min(int(values["inter_op_threads"]), cores))
+        return TrialConfig(**values)
+
+    def baseline_params(self) -> dict[str, Any]:
+        """The baseline as Optuna params (only searched names), for ``study.enqueue_trial``."""
+        names = {p.name for p in self.params}
+        return {k: v for k, v in self.baseline.items() if k in names}
+
+    def baseline_config(self) -> TrialConfig:
+        return self.effective(self.baseline)
+
+    def size(self) -> int:
+        """How many distinct raw points the space has (conditions ignored; an upper bound)."""
+        n = 1
+        for p in self.params:
+            n *= len(p.choices) + (1 if p.when else 0)
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "device": self.device, "oversubscribe": self.oversubscribe,
+            "usable_cores": self.usable_cores, "source": self.source,
+            "parameters": {p.name: {"type": p.type, "choices": list(p.choices),
+                                    **({"when": " ".join(map(str, p.when))} if p.when else {})}
+                           for p in self.params},
+            "fixed": self.fixed, "baseline": self.baseline, "notes": self.notes,
+        }
+
+    def describe(self) -> str:
+        lines = [f"search space {self.name} ({self.source}), {self.usable_cores} usable cores"]
+        for p in self.params:
+            cond = f"  when {' '.join(map(str, p.when))}" if p.when else ""
+            lines.append(f"  {p.name:<20} {list(p.choices)}{cond}")
+        for k, v in self.fixed.items():
+            lines.append(f"  {k:<20} fixed {v!r}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _is_range(choices: tuple) -> bool:
+    return len(choices) > 2 and all(isinstance(c, int) for c in choices) and \
+        list(choices) == list(range(choices[0], choices[-1] + 1))
+
+
+def _holds(when: tuple, values: dict[str, Any]) -> bool:
+    name, op, value = when
+    if name not in values:
+        return False
+    return bool(_OPS[op](values[name], value))
+
+
+def default_space_path(device: str) -> Path:
+    family = "cpu" if device == "cpu" else "cuda"
+    try:
+        return Path(str(resources.files("autotune.search_spaces").joinpath(f"{family}.yaml")))
+    except ModuleNotFoundError:  # running from a source checkout that was never installed
+        return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
+
+
+def _parse_scalar(raw: Any, cores: int, where: str = "") -> Any:
+    if raw == "cores":
+        return cores
+    return raw
+
+
+def load_space(path: str | Path | None = None, *, hardware=None, device: str = "cpu") -> SearchSpace:
+    """Load, validate and trim a space. Errors name the file, the key and the fix.
+
+    ``hardware`` (from ``autotune.hardware.detect``) drives the trimming; without it the file is only validated
+    (``cores`` then means this machine's usable cores).
+    """
+    if hardware is None:
+        from .hardware import detect
+
+        hardware = detect(with_torch=False)
+    path = Path(path) if path is not None else default_space_path(device)
+    src = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpaceError(f"cannot read search space {src}: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpaceError(f"{src}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return space_from_dict(doc, hardware=hardware, source=src, device=device)
+
+
+def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str = "cpu") -> SearchSpace:
+    src = source
+    if not isinstance(doc, dict):
+        raise SpaceError(f"{src}: a search space is a mapping with a 'parameters' key, got {type(doc).__name__}")
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        raise SpaceError(f"{src}: unknown top-level key(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(_TOP_KEYS))}")
+    params_doc = doc.get("parameters")
+    if not isinstance(params_doc, dict) or not params_doc:
+        raise SpaceError(f"{src}: 'parameters' must be a non-empty mapping of knob name to definition")
+    cores = max(1, int(hardware.usable_cores))
+    space_device = str(doc.get("device", device))
+    is_cpu = space_device == "cpu"
+    notes: list[str] = []
+    params: list[Param] = []
+    seen: dict[str, Param] = {}
+    for name, spec in params_doc.items():
+        where = f"{src}: parameters.{name}"
+        if name not in _KNOBS:
+            raise SpaceError(f"{where}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
+        if not isinstance(spec, dict):
+            raise SpaceError(f"{where}: must be a mapping like {{type: int, choices: [32, 64]}}")
+        extra = set(spec) - {"type", "choices", "low", "high", "when"}
+        if extra:
+            raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; use type, choices, low/high, when")
+        ptype = spec.get("type")
+        if ptype not in _TYPES:
+            raise SpaceError(f"{where}: type {ptype!r} is not one of {', '.join(_TYPES)}")
+        if ptype == "bool":
+            if "choices" in spec or "low" in spec:
+                raise SpaceError(f"{where}: a bool takes no choices or range; remove them")
+            choices: list = [False, True]
+        elif "choices" in spec:
+            if "low" in spec or "high" in spec:
+                raise SpaceError(f"{where}: give either choices or low/high, not both")
+            raw = spec["choices"]
+            if not isinstance(raw, list) or not raw:
+                raise SpaceError(f"{where}: choices must be a non-empty list")
+            choices = [_parse_scalar(c, cores, where) for c in raw]
+        elif "low" in spec and "high" in spec:
+            if ptype != "int":
+                raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
+            low, high = _parse_scalar(spec["low"], cores, where), _parse_scalar(spec["high"], cores, where)
+            if not (isinstance(low, int) and isinstance(high, int)):
+                raise SpaceError(f"{where}: low and high must be whole numbers (or 'cores')")
+            if low > high:
+                raise SpaceError(f"{where}: low {low} > high {high}; swap them")
+            choices = list(range(low, high + 1))
+        else:
+            raise SpaceError(f"{where}: needs choices: [...] or low: and high:")
+        if ptype == "int" and not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
+            raise SpaceError(f"{where}: every choice of an int parameter must be a whole number, got {choices}")
+        if len(set(map(repr, choices))) != len(choices):
+            raise SpaceError(f"{where}: choices repeat a value: {choices}")
+        when = None
+        if "when" in spec:
+            m = _WHEN.match(str(spec["when"]))
+            if not m:
+                raise SpaceError(f"{where}: when {spec['when']!r} is not of the form 'other_param > 0'")
+            ref, op, value = m.group(1), m.group(2), yaml.safe_load(m.group(3))
+            if ref not in seen:
+                raise SpaceError(f"{where}: when refers to {ref!r}, which must be a parameter listed before it")
+            when = (ref, op, value)
+        # every choice must make a valid config on its own
+        for c in choices:
+            try:
+                TrialConfig(**{name: c})
+            except Exception as exc:  # ConfigError
+                raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}") from None
+        choices = _trim(name, choices, hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
+                        oversubscribe=bool(doc.get("oversubscribe", False)))
+        if not choices:
+            raise SpaceError(f"{where}: no choice is usable on this machine ({'; '.join(notes[-1:])})")
+        p = Param(name, ptype, tuple(choices), when)
+        params.append(p)
+        seen[name] = p
+
+    fixed = dict(doc.get("fixed") or {})
+    for k, v in list(fixed.items()):
+        if k not in _KNOBS:
+            raise SpaceError(f"{src}: fixed.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
+        if k in seen:
+            raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
+        fixed[k] = _parse_scalar(v, cores, f"{src}: fixed.{k}")
+    if is_cpu and fixed.get("pin_memory"):
+        notes.append("pin_memory fixed to false: page-locked memory only helps copies to a GPU")
+        fixed["pin_memory"] = False
+    try:
+        TrialConfig(**fixed)
+    except Exception as exc:
+        raise SpaceError(f"{src}: fixed: {exc}") from None
+
+    baseline = {k: _parse_scalar(v, cores, f"{src}: baseline.{k}") for k, v in (doc.get("baseline") or {}).items()}
+    for k in baseline:
+        if k not in _KNOBS:
+            raise SpaceError(f"{src}: baseline.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
+    for p in params:  # an omitted baseline knob takes the first choice: the plainest setting by convention
+        if p.name not in baseline and p.when is None:
+            baseline[p.name] = p.choices[0] if p.type != "bool" else False
+        if p.name in baseline and baseline[p.name] not in p.choices:
+            raise SpaceError(f"{src}: baseline.{p.name}={baseline[p.name]!r} is not among the usable choices "
+                             f"{list(p.choices)}; pick one of them")
+    oversubscribe = doc.get("oversubscribe", False)
+    if not isinstance(oversubscribe, bool):
+        raise SpaceError(f"{src}: oversubscribe must be true or false")
+    space = SearchSpace(name=str(doc.get("name", Path(src).stem)), device=space_device, params=params,
+                        fixed=fixed, baseline=baseline, oversubscribe=oversubscribe, usable_cores=cores,
+                        source=src, notes=notes)
+    try:
+        space.baseline_config()
+    except Exception as exc:
+        raise SpaceError(f"{src}: baseline: {exc}") from None
+    return space
+
+
+def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes: list[str],
+          oversubscribe: bool) -> list:
+    kept = list(choices)
+    if name == "amp":
+        if is_cpu and "fp16" in kept:
+            kept.remove("fp16")
+            notes.append("amp=fp16 dropped: fp16 autocast is slower than fp32 on CPUs and needs a GPU's GradScaler")
+        if "bf16" in kept and not (hardware.cpu_has_bf16 if is_cpu else hardware.gpu_has_bf16):
+            kept.remove("bf16")
+            notes.append("amp=bf16 dropped: no native bf16 on this hardware (AVX512-BF16/AMX or GPU compute >= 8.0)")
+    elif name == "compile_mode":
+        if not hardware.can_compile:
+            dropped = [c for c in kept if c != "none"]
+            kept = [c for c in kept if c == "none"]
+            if dropped:
+                notes.append(f"compile modes {', '.join(dropped)} dropped: torch.compile needs a C++ compiler (g++)")
+        if is_cpu and "reduce-overhead" in kept:
+            kept.remove("reduce-overhead")
+            notes.append("compile_mode=reduce-overhead dropped: it relies on CUDA graphs")
+    elif name == "pin_memory" and is_cpu:
+        if True in kept:
+            notes.append("pin_memory=true dropped: page-locked memory only helps copies to a GPU")
+        kept = [False]
+    elif name in ("intra_op_threads", "inter_op_threads", "num_workers"):
+        # Without oversubscription a worker needs a core of its own beside the training process's.
+        limit = cores if (name != "num_workers" or oversubscribe) else max(0, cores - 1)
+        over = [c for c in kept if c > limit]
+        if over:
+            kept = [c for c in kept if c <= limit]
+            notes.append(f"{name} {over} dropped: more than the {cores} usable cores allow")
+    return kept

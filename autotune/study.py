@@ -1,0 +1,513 @@
+"""Optuna orchestration: one study per workload and hardware, trials through the isolated runner, finalists.
+
+The one function that decides what a trial means to Optuna is ``outcome``. The memory boundary is a
+constraint (``trial.set_constraint``), not a failure, so the sampler learns it; a config that repeats one with
+a smaller batch that already ran out of memory is recorded infeasible without being run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import MEMORY_STATUSES, MeasureSpec, TrialConfig, TrialResult, Workload
+from .errors import AutotuneError, StorageError
+from .measure import summarize
+
+__all__ = ["Tuner", "outcome", "Outcome", "study_name_for", "open_storage", "DEFAULT_STORAGE", "NoHopePruner",
+           "trial_rows"]
+
+DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+_ATTR_PREFIX = ""  # user attrs are flat so optuna-dashboard shows them as columns
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # "complete" | "pruned" | "fail"
+    value: float | None = None
+    memory_constraint: float | None = None  # <= 0 feasible
+
+
+def outcome(result: TrialResult, memory_cap_mb: float | None) -> Outcome:
+    """Map a TrialResult to what Optuna records: decided here, once.
+
+    ok -> COMPLETE, value = median samples/s, memory constraint = peak/cap - 1 (<= 0, feasible).
+    oom / over_memory / skipped -> COMPLETE but infeasible (constraint > 0): the sampler learns the boundary
+    and does not propose it again (a FAIL would be ignored and re-proposed). pruned / timeout -> PRUNED.
+    crashed / error -> FAIL, with the reason kept in the trial's attributes.
+    """
+    if result.status == "ok":
+        c = (result.peak_host_mb / memory_cap_mb - 1.0) if (result.peak_host_mb and memory_cap_mb) else -1.0
+        return Outcome("complete", float(result.median_samples_per_s or 0.0), min(c, 0.0))
+    if result.status in MEMORY_STATUSES or result.status == "skipped":
+        over = (result.peak_host_mb / memory_cap_mb - 1.0) if (result.peak_host_mb and memory_cap_mb) else 0.0
+        return Outcome("complete", 0.0, max(over, 1.0 if over <= 0 else over))
+    if result.status in ("pruned", "timeout"):
+        return Outcome("pruned")
+    return Outcome("fail")
+
+
+def study_name_for(workload: Workload, fingerprint: str) -> str:
+    """``resnet18-train-224px-synthetic-cpu-<fingerprint>``: one study per workload and hardware."""
+    model = re.sub(r"[^A-Za-z0-9_.]+", ".", workload.model)
+    if workload.data_dir is not None:
+        data = "-data." + re.sub(r"[^A-Za-z0-9_]+", "_", Path(workload.data_dir).name)
+    else:
+        data = "" if workload.is_callable else "-synthetic"
+    return f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}-{fingerprint}"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def open_storage(url: str | None = None, *, create_dirs: bool = True):
+    """An Optuna RDBStorage for ``url`` (default ``sqlite:///trials/autotune.db``), or a one-line StorageError.
+
+    SQLite waits up to 60 s for a lock held by another process instead of failing. Other databases get
+    heartbeats, so a trial whose worker died is failed and retried by a live worker.
+    """
+    import optuna
+
+    url = url or DEFAULT_STORAGE
+    db = _sqlite_path(url)
+    if db is not None:
+        if create_dirs:
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
+        if db.parent.exists() and not os.access(db.parent, os.W_OK):
+            raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
+        kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}}
+    elif url.startswith(("sqlite:", "postgresql", "mysql")):
+        kwargs = {"heartbeat_interval": 30, "grace_period": 120,
+                  "failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+    else:
+        raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
+                           "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.storages.RDBStorage(url, **kwargs)
+    except ImportError as exc:
+        raise StorageError(f"storage {url!r} needs a database driver: {exc} (e.g. pip install psycopg2-binary)") from None
+    except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+class NoHopePruner:
+    """Prune a trial whose best window so far, even ``margin`` faster, cannot beat the best feasible trial.
+
+    Optimistic on purpose: on a noisy machine a config is dropped only when its best window is clearly
+    below the best median. Needs ``min_windows`` windows first; the baseline trial is never pruned.
+    """
+
+    def __init__(self, *, margin: float = 0.15, min_windows: int = 2) -> None:
+        self.margin = margin
+        self.min_windows = min_windows
+
+    def prune(self, study, trial) -> bool:
+        from optuna.trial import TrialState
+
+        values = trial.intermediate_values
+        if len(values) < self.min_windows or trial.user_attrs.get("baseline"):
+            return False
+        best = None
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.value and all(c <= 0 for c in t.constraints.values()):
+                best = t.value if best is None else max(best, t.value)
+        if best is None:
+            return False
+        return max(values.values()) * (1 + self.margin) < best
+
+
+def _as_optuna_pruner(p: NoHopePruner):
+    import optuna
+
+    class _Pruner(optuna.pruners.BasePruner):
+        def prune(self, study, trial) -> bool:  # noqa: D401 - Optuna's interface
+            return p.prune(study, trial)
+
+    return _Pruner()
+
+
+@contextlib.contextmanager
+def _study_lock(storage_url: str, study_name: str) -> Iterator[None]:
+    """One `autotune run` per SQLite study: a second one is refused clearly instead of corrupting timings
+    (two trials on one machine share its cores) or the trial bookkeeping."""
+    db = _sqlite_path(storage_url)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = db.parent / f".{db.name}.{study_name}.lock"
+    fh = open(lock_path, "w")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StorageError(
+                f"another autotune run is already working on study {study_name!r} in {db} on this machine; "
+                "wait for it to finish (two runs would share the cores and spoil each other's timings)"
+            ) from None
+        fh.write(str(os.getpid()))
+        fh.flush()
+        yield
+    finally:
+        fh.close()
+
+
+def trial_rows(study) -> list[dict[str, Any]]:
+    """One flat dict per trial (for `show`, CSV, reports), from what the trials stored."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        ua = t.user_attrs
+        cfg = ua.get("config") or {}
+        rows.append({
+            "trial": t.number,
+            "state": t.state.name,
+            "status": ua.get("status", "running" if t.state.name == "RUNNING" else "-"),
+            "samples_per_s": ua.get("median_samples_per_s"),
+            "rel_iqr": ua.get("rel_iqr"),
+            "peak_host_mb": ua.get("peak_host_mb"),
+            "data_wait_share": ua.get("data_wait_share"),
+            "feasible": all(c <= 0 for c in t.constraints.values()) if t.constraints else None,
+            "baseline": bool(ua.get("baseline")),
+            "config": TrialConfig.from_dict(cfg).short() if cfg else "-",
+            "reason": ua.get("reason", ""),
+            "wall_s": ua.get("wall_s"),
+        })
+    return rows
+
+
+class Tuner:
+    """Runs and resumes one study. ``run`` returns the Recommendation (or None when nothing ran feasibly).
+
+    >>> tuner = Tuner(Workload(model="resnet18", image_size=64))   # doctest: +SKIP
+    >>> rec = tuner.run(trials=20)                                 # doctest: +SKIP
+    """
+
+    def __init__(self, workload: Workload, *, space=None, measure: MeasureSpec | None = None,
+                 storage: str | None = None, study_name: str | None = None, hardware=None,
+                 finalists: int = 3, finalist_rounds: int = 2, seed: int | None = None,
+                 startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
+                 log=None) -> None:
+        from .hardware import detect
+        from .limits import default_memory_cap_mb
+        from .space import load_space
+
+        self.workload = workload
+        self.hardware = hardware or detect()
+        self.space = space or load_space(hardware=self.hardware, device="cpu" if workload.device == "cpu" else "cuda")
+        measure = measure or MeasureSpec()
+        if measure.memory_cap_mb is None:
+            measure = measure.replace(memory_cap_mb=default_memory_cap_mb(self.hardware))
+        self.measure = measure
+        self.storage_url = storage or DEFAULT_STORAGE
+        self.study_name = study_name or study_name_for(workload, self.hardware.fingerprint)
+        self.finalists = finalists
+        self.finalist_rounds = finalist_rounds
+        self.seed = seed
+        self.startup_trials = startup_trials
+        self.pruner = NoHopePruner(margin=prune_margin)
+        self.progress = progress
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._storage = None
+        self._study = None
+
+    # --- study ---------------------------------------------------------------------------------------
+    @property
+    def artifacts_dir(self) -> Path:
+        db = _sqlite_path(self.storage_url)
+        root = db.parent if db is not None else Path("trials")
+        return root / self.study_name
+
+    def study(self):
+        if self._study is None:
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            self._storage = open_storage(self.storage_url)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                sampler = optuna.samplers.TPESampler(
+                    seed=self.seed, n_startup_trials=self.startup_trials, multivariate=True, group=True,
+                    constant_liar=True,
+                )
+            self._study = optuna.create_study(storage=self._storage, study_name=self.study_name,
+                                              direction="maximize", sampler=sampler,
+                                              pruner=_as_optuna_pruner(self.pruner), load_if_exists=True)
+            s = self._study
+            meta = {"workload": self.workload.to_dict(), "fingerprint": self.hardware.fingerprint,
+                    "hardware": self.hardware.summary_line(), "space": self.space.to_dict(),
+                    "memory_cap_mb": self.measure.memory_cap_mb, "measure": self.measure.to_dict()}
+            for k, v in meta.items():
+                if s.user_attrs.get(k) != v:
+                    s.set_user_attr(k, v)
+        return self._study
+
+    def _recover(self, study) -> int:
+        """Fail trials a killed run left RUNNING (we hold the study lock, so nobody else runs them) and
+        re-queue every interrupted trial once. Returns how many were re-queued."""
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
+        queued = 0
+        for t in trials:
+            stale = t.state == TrialState.RUNNING and _sqlite_path(self.storage_url) is not None
+            interrupted = t.state == TrialState.FAIL and t.user_attrs.get("status") in (None, "interrupted")
+            if stale:
+                study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+                study._storage.set_trial_user_attr(t._trial_id, "reason", "the tuner was killed during this trial")
+                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            if (stale or interrupted) and t.number not in retried and t.params:
+                attrs = {"retry_of": t.number}
+                if t.user_attrs.get("baseline"):
+                    attrs["baseline"] = True
+                study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
+                retried.add(t.number)
+                queued += 1
+        return queued
+
+    # --- one trial -----------------------------------------------------------------------------------
+    def _known(self, study) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
+        """Finished trials by config key, and the memory failures (config, trial number)."""
+        from optuna.trial import TrialState
+
+        done: dict[tuple, Any] = {}
+        memory_failures: list[tuple[TrialConfig, int]] = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            cfg = t.user_attrs.get("config")
+            if not cfg or t.user_attrs.get("duplicate_of") is not None:
+                continue
+            c = TrialConfig.from_dict(cfg)
+            done.setdefault(c.key(), t)
+            if t.user_attrs.get("status") in MEMORY_STATUSES:
+                memory_failures.append((c, t.number))
+        return done, memory_failures
+
+    def objective(self, trial) -> float:
+        import optuna
+
+        config = self.space.suggest(trial)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("fingerprint", self.hardware.fingerprint)
+        done, memory_failures = self._known(trial.study)
+
+        for smaller, number in memory_failures:
+            if smaller.batch_size <= config.batch_size and smaller.replace(batch_size=config.batch_size) == config:
+                result = TrialResult(status="skipped", batch_size=config.batch_size,
+                                     reason=f"not run: batch {config.batch_size} >= batch {smaller.batch_size}, "
+                                            f"which ran out of memory with the same settings (trial {number})")
+                return self._record(trial, result)
+
+        twin = done.get(config.key())
+        if twin is not None:
+            trial.set_user_attr("duplicate_of", twin.number)
+            for k, v in twin.user_attrs.items():
+                if k not in ("config", "baseline", "retry_of", "duplicate_of"):
+                    trial.set_user_attr(k, v)
+            if twin.state.name == "PRUNED":
+                raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
+            for k, v in twin.constraints.items():
+                trial.set_constraint(k, v)
+            return float(twin.value or 0.0)
+
+        def on_window(index: int, samples_per_s: float) -> bool:
+            trial.report(samples_per_s, index)
+            return trial.should_prune()
+
+        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            result = run_trial_for_tuner(self.workload, config, self.measure, on_window=on_window,
+                                         log_path=self.artifacts_dir / f"trial-{trial.number}.log")
+        except KeyboardInterrupt:
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("reason", "the tuner was stopped during this trial")
+            raise
+        return self._record(trial, result)
+
+    def _record(self, trial, result: TrialResult) -> float:
+        import optuna
+
+        for k, v in result.figures().items():
+            trial.set_user_attr(k, v)
+        if result.traceback and result.status in ("error", "crashed"):
+            trial.set_user_attr("traceback", result.traceback[-4000:])
+        o = outcome(result, self.measure.memory_cap_mb)
+        if o.state == "complete":
+            trial.set_constraint("memory", o.memory_constraint)
+            return o.value  # type: ignore[return-value]
+        if o.state == "pruned":
+            raise optuna.TrialPruned(result.reason)
+        raise _TrialError(f"{result.status}: {result.reason}")
+
+    # --- the run -------------------------------------------------------------------------------------
+    def run(self, *, trials: int | None = None, timeout_s: float | None = None):
+        """Search until ``trials`` more trials ran or ``timeout_s`` passed, then re-measure the finalists.
+
+        The time budget covers the finalists too: the search stops early enough to leave them room.
+        Ctrl-C/SIGTERM stop at once; everything finished is in the storage and a re-run resumes.
+        """
+        if trials is None and timeout_s is None:
+            raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
+        from tqdm import tqdm
+
+        with _study_lock(self.storage_url, self.study_name):
+            study = self.study()
+            queued = self._recover(study)
+            previous = len(study.trials)
+            if previous == 0:
+                study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+                self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
+                          f"baseline ({self.space.baseline_config().short()})")
+            else:
+                self._log(f"resuming study {self.study_name}: {previous} trials so far"
+                          + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
+            start = time.monotonic()
+            deadline = start + timeout_s if timeout_s else None
+            bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not self.progress,
+                       dynamic_ncols=True, bar_format="{desc} {n_fmt}" + ("/{total_fmt}" if trials else "")
+                       + " [{elapsed}{postfix}]")
+            n = 0
+            trial_walls: list[float] = []
+            try:
+                while trials is None or n < trials:
+                    if deadline is not None:
+                        reserve = self._finalist_reserve_s(trial_walls)
+                        left = deadline - time.monotonic()
+                        if left <= reserve or (trial_walls and left - reserve < 0.5 * min(trial_walls)):
+                            break
+                    t0 = time.monotonic()
+                    study.optimize(self.objective, n_trials=1, catch=(_TrialError,), gc_after_trial=False)
+                    trial_walls.append(time.monotonic() - t0)
+                    n += 1
+                    last = study.trials[-1]
+                    bar.update(1)
+                    bar.set_postfix_str(self._postfix(study, last, deadline), refresh=True)
+            finally:
+                bar.close()
+            self._log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
+            return self.finalize()
+
+    def _finalist_reserve_s(self, trial_walls: list[float]) -> float:
+        if not trial_walls or self.finalists <= 0:
+            return 0.0
+        typical = sorted(trial_walls)[len(trial_walls) // 2]
+        return typical * 1.3 * (self.finalists + 1) * self.finalist_rounds
+
+    def _postfix(self, study, last, deadline) -> str:
+        parts = [f"last #{last.number} {last.user_attrs.get('status', last.state.name.lower())}"]
+        base = baseline_value(study)
+        try:
+            best = study.best_trial
+            parts.append(f"best {best.value:.1f}/s #{best.number}")
+            if base:
+                parts.append(f"x{best.value / base:.2f} vs baseline")
+        except ValueError:
+            pass
+        if deadline is not None:
+            parts.append(f"{max(0, deadline - time.monotonic()) / 60:.0f} min left")
+        return ", ".join(parts)
+
+    # --- finalists -----------------------------------------------------------------------------------
+    def finalize(self):
+        """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median.
+
+        Rounds rotate the order (A B C, B C A, ...) so no config always runs first on a warm or cold machine.
+        If the top two are within noise, the one with less memory (then fewer threads) wins.
+        """
+        from .recommend import Recommendation
+
+        study = self.study()
+        feasible = _feasible_by_config(study)
+        if not feasible:
+            self._log("no feasible trial yet: nothing to recommend (see `autotune show` for why trials failed)")
+            return None
+        top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
+        base = baseline_trial(study)
+        cands = list(top)
+        if base is not None and all(TrialConfig.from_dict(base.user_attrs["config"]) !=
+                                    TrialConfig.from_dict(t.user_attrs["config"]) for t in cands):
+            cands.append(base)
+        configs = [TrialConfig.from_dict(t.user_attrs["config"]) for t in cands]
+        measure = self.measure.replace(window_s=self.measure.window_s * 2)
+        samples: dict[tuple, list[float]] = {c.key(): [] for c in configs}
+        peaks: dict[tuple, float] = {c.key(): 0.0 for c in configs}
+        runs: dict[tuple, list[dict]] = {c.key(): [] for c in configs}
+        rounds = self.finalist_rounds if len(configs) > 1 else 1
+        self._log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
+                  f"{measure.windows} windows of >= {measure.window_s:g} s each")
+        for r in range(rounds):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            for c in order:
+                res = run_trial_for_tuner(self.workload, c, measure,
+                                          log_path=self.artifacts_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log")
+                runs[c.key()].append({"round": r, "status": res.status, "samples_per_s": list(res.samples_per_s),
+                                      "peak_host_mb": res.peak_host_mb, "reason": res.reason})
+                if res.ok:
+                    samples[c.key()].extend(res.samples_per_s)
+                    peaks[c.key()] = max(peaks[c.key()], res.peak_host_mb or 0.0)
+                self._log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
+                          + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+        rec = Recommendation.from_finalists(self, study, configs, cands, samples, peaks, runs, base)
+        if rec is not None:
+            study.set_user_attr("recommendation", rec.to_dict())
+            self._log(rec.summary())
+        return rec
+
+
+class _TrialError(Exception):
+    """A trial that crashed or raised: Optuna records it as FAIL and the study goes on."""
+
+
+def run_trial_for_tuner(*args, **kwargs) -> TrialResult:
+    """The runner as the tuner calls it (a seam the backends and tests can replace)."""
+    from .runner import run_trial
+
+    return run_trial(*args, **kwargs)
+
+
+def _feasible_by_config(study) -> dict[tuple, Any]:
+    """Best measured (status ok) feasible trial per distinct config."""
+    from optuna.trial import TrialState
+
+    out: dict[tuple, Any] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("status") != "ok" or t.user_attrs.get("duplicate_of") is not None:
+            continue
+        if not all(c <= 0 for c in t.constraints.values()):
+            continue
+        key = TrialConfig.from_dict(t.user_attrs["config"]).key()
+        if key not in out or (t.value or 0) > (out[key].value or 0):
+            out[key] = t
+    return out
+
+
+def baseline_trial(study):
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("baseline") and t.user_attrs.get("status") == "ok":
+            return t
+    return None
+
+
+def baseline_value(study) -> float | None:
+    t = baseline_trial(study)
+    return t.value if t is not None else None
+
+
+def summarize_or_none(xs: list[float]):
+    return summarize(xs) if xs else None

@@ -1,0 +1,35 @@
+"""Shared set-up: the repo root is importable here and in every child process the tests start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# Children (trial workers, CLI subprocesses, the benchmark script) must resolve `tests.workloads_fixtures`.
+_pp = os.environ.get("PYTHONPATH", "")
+if str(REPO_ROOT) not in _pp.split(os.pathsep):
+    os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + _pp if _pp else "")
+
+TINY = "tests.workloads_fixtures:tiny"
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def run_cli(*args: str, timeout: float = 180, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real `autotune` CLI in a subprocess (repo root as cwd and on PYTHONPATH)."""
+    return subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        cwd=str(cwd or REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=timeout,
+    )

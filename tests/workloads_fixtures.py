@@ -1,0 +1,127 @@
+"""User callables (``tests.workloads_fixtures:NAME``) for workload and runner tests.
+
+Every model has at least one parameter, because the worker builds an SGD optimizer over them; the failure
+models misbehave in ``forward`` so the failure happens inside a measured step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+NOT_CALLABLE = 42
+
+
+def _images(image_size: int, n: int = 256, num_classes: int = 10) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, image_size, image_size, generator=g)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    return TensorDataset(x, y)
+
+
+def tiny(image_size: int = 32, task: str = "train"):
+    """A tiny conv net on random images: the cheapest workload that still trains for real."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return model, _images(image_size), nn.CrossEntropyLoss()
+
+
+def tiny_dict(image_size: int, num_classes: int):
+    """The dict form, using the num_classes it is offered."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
+    return {"model": model, "dataset": _images(image_size, n=16, num_classes=num_classes),
+            "loss_fn": nn.CrossEntropyLoss()}
+
+
+class _Misbehaving(nn.Module):
+    """A linear classifier whose forward first does ``self.action()``."""
+
+    def __init__(self, action) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+        self.action = action
+
+    def forward(self, x):
+        self.action()
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def _misbehaving(action, image_size: int):
+    return _Misbehaving(action), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def _alloc() -> None:
+    torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: the CPU allocator refuses it
+
+
+def alloc_oom(image_size: int = 32):
+    return _misbehaving(_alloc, image_size)
+
+
+def hang(image_size: int = 32):
+    return _misbehaving(lambda: time.sleep(3600), image_size)
+
+
+def abort(image_size: int = 32):
+    return _misbehaving(os.abort, image_size)
+
+
+_HOARD: list = []
+_HOG_SAFETY_MB = 8 * 1024  # if nobody kills us by then, stop growing (the test fails as a timeout, the box lives)
+
+
+def _hog() -> None:
+    while True:
+        if len(_HOARD) * 200 < _HOG_SAFETY_MB:
+            _HOARD.append(torch.ones(200 * 2**20 // 4))  # 200 MiB of float32, every page written
+        else:
+            time.sleep(0.5)
+
+
+def memory_hog(image_size: int = 32):
+    return _misbehaving(_hog, image_size)
+
+
+class _NaN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+
+    def forward(self, x):
+        return self.fc(x.mean(dim=(2, 3))) * float("nan")
+
+
+def nan_loss(image_size: int = 32):
+    return _NaN(), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def _boom() -> None:
+    raise ValueError("boom")
+
+
+def raises(image_size: int = 32):
+    return _misbehaving(_boom, image_size)
+
+
+def wrong_return(image_size: int = 32):
+    return "not a tuple"
+
+
+def not_a_module(image_size: int = 32):
+    return (lambda x: x), _images(image_size, n=8), nn.CrossEntropyLoss()
+
+
+def no_loss(image_size: int = 32):
+    return tiny(image_size)[:2]
+
+
+def empty_dataset(image_size: int = 32):
+    return tiny(image_size)[0], TensorDataset(torch.empty(0, 3, image_size, image_size)), nn.CrossEntropyLoss()
+
+
+def dict_without_dataset(image_size: int = 32):
+    return {"model": tiny(image_size)[0]}
