@@ -20,8 +20,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "recommend": ("recommend", "recommend"),
-    "Recommendation": ("recommend", "Recommendation"),
+    "recommend": ("recommendation", "recommend"),
+    "Recommendation": ("recommendation", "Recommendation"),
     "Tuner": ("study", "Tuner"),
     "run_trial": ("runner", "run_trial"),
     "detect_hardware": ("hardware", "detect"),

@@ -125,7 +125,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.csv:
         from pathlib import Path
 
-        from .recommend import atomic_write
+        from .recommendation import atomic_write
 
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
@@ -149,7 +149,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .recommend import Recommendation, atomic_write, stored_recommendation
+    from .recommendation import Recommendation, atomic_write, stored_recommendation
 
     study, url = _select_study(args)
     rec = stored_recommendation(study) or Recommendation.provisional_from_study(study, storage=url)

@@ -370,7 +370,7 @@ class Tuner:
             study = self.study()
             queued = self._recover(study)
             previous = len(study.trials)
-            if previous == 0:
+            if baseline_trial_any(study) is None:
                 study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
                 self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
                           f"baseline ({self.space.baseline_config().short()})")
@@ -430,7 +430,7 @@ class Tuner:
         Rounds rotate the order (A B C, B C A, ...) so no config always runs first on a warm or cold machine.
         If the top two are within noise, the one with less memory (then fewer threads) wins.
         """
-        from .recommend import Recommendation
+        from .recommendation import Recommendation
 
         study = self.study()
         feasible = _feasible_by_config(study)
@@ -511,3 +511,11 @@ def baseline_value(study) -> float | None:
 
 def summarize_or_none(xs: list[float]):
     return summarize(xs) if xs else None
+
+
+def baseline_trial_any(study):
+    """The baseline trial in any state (queued, running, finished), or None."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("baseline"):
+            return t
+    return None

@@ -1,0 +1,201 @@
+"""The tuner end to end on tiny workloads: real child processes, a real SQLite study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import yaml
+
+from autotune import MeasureSpec, Recommendation, Workload
+from autotune.config import TrialConfig, TrialResult
+from autotune.hardware import detect
+from autotune.space import space_from_dict
+from autotune.study import NoHopePruner, Tuner, outcome
+
+QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
+HW = detect()
+
+
+def tiny_space(**over):
+    doc = {
+        "name": "tiny", "device": "cpu",
+        "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
+                       "channels_last": {"type": "bool"}},
+        "baseline": {"batch_size": 8, "channels_last": False},
+    }
+    doc.update(over)
+    return space_from_dict(doc, hardware=HW)
+
+
+def make_tuner(tmp_path, model="tests.workloads_fixtures:tiny", space=None, measure=QUICK, **kw):
+    return Tuner(Workload(model=model, image_size=16), space=space or tiny_space(), measure=measure,
+                 storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=lambda m: None,
+                 finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0, **kw)
+
+
+# --- the outcome mapping: decided once -------------------------------------------------------------
+
+def test_outcome_maps_each_status():
+    ok = TrialResult(status="ok", samples_per_s=(100.0, 110.0, 90.0), peak_host_mb=500.0)
+    o = outcome(ok, 1000.0)
+    assert (o.state, o.value) == ("complete", 100.0) and o.memory_constraint == pytest.approx(-0.5)
+    for status in ("oom", "over_memory", "skipped"):
+        o = outcome(TrialResult(status=status), 1000.0)
+        assert o.state == "complete" and o.value == 0.0 and o.memory_constraint > 0
+    assert outcome(TrialResult(status="over_memory", peak_host_mb=3000.0), 1000.0).memory_constraint == pytest.approx(2.0)
+    assert outcome(TrialResult(status="pruned"), 1000.0).state == "pruned"
+    assert outcome(TrialResult(status="timeout"), 1000.0).state == "pruned"
+    assert outcome(TrialResult(status="crashed"), 1000.0).state == "fail"
+    assert outcome(TrialResult(status="error"), 1000.0).state == "fail"
+
+
+def test_pruner_compares_best_window_with_margin_against_best_feasible():
+    study = optuna.create_study(direction="maximize")
+    t = study.ask()
+    t.set_constraint("memory", -0.5)
+    study.tell(t, 100.0)
+    infeasible = study.ask()
+    infeasible.set_constraint("memory", 1.0)
+    study.tell(infeasible, 1000.0)  # infeasible trials never set the bar
+    pruner = NoHopePruner(margin=0.15, min_windows=2)
+    slow = study.ask()
+    slow.report(50.0, 0)
+    assert not pruner.prune(study, study.trials[-1])  # one window is not enough evidence
+    slow.report(80.0, 1)
+    assert pruner.prune(study, study.trials[-1])  # 80 * 1.15 < 100
+    close = study.ask()
+    close.report(70.0, 0)
+    close.report(90.0, 1)
+    assert not pruner.prune(study, study.trials[-1])  # 90 * 1.15 >= 100: within noise, keep measuring
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+def test_study_persists_baseline_first_and_resume_continues(tmp_path):
+    tuner = make_tuner(tmp_path)
+    rec = tuner.run(trials=3)
+    storage = f"sqlite:///{tmp_path}/t.db"
+    study = optuna.load_study(study_name=tuner.study_name, storage=storage)
+    first = study.trials[0]
+    assert first.number == 0 and first.user_attrs["baseline"] is True
+    assert TrialConfig.from_dict(first.user_attrs["config"]) == tuner.space.baseline_config()
+    assert first.user_attrs["status"] == "ok" and first.value > 0
+    assert isinstance(rec, Recommendation) and rec.median_samples_per_s > 0
+    assert study.user_attrs["recommendation"]["config"] == rec.config.to_dict()
+    before = {t.number: (t.state, t.value) for t in study.trials}
+
+    again = make_tuner(tmp_path)  # a new process would do the same: same name from workload + fingerprint
+    again.run(trials=2)
+    study = optuna.load_study(study_name=tuner.study_name, storage=storage)
+    assert [t.number for t in study.trials] == list(range(5))
+    for number, (state, value) in before.items():  # nothing finished was lost or changed
+        assert (study.trials[number].state, study.trials[number].value) == (state, value)
+    assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
+
+
+def test_memory_boundary_learned_and_larger_batch_skipped(tmp_path):
+    space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [4, 32, 64]}},
+                       baseline={"batch_size": 4})
+    measure = QUICK.replace(memory_cap_mb=1536.0)
+    tuner = make_tuner(tmp_path, model="tests.study_fixtures:batch_hog", space=space, measure=measure)
+    tuner.run(trials=1)  # the baseline, batch 4: ~200 MiB over start-up, under the cap
+    study = tuner.study()
+    study.enqueue_trial({"batch_size": 32})
+    study.enqueue_trial({"batch_size": 64})
+    rec = tuner.run(trials=2)
+    t32, t64 = study.trials[1], study.trials[2]
+    assert t32.user_attrs["status"] == "over_memory", t32.user_attrs
+    assert t32.constraints["memory"] > 0 and t32.state.name == "COMPLETE"
+    assert t64.user_attrs["status"] == "skipped"
+    assert "trial 1" in t64.user_attrs["reason"] and t64.constraints["memory"] > 0
+    assert t64.user_attrs.get("wall_s") is None  # not run
+    assert rec is not None and rec.config.batch_size == 4  # over-cap configs are never recommended
+    assert study.best_trial.params["batch_size"] == 4
+
+
+def test_pruning_kills_a_slow_trial_mid_measurement(tmp_path):
+    space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [2, 64]}}, baseline={"batch_size": 64})
+    measure = QUICK.replace(windows=5)
+    tuner = make_tuner(tmp_path, model="tests.study_fixtures:sleepy", space=space, measure=measure, finalists=1)
+    tuner.run(trials=1)
+    study = tuner.study()
+    study.enqueue_trial({"batch_size": 2})  # 32x slower per sample than the baseline
+    tuner.run(trials=1)
+    slow = study.trials[1]
+    assert slow.state.name == "PRUNED"
+    assert slow.user_attrs["status"] == "pruned"
+    assert 2 <= len(slow.intermediate_values) < measure.windows  # stopped before its windows were done
+    assert slow.user_attrs["wall_s"] < study.trials[0].user_attrs["wall_s"] + 5
+
+
+def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump({
+        "name": "tiny", "device": "cpu",
+        "parameters": {"batch_size": {"type": "int", "choices": [8, 16]}}, "baseline": {"batch_size": 8}}))
+    storage = f"sqlite:///{tmp_path}/k.db"
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--model", "tests.study_fixtures:sleepy", "--image-size", "16",
+           "--space", str(space_file), "--storage", storage, "--windows", "3", "--window-seconds", "1",
+           "--finalists", "1", "--rounds", "1", "--no-progress", "--device", "cpu"]
+    proc = subprocess.Popen(cmd + ["--trials", "3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    name = None
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:  # wait until trial 1 is running
+            time.sleep(0.5)
+            try:
+                summaries = optuna.get_all_study_summaries(storage)
+            except Exception:
+                continue
+            if summaries:
+                name = summaries[0].study_name
+                trials = optuna.load_study(study_name=name, storage=storage).trials
+                if len(trials) >= 2 and trials[1].state.name == "RUNNING":
+                    break
+        else:
+            pytest.fail("trial 1 never started")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGKILL)  # the tuner dies mid-trial (its group: no graceful anything)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    out = subprocess.run(cmd + ["--trials", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "re-queued" in out.stderr
+    study = optuna.load_study(study_name=name, storage=storage)
+    interrupted = study.trials[1]
+    assert interrupted.state.name == "FAIL" and interrupted.user_attrs["status"] == "interrupted"
+    retries = [t for t in study.trials if t.user_attrs.get("retry_of") == 1]
+    assert len(retries) == 1 and retries[0].params == interrupted.params
+    assert retries[0].state.name in ("COMPLETE", "PRUNED")
+    assert study.trials[0].state.name == "COMPLETE"  # the finished baseline is there exactly once
+    assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
+
+
+def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch):
+    import autotune.study as study_mod
+    from autotune import recommend
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump({
+        "name": "tiny", "device": "cpu",
+        "parameters": {"batch_size": {"type": "int", "choices": [8, 16]}}, "baseline": {"batch_size": 8}}))
+    kw = dict(image_size=16, device="cpu", storage=f"sqlite:///{tmp_path}/r.db", space=str(space_file),
+              measure=QUICK, progress=False)
+    first = recommend("tests.workloads_fixtures:tiny", trials=2, budget=None, **kw)
+
+    def no_child(*a, **k):
+        raise AssertionError("recommend() started a trial although a recommendation was stored")
+
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner", no_child)
+    second = recommend("tests.workloads_fixtures:tiny", trials=2, budget=None, **kw)
+    assert second == first
