@@ -91,8 +91,10 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
             raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
         kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}}
     elif url.startswith(("sqlite:", "postgresql", "mysql")):
-        kwargs = {"heartbeat_interval": 30, "grace_period": 120,
-                  "failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # heartbeats and the retry callback are marked experimental
+            kwargs = {"heartbeat_interval": 30, "grace_period": 120,
+                      "failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
     else:
         raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
                            "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
@@ -366,8 +368,8 @@ class Tuner:
             raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
         from tqdm import tqdm
 
+        study = self.study()  # opens (and checks) the storage before anything else touches its folder
         with _study_lock(self.storage_url, self.study_name):
-            study = self.study()
             queued = self._recover(study)
             previous = len(study.trials)
             if baseline_trial_any(study) is None:

@@ -1,0 +1,97 @@
+"""Train a torchvision model with the settings autotune measured as fastest on this machine.
+
+The first run tunes (within --budget and/or --trials) and stores the study; later runs with the same model,
+image size and storage answer from the stored recommendation at once.
+
+    python examples/train_with_recommend.py --model resnet18 --image-size 224 --budget 20m
+    python examples/train_with_recommend.py --model mobilenet_v3_small --image-size 128 --trials 10 \
+        --storage sqlite:///trials/autotune.db
+
+The training loop below is ordinary PyTorch; autotune only supplies the DataLoader keyword arguments and,
+through ``rec.apply()``, the threads, channels_last, torch.compile and autocast settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import time
+
+import torch
+import torchvision
+from torch.utils.data import DataLoader
+from torchvision import transforms
+
+import autotune
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet18", help="torchvision classification model (default: %(default)s)")
+    p.add_argument("--image-size", type=int, default=224, help="square image size in pixels (default: %(default)s)")
+    p.add_argument("--budget", default="20m", help="time the tuning may take, e.g. 90s, 20m, 2h (default: %(default)s)")
+    p.add_argument("--trials", type=int, default=None, help="stop the search after this many trials")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
+    p.add_argument("--space", default=None, help="search space YAML (default: the shipped one for the device)")
+    p.add_argument("--steps", type=int, default=100, help="training steps to run (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="very short measurements (for smoke tests, not for real use)")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+
+    # 1. Ask autotune. This runs trials only when no recommendation for this workload and machine is stored.
+    measure = None
+    if args.quick:
+        measure = autotune.MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0)
+    started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    rec = autotune.recommend(args.model, image_size=args.image_size, budget=args.budget, trials=args.trials,
+                             storage=args.storage, space=args.space, measure=measure)
+    from_cache = dt.datetime.fromisoformat(rec.created) < started
+    print("recommendation from cache (no new trials)" if from_cache else "recommendation freshly measured")
+    print(rec.summary())
+
+    # 2. Data and model: your own code. Only the DataLoader keyword arguments come from the recommendation.
+    loader_kwargs = rec.dataloader_kwargs()
+    batch_size = loader_kwargs["batch_size"]
+    transform = transforms.Compose([
+        transforms.ToTensor(),
+        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+    ])
+    # exactly --steps full batches: one pass over the loader is the whole run
+    dataset = torchvision.datasets.FakeData(size=max(1, args.steps) * batch_size,
+                                            image_size=(3, args.image_size, args.image_size),
+                                            num_classes=10, transform=transform)
+    loader = DataLoader(dataset, shuffle=True, drop_last=True, **loader_kwargs)
+    model = torchvision.models.get_model(args.model, weights=None, num_classes=10)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    # 3. Train with the recommended process settings; they are restored when the block ends.
+    with rec.apply() as run:
+        model = run.prepare_model(model)  # channels_last / torch.compile, as recommended
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scaler = run.grad_scaler()  # a GradScaler for fp16 on a GPU, else None
+        model.train()
+        loss = torch.tensor(float("nan"))
+        t0 = time.perf_counter()
+        for images, labels in loader:
+            images = run.prepare_input(images)
+            optimizer.zero_grad(set_to_none=True)
+            with run.autocast():
+                loss = loss_fn(model(images), labels)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+        elapsed = time.perf_counter() - t0
+
+    print(f"final loss {loss.item():.4f} after {args.steps} steps; "
+          f"{args.steps / elapsed:.2f} steps/s ({args.steps * batch_size / elapsed:.1f} samples/s)")
+
+
+if __name__ == "__main__":
+    main()
