@@ -412,6 +412,8 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     check(workload)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
     rec = tuner.run(trials=trials, timeout_s=timeout_s)
+    if rec is not None and progress:
+        tuner._log(rec.summary())
     if rec is None:
         raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
                             "budget or memory cap, and see `autotune show` for why trials failed")

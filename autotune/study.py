@@ -382,8 +382,9 @@ class Tuner:
             start = time.monotonic()
             deadline = start + timeout_s if timeout_s else None
             bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not self.progress,
-                       dynamic_ncols=True, bar_format="{desc} {n_fmt}" + ("/{total_fmt}" if trials else "")
-                       + " [{elapsed}{postfix}]")
+                       dynamic_ncols=True, bar_format="{desc} {n_fmt}" + ("/{total_fmt} [{elapsed}<{remaining}"
+                                                                         if trials else " [{elapsed}")
+                       + "{postfix}]")
             n = 0
             trial_walls: list[float] = []
             try:
@@ -468,7 +469,6 @@ class Tuner:
         rec = Recommendation.from_finalists(self, study, configs, cands, samples, peaks, runs, base)
         if rec is not None:
             study.set_user_attr("recommendation", rec.to_dict())
-            self._log(rec.summary())
         return rec
 
 

@@ -1,0 +1,100 @@
+"""The study commands through the real CLI: bad input refused in one line, and run -> show -> export."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import yaml
+
+from autotune import Recommendation
+
+from .conftest import run_cli
+
+TINY_SPACE = {"name": "tiny", "device": "cpu",
+              "parameters": {"batch_size": {"type": "int", "choices": [8, 16]}}, "baseline": {"batch_size": 8}}
+
+
+@pytest.fixture
+def space_file(tmp_path):
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump(TINY_SPACE))
+    return p
+
+
+def _bad_spaces(tmp_path):
+    cases = {
+        "malformed": ("parameters: [oops\n", "not valid YAML"),
+        "unknown_param": (yaml.safe_dump({"parameters": {"batch_sise": {"type": "int", "choices": [8]}}}),
+                          "batch_sise"),
+        "empty_choices": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": []}}}),
+                          "non-empty"),
+        "min_gt_max": (yaml.safe_dump({"parameters": {"num_workers": {"type": "int", "low": 3, "high": 1}}}),
+                       "low 3 > high 1"),
+        "contradiction": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": [8]}},
+                                          "fixed": {"batch_size": 16}}), "both searched and fixed"),
+    }
+    out = []
+    for name, (text, needle) in cases.items():
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(text)
+        out.append((["run", "--model", "resnet18", "--trials", "1", "--space", str(p)], needle))
+    return out
+
+
+def test_bad_study_input_is_one_line_exit_2(tmp_path):
+    db = tmp_path / "empty.db"
+    rows = _bad_spaces(tmp_path) + [
+        (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "4TiB"], "larger than this machine"),
+        (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "200MiB"], "below"),
+        (["run", "--model", "resnet18"], "give a budget"),
+        (["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout"),
+        (["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported"),
+        (["run", "--model", "resnet18", "--trials", "1", "--storage", "sqlite:////proc/nope/a.db"], "cannot create"),
+        (["export", "--storage", f"sqlite:///{db}"], "no study database"),
+        (["show", "--storage", f"sqlite:///{db}"], "no study database"),
+    ]
+    for args, needle in rows:
+        out = run_cli(*args, timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2, (args, out.stderr[-1500:])
+        assert "Traceback" not in out.stderr, args
+        assert needle in lines[-1], (args, lines[-1])
+        assert lines[-1].startswith("autotune "), lines
+
+
+def test_export_with_no_finished_trial_is_refused(tmp_path):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=storage, study_name="only-failures", direction="maximize")
+    study.set_user_attr("workload", {"model": "resnet18"})
+    t = study.ask()
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    out = run_cli("export", "--storage", storage)
+    assert out.returncode == 2 and "no finished feasible trial" in out.stderr.strip().splitlines()[-1]
+
+
+def test_run_show_export_round_trip(tmp_path, space_file):
+    storage = f"sqlite:///{tmp_path}/flow.db"
+    common = ["--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu",
+              "--storage", storage]
+    out = run_cli("run", *common, "--space", str(space_file), "--trials", "2", "--windows", "2",
+                  "--window-seconds", "0.2", "--finalists", "2", "--rounds", "1", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "recommended:" in out.stdout and "trial 0 is the PyTorch-defaults baseline" in out.stderr
+
+    csv_path = tmp_path / "trials.csv"
+    shown = run_cli("show", "--storage", storage, "--csv", str(csv_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "samples/s" in shown.stdout and "bs=8" in shown.stdout
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 2 and {r["trial"] for r in rows} == {"0", "1"}
+
+    best = tmp_path / "best.yaml"
+    exported = run_cli("export", "--storage", storage, "-o", str(best))
+    assert exported.returncode == 0, exported.stderr
+    rec = Recommendation.from_yaml(best)
+    assert rec.median_samples_per_s > 0 and rec.config.batch_size in (8, 16)
+    assert rec.reproduce.startswith("autotune trial --model tests.workloads_fixtures:tiny")
+    assert rec.fingerprint and rec.versions["torch"]
