@@ -50,8 +50,12 @@ def parse_duration_s(text: str | int | float, *, what: str = "duration") -> floa
         seconds = float(text)
     else:
         s = str(text).strip().lower()
-        parts = re.findall(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", s)
-        if not parts or re.sub(r"[0-9.\sa-z]", "", s) or "".join(n + u for n, u in parts) != s.replace(" ", ""):
+        number = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+        if re.fullmatch(number, s):  # a bare number is seconds
+            parts = [(s, "")]
+        elif re.fullmatch(rf"(?:{number}\s*[a-z]+\s*)+", s):  # every number has a unit: 1h30m
+            parts = re.findall(rf"({number})\s*([a-z]+)", s)
+        else:
             raise ConfigError(f"{what} {text!r} does not parse: write e.g. 90s, 20m, 8h or 1h30m")
         seconds = 0.0
         for number, unit in parts:

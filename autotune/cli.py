@@ -58,11 +58,15 @@ def _add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s:
 def _workload(args: argparse.Namespace):
     from .config import Workload
 
-    device = args.device
-    if device is None:
-        from .hardware import detect
+    from .errors import ConfigError
+    from .hardware import detect
 
-        device = "cuda" if detect(with_torch=False).gpus else "cpu"
+    device = args.device
+    gpus = detect(with_torch=False).gpus
+    if device is None:
+        device = "cuda" if gpus else "cpu"
+    elif device.startswith("cuda") and not gpus:
+        raise ConfigError(f"--device {device} but no NVIDIA GPU was detected (see `autotune env`); use --device cpu")
     return Workload(model=args.model, task=args.task, image_size=args.image_size, data_dir=args.data, device=device)
 
 
@@ -115,6 +119,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
         inter_op_threads=args.interop_threads, cudnn_benchmark=workload.device != "cpu",
     )
     measure = _measure(args, hardware=hw)
+    from ._device import autocast_dtype_name
+
+    autocast_dtype_name("cpu" if workload.device == "cpu" else "cuda", config.amp)  # fp16 on CPU: refused here
     check(workload)
     quiet = args.format == "json"
 

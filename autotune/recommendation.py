@@ -204,6 +204,10 @@ class Recommendation:
         if d.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:
             raise ConfigError(f"{source}: format_version {d['format_version']} is newer than this autotune reads "
                               f"({FORMAT_VERSION}); upgrade autotune")
+        for section in ("config", "workload", "measured", "hardware", "versions", "provenance"):
+            if not isinstance(d[section], dict):
+                raise ConfigError(f"{source}: section {section!r} must be a mapping, got "
+                                  f"{type(d[section]).__name__}; export it again with `autotune export`")
         m, p, hw = d["measured"], d["provenance"], dict(d["hardware"])
         try:
             return cls(
@@ -240,6 +244,8 @@ class Recommendation:
             text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a text file; give the YAML that `autotune export` wrote") from None
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -281,7 +287,9 @@ class Recommendation:
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none)."""
-        now = _versions(None)
+        from .hardware import detect
+
+        now = _versions(detect(with_torch=False))
         return [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
                 if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
 
@@ -309,6 +317,7 @@ class Applied:
     def prepare_model(self, model):
         import torch
 
+        model = model.to(self._dev.torch_device())
         if self.config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if self.config.compile_mode != "none":
@@ -336,7 +345,9 @@ def _versions(hw) -> dict[str, Any]:
         import torch
         import torchvision
 
-        out.update(torch=torch.__version__, torchvision=torchvision.__version__, cuda=torch.version.cuda)
+        # torch.__version__ is a str subclass that yaml.safe_dump refuses: store plain strings
+        out.update(torch=str(torch.__version__), torchvision=str(torchvision.__version__),
+                   cuda=None if torch.version.cuda is None else str(torch.version.cuda))
     except ImportError:
         pass
     gpus = hw.gpus if hw is not None else ()
@@ -403,6 +414,11 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
             existing = None
         if existing is not None:
             rec = stored_recommendation(existing)
+            stored_space = (existing.user_attrs.get("space") or {}).get("parameters")
+            if rec is not None and cap is not None and (rec.peak_host_mb or 0) > cap:
+                rec = None  # measured above the cap asked for now: not an answer to this question
+            if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
+                rec = None  # tuned over another search space: search this one
             if rec is not None:
                 changed = rec.check_versions()
                 if changed:
@@ -412,8 +428,6 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     check(workload)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
     rec = tuner.run(trials=trials, timeout_s=timeout_s)
-    if rec is not None and progress:
-        tuner._log(rec.summary())
     if rec is None:
         raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
                             "budget or memory cap, and see `autotune show` for why trials failed")

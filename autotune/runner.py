@@ -59,12 +59,20 @@ class _Memory:
         self.peak_rss_mb = 0.0
         self.peak_pss_mb = 0.0
         self._last_pss = 0.0
+        self._tree: list = []
+        self._listed_at = -1e9
 
     def _procs(self):
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except self._psutil.Error:
-            return []
+        # Listing children scans all of /proc: do it once a second, not at every 0.1 s sample, so the
+        # watcher's own CPU use stays negligible next to the trial it watches.
+        now = time.monotonic()
+        if now - self._listed_at > 1.0:
+            try:
+                self._tree = [self.root, *self.root.children(recursive=True)]
+            except self._psutil.Error:
+                self._tree = []
+            self._listed_at = now
+        return self._tree
 
     def rss_mb(self) -> float:
         total = 0
@@ -203,6 +211,8 @@ def run_trial(
         if on_event is not None:
             on_event(ev)
         if ev.get("event") == "window":
+            if stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
+                return
             windows.append(ev)
             if on_window is not None and stop is None and on_window(ev["index"], ev["samples_per_s"]):
                 stop = ("pruned", f"stopped after {len(windows)} window(s): cannot beat the best so far")

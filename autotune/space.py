@@ -164,6 +164,8 @@ def load_space(path: str | Path | None = None, *, hardware=None, device: str = "
         text = path.read_text()
     except OSError as exc:
         raise SpaceError(f"cannot read search space {src}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpaceError(f"{src}: not a text file; a search space is YAML (see search_spaces/cpu.yaml)") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -226,16 +228,30 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raise SpaceError(f"{where}: needs choices: [...] or low: and high:")
         if ptype == "int" and not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
             raise SpaceError(f"{where}: every choice of an int parameter must be a whole number, got {choices}")
-        if len(set(map(repr, choices))) != len(choices):
-            raise SpaceError(f"{where}: choices repeat a value: {choices}")
+        raw_choices = spec.get("choices")
+        if isinstance(raw_choices, list) and len(set(map(repr, raw_choices))) != len(raw_choices):
+            raise SpaceError(f"{where}: choices repeat a value: {raw_choices}")
+        choices = list(dict.fromkeys(choices))  # 'cores' may equal a listed number on this machine
         when = None
         if "when" in spec:
             m = _WHEN.match(str(spec["when"]))
             if not m:
                 raise SpaceError(f"{where}: when {spec['when']!r} is not of the form 'other_param > 0'")
-            ref, op, value = m.group(1), m.group(2), yaml.safe_load(m.group(3))
+            ref, op, raw_value = m.group(1), m.group(2), m.group(3).strip("'\"")
             if ref not in seen:
                 raise SpaceError(f"{where}: when refers to {ref!r}, which must be a parameter listed before it")
+            # Compare with the referenced choices by their text: YAML 1.1 would read `off` as false.
+            by_text = {str(c).lower(): c for c in seen[ref].choices}
+            if raw_value.lower() in by_text:
+                value = by_text[raw_value.lower()]
+            else:
+                try:
+                    value = int(raw_value)
+                except ValueError:
+                    raise SpaceError(f"{where}: when compares {ref} with {raw_value!r}, which is not one of its "
+                                     f"choices {list(seen[ref].choices)}") from None
+            if op not in ("==", "!=") and not isinstance(value, int):
+                raise SpaceError(f"{where}: when uses {op} on a non-numeric value {raw_value!r}; use == or !=")
             when = (ref, op, value)
         # every choice must make a valid config on its own
         for c in choices:
@@ -257,10 +273,12 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raise SpaceError(f"{src}: fixed.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
         if k in seen:
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
-        fixed[k] = _parse_scalar(v, cores, f"{src}: fixed.{k}")
-    if is_cpu and fixed.get("pin_memory"):
-        notes.append("pin_memory fixed to false: page-locked memory only helps copies to a GPU")
-        fixed["pin_memory"] = False
+        v = _parse_scalar(v, cores, f"{src}: fixed.{k}")
+        kept = _trim(k, [v], hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
+                     oversubscribe=bool(doc.get("oversubscribe", False)))
+        if not kept:
+            raise SpaceError(f"{src}: fixed.{k}={v!r} cannot run on this machine: {notes[-1]}")
+        fixed[k] = kept[0]  # pin_memory on a CPU becomes false (with a note)
     try:
         TrialConfig(**fixed)
     except Exception as exc:
@@ -273,6 +291,12 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
     for p in params:  # an omitted baseline knob takes the first choice: the plainest setting by convention
         if p.name not in baseline and p.when is None:
             baseline[p.name] = p.choices[0] if p.type != "bool" else False
+        bv = baseline.get(p.name)
+        if (p.name in ("intra_op_threads", "inter_op_threads", "num_workers") and isinstance(bv, int)
+                and bv not in p.choices):
+            clamped = max([c for c in p.choices if c <= bv] or [min(p.choices)])
+            notes.append(f"baseline {p.name} {bv} -> {clamped}: this machine has {cores} usable cores")
+            baseline[p.name] = clamped
         if p.name in baseline and baseline[p.name] not in p.choices:
             raise SpaceError(f"{src}: baseline.{p.name}={baseline[p.name]!r} is not among the usable choices "
                              f"{list(p.choices)}; pick one of them")
@@ -318,5 +342,7 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
         over = [c for c in kept if c > limit]
         if over:
             kept = [c for c in kept if c <= limit]
-            notes.append(f"{name} {over} dropped: more than the {cores} usable cores allow")
+            why = (f"each worker needs a core beside the training process ({cores} usable)"
+                   if limit < cores else f"more than the {cores} usable cores")
+            notes.append(f"{name} {over} dropped: {why}")
     return kept

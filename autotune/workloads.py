@@ -63,15 +63,20 @@ def _load_callable(spec: str) -> Callable[..., Any]:
     return fn  # type: ignore[return-value]
 
 
-def _image_files(root: Path) -> tuple[list[str], int]:
+def _image_files(root: Path) -> tuple[list[str], int, list[str]]:
+    """(class folders, images seen, class folders without any image); stops counting at one per class."""
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    n = 0
+    n, empty = 0, []
     for c in classes:
+        found = 0
         for _dirpath, _dirs, files in os.walk(root / c):
-            n += sum(1 for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
-            if n:
+            found += sum(1 for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
+            if found:
                 break
-    return classes, n
+        n += found
+        if not found:
+            empty.append(c)
+    return classes, n, empty
 
 
 def check(workload: Workload) -> None:
@@ -93,12 +98,15 @@ def check(workload: Workload) -> None:
         root = Path(workload.data_dir)
         if not root.is_dir():
             raise WorkloadError(f"data dir {workload.data_dir!r} does not exist or is not a folder")
-        classes, n = _image_files(root)
+        classes, n, empty = _image_files(root)
         if not classes or not n:
             raise WorkloadError(
                 f"data dir {workload.data_dir!r} has no images in class sub-folders: expected "
                 f"DIR/<class>/<image>{IMAGE_EXTENSIONS[0]} (ImageFolder layout)"
             )
+        if empty:
+            raise WorkloadError(f"data dir {workload.data_dir!r}: class folder(s) {', '.join(empty[:5])} hold no "
+                                "images; remove them or add images (ImageFolder refuses empty classes)")
 
 
 def _transforms(image_size: int, task: str):

@@ -69,14 +69,14 @@ def main() -> None:
 
     # 3. Train with the recommended process settings; they are restored when the block ends.
     with rec.apply() as run:
-        model = run.prepare_model(model)  # channels_last / torch.compile, as recommended
+        model = run.prepare_model(model.to(rec.workload.device))  # + channels_last / torch.compile
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         scaler = run.grad_scaler()  # a GradScaler for fp16 on a GPU, else None
         model.train()
         loss = torch.tensor(float("nan"))
         t0 = time.perf_counter()
         for images, labels in loader:
-            images = run.prepare_input(images)
+            images, labels = run.prepare_input(images), run.prepare_input(labels)  # to the device
             optimizer.zero_grad(set_to_none=True)
             with run.autocast():
                 loss = loss_fn(model(images), labels)

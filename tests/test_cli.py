@@ -45,15 +45,11 @@ def test_trial_usage_errors(args, words):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", *args), *words)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG cli.cmd_trial: prints 'measuring ... in a child process' to stderr before "
-                                       "run_trial refuses fp16 on CPU, so the usage error is not one line")
 def test_trial_fp16_on_cpu():
     _one_line_usage_error(run_cli("trial", "--device", "cpu", "--amp", "fp16"), "fp16")
 
 
 @pytest.mark.skipif(torch_cuda_available(), reason="a CUDA GPU is visible")
-@pytest.mark.xfail(strict=True, reason="BUG cli.cmd_trial: --device cuda without a GPU starts a child that fails "
-                                       "(exit 1, traceback) instead of a one-line usage error (exit 2)")
 def test_trial_cuda_without_gpu():
     _one_line_usage_error(run_cli("trial", "--device", "cuda", "--model", TINY, "--image-size", "32",
                                   "--batch-size", "8", "--windows", "1", "--window-seconds", "0.1"), "cuda")

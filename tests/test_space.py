@@ -156,9 +156,6 @@ def test_oversubscribe_true_allows_a_worker_per_core():
     assert loose.oversubscribe and not strict.oversubscribe
 
 
-@pytest.mark.xfail(strict=True, raises=SpaceError,
-                   reason="bug: on a 1-core machine (e.g. a 1-CPU container quota) inter_op_threads is trimmed to "
-                          "[1] but cpu.yaml's baseline asks for 2, so the shipped space refuses to load")
 def test_shipped_cpu_space_on_one_core_still_loads():
     sp = load_space(CPU_YAML, hardware=fake_hw(cores=1))
     assert choices(sp, "num_workers") == (0,)
@@ -366,9 +363,6 @@ def test_missing_file_is_a_space_error(tmp_path):
         load_space(tmp_path / "nope.yaml", hardware=fake_hw())
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="bug: load_space catches only OSError from read_text(); a binary file escapes as "
-                          "UnicodeDecodeError instead of SpaceError")
 def test_binary_file_is_a_space_error(tmp_path):
     path = tmp_path / "model.pt"
     path.write_bytes(b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.\xff\xfe")
@@ -376,8 +370,6 @@ def test_binary_file_is_a_space_error(tmp_path):
         load_space(path, hardware=fake_hw())
 
 
-@pytest.mark.xfail(strict=True, reason="bug: 'cores' is substituted before the duplicate check, so choices "
-                                       "[1, 2, cores] are refused as repeating on a 2-core machine only")
 def test_cores_equal_to_a_listed_choice_is_not_a_repeat(tmp_path):
     path = write(tmp_path, """\
         parameters:
@@ -387,8 +379,6 @@ def test_cores_equal_to_a_listed_choice_is_not_a_repeat(tmp_path):
     assert choices(load_space(path, hardware=fake_hw(cores=2)), "intra_op_threads") == (1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the `when` value is parsed by YAML 1.1, so 'amp == off' compares "
-                                       "with the boolean False and never holds")
 def test_when_compares_with_a_categorical_value():
     doc = {"parameters": {"amp": {"type": "categorical", "choices": ["off", "bf16"]},
                           "channels_last": {"type": "bool", "when": "amp == off"}}}
@@ -397,8 +387,6 @@ def test_when_compares_with_a_categorical_value():
     assert cfg.channels_last is True
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed values are validated but not trimmed: fixed amp fp16 on a "
-                                       "CPU loads, and then every trial fails")
 def test_fixed_fp16_on_cpu_is_refused_or_dropped(tmp_path):
     path = write(tmp_path, """\
         parameters:

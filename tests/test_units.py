@@ -89,7 +89,6 @@ def test_parse_duration_s_names_the_option():
         parse_duration_s("2weeks", what="--timeout")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG _units.parse_duration_s: '1.2.3s' is read as 1.2 + 0.3 s instead of refused")
 def test_parse_duration_s_rejects_two_decimal_points():
     with pytest.raises(ConfigError):
         parse_duration_s("1.2.3s")

@@ -97,8 +97,6 @@ def test_check_images_without_class_folders(tmp_path):
         check(Workload(data_dir=str(tmp_path)))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG workloads.check: accepts a folder with an empty class sub-folder, "
-                                       "which ImageFolder (and so the child) refuses with FileNotFoundError")
 def test_check_refuses_a_class_folder_without_images(tmp_path):
     _image_folder(tmp_path, classes=("cats",))
     (tmp_path / "dogs").mkdir()

@@ -1,0 +1,140 @@
+"""The examples run, on tiny settings, so they never rot.
+
+* ``examples/custom_workload.py`` through the real CLI (``autotune trial`` in a subprocess);
+* ``examples/train_with_recommend.py`` answering from a seeded study (fast, always run), and end to end: a
+  real tiny study, then a second run that must answer from the stored recommendation (slow: > 60 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import optuna
+import pytest
+
+from autotune.config import TrialConfig, Workload
+from autotune.hardware import detect
+
+from tests.conftest import REPO_ROOT, run_cli
+
+EXAMPLE = REPO_ROOT / "examples" / "train_with_recommend.py"
+FINAL_LOSS = re.compile(r"final loss (\d+\.\d+|nan) after (\d+) steps; [\d.]+ steps/s")
+
+
+def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLE), *args], cwd=str(REPO_ROOT), env=dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def n_trials(url: str) -> int:
+    names = optuna.study.get_all_study_names(url)
+    assert len(names) == 1, names
+    return len(optuna.load_study(study_name=names[0], storage=url).trials)
+
+
+# --- custom_workload ---------------------------------------------------------------------------------------
+
+def test_custom_workload_builds_model_dataset_and_loss():
+    import torch
+
+    from examples.custom_workload import build
+
+    model, dataset, loss_fn = build(image_size=32, task="train")
+    x, y = dataset[5]
+    assert x.shape == (3, 32, 32) and 0 <= y < 10
+    assert torch.equal(dataset[5][0], x)  # an item is always the same image
+    out = model(x.unsqueeze(0))
+    assert out.shape == (1, 10)
+    assert loss_fn(out, torch.tensor([y])).item() > 0
+    with pytest.raises(ValueError, match="task"):
+        build(image_size=32, task="eval")
+
+
+def test_custom_workload_trial_via_the_cli():
+    r = run_cli("trial", "--model", "examples.custom_workload:build", "--image-size", "32", "--batch-size", "8",
+                "--windows", "2", "--window-seconds", "0.2", "--device", "cpu", "--format", "json", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["result"]["status"] == "ok", out["result"].get("reason")
+    assert len(out["result"]["samples_per_s"]) == 2
+    assert out["workload"]["model"] == "examples.custom_workload:build"
+    assert out["result"]["final_loss"] is not None
+
+
+# --- train_with_recommend ----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
+def test_train_example_answers_from_a_stored_recommendation(tmp_path):
+    """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
+    from autotune.recommendation import Recommendation, _versions, reproduce_command
+    from autotune.study import open_storage, study_name_for
+
+    workload = Workload(model="resnet18", image_size=32, device="cpu")
+    config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1)
+    hw = detect()
+    rec = Recommendation(
+        config=config, workload=workload, median_samples_per_s=100.0, iqr_samples_per_s=1.0,
+        samples_per_s=(99.0, 100.0, 101.0), baseline_samples_per_s=50.0, speedup_vs_baseline=2.0,
+        peak_host_mb=900.0, memory_cap_mb=4096.0, margin_vs_runner_up=None, noisy=False,
+        hardware={"summary": hw.summary_line()}, fingerprint=hw.fingerprint,
+        versions={k: None if v is None else str(v) for k, v in _versions(None).items()},
+        study_name=study_name_for(workload, hw.fingerprint), storage="", trial_number=0,
+        reproduce=reproduce_command(workload, config, 4096.0), created="2025-01-01T00:00:00+00:00")
+    url = f"sqlite:///{tmp_path}/seeded.db"
+    study = optuna.create_study(study_name=rec.study_name, storage=open_storage(url), direction="maximize")
+    study.set_user_attr("recommendation", rec.to_dict())
+
+    r = run_example("--model", "resnet18", "--image-size", "32", "--steps", "3", "--storage", url, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recommendation from cache (no new trials)" in r.stdout
+    assert "recommended: bs=4 w=1 pf=2 cl t=1/-" in r.stdout
+    m = FINAL_LOSS.search(r.stdout)
+    assert m and m.group(2) == "3", r.stdout
+    assert n_trials(url) == 0
+
+
+TINY_SPACE = """\
+    name: tiny
+    device: cpu
+    parameters:
+      batch_size: {type: int, choices: [4, 8]}
+      num_workers: {type: int, low: 0, high: 0}
+      amp: {type: categorical, choices: ["off"]}
+      channels_last: {type: bool}
+    baseline:
+      batch_size: 4
+    """
+
+
+@pytest.mark.slow  # 40-90 s on 2 cores (two trials + two finalist rounds of resnet18); the seeded test above covers the loop
+def test_train_example_tunes_then_answers_from_the_cache(tmp_path):
+    space = tmp_path / "tiny.yaml"
+    space.write_text(textwrap.dedent(TINY_SPACE))
+    url = f"sqlite:///{tmp_path}/a.db"
+    args = ("--model", "resnet18", "--image-size", "32", "--trials", "2", "--steps", "3", "--storage", url,
+            "--space", str(space), "--quick")
+
+    r = run_example(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recommendation freshly measured" in r.stdout
+    assert "recommended: bs=" in r.stdout
+    assert FINAL_LOSS.search(r.stdout), r.stdout
+    before = n_trials(url)
+    assert before >= 2
+
+    t0 = time.monotonic()
+    r2 = run_example(*args, timeout=300)
+    took = time.monotonic() - t0
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "recommendation from cache (no new trials)" in r2.stdout
+    assert FINAL_LOSS.search(r2.stdout), r2.stdout
+    assert n_trials(url) == before  # the stored recommendation was reused: no new trial
+    # same recommendation both times
+    assert r.stdout.splitlines()[1] == r2.stdout.splitlines()[1]
+    assert took < 120, took
