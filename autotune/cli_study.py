@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{hw.summary_line()}\n{space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
     try:
-        rec = tuner.run(trials=args.trials, timeout_s=timeout_s)
+        rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address)
     except KeyboardInterrupt:
         print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
               "run the same command again to resume", file=sys.stderr)
@@ -183,6 +183,11 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
                    "for the device, trimmed to this machine)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: trials one at a time on this machine; ray: trials spread over a Ray cluster "
+                        "through Ray Tune (default: %(default)s)")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="with --backend ray: the cluster to join (e.g. auto); default: start a local Ray")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.set_defaults(func=cmd_run)
 

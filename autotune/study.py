@@ -358,7 +358,8 @@ class Tuner:
         raise _TrialError(f"{result.status}: {result.reason}")
 
     # --- the run -------------------------------------------------------------------------------------
-    def run(self, *, trials: int | None = None, timeout_s: float | None = None):
+    def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",
+            address: str | None = None):
         """Search until ``trials`` more trials ran or ``timeout_s`` passed, then re-measure the finalists.
 
         The time budget covers the finalists too: the search stops early enough to leave them room.
@@ -366,6 +367,12 @@ class Tuner:
         """
         if trials is None and timeout_s is None:
             raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
+        if backend == "ray":
+            from .backends import load_backend
+
+            return load_backend("ray").run_study(self, trials=trials, timeout_s=timeout_s, address=address)
+        if backend != "local":
+            raise AutotuneError(f"unknown backend {backend!r}: use local or ray")
         from tqdm import tqdm
 
         study = self.study()  # opens (and checks) the storage before anything else touches its folder
