@@ -173,12 +173,53 @@ def run(payload: dict, send: Send) -> dict:
         send("window", index=w, samples_per_s=samples / elapsed, steps=steps,
              data_wait_s=w_wait / steps, compute_s=w_comp / steps)
     final_loss = check_loss()
-    return {
+    out = {
         "final_loss": final_loss,
         "data_wait_s_per_step": statistics.median(waits),
         "compute_s_per_step": statistics.median(comps),
         "peak_device_mb": dev.peak_memory_mb(),
     }
+    if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
+        out["profile"] = _profile(step, payload["profile_dir"], _PROFILE_STEPS,
+                                  workload.device, payload["config"])
+        send("profiled", **out["profile"])
+    return out
+
+
+_PROFILE_STEPS = 5  # enough to see a steady step's operators; a trace of many steps is slow to open
+
+
+def _profile(step: Callable[[], Any], profile_dir: str, steps: int, device: str, config: dict) -> dict:
+    """Run ``steps`` more steps under torch.profiler; write a Chrome trace and the top operators as JSON.
+
+    The trace is named ``*.pt.trace.json`` so TensorBoard's profiler plugin finds it; Perfetto opens it as is.
+    """
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    out = Path(profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    on_device = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=activities) as prof:
+        for i in range(steps):
+            with record_function(f"autotune.step#{i}"):
+                step()
+    trace = out / "trace.pt.trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in prof.key_averages() if not e.key.startswith("autotune.step")]
+    total_cpu = sum(e.self_cpu_time_total for e in events) or 1.0
+    key = (lambda e: -e.self_device_time_total) if on_device else (lambda e: -e.self_cpu_time_total)
+    ops = [{"name": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1000, 3),
+            "self_cpu_share": round(e.self_cpu_time_total / total_cpu, 4),
+            "cpu_total_ms": round(e.cpu_time_total / 1000, 3),
+            **({"self_device_ms": round(e.self_device_time_total / 1000, 3)} if on_device else {})}
+           for e in sorted(events, key=key)[:25]]
+    top = out / "top_ops.json"
+    top.write_text(json.dumps({"steps": steps, "device": device, "config": config,
+                               "sort_by": "self_device_ms" if on_device else "self_cpu_ms", "ops": ops}, indent=1))
+    return {"trace": str(trace), "top_ops": str(top), "steps": steps}
 
 
 def main(argv: list[str]) -> int:
@@ -201,9 +242,11 @@ def main(argv: list[str]) -> int:
     try:
         result = run(payload, send)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
+        from .errors import WorkloadError
         from .oom import is_oom
 
-        send("failed", kind="oom" if is_oom(exc) else "error",
+        kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) else "error"
+        send("failed", kind=kind,
              message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__,
              traceback=traceback.format_exc()[-8000:])
         chan.close()

@@ -142,6 +142,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if not quiet:
         print(f"measuring {workload.label()} with {config.short()} in a child process", file=sys.stderr)
     result = run_trial(workload, config, measure, on_event=on_event, log_path=args.log)
+    if result.user_error:  # the workload is wrong, not this config: a usage error
+        from .errors import WorkloadError
+
+        raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
     if quiet:
         print(json.dumps({"workload": workload.to_dict(), "config": config.to_dict(), "result": result.to_dict(),
                           "figures": result.figures()}, indent=2))

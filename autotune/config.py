@@ -97,8 +97,8 @@ class Workload(_Record):
         return ":" in self.model
 
     def label(self) -> str:
-        data = "synthetic" if self.data_dir is None else "folder"
-        return f"{self.model}/{self.task}/{self.image_size}px/{data}/{self.device}"
+        data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
+        return f"{self.model}/{self.task}/{self.image_size}px/{data}{self.device}"
 
 
 @dataclass(frozen=True)
@@ -246,6 +246,7 @@ class TrialResult(_Record):
     signal: str | None = None
     traceback: str | None = None
     batch_size: int | None = None
+    user_error: bool = False  # the workload itself is wrong (e.g. a callable returning the wrong things)
 
     def __post_init__(self) -> None:
         _check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")

@@ -157,11 +157,14 @@ def run_trial(
     on_event: Callable[[dict], None] | None = None,
     log_path: str | Path | None = None,
     python: str = sys.executable,
+    profile_dir: str | Path | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
     ``on_window(index, samples_per_s)`` is called for each measured window as it arrives; returning True
-    stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr.
+    stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr. With
+    ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
+    ``top_ops.json`` there (see ``autotune.profile``); the measured figures are not affected.
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -185,6 +188,8 @@ def run_trial(
     spawned_at = time.time()
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
                "spawned_at": spawned_at}
+    if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
+        payload["profile_dir"] = str(Path(profile_dir).resolve())
     rfd, wfd = os.pipe()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -260,13 +265,15 @@ def run_trial(
     built, warm, done, failed = by.get("built", {}), by.get("warmup", {}), by.get("done"), by.get("failed")
     rc = proc.returncode
     sig = None
+    user_error = False
     traceback_text = None
     if stop is not None:
         status, reason = stop
     elif done is not None:
         status, reason = "ok", ""
     elif failed is not None:
-        status, reason = failed["kind"], failed["message"]
+        user_error = failed["kind"] == "workload"
+        status, reason = ("error" if user_error else failed["kind"]), failed["message"]
         traceback_text = failed.get("traceback")
     elif rc is not None and rc < 0:
         sig = signal.Signals(-rc).name
@@ -301,6 +308,7 @@ def run_trial(
         signal=sig,
         traceback=traceback_text,
         batch_size=config.batch_size,
+        user_error=user_error,
     )
 
 

@@ -240,7 +240,8 @@ class Tuner:
         if self._study is None:
             import optuna
 
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            # Optuna logs every failed trial with a traceback at WARNING; our progress line and `show` say it.
+            optuna.logging.set_verbosity(optuna.logging.ERROR)
             self._storage = open_storage(self.storage_url)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -340,6 +341,12 @@ class Tuner:
             trial.set_user_attr("status", "interrupted")
             trial.set_user_attr("reason", "the tuner was stopped during this trial")
             raise
+        if result.user_error:  # wrong for every config: stop the study with the one-line reason
+            from .errors import WorkloadError
+
+            trial.set_user_attr("status", "error")
+            trial.set_user_attr("reason", result.reason)
+            raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
         return self._record(trial, result)
 
     def _record(self, trial, result: TrialResult) -> float:

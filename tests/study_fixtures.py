@@ -45,3 +45,26 @@ class _BatchHog(nn.Module):
 
 def batch_hog(image_size: int = 16):
     return _BatchHog(), _data(image_size, n=256), nn.CrossEntropyLoss()
+
+
+class _KillsItsWorker(torch.utils.data.Dataset):
+    """Fine in the main process; a DataLoader worker that loads from it is SIGKILLed (like the OOM killer)."""
+
+    def __init__(self, image_size: int) -> None:
+        self.inner = _data(image_size, n=256)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        import os
+        import signal
+
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner[i]
+
+
+def worker_killer(image_size: int = 16):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    return model, _KillsItsWorker(image_size), nn.CrossEntropyLoss()

@@ -1,0 +1,136 @@
+"""What limited a trial, in one line, with the lever that would help.
+
+``diagnose(figures, memory_cap_mb=...)`` reads a trial's figures (the flat dict ``TrialResult.figures()`` gives,
+which is also what a study stores as each trial's user attributes) and returns a ``Diagnosis``: a label and one
+line a person can act on. The thresholds are the module constants below; docs/diagnosis.md explains them.
+
+>>> diagnose({"status": "ok", "data_wait_share": 0.62, "config": {"num_workers": 0}}).label
+'input-bound'
+>>> print(diagnose({"status": "ok", "data_wait_share": 0.62}).explanation)
+waiting for data 62% of the step: more DataLoader workers or lighter transforms
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, NamedTuple
+
+__all__ = ["Diagnosis", "diagnose", "explain_study", "LABELS", "INPUT_BOUND_SHARE", "MEMORY_BOUND_FRACTION",
+           "COMPILE_DOMINATED_SHARE"]
+
+# Share of step time spent blocked on the DataLoader from which a trial is input-bound. At 0.30 the model
+# idles at least 30% of every step: hiding the loading (workers, prefetch) could make it up to 1/(1-0.30) = 1.43x
+# faster, more than any compute-side knob usually gives; below it, loading is a secondary cost.
+INPUT_BOUND_SHARE = 0.30
+
+# Peak memory (PSS of the trial and its workers) as a fraction of the memory cap from which a trial is
+# memory-bound. At 0.90 the next batch size up (roughly 2x activations) or one more worker would cross the cap,
+# so memory, not speed, is what stops the config from growing.
+MEMORY_BOUND_FRACTION = 0.90
+
+# Share of the trial's wall time spent compiling (first step minus a settled step) from which it is
+# compile-dominated. At 0.50 compiling costs more than start-up, warm-up and all measured windows together:
+# a job as short as the trial would be faster without torch.compile.
+COMPILE_DOMINATED_SHARE = 0.50
+
+# Every label diagnose() returns.
+LABELS = ("input-bound", "compute-bound", "memory-bound", "compile-dominated", "failed", "unmeasured")
+
+_MEMORY_STATUSES = ("oom", "over_memory")
+
+
+class Diagnosis(NamedTuple):
+    """``label`` is one of ``LABELS``; ``explanation`` is one line: the evidence, then the lever."""
+
+    label: str
+    explanation: str
+
+    def line(self) -> str:
+        return f"{self.label}: {self.explanation}"
+
+
+def _num(x: Any) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f else None  # NaN (pandas' missing value) is missing
+
+
+def _compute_levers(config: Mapping[str, Any]) -> str:
+    """The compute-side knobs this config has not tried yet (all of them when the config is unknown)."""
+    levers = []
+    if config.get("amp", "off") == "off":
+        levers.append("bf16 AMP")
+    if not config.get("channels_last"):
+        levers.append("channels_last")
+    if config.get("compile_mode", "none") == "none":
+        levers.append("torch.compile")
+    levers.append("more intra-op threads")
+    return ", ".join(levers[:-1]) + (" or " if len(levers) > 1 else "") + levers[-1]
+
+
+def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None) -> Diagnosis:
+    """Classify what limited a trial from its figures; never raises on missing figures.
+
+    Checked in this order, first match wins: a memory failure (oom, over the cap, skipped as known
+    infeasible) is memory-bound; then compile-dominated (``COMPILE_DOMINATED_SHARE`` of the
+    wall time); then input-bound (``INPUT_BOUND_SHARE`` of the step waiting for data); then memory-bound (peak
+    near the cap); otherwise compute-bound. Trials that errored, crashed or timed out are ``failed``; those
+    without any measured window are ``unmeasured``. A pruned trial is classified from the windows it ran.
+
+    ``figures`` may carry the trial's ``config`` dict (as stored user attributes do): the lever then names
+    only the knobs the config has not used yet.
+    """
+    status = figures.get("status") or "-"
+    reason = (figures.get("reason") or "").strip()
+    config = figures.get("config") or {}
+    peak = _num(figures.get("peak_host_mb"))
+    cap = _num(memory_cap_mb)
+    workers = config.get("num_workers")
+
+    if status in _MEMORY_STATUSES or status == "skipped":
+        what = "ran out of memory" if status == "oom" else ("killed over the memory cap" if status == "over_memory"
+                                                             else "not run (a smaller batch ran out of memory)")
+        return Diagnosis("memory-bound", f"{what}: a smaller batch, bf16 AMP or fewer workers, or a larger cap")
+    if status in ("error", "crashed", "timeout"):
+        return Diagnosis("failed", f"{status}: {reason or 'no reason recorded'}"[:200])
+
+    share = _num(figures.get("data_wait_share"))
+    measured = share is not None or _num(figures.get("median_samples_per_s")) is not None
+    if not measured:
+        return Diagnosis("unmeasured", f"{status}: no measured window" + (f" ({reason})" if reason else ""))
+
+    compile_s, wall_s = _num(figures.get("compile_s")), _num(figures.get("wall_s"))
+    if compile_s and wall_s and compile_s >= COMPILE_DOMINATED_SHARE * wall_s:
+        return Diagnosis("compile-dominated",
+                         f"compiling took {compile_s:.1f} s of the {wall_s:.1f} s trial: torch.compile pays off "
+                         "only on long jobs; use compile_mode none for short runs, or 'default' over max-autotune")
+    if share is not None and share >= INPUT_BOUND_SHARE:
+        lever = ("more DataLoader workers (it loads in the training loop now) or lighter transforms"
+                 if workers == 0 else "more DataLoader workers, a larger prefetch_factor or lighter transforms")
+        if workers is None:
+            lever = "more DataLoader workers or lighter transforms"
+        return Diagnosis("input-bound", f"waiting for data {100 * share:.0f}% of the step: {lever}")
+    if peak is not None and cap and peak >= MEMORY_BOUND_FRACTION * cap:
+        return Diagnosis("memory-bound", f"peak memory {peak:.0f} MiB is {100 * peak / cap:.0f}% of the "
+                                         f"{cap:.0f} MiB cap: a larger batch would not fit; bf16 AMP or fewer "
+                                         "workers free memory")
+    wait = f"waiting for data only {100 * share:.0f}% of the step" if share is not None else "data wait unknown"
+    return Diagnosis("compute-bound", f"computing: {wait}; the model's math is the limit: {_compute_levers(config)}")
+
+
+def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str]:
+    """One ``#N label: explanation`` line per trial of an Optuna study (in ``trial_numbers`` order if given)."""
+    cap = study.user_attrs.get("memory_cap_mb")
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    order = list(trial_numbers) if trial_numbers is not None else sorted(trials)
+    lines = []
+    for n in order:
+        t = trials.get(int(n))
+        if t is None:
+            continue
+        ua = dict(t.user_attrs)
+        if "status" not in ua:
+            ua["status"] = "running" if t.state.name == "RUNNING" else t.state.name.lower()
+        lines.append(f"#{t.number:<4} {diagnose(ua, memory_cap_mb=cap).line()}")
+    return lines

@@ -1,0 +1,191 @@
+"""Fault injection: trials that die, a tuner that is killed, two tuners on one study, exports during a run.
+
+The fast subset runs by default; the SIGKILL x20 loop is marked slow and `.ci/run` runs it too (a few minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from autotune import MeasureSpec, Workload
+from autotune.hardware import detect
+from autotune.space import space_from_dict
+from autotune.study import Tuner
+
+from .conftest import run_cli
+
+QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=60)
+HW = detect()
+
+
+def _orphans() -> list[psutil.Process]:
+    """Trial children (or their DataLoader workers) whose tuner is gone."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "ppid"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "autotune._worker" in cmd and p.info["ppid"] == 1:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _space_file(tmp_path, choices=(8, 16)):
+    p = tmp_path / "space.yaml"
+    p.write_text(yaml.safe_dump({"name": "tiny", "device": "cpu",
+                                 "parameters": {"batch_size": {"type": "int", "choices": list(choices)}},
+                                 "baseline": {"batch_size": choices[0]}}))
+    return p
+
+
+def _run_cmd(space, storage, *extra):
+    return [sys.executable, "-m", "autotune.cli", "run", "--model", "tests.study_fixtures:sleepy", "--image-size",
+            "16", "--space", str(space), "--storage", storage, "--windows", "2", "--window-seconds", "0.5",
+            "--finalists", "1", "--rounds", "1", "--no-progress", "--device", "cpu", *extra]
+
+
+def _wait_for_running(storage, timeout=90):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.3)
+        try:
+            summaries = optuna.get_all_study_summaries(storage)
+            if summaries:
+                study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
+                if any(t.state.name == "RUNNING" for t in study.trials):
+                    return study
+        except Exception:
+            continue
+    pytest.fail("no trial started in time")
+
+
+def test_a_killed_dataloader_worker_is_an_error_and_the_study_goes_on(tmp_path):
+    space = space_from_dict({"name": "w", "device": "cpu",
+                             "parameters": {"num_workers": {"type": "int", "low": 0, "high": 1}},
+                             "baseline": {"num_workers": 0}, "oversubscribe": True}, hardware=HW)
+    tuner = Tuner(Workload(model="tests.study_fixtures:worker_killer", image_size=16), space=space, measure=QUICK,
+                  storage=f"sqlite:///{tmp_path}/w.db", hardware=HW, progress=False, log=lambda m: None,
+                  finalists=1, finalist_rounds=1)
+    tuner.run(trials=1)
+    tuner.study().enqueue_trial({"num_workers": 1})
+    rec = tuner.run(trials=1)
+    bad = tuner.study().trials[1]
+    assert bad.state.name == "FAIL" and bad.user_attrs["status"] == "error"
+    assert "DataLoader worker" in bad.user_attrs["reason"]
+    assert rec is not None and rec.config.num_workers == 0
+    assert not _orphans()
+
+
+def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
+    space = _space_file(tmp_path)
+    storage = f"sqlite:///{tmp_path}/g.db"
+    proc = subprocess.Popen(_run_cmd(space, storage, "--trials", "3"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    study = _wait_for_running(storage)
+    running = [t.number for t in study.trials if t.state.name == "RUNNING"][0]
+    time.sleep(0.5)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.time() - t0 < 15, "the tuner did not stop promptly"
+    assert proc.returncode == 130
+    last = err.strip().splitlines()[-1]
+    assert "resume" in last and "Traceback" not in err
+    time.sleep(0.5)
+    assert not _orphans()
+    study = optuna.load_study(study_name=study.study_name, storage=storage)
+    t = study.trials[running]
+    assert t.state.name == "FAIL" and t.user_attrs["status"] == "interrupted"
+    out = subprocess.run(_run_cmd(space, storage, "--trials", "1"), capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-1500:]
+    study = optuna.load_study(study_name=study.study_name, storage=storage)
+    retries = [x for x in study.trials if x.user_attrs.get("retry_of") == running]
+    assert len(retries) == 1 and retries[0].params == t.params
+
+
+def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(tmp_path):
+    space = _space_file(tmp_path)
+    storage = f"sqlite:///{tmp_path}/c.db"
+    first = subprocess.Popen(_run_cmd(space, storage, "--trials", "4"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        study = _wait_for_running(storage)
+        second = run_cli("run", "--model", "tests.study_fixtures:sleepy", "--image-size", "16", "--space", str(space),
+                         "--storage", storage, "--trials", "1", "--device", "cpu", "--no-progress")
+        assert second.returncode == 2
+        assert "another autotune run" in second.stderr.strip().splitlines()[-1]
+        # exports while the first run writes: each is either a clean refusal or a complete, valid file
+        out = tmp_path / "best.yaml"
+        exported = 0
+        while first.poll() is None and exported < 3:
+            r = run_cli("export", "--storage", storage, "--study-name", study.study_name, "-o", str(out))
+            if r.returncode == 0:
+                doc = yaml.safe_load(out.read_text())
+                assert doc["config"]["batch_size"] in (8, 16)
+                exported += 1
+            else:
+                assert r.returncode == 2 and "no finished feasible trial" in r.stderr
+            time.sleep(0.5)
+        assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_twenty_times_loses_nothing(tmp_path):
+    """SIGKILL the tuner 20 times at random moments; then it must finish with every finished trial intact."""
+    space = _space_file(tmp_path, choices=(4, 8, 16))
+    storage = f"sqlite:///{tmp_path}/k.db"
+    rng = random.Random(1234)
+    seen: dict[int, tuple] = {}  # finished trial number -> (state, value) as first seen
+    name = None
+    for i in range(20):
+        proc = subprocess.Popen(_run_cmd(space, storage, "--trials", "3"), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 9.0))
+        proc.kill()  # the tuner only: its trial child must die by itself (parent-death signal)
+        proc.wait()
+        time.sleep(0.7)
+        assert not _orphans(), f"kill {i}: a trial process outlived the tuner"
+        try:
+            summaries = optuna.get_all_study_summaries(storage)
+        except Exception:
+            continue
+        if not summaries:
+            continue
+        name = summaries[0].study_name
+        study = optuna.load_study(study_name=name, storage=storage)
+        for t in study.trials:
+            if t.state.is_finished() and t.user_attrs.get("status") != "interrupted":
+                if t.number in seen:
+                    assert seen[t.number] == (t.state, t.value), f"trial {t.number} changed after kill {i}"
+                else:
+                    seen[t.number] = (t.state, t.value)
+    final = subprocess.run(_run_cmd(space, storage, "--trials", "2"), capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    study = optuna.load_study(study_name=name or optuna.get_all_study_summaries(storage)[0].study_name,
+                              storage=storage)
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers))
+    for number, (state, value) in seen.items():  # nothing finished was lost or rewritten
+        t = study.trials[number]
+        assert (t.state, t.value) == (state, value)
+    interrupted = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    for t in interrupted:
+        if t.params:
+            assert sum(1 for x in study.trials if x.user_attrs.get("retry_of") == t.number) == 1, t.number
+    assert sum(1 for t in study.trials if t.user_attrs.get("baseline") and t.user_attrs.get("status") == "ok") == 1
+    assert study.user_attrs.get("recommendation"), "the study did not complete with a recommendation"
+    print(f"kills: 20, finished trials tracked: {len(seen)}, interrupted and retried: {len(interrupted)}, lost: 0")
