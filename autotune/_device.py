@@ -49,7 +49,7 @@ class CPUDevice:
         dtype = autocast_dtype_name(self.type, amp)
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type="cpu", dtype=getattr(torch, dtype))
+        return torch.autocast(device_type=self.type, dtype=getattr(torch, dtype))
 
     def grad_scaler(self, amp: str):
         # bf16 keeps fp32's exponent range: no loss scaling needed, on any device.
@@ -89,14 +89,6 @@ class CUDADevice(CPUDevice):
         torch.cuda.set_device(self.torch_device())
         # cudnn.benchmark picks the fastest conv algorithm per input shape; shapes are fixed in a trial.
         torch.backends.cudnn.benchmark = bool(config.cudnn_benchmark)
-
-    def autocast(self, amp: str):
-        import torch
-
-        dtype = autocast_dtype_name(self.type, amp)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda", dtype=getattr(torch, dtype))
 
     def grad_scaler(self, amp: str):
         import torch
@@ -183,6 +175,8 @@ def nvml_gpus(nvml: Any = None) -> tuple[list[GPUInfo], str]:
                 cc = None
             gpus.append(GPUInfo(i, _text(nvml.nvmlDeviceGetName(h)), mem.total / 2**20, driver, cc))
         return gpus, "ok"
+    except Exception as exc:  # a GPU in a bad state (Xid errors, lost device): report it, never crash `env`
+        return [], f"NVML error while listing GPUs ({_text(exc) or type(exc).__name__})"
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()

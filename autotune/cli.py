@@ -217,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_study import add_study_commands
 
     add_study_commands(sub, _add_workload_args, _add_measure_args)
+    from .cli_report import add_report_commands
+
+    add_report_commands(sub)
     return parser
 
 

@@ -32,6 +32,15 @@ def _study_args(p: argparse.ArgumentParser) -> None:
                    help="default: derived from workload and hardware fingerprint")
 
 
+def _study_selector_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("which study (default: the only one in the storage)")
+    g.add_argument("--model", default=None, help="the study of this model (with --task/--image-size/--device)")
+    g.add_argument("--task", default="train", choices=("train", "infer"))
+    g.add_argument("--image-size", type=int, default=224)
+    g.add_argument("--data", default=None)
+    g.add_argument("--device", default=None)
+
+
 def _select_study(args: argparse.Namespace):
     """The study to show/export: by --study-name, else derived from --model, else the only one stored."""
     import optuna
@@ -143,6 +152,11 @@ def cmd_show(args: argparse.Namespace) -> int:
           + (f"{base:.1f} samples/s" if base else "not measured"))
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
+    if args.explain:  # what limited each trial, one line each, in the table's order
+        from .diagnose import explain_study
+
+        print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
+        print("\n".join(explain_study(study, view["trial"].tolist())))
     return 0
 
 
@@ -196,13 +210,11 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                        "the baseline, spread, peak memory, share of step time waiting for data, config, reason.",
                        formatter_class=fmt)
     _study_args(p)
-    p.add_argument("--model", default=None, help="pick the study of this model (with --task/--image-size/--device)")
-    p.add_argument("--task", default="train", choices=("train", "infer"))
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--data", default=None)
-    p.add_argument("--device", default=None)
+    _study_selector_args(p)
     p.add_argument("--csv", default=None, metavar="FILE", help="also write every trial to a CSV file")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="show only the first N rows")
+    p.add_argument("--explain", action="store_true",
+                   help="also say, per trial, what limited it (input, compute, memory, compile) and the lever")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("export", help="write the recommendation (YAML/JSON) with its provenance",
@@ -210,11 +222,7 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                        "speedup over the baseline, peak memory vs cap, hardware and fingerprint, versions, "
                        "runner-ups and the command that reproduces the measurement.", formatter_class=fmt)
     _study_args(p)
-    p.add_argument("--model", default=None, help="pick the study of this model (with --task/--image-size/--device)")
-    p.add_argument("--task", default="train", choices=("train", "infer"))
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--data", default=None)
-    p.add_argument("--device", default=None)
+    _study_selector_args(p)
     p.add_argument("--format", choices=("yaml", "json"), default="yaml")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
     p.set_defaults(func=cmd_export)

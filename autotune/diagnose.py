@@ -115,8 +115,8 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None) 
         return Diagnosis("memory-bound", f"peak memory {peak:.0f} MiB is {100 * peak / cap:.0f}% of the "
                                          f"{cap:.0f} MiB cap: a larger batch would not fit; bf16 AMP or fewer "
                                          "workers free memory")
-    wait = f"waiting for data only {100 * share:.0f}% of the step" if share is not None else "data wait unknown"
-    return Diagnosis("compute-bound", f"computing: {wait}; the model's math is the limit: {_compute_levers(config)}")
+    wait = f"waiting for data only {100 * share:.0f}% of the step" if share is not None else "data wait not measured"
+    return Diagnosis("compute-bound", f"{wait}, the model's math is the limit: {_compute_levers(config)}")
 
 
 def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str]:

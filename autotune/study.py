@@ -93,8 +93,13 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     elif url.startswith(("sqlite:", "postgresql", "mysql")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeats and the retry callback are marked experimental
-            kwargs = {"heartbeat_interval": 30, "grace_period": 120,
-                      "failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+            retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+            kwargs = {"heartbeat_interval": _env_seconds("AUTOTUNE_HEARTBEAT_S", 30),
+                      "grace_period": _env_seconds("AUTOTUNE_GRACE_S", 120)}
+            if retry is not None:  # Optuna >= 4.9 renamed the callback and its argument
+                kwargs["heartbeat_stale_trial_callback"] = retry(max_retry=2)
+            else:  # pragma: no cover - older Optuna
+                kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
     else:
         raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
                            "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
@@ -107,6 +112,49 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _env_seconds(name: str, default: int) -> int:
+    """A whole number of seconds from the environment (Optuna wants ints), e.g. AUTOTUNE_HEARTBEAT_S=1 in tests."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise StorageError(f"{name}={raw!r} is not a number of seconds (e.g. {name}={default})") from None
+    if value < 1:
+        raise StorageError(f"{name}={raw!r} must be at least 1 second")
+    return value
+
+
+@contextlib.contextmanager
+def _rdb_lock(storage, name: str) -> Iterator[None]:
+    """A lock shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
+    check-then-write steps that must not interleave across machines (queue the baseline once, re-queue an
+    interrupted trial once, claim a config). SQLite needs none: one run per SQLite study (``_study_lock``).
+    The server releases the lock if the holder dies."""
+    engine = getattr(storage, "engine", None)
+    dialect = engine.dialect.name if engine is not None else ""
+    if dialect not in ("postgresql", "mysql"):
+        yield
+        return
+    import hashlib
+
+    from sqlalchemy import text
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    lock, unlock, params = (("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)", {"k": key})
+                            if dialect == "postgresql" else
+                            ("SELECT GET_LOCK(:n, 600)", "SELECT RELEASE_LOCK(:n)", {"n": f"autotune{key}"[:64]}))
+    with engine.connect() as conn:
+        conn.execute(text(lock), params)
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text(unlock), params)
+            conn.commit()
 
 
 class NoHopePruner:
@@ -253,6 +301,15 @@ class Tuner:
                                               direction="maximize", sampler=sampler,
                                               pruner=_as_optuna_pruner(self.pruner), load_if_exists=True)
             s = self._study
+            stored = s.user_attrs.get("fingerprint")
+            if stored and stored != self.hardware.fingerprint:
+                # Several machines may share one storage (and one study name), but a study holds the
+                # measurements of one kind of machine: mixing them would recommend one machine's best to another.
+                self._study = None
+                raise StorageError(
+                    f"study {self.study_name!r} was measured on other hardware (fingerprint {stored}: "
+                    f"{s.user_attrs.get('hardware')}); this machine is {self.hardware.fingerprint}: drop --study-name "
+                    "(the default name includes the fingerprint, so each kind of machine gets its own study)")
             meta = {"workload": self.workload.to_dict(), "fingerprint": self.hardware.fingerprint,
                     "hardware": self.hardware.summary_line(), "space": self.space.to_dict(),
                     "memory_cap_mb": self.measure.memory_cap_mb, "measure": self.measure.to_dict()}
@@ -261,17 +318,39 @@ class Tuner:
                     s.set_user_attr(k, v)
         return self._study
 
+    def _start(self, study) -> None:
+        """Re-queue interrupted trials and queue the baseline, each exactly once even when several workers
+        start at once on one PostgreSQL/MySQL study (under the study's server-side lock)."""
+        with _rdb_lock(self._storage, f"autotune:{self.study_name}"):
+            queued = self._recover(study)
+            previous = len(study.trials)
+            if baseline_trial_any(study) is None:
+                study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+                self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
+                          f"baseline ({self.space.baseline_config().short()})")
+            else:
+                self._log(f"resuming study {self.study_name}: {previous} trials so far"
+                          + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
+
     def _recover(self, study) -> int:
         """Fail trials a killed run left RUNNING (we hold the study lock, so nobody else runs them) and
-        re-queue every interrupted trial once. Returns how many were re-queued."""
+        re-queue every interrupted trial once. Returns how many were re-queued.
+
+        On a shared database other workers may be alive: a RUNNING trial there is left to the heartbeat
+        (failed and retried by Optuna's callback once it goes stale), and only trials a stopped run marked
+        ``interrupted`` are re-queued."""
         from optuna.trial import TrialState
 
         trials = study.get_trials(deepcopy=False)
         retried = {t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_of") is not None}
+        for t in trials:  # retried by the heartbeat callback
+            retried.update(t.system_attrs.get("retry_history") or ())
+        single = _sqlite_path(self.storage_url) is not None
         queued = 0
         for t in trials:
-            stale = t.state == TrialState.RUNNING and _sqlite_path(self.storage_url) is not None
-            interrupted = t.state == TrialState.FAIL and t.user_attrs.get("status") in (None, "interrupted")
+            stale = t.state == TrialState.RUNNING and single
+            interrupted = t.state == TrialState.FAIL and t.user_attrs.get("status") in (
+                (None, "interrupted") if single else ("interrupted",))
             if stale:
                 study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
                 study._storage.set_trial_user_attr(t._trial_id, "reason", "the tuner was killed during this trial")
@@ -292,10 +371,13 @@ class Tuner:
 
         done: dict[tuple, Any] = {}
         memory_failures: list[tuple[TrialConfig, int]] = []
+        fingerprint = self.hardware.fingerprint
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             cfg = t.user_attrs.get("config")
             if not cfg or t.user_attrs.get("duplicate_of") is not None:
                 continue
+            if t.user_attrs.get("fingerprint", fingerprint) != fingerprint:
+                continue  # measured on another kind of machine (a Ray node): not evidence about this one
             c = TrialConfig.from_dict(cfg)
             done.setdefault(c.key(), t)
             if t.user_attrs.get("status") in MEMORY_STATUSES:
@@ -303,31 +385,17 @@ class Tuner:
         return done, memory_failures
 
     def objective(self, trial) -> float:
-        import optuna
-
         config = self.space.suggest(trial)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("fingerprint", self.hardware.fingerprint)
-        done, memory_failures = self._known(trial.study)
-
-        for smaller, number in memory_failures:
-            if smaller.batch_size <= config.batch_size and smaller.replace(batch_size=config.batch_size) == config:
-                result = TrialResult(status="skipped", batch_size=config.batch_size,
-                                     reason=f"not run: batch {config.batch_size} >= batch {smaller.batch_size}, "
-                                            f"which ran out of memory with the same settings (trial {number})")
-                return self._record(trial, result)
-
-        twin = done.get(config.key())
-        if twin is not None:
-            trial.set_user_attr("duplicate_of", twin.number)
-            for k, v in twin.user_attrs.items():
-                if k not in ("config", "baseline", "retry_of", "duplicate_of"):
-                    trial.set_user_attr(k, v)
-            if twin.state.name == "PRUNED":
-                raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
-            for k, v in twin.constraints.items():
-                trial.set_constraint(k, v)
-            return float(twin.value or 0.0)
+        history = trial.storage.get_trial_system_attrs(trial._trial_id).get("retry_history")
+        if history:  # queued by the heartbeat callback: a worker died during trial history[-1]
+            trial.set_user_attr("retry_of", history[-1])
+            trial.storage.set_trial_system_attr(trial._trial_id, "autotune_measuring", False)  # copied: not ours
+        self._wait_for_twin_in_flight(trial, config)
+        shortcut = self._shortcut(trial, config)
+        if shortcut is not None:
+            return shortcut
 
         def on_window(index: int, samples_per_s: float) -> bool:
             trial.report(samples_per_s, index)
@@ -348,6 +416,71 @@ class Tuner:
             trial.set_user_attr("reason", result.reason)
             raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
         return self._record(trial, result)
+
+    def _wait_for_twin_in_flight(self, trial, config: TrialConfig) -> None:
+        """Several workers on one PostgreSQL/MySQL study: when another worker is measuring this very config
+        right now, wait for it and reuse its result (``_shortcut``) instead of measuring it twice at once.
+
+        The claim is taken under the study's server-side lock, so of two workers that draw the same config at
+        the same moment exactly one measures it. While waiting, stale trials are failed by heartbeat: if the
+        twin's worker died, its trial fails (and is re-queued by the retry callback) and this one measures.
+        """
+        if _sqlite_path(self.storage_url) is not None:
+            return  # one run per SQLite study: nothing else is in flight
+        import optuna
+        from optuna.trial import TrialState
+
+        key = config.key()
+        while True:
+            with _rdb_lock(self._storage, f"autotune:{self.study_name}"):
+                twin = None
+                for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                    cfg = t.user_attrs.get("config")
+                    if (t.number != trial.number and t.system_attrs.get("autotune_measuring") and cfg
+                            and TrialConfig.from_dict(cfg).key() == key):
+                        twin = t
+                        break
+                if twin is None:
+                    trial.storage.set_trial_system_attr(trial._trial_id, "autotune_measuring", True)
+                    return
+            trial.set_user_attr("waited_for", twin.number)
+            self._log(f"trial {trial.number}: trial {twin.number} (another worker) is measuring the same config; "
+                      "waiting to reuse its result")
+            while (state := trial.storage.get_trial(twin._trial_id).state) == TrialState.RUNNING:
+                time.sleep(1.0)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    optuna.storages.fail_stale_trials(trial.study)
+            if state in (TrialState.COMPLETE, TrialState.PRUNED):
+                return  # ``_shortcut`` finds it among the finished trials
+
+    def _shortcut(self, trial, config: TrialConfig) -> float | None:
+        """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
+        config that ran out of memory (infeasible), or a config measured before (its figures are copied).
+        Returns the value (or raises TrialPruned like a run would); None means: run it."""
+        import optuna
+
+        done, memory_failures = self._known(trial.study)
+
+        for smaller, number in memory_failures:
+            if smaller.batch_size <= config.batch_size and smaller.replace(batch_size=config.batch_size) == config:
+                result = TrialResult(status="skipped", batch_size=config.batch_size,
+                                     reason=f"not run: batch {config.batch_size} >= batch {smaller.batch_size}, "
+                                            f"which ran out of memory with the same settings (trial {number})")
+                return self._record(trial, result)
+
+        twin = done.get(config.key())
+        if twin is not None:
+            trial.set_user_attr("duplicate_of", twin.number)
+            for k, v in twin.user_attrs.items():
+                if k not in ("config", "baseline", "retry_of", "duplicate_of", "waited_for"):
+                    trial.set_user_attr(k, v)
+            if twin.state.name == "PRUNED":
+                raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
+            for k, v in twin.constraints.items():
+                trial.set_constraint(k, v)
+            return float(twin.value or 0.0)
+        return None
 
     def _record(self, trial, result: TrialResult) -> float:
         import optuna
@@ -384,15 +517,7 @@ class Tuner:
 
         study = self.study()  # opens (and checks) the storage before anything else touches its folder
         with _study_lock(self.storage_url, self.study_name):
-            queued = self._recover(study)
-            previous = len(study.trials)
-            if baseline_trial_any(study) is None:
-                study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
-                self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
-                          f"baseline ({self.space.baseline_config().short()})")
-            else:
-                self._log(f"resuming study {self.study_name}: {previous} trials so far"
-                          + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
+            self._start(study)
             start = time.monotonic()
             deadline = start + timeout_s if timeout_s else None
             bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not self.progress,
@@ -450,7 +575,7 @@ class Tuner:
         from .recommendation import Recommendation
 
         study = self.study()
-        feasible = _feasible_by_config(study)
+        feasible = _feasible_by_config(study, self.hardware.fingerprint)
         if not feasible:
             self._log("no feasible trial yet: nothing to recommend (see `autotune show` for why trials failed)")
             return None
@@ -497,13 +622,17 @@ def run_trial_for_tuner(*args, **kwargs) -> TrialResult:
     return run_trial(*args, **kwargs)
 
 
-def _feasible_by_config(study) -> dict[tuple, Any]:
-    """Best measured (status ok) feasible trial per distinct config."""
+def _feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, Any]:
+    """Best measured (status ok) feasible trial per distinct config, among the trials measured on hardware
+    ``fingerprint`` (default: the study's): a Ray cluster may mix kinds of nodes, a recommendation may not."""
     from optuna.trial import TrialState
 
+    fingerprint = fingerprint or study.user_attrs.get("fingerprint")
     out: dict[tuple, Any] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get("status") != "ok" or t.user_attrs.get("duplicate_of") is not None:
+            continue
+        if fingerprint and t.user_attrs.get("fingerprint", fingerprint) != fingerprint:
             continue
         if not all(c <= 0 for c in t.constraints.values()):
             continue

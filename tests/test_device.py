@@ -225,3 +225,15 @@ def test_has_bf16_from_cpu_flags():
     assert dataclasses.replace(hw, cpu_flags=("avx2", "fma")).has_bf16 is False
     assert dataclasses.replace(hw, cpu_flags=("avx512f", "avx512_bf16")).has_bf16 is True
     assert dataclasses.replace(hw, cpu_flags=("amx_bf16",)).has_bf16 is True
+
+
+def test_nvml_error_while_listing_is_reported_not_raised():
+    fake = fake_nvml()
+
+    def broken(h):
+        raise _NVMLError("Unknown Error")
+
+    fake.nvmlDeviceGetMemoryInfo = broken
+    gpus, status = nvml_gpus(fake)
+    assert gpus == [] and "Unknown Error" in status
+    assert fake.calls["shutdown"] == 1

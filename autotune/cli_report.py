@@ -1,0 +1,174 @@
+"""The result commands: `dashboard` (optuna-dashboard on the study storage) and `report` (one HTML file)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+from pathlib import Path
+
+from .errors import AutotuneError, StorageError
+
+REPORT_EPILOG = """\
+examples:
+  autotune report                               # trials/<study>/report.html, with a profile of the recommendation
+  autotune report -o trials/report.html --no-profile
+  autotune report --storage sqlite:///runs/a.db --study-name NAME
+
+The page is self-contained (plotly.js is embedded): open it offline, mail it, attach it to a bug report.
+The profiler run writes a Chrome trace to trials/<study>/profile/ (open it at ui.perfetto.dev).
+"""
+
+DASHBOARD_EPILOG = """\
+examples:
+  autotune dashboard                            # http://127.0.0.1:8080/ on sqlite:///trials/autotune.db
+  autotune dashboard --port 9000 --storage sqlite:///runs/a.db
+
+The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise. To look from another
+machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over --host 0.0.0.0.
+"""
+
+
+def _storage(url: str | None):
+    from .study import DEFAULT_STORAGE, _sqlite_path, open_storage
+
+    url = url or DEFAULT_STORAGE
+    db = _sqlite_path(url)
+    if db is not None and not db.exists():
+        raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
+    return open_storage(url, create_dirs=False), url
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --- dashboard ----------------------------------------------------------------------------------------
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from socketserver import ThreadingMixIn
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        raise AutotuneError("the dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
+    if not 0 <= args.port <= 65535:
+        raise AutotuneError(f"--port {args.port} is not a port number: use 1-65535 (0 picks a free one)")
+    storage, url = _storage(args.storage)
+
+    class _Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a browser's open connections do not keep Ctrl-C waiting
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format, *a):  # noqa: A002 - the stdlib's name; one line per request is noise here
+            pass
+
+    app = optuna_dashboard.wsgi(storage)
+    try:
+        server = make_server(args.host, args.port, app, server_class=_Server, handler_class=_Quiet)
+    except OSError as exc:
+        raise AutotuneError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                            "pick another --port (0 picks a free one)") from None
+    host, port = server.server_address[:2]
+    shown = f"[{host}]" if ":" in str(host) else host
+    if not is_loopback(args.host):
+        print(f"autotune dashboard: warning: listening on {args.host}, reachable from other machines; the dashboard "
+              "has no authentication (anyone who can connect can read and edit the study)", file=sys.stderr)
+    print(f"autotune dashboard: serving {url} at http://{shown}:{port}/dashboard (Ctrl-C to stop)",
+          file=sys.stderr, flush=True)
+
+    def on_term(signum, frame):  # SIGTERM (e.g. from a supervisor) stops like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (nohup, &)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        print("autotune dashboard: stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0
+
+
+# --- report -------------------------------------------------------------------------------------------
+
+def _artifacts_dir(url: str, study_name: str) -> Path:
+    """Where a study's files live: beside the SQLite database (as ``Tuner.artifacts_dir``), else trials/."""
+    from .study import _sqlite_path
+
+    db = _sqlite_path(url)
+    return (db.parent if db is not None else Path("trials")) / study_name
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .cli_study import _select_study
+    from .config import Workload
+    from .report import build_report, recommended, write_report
+
+    study, url = _select_study(args)
+    folder = _artifacts_dir(url, study.study_name)
+    out = Path(args.output) if args.output else folder / "report.html"
+    profile, note = None, ""
+    rec = recommended(study)
+    if args.no_profile:
+        note = "Not profiled (--no-profile)."
+    elif rec is None:
+        note = "Not profiled: the study has no measured feasible config yet."
+    else:
+        from .profile import profile_config
+
+        prof_dir = folder / "profile"
+        print(f"autotune report: profiling {rec.config.short()} for a few steps in a child process "
+              f"(--no-profile skips this)", file=sys.stderr, flush=True)
+        workload = Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload
+        profile = profile_config(workload, rec.config, prof_dir, memory_cap_mb=study.user_attrs.get("memory_cap_mb"))
+        if profile.ok:
+            print(f"autotune report: Chrome trace {profile.trace_path} (open it at ui.perfetto.dev)", file=sys.stderr)
+        else:
+            print(f"autotune report: the profiler run failed ({profile.reason}); the report says so",
+                  file=sys.stderr)
+    html = build_report(study, storage_url=url, profile=profile, profile_note=note, report_path=out)
+    write_report(out, html)
+    print(f"autotune report: wrote {out}", file=sys.stderr)
+    print(out)
+    return 0
+
+
+def add_report_commands(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("dashboard", help="browse the study in optuna-dashboard (on 127.0.0.1)",
+                       description="Start optuna-dashboard on the study storage: every trial with its config, "
+                       "throughput median/IQR, peak memory, data-wait share and status reason as user "
+                       "attributes. Ctrl-C stops it.", epilog=DASHBOARD_EPILOG, formatter_class=fmt)
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind; anything but loopback exposes an unauthenticated page (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, metavar="N", help="port (0: a free one; default: %(default)s)")
+    p.set_defaults(func=cmd_dashboard)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a study (plots, bottlenecks, profile)",
+                       description="Write one HTML file, openable offline: optimisation history against the "
+                       "baseline, throughput vs peak memory with the cap, parameter importances, the step-time "
+                       "breakdown of baseline vs recommendation, the top configs with what limited each, and the "
+                       "top operators of a short torch.profiler run of the recommended config.",
+                       epilog=REPORT_EPILOG, formatter_class=fmt)
+    g = p.add_argument_group("study")
+    g.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
+    g.add_argument("--study-name", default=None, metavar="NAME",
+                   help="default: the only study in the storage")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="default: report.html in the study's folder beside the database (trials/<study>/)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the short torch.profiler run of the recommended config")
+    p.set_defaults(func=cmd_report)
