@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import os
 import subprocess
 import sys
@@ -41,3 +43,19 @@ def test_spread_script_refuses_a_bad_model(tmp_path):
     assert proc.returncode == 2
     assert "resnet81" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_quality_script_runs_on_a_tiny_space(tmp_path):
+    out = tmp_path / "quality.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "quality.py"), "--quick", "--model", TINY, "--image-size",
+         "16", "--rounds", "1", "--out", str(out)],
+        cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "recommendation / grid best" in proc.stdout and "share of the grid's time used" in proc.stdout
+    data = json.loads(out.read_text())
+    assert len(data["grid"]) == 8 and all(g["status"] == "ok" for g in data["grid"])
+    assert data["medians"]["recommendation"] > 0 and data["flops_per_sample"] > 0
+    assert out.with_suffix(".md").read_text().startswith("Machine:")
