@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-
-import pytest
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO_ROOT, TINY
 

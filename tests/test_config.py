@@ -298,3 +298,16 @@ def test_finite_or_none():
     assert finite_or_none(math.inf) is None
     assert finite_or_none(None) is None
     assert finite_or_none("abc") is None
+
+
+@pytest.mark.xfail(strict=True, reason="BUG config: a value of the wrong type raises TypeError/AttributeError from "
+                                       "the comparison instead of a ConfigError naming the field")
+@pytest.mark.parametrize("cls, field, value", [
+    (MeasureSpec, "window_s", "3"),
+    (MeasureSpec, "timeout_s", None),
+    (MeasureSpec, "memory_cap_mb", "2GiB"),
+    (Workload, "device", None),
+])
+def test_wrong_types_are_config_errors(cls, field, value):
+    with pytest.raises(ConfigError, match=field):
+        cls.from_dict({field: value})
