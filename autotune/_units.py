@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import ConfigError
@@ -35,8 +36,8 @@ def parse_memory_mb(text: str | int | float, *, what: str = "memory size") -> fl
             )
         scale = _MEM_UNITS[unit]
         value_mb = float(m.group(1)) * scale / 1024**2 if unit else float(m.group(1))
-    if value_mb <= 0:
-        raise ConfigError(f"{what} must be positive, got {text!r}")
+    if not math.isfinite(value_mb) or value_mb <= 0:
+        raise ConfigError(f"{what} must be a positive, finite size, got {text!r}")
     return value_mb
 
 

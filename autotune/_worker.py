@@ -141,6 +141,7 @@ def run(payload: dict, send: Send) -> dict:
     while True:
         _, wait, comp = step()
         times.append(wait + comp)
+        check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
         n = len(times)
         if time.perf_counter() - t_warm > spec.warmup_max_s:
             break

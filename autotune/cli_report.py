@@ -162,11 +162,10 @@ def add_report_commands(sub) -> None:
                        "breakdown of baseline vs recommendation, the top configs with what limited each, and the "
                        "top operators of a short torch.profiler run of the recommended config.",
                        epilog=REPORT_EPILOG, formatter_class=fmt)
-    g = p.add_argument_group("study")
-    g.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
-    g.add_argument("--study-name", default=None, metavar="NAME",
-                   help="default: the only study in the storage")
+    from .cli_study import _study_args, _study_selector_args
+
+    _study_args(p)  # the same study selection as show/export
+    _study_selector_args(p)
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="default: report.html in the study's folder beside the database (trials/<study>/)")
     p.add_argument("--no-profile", action="store_true",

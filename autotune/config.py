@@ -37,6 +37,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_num(v: Any) -> bool:
+    """A real, finite number (not a bool, not a string that looks like one): safe to compare."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 class _Record:
     """to_dict/from_dict shared by the records; from_dict refuses unknown keys so typos do not pass silently."""
 
@@ -85,7 +90,7 @@ class Workload(_Record):
         _check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
         _check(_is_int(self.image_size) and 16 <= self.image_size <= 4096, "image_size", self.image_size,
                "an integer from 16 to 4096 pixels")
-        _check(self.device == "cpu" or self.device.startswith("cuda"), "device", self.device,
+        _check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
                "cpu, cuda or cuda:N")
         _check(_is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
                "an integer >= 2")
@@ -205,16 +210,16 @@ class MeasureSpec(_Record):
 
     def __post_init__(self) -> None:
         _check(_is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
-        _check(self.window_s > 0, "window_s", self.window_s, "a positive number of seconds")
+        _check(_is_num(self.window_s) and self.window_s > 0, "window_s", self.window_s, "a positive number of seconds")
         _check(_is_int(self.min_window_steps) and self.min_window_steps >= 1, "min_window_steps",
                self.min_window_steps, "a whole number >= 1")
         _check(_is_int(self.warmup_min_steps) and self.warmup_min_steps >= 1, "warmup_min_steps",
                self.warmup_min_steps, "a whole number >= 1")
-        _check(self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
-        _check(self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
-        _check(0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
-        _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
-        _check(self.memory_cap_mb is None or self.memory_cap_mb > 0, "memory_cap_mb", self.memory_cap_mb,
+        _check(_is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
+        _check(_is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
+        _check(_is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
+        _check(_is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
+        _check(self.memory_cap_mb is None or (_is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,
                "None or a positive number of MiB")
 
 

@@ -65,6 +65,22 @@ def cgroup_memory_limit_mb(root: str | Path = "/sys/fs/cgroup") -> tuple[float |
     return None, None
 
 
+def _cgroup_dirs(base: str | Path = "/sys/fs/cgroup") -> list[Path]:
+    """This process's cgroup v2 folder and its ancestors up to ``base`` (limits may be set at any level;
+    without a cgroup namespace, e.g. a systemd slice, our folder is not ``base`` itself)."""
+    base = Path(base)
+    dirs = [base]
+    text = _read("/proc/self/cgroup") or ""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            rel = line[3:].strip().lstrip("/")
+            d = base / rel if rel else base
+            while d != base and base in d.parents:
+                dirs.insert(0, d)
+                d = d.parent
+    return dirs
+
+
 def _cpuinfo() -> tuple[str, list[str]]:
     model, flags = platform.processor() or platform.machine(), []
     text = _read("/proc/cpuinfo") or ""
@@ -199,10 +215,15 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = logical
-    quota = cgroup_cpu_quota()
+    quotas = [q for q in (cgroup_cpu_quota(d) for d in _cgroup_dirs()) if q is not None]
+    quota = min(quotas) if quotas else None
     usable = affinity if quota is None else max(1, min(affinity, math.floor(quota + 1e-9) or 1))
     vm = psutil.virtual_memory()
-    limit_mb, current_mb = cgroup_memory_limit_mb()
+    limit_mb = current_mb = None
+    for d in _cgroup_dirs():  # the tightest limit on the way up, with its own usage
+        lim, cur = cgroup_memory_limit_mb(d)
+        if lim is not None and (limit_mb is None or lim < limit_mb):
+            limit_mb, current_mb = lim, cur
     total_mb = vm.total / 2**20
     avail_mb = vm.available / 2**20
     if limit_mb is not None:

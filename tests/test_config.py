@@ -300,8 +300,6 @@ def test_finite_or_none():
     assert finite_or_none("abc") is None
 
 
-@pytest.mark.xfail(strict=True, reason="BUG config: a value of the wrong type raises TypeError/AttributeError from "
-                                       "the comparison instead of a ConfigError naming the field")
 @pytest.mark.parametrize("cls, field, value", [
     (MeasureSpec, "window_s", "3"),
     (MeasureSpec, "timeout_s", None),
