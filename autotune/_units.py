@@ -37,7 +37,7 @@ def parse_memory_mb(text: str | int | float, *, what: str = "memory size") -> fl
         scale = _MEM_UNITS[unit]
         value_mb = float(m.group(1)) * scale / 1024**2 if unit else float(m.group(1))
     if not math.isfinite(value_mb) or value_mb <= 0:
-        raise ConfigError(f"{what} must be a positive, finite size, got {text!r}")
+        raise ConfigError(f"{what} must be positive (and finite), got {text!r}")
     return value_mb
 
 
