@@ -24,12 +24,13 @@ The study is named after the workload and this machine's hardware fingerprint, s
 """
 
 
-def _study_args(p: argparse.ArgumentParser) -> None:
+def _study_args(p: argparse.ArgumentParser, *, creates: bool = False) -> None:
     g = p.add_argument_group("study")
     g.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
     g.add_argument("--study-name", default=None, metavar="NAME",
-                   help="default: derived from workload and hardware fingerprint")
+                   help="default: derived from workload and hardware fingerprint" if creates else
+                   "default: the study of --model if given, else the only study in the storage")
 
 
 def _study_selector_args(p: argparse.ArgumentParser) -> None:
@@ -193,7 +194,7 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                    help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
     g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")
     add_measure_args(p)
-    _study_args(p)
+    _study_args(p, creates=True)
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
                    "for the device, trimmed to this machine)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")

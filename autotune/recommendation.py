@@ -363,6 +363,9 @@ def atomic_write(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file should read like any other the user writes
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

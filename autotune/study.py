@@ -106,12 +106,24 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, **kwargs)
+            return optuna.storages.RDBStorage(_with_driver(url), **kwargs)
     except ImportError as exc:
-        raise StorageError(f"storage {url!r} needs a database driver: {exc} (e.g. pip install psycopg2-binary)") from None
+        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
+                           '(for PostgreSQL: pip install "autotune[postgres]")') from None
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` names no driver, and SQLAlchemy 2.1 then wants psycopg 3; ``autotune[postgres]``
+    installs psycopg2, so a bare URL uses whichever of the two is installed (psycopg 3 first)."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
 
 
 def _env_seconds(name: str, default: int) -> int:
@@ -485,8 +497,14 @@ class Tuner:
     def _record(self, trial, result: TrialResult) -> float:
         import optuna
 
-        for k, v in result.figures().items():
+        from .diagnose import diagnose
+
+        figures = result.figures()
+        for k, v in figures.items():
             trial.set_user_attr(k, v)
+        # one line on what limited this trial, stored so optuna-dashboard shows it too
+        trial.set_user_attr("bottleneck", diagnose({**figures, "config": trial.user_attrs.get("config")},
+                                                   memory_cap_mb=self.measure.memory_cap_mb).line())
         if result.traceback and result.status in ("error", "crashed"):
             trial.set_user_attr("traceback", result.traceback[-4000:])
         o = outcome(result, self.measure.memory_cap_mb)

@@ -1,0 +1,114 @@
+"""Bottleneck diagnosis: the thresholds exactly, the order of the checks, and two real trials whose bottleneck
+is known by construction (a heavy transform with 0 workers; convolutions over in-memory tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune import diagnose as dg
+from autotune.diagnose import Diagnosis, diagnose
+
+OK = {"status": "ok", "median_samples_per_s": 100.0, "wall_s": 10.0}
+
+
+def test_input_bound_at_the_threshold_and_the_lever_names_workers():
+    at = diagnose({**OK, "data_wait_share": dg.INPUT_BOUND_SHARE, "config": {"num_workers": 0}})
+    below = diagnose({**OK, "data_wait_share": dg.INPUT_BOUND_SHARE - 0.01, "config": {"num_workers": 0}})
+    assert at.label == "input-bound" and below.label == "compute-bound"
+    d = diagnose({**OK, "data_wait_share": 0.62, "config": {"num_workers": 0}})
+    assert d.explanation.startswith("waiting for data 62% of the step: more DataLoader workers")
+    assert "lighter transforms" in d.explanation
+    with_workers = diagnose({**OK, "data_wait_share": 0.62, "config": {"num_workers": 2}})
+    assert "prefetch_factor" in with_workers.explanation
+
+
+def test_memory_bound_near_the_cap_and_for_memory_failures():
+    cap = 1000.0
+    near = diagnose({**OK, "data_wait_share": 0.05, "peak_host_mb": dg.MEMORY_BOUND_FRACTION * cap}, memory_cap_mb=cap)
+    far = diagnose({**OK, "data_wait_share": 0.05, "peak_host_mb": 0.89 * cap}, memory_cap_mb=cap)
+    assert near.label == "memory-bound" and "90% of the 1000 MiB cap" in near.explanation
+    assert far.label == "compute-bound"
+    assert diagnose({**OK, "data_wait_share": 0.05, "peak_host_mb": 990.0}).label == "compute-bound"  # no cap known
+    for status in ("oom", "over_memory", "skipped"):
+        d = diagnose({"status": status, "reason": "x"}, memory_cap_mb=cap)
+        assert d.label == "memory-bound" and "smaller batch" in d.explanation, status
+
+
+def test_compile_dominated_at_the_threshold_and_before_input():
+    at = diagnose({**OK, "compile_s": dg.COMPILE_DOMINATED_SHARE * 10.0, "data_wait_share": 0.9})
+    below = diagnose({**OK, "compile_s": dg.COMPILE_DOMINATED_SHARE * 10.0 - 0.1, "data_wait_share": 0.1})
+    assert at.label == "compile-dominated" and "compiling took 5.0 s of the 10.0 s trial" in at.explanation
+    assert below.label == "compute-bound"
+
+
+def test_compute_bound_levers_are_the_unused_knobs():
+    d = diagnose({**OK, "data_wait_share": 0.02, "config": {"amp": "bf16", "channels_last": True,
+                                                              "compile_mode": "none"}})
+    assert d.label == "compute-bound" and d.explanation.startswith("waiting for data only 2% of the step")
+    assert "torch.compile" in d.explanation and "bf16" not in d.explanation and "channels_last" not in d.explanation
+    assert "bf16 AMP" in diagnose({**OK, "data_wait_share": 0.02}).explanation
+
+
+def test_failures_and_missing_figures_never_raise():
+    assert diagnose({"status": "error", "reason": "ValueError: boom"}) == Diagnosis("failed", "error: ValueError: boom")
+    assert diagnose({"status": "timeout"}).label == "failed"
+    assert diagnose({"status": "running"}).label == "unmeasured"
+    assert diagnose({}).label == "unmeasured"
+    # pandas turns missing numbers into NaN: still missing, not a share of NaN%
+    nan = diagnose({"status": "ok", "median_samples_per_s": 5.0, "data_wait_share": math.nan,
+                    "peak_host_mb": math.nan}, memory_cap_mb=math.nan)
+    assert nan.label == "compute-bound" and "not measured" in nan.explanation
+    pruned = diagnose({"status": "pruned", "data_wait_share": 0.7, "samples_per_s": [3.0]})
+    assert pruned.label == "input-bound"  # classified from the windows it ran
+
+
+@pytest.mark.parametrize("share", [0.0, 0.29, 0.3, 0.99, None])
+def test_every_answer_is_a_known_label_and_one_line(share):
+    d = diagnose({**OK, "data_wait_share": share, "compile_s": 1.0, "peak_host_mb": 10.0}, memory_cap_mb=100.0)
+    assert d.label in dg.LABELS and "\n" not in d.explanation and d.line().startswith(d.label + ": ")
+
+
+def test_explain_study_one_line_per_trial_in_the_given_order():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("memory_cap_mb", 1000.0)
+    for attrs in ({**OK, "data_wait_share": 0.5}, {**OK, "data_wait_share": 0.01, "peak_host_mb": 950.0},
+                  {"status": "oom", "reason": "CUDA out of memory"}):
+        t = study.ask()
+        for k, v in attrs.items():
+            t.set_user_attr(k, v)
+        study.tell(t, 1.0)
+    lines = dg.explain_study(study, [2, 0, 1])
+    assert [ln.split()[0] for ln in lines] == ["#2", "#0", "#1"]
+    assert "memory-bound" in lines[0] and "input-bound" in lines[1] and "memory-bound" in lines[2]
+
+
+# --- real trials, one child process each ------------------------------------------------------------------
+
+def _measure(model: str, image_size: int):
+    from autotune import MeasureSpec, TrialConfig, Workload, run_trial
+
+    # One intra-op thread: on a busy 2-core box, spinning OpenMP threads would make compute time erratic.
+    result = run_trial(Workload(model=model, image_size=image_size, device="cpu"),
+                       TrialConfig(batch_size=8, num_workers=0, intra_op_threads=1),
+                       MeasureSpec(windows=2, window_s=0.3, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=180))
+    assert result.ok, (result.status, result.reason, result.traceback)
+    return result
+
+
+def test_heavy_transform_with_no_workers_is_input_bound():
+    result = _measure("tests.report_fixtures:input_bound", 16)
+    figures = {**result.figures(), "config": {"num_workers": 0}}
+    d = diagnose(figures)
+    assert d.label == "input-bound", (d, result.data_wait_s_per_step, result.compute_s_per_step)
+    assert "more DataLoader workers" in d.explanation
+
+
+def test_convolutions_on_in_memory_tensors_are_compute_bound():
+    result = _measure("tests.report_fixtures:compute_bound", 32)
+    d = diagnose(result.figures())
+    assert d.label == "compute-bound", (d, result.data_wait_s_per_step, result.compute_s_per_step)
