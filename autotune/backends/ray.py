@@ -144,7 +144,11 @@ def _probe(ray, base: dict[str, float]):
         return detect().to_dict(), ray.get_runtime_context().get_node_id()
 
     opts = {"num_cpus": base.get("CPU", 1.0), "num_gpus": base.get("GPU", 0.0)}
-    hw, node = ray.get(probe.options(**opts).remote(), timeout=600)
+    try:
+        hw, node = ray.get(probe.options(**opts).remote(), timeout=600)
+    except ray.exceptions.GetTimeoutError:
+        raise AutotuneError(f"no Ray node could take a trial ({opts}) within 10 minutes: is the cluster busy, "
+                            "or are its nodes smaller than that?") from None
     return _hardware_from_dict(hw), node
 
 
@@ -197,11 +201,13 @@ def _make_trainable(tune):
                 from autotune.hardware import detect
                 from autotune.runner import run_trial
 
-                def on_window(index: int, samples_per_s: float) -> bool:
-                    self._events.put(("window", (index, samples_per_s)))
-                    return self._stop.is_set()
+                def on_event(ev: dict) -> None:  # windows go to Tune with their step-time split
+                    if ev.get("event") == "window":
+                        self._events.put(("window", {k: ev.get(k) for k in
+                                                     ("index", "samples_per_s", "steps", "data_wait_s", "compute_s")}))
 
-                result = run_trial(workload, config, measure, on_window=on_window, log_path=log)
+                result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
+                                   on_event=on_event, log_path=log)
                 self._events.put(("done", (result, detect(with_torch=False).fingerprint)))
             except BaseException as exc:  # noqa: BLE001 - reported to Tune as this trial's error
                 import traceback
@@ -211,8 +217,8 @@ def _make_trainable(tune):
         def step(self) -> dict:
             kind, payload = self._events.get()
             if kind == "window":
-                index, value = payload
-                return {_METRIC: value, "window": index}
+                return {_METRIC: payload["samples_per_s"], "window": payload["index"], "steps": payload["steps"],
+                        "data_wait_s": payload["data_wait_s"], "compute_s": payload["compute_s"]}
             if kind == "shortcut":
                 return {_METRIC: 0.0, "shortcut": True, "done": True}
             if kind == "done":
@@ -220,6 +226,13 @@ def _make_trainable(tune):
                 return {_METRIC: result.median_samples_per_s or 0.0, "trial_result": json.dumps(result.to_dict()),
                         "fingerprint": fingerprint, "node": os.uname().nodename, "done": True}
             raise RuntimeError(payload)
+
+        # A trial is not resumable mid-measurement: Tune's restart after a failure measures it afresh.
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            return None
+
+        def load_checkpoint(self, checkpoint) -> None:
+            return None
 
         def cleanup(self) -> None:
             self._stop.set()
@@ -259,6 +272,7 @@ def _make_search(OptunaSearch):
             self.deadline = deadline
             self.walls: list[float] = []
             self.abort: str | None = None
+            self.told = 0
             self._windows: dict[str, list[float]] = {}
             self._pruned: dict[str, str] = {}
             self._handled: set[str] = set()
@@ -285,9 +299,10 @@ def _make_search(OptunaSearch):
             return None
 
         def __getstate__(self) -> dict:
-            state = self.__dict__.copy()
-            state["_heartbeats"] = {}
-            return state
+            # Tune pickles its config (tuner.pkl) for its own resume, which this backend never uses (the
+            # study is the state): leave out the tuner, the study and the threads, which need not pickle.
+            live = {"tuner", "_heartbeats", "_ot_study", "_ot_trials", "_space", "_storage", "_sampler"}
+            return {k: v for k, v in self.__dict__.items() if k not in live}
 
         # --- asking ---------------------------------------------------------------------------------
         def suggest(self, trial_id: str):
@@ -309,8 +324,9 @@ def _make_search(OptunaSearch):
             trial.set_user_attr("config", config.to_dict())
             trial.set_user_attr("fingerprint", self.tuner.hardware.fingerprint)  # the node's, once it ran
             history = storage.get_trial_system_attrs(trial._trial_id).get("retry_history")
-            if history:
+            if history:  # queued by the heartbeat callback: its flags were copied from the dead trial
                 trial.set_user_attr("retry_of", history[-1])
+                storage.set_trial_system_attr(trial._trial_id, "autotune_measuring", False)
             plan = {"config": config.to_dict(), "number": trial.number, "shortcut": False}
             twin = self._claim(trial, config)
             if twin is not None:
@@ -362,6 +378,10 @@ def _make_search(OptunaSearch):
             if state == optuna.trial.TrialState.COMPLETE and value is None:
                 return False
             self._tell(trial_id, trial, value, state)
+            attrs = self._ot_study._storage.get_trial(trial._trial_id).user_attrs
+            self.tuner._log(f"trial {trial.number} {attrs.get('status', state.name.lower()):<8} {config.short():<40} "
+                            + (f"same as trial {attrs['duplicate_of']}" if "duplicate_of" in attrs
+                               else attrs.get("reason", "")))
             return True
 
         def _resolve_deferred(self, *, block: bool = False) -> None:
@@ -394,7 +414,7 @@ def _make_search(OptunaSearch):
             if trial is None or "window" not in result:
                 return False
             trial.report(float(result[_METRIC]), int(result["window"]))
-            self._windows.setdefault(trial_id, []).append(float(result[_METRIC]))
+            self._windows.setdefault(trial_id, []).append(result)
             frozen = self._ot_study._storage.get_trial(trial._trial_id)
             if self.tuner.pruner.prune(self._ot_study, frozen):
                 self._pruned[trial_id] = (f"stopped after {len(self._windows[trial_id])} window(s): "
@@ -420,8 +440,12 @@ def _make_search(OptunaSearch):
                 if result.get("node"):
                     trial.set_user_attr("node", result["node"])
             elif trial_id in self._pruned:
+                windows = self._windows.get(trial_id, [])
                 tr = TrialResult(status="pruned", reason=self._pruned[trial_id], batch_size=config.batch_size,
-                                 samples_per_s=tuple(self._windows.get(trial_id, ())))
+                                 samples_per_s=tuple(float(w[_METRIC]) for w in windows),
+                                 window_steps=tuple(int(w["steps"]) for w in windows),
+                                 data_wait_s_per_step=_median([w.get("data_wait_s") for w in windows]),
+                                 compute_s_per_step=_median([w.get("compute_s") for w in windows]))
             elif error:
                 self._fail(trial_id, trial, "error", "the Ray trial failed (its actor or node died, or the trial "
                                                      "raised): see the Tune trial's error.txt")
@@ -462,17 +486,28 @@ def _make_search(OptunaSearch):
                 hb.__exit__(None, None, None)
             self._handled.add(trial_id)
             self._ot_study.tell(trial, value, state=state, skip_if_finished=True)
+            self.told += 1
 
-        def close(self) -> None:
-            """At the end: wait for deferred twins, and fail whatever Tune never finished (so a re-run
-            re-queues it) rather than leaving it RUNNING."""
-            self._resolve_deferred(block=True)
+        def close(self, *, wait: bool = True) -> None:
+            """At the end: wait for deferred twins (``wait``), and fail whatever Tune never finished (so a
+            re-run re-queues it) rather than leaving it RUNNING."""
+            self._resolve_deferred(block=wait)
+            for trial_id, trial, _ in self._deferred:
+                self._fail(trial_id, trial, "interrupted", "the Ray run ended before the trial it waited for")
+            self._deferred = []
             for trial_id in list(self._configs):
                 if trial_id not in self._handled:
                     self._fail(trial_id, self._ot_trials[trial_id], "interrupted",
                                "the Ray run ended before this trial finished")
 
     return _Search
+
+
+def _median(xs: list) -> float | None:
+    import statistics
+
+    xs = [float(x) for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def _heartbeat(trial_id: int, storage):
@@ -572,7 +607,6 @@ def _search_with_tune(tune, OptunaSearch, tuner, study, base, capacity, trials, 
     per_trial = ", ".join(f"{v:g} {k}" for k, v in base.items()) if tuner.workload.device == "cpu" else \
         "1 GPU + 1 CPU per DataLoader worker and one for the main process"
     tuner._log(f"Ray Tune: {per_trial} per trial, up to {capacity} at once; Tune's files in {root}")
-    before = len(study.trials)
     runner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(search_alg=search, scheduler=_make_scheduler(search),
@@ -581,12 +615,20 @@ def _search_with_tune(tune, OptunaSearch, tuner, study, base, capacity, trials, 
                                     trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
         run_config=tune.RunConfig(name=f"{tuner.study_name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                   storage_path=str(root), verbose=0,
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
                                   failure_config=tune.FailureConfig(max_failures=2)),
     )
+    # Tune's new console output prints tables even at verbose=0; the tuner logs one line per trial instead.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Ctrl-C/SIGTERM stop the run like the local backend's (KeyboardInterrupt: finished trials are kept, a
+    # re-run resumes the study), not Tune's way (end gracefully, then go on to the finalists).
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     try:
         runner.fit()
-    finally:
-        search.close()
-    tuner._log(f"search done: {len(study.trials) - before} trial(s) this run, {len(study.trials)} in the study")
+    except BaseException:
+        search.close(wait=False)
+        raise
+    search.close()
+    tuner._log(f"search done: {search.told} trial(s) this run, {len(study.trials)} in the study")
     if search.abort is not None:
         raise WorkloadError(search.abort.removeprefix("WorkloadError: "))
