@@ -50,6 +50,8 @@ def test_bad_study_input_is_one_line_exit_2(tmp_path):
         (["run", "--model", "resnet18"], "give a budget"),
         (["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout"),
         (["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported"),
+        (["run", "--model", "resnet18", "--trials", "1", "--storage", "postgresql://u@127.0.0.1:1/x"],
+         "cannot open storage"),  # nothing listens on port 1: unreachable
         (["run", "--model", "resnet18", "--trials", "1", "--storage", "sqlite:////proc/nope/a.db"], "cannot create"),
         (["export", "--storage", f"sqlite:///{db}"], "no study database"),
         (["show", "--storage", f"sqlite:///{db}"], "no study database"),
