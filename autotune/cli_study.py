@@ -150,7 +150,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.limit:
         view = view.head(args.limit)
     print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "
-          + (f"{base:.1f} samples/s" if base else "not measured"))
+          + (f"{base:.1f} samples/s in the search (speedups below are against it)" if base else "not measured"))
+    rec = study.user_attrs.get("recommendation")
+    if rec:
+        m = rec["measured"]
+        print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "
+              f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
+              f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}")
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
     if args.explain:  # what limited each trial, one line each, in the table's order

@@ -66,7 +66,7 @@ def summarize(samples: Sequence[float], *, noisy_rel_iqr: float = NOISY_REL_IQR)
     q1, q3 = _quantile(xs, 0.25), _quantile(xs, 0.75)
     warnings: list[str] = []
     if len(xs) < 3:
-        warnings.append(f"only {len(xs)} sample(s): the spread is unknown; measure more windows")
+        warnings.append(f"only {len(xs)} sample(s): too few to trust the spread; measure 3 or more windows")
     rel = (q3 - q1) / med if med else float("inf")
     if rel > noisy_rel_iqr:
         warnings.append(

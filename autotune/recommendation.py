@@ -294,7 +294,12 @@ class Recommendation:
                 if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
 
     def summary(self) -> str:
-        lines = [f"recommended: {self.config.short()}",
+        c = self.config
+        knobs = (f"batch_size={c.batch_size} num_workers={c.num_workers} prefetch_factor={c.prefetch_factor} "
+                 f"persistent_workers={c.persistent_workers} pin_memory={c.pin_memory} amp={c.amp} "
+                 f"channels_last={c.channels_last} compile_mode={c.compile_mode} "
+                 f"intra_op_threads={c.intra_op_threads or 'default'} inter_op_threads={c.inter_op_threads or 'default'}")
+        lines = [f"recommended: {self.config.short()}", f"  {knobs}",
                  f"  {self.median_samples_per_s:.1f} samples/s median (IQR {self.iqr_samples_per_s:.1f}, "
                  f"{len(self.samples_per_s)} windows)"
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "

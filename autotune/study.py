@@ -240,7 +240,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
         rows.append({
             "trial": t.number,
             "state": t.state.name,
-            "status": ua.get("status", "running" if t.state.name == "RUNNING" else "-"),
+            "status": (f"copy of #{ua['duplicate_of']}" if ua.get("duplicate_of") is not None
+                       else ua.get("status", "running" if t.state.name == "RUNNING" else "-")),
             "samples_per_s": ua.get("median_samples_per_s"),
             "rel_iqr": ua.get("rel_iqr"),
             "peak_host_mb": ua.get("peak_host_mb"),
@@ -485,8 +486,9 @@ class Tuner:
         if twin is not None:
             trial.set_user_attr("duplicate_of", twin.number)
             for k, v in twin.user_attrs.items():
-                if k not in ("config", "baseline", "retry_of", "duplicate_of", "waited_for"):
+                if k not in ("config", "baseline", "retry_of", "duplicate_of", "waited_for", "reason", "wall_s"):
                     trial.set_user_attr(k, v)
+            trial.set_user_attr("reason", f"same config as trial {twin.number}: its figures, not re-measured")
             if twin.state.name == "PRUNED":
                 raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
             for k, v in twin.constraints.items():

@@ -14,11 +14,11 @@ from autotune.errors import ConfigError
     (" 2 GiB ", 2048.0),
     ("800MiB", 800.0),
     ("800MB", 800e6 / 2**20),
-    ("800m", 800e6 / 2**20),
-    ("1.5g", 1.5e9 / 2**20),
+    ("800m", 800.0),  # bare letters are binary
+    ("1.5g", 1.5 * 1024),  # a bare letter is binary, like docker's 8g
     ("2GB", 2e9 / 2**20),
     ("1TiB", 1024.0 * 1024),
-    ("1T", 1e12 / 2**20),
+    ("1T", 1024.0 * 1024),
     ("512KiB", 0.5),
     ("1048576B", 1.0),
     ("1048576b", 1.0),
