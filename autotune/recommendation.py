@@ -233,7 +233,7 @@ class Recommendation:
     def to_yaml(self, path: str | Path | None = None) -> str:
         """YAML text; with ``path``, also written atomically (temp file + rename: a reader never sees half)."""
         text = "# autotune recommendation: measured, not guessed. Reproduce with provenance.reproduce.\n"
-        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False, width=10**6)  # one-line reproduce
         if path is not None:
             atomic_write(Path(path), text)
         return text
