@@ -318,7 +318,7 @@ def test_timeout_kills_promptly(fake):
     r = run_trial(wl("tiny"), TrialConfig(batch_size=8), FAST.replace(timeout_s=1.0),
                   on_event=lambda ev: pids.append(ev["pid"]), python=py)
     assert r.status == "timeout"
-    assert 1.0 <= r.wall_s < 6
+    assert r.wall_s >= 1.0 and r.wall_s < 6  # killed at the 1 s limit, promptly
     assert _wait_gone(pids) == []
 
 
