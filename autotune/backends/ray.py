@@ -366,15 +366,7 @@ def _make_search(OptunaSearch):
             """Record ``trial`` from what the study knows (``Tuner._shortcut``); False when it must run."""
             import optuna
 
-            from ..study import _TrialError
-
-            state, value = optuna.trial.TrialState.COMPLETE, None
-            try:
-                value = self.tuner._shortcut(trial, config)
-            except optuna.TrialPruned:
-                state = optuna.trial.TrialState.PRUNED
-            except _TrialError:
-                state = optuna.trial.TrialState.FAIL
+            state, value = _settle(lambda: self.tuner._shortcut(trial, config))
             if state == optuna.trial.TrialState.COMPLETE and value is None:
                 return False
             self._tell(trial_id, trial, value, state)
@@ -428,8 +420,6 @@ def _make_search(OptunaSearch):
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             import optuna
 
-            from ..study import _TrialError
-
             if trial_id in self._handled or trial_id not in self._configs:
                 self._resolve_deferred()
                 return
@@ -457,13 +447,7 @@ def _make_search(OptunaSearch):
                 self.abort = tr.reason
                 self._fail(trial_id, trial, "error", tr.reason)
                 return
-            state, value = optuna.trial.TrialState.COMPLETE, None
-            try:
-                value = self.tuner._record(trial, tr)
-            except optuna.TrialPruned:
-                state = optuna.trial.TrialState.PRUNED
-            except _TrialError:
-                state = optuna.trial.TrialState.FAIL
+            state, value = _settle(lambda: self.tuner._record(trial, tr))
             if trial_id in self._started:
                 self.walls.append(time.monotonic() - self._started.pop(trial_id))
             self._tell(trial_id, trial, value, state)
@@ -632,3 +616,17 @@ def _search_with_tune(tune, OptunaSearch, tuner, study, base, capacity, trials, 
     tuner._log(f"search done: {search.told} trial(s) this run, {len(study.trials)} in the study")
     if search.abort is not None:
         raise WorkloadError(search.abort.removeprefix("WorkloadError: "))
+
+
+def _settle(record):
+    """Run a Tuner recording call and turn its outcome into (Optuna state, value), as study.optimize would."""
+    import optuna
+
+    from ..study import _TrialError
+
+    try:
+        return optuna.trial.TrialState.COMPLETE, record()
+    except optuna.TrialPruned:
+        return optuna.trial.TrialState.PRUNED, None
+    except _TrialError:
+        return optuna.trial.TrialState.FAIL, None
