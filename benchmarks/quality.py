@@ -112,7 +112,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny space and windows (smoke test)")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-<time>.json)")
+    p.add_argument("--grid-from", default=None, metavar="JSON",
+                   help="reuse the grid of an earlier run (its JSON, or the .grid.json written as the grid runs) "
+                        "and measure only autotune and the re-measurement; configs missing from it are measured")
     a = p.parse_args(argv)
+    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".grid.json")
 
     hw = detect()
     batches, threads, workers = (32, 64, 128), (1, 2), (0, 1, 2)
@@ -129,15 +135,25 @@ def main(argv=None) -> int:
     # 1. the grid, shuffled
     grid = grid_configs(batches, threads, workers)
     random.Random(a.seed).shuffle(grid)
-    grid_rows, t_grid = [], time.monotonic()
+    earlier = {}
+    if a.grid_from:
+        earlier = {g["short"]: g for g in json.loads(Path(a.grid_from).read_text())["grid"]}
+    grid_rows = []
     for i, c in enumerate(grid):
+        if c.short() in earlier:
+            grid_rows.append(earlier[c.short()])
+            continue
         r = run_trial(workload, c, measure)
         grid_rows.append({"config": c.to_dict(), "short": c.short(), "status": r.status,
                           "median": r.median_samples_per_s, "samples": list(r.samples_per_s), "wall_s": r.wall_s,
                           "fixed_s": (r.startup_s or 0) + (r.warmup_s or 0)})
         print(f"grid {i + 1}/{len(grid)} {c.short():<36} {r.status:<6} "
               f"{(r.median_samples_per_s or 0):8.1f}/s  {r.wall_s:5.1f}s", flush=True)
-    grid_wall = time.monotonic() - t_grid
+        # written as it goes: a killed run keeps its grid for --grid-from
+        partial.write_text(json.dumps({"workload": workload.to_dict(), "measure": measure.to_dict(),
+                                       "grid": grid_rows}, indent=1))
+    # the grid's cost is what measuring every config takes, whether measured now or reused
+    grid_wall = sum(g["wall_s"] for g in grid_rows)
     ok = [g for g in grid_rows if g["status"] == "ok"]
     grid_best = max(ok, key=lambda g: g["median"])
 
@@ -200,8 +216,6 @@ def main(argv=None) -> int:
     md += [f"| {n} ({contenders[n].short()}) | {med[n]:.1f} | {spread[n]:.1%} |" for n in names]
     text = "\n".join(md)
     print("\n" + text)
-    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "grid": grid_rows,
                                "grid_wall_s": grid_wall, "tune_wall_s": tune_wall, "history": history,
                                "recommendation": rec.to_dict(), "remeasure": remeasure, "medians": med,
