@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import signal
 import statistics
 import sys
@@ -158,6 +159,8 @@ def run(payload: dict, send: Send) -> dict:
     # --- measurement windows, streamed as they finish --------------------------------------------------
     waits: list[float] = []
     comps: list[float] = []
+    measured_steps = 0
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
     for w in range(spec.windows):
         samples = steps = 0
         w_wait = w_comp = 0.0
@@ -169,12 +172,19 @@ def run(payload: dict, send: Send) -> dict:
             w_wait += wait
             w_comp += comp
         elapsed = time.perf_counter() - start
+        measured_steps += steps
         waits.append(w_wait / steps)
         comps.append(w_comp / steps)
         send("window", index=w, samples_per_s=samples / elapsed, steps=steps,
              data_wait_s=w_wait / steps, compute_s=w_comp / steps)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     final_loss = check_loss()
     out = {
+        # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
+        # CPU time while measuring: high when the allocator hands memory back and faults it in again every step
+        "kernel_cpu_share": kernel / (user + kernel) if user + kernel > 0 else None,
+        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, measured_steps),
         "final_loss": final_loss,
         "data_wait_s_per_step": statistics.median(waits),
         "compute_s_per_step": statistics.median(comps),

@@ -116,7 +116,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
         pin_memory=args.pin_memory, persistent_workers=args.persistent_workers, amp=args.amp,
         compile_mode=args.compile, channels_last=args.channels_last, intra_op_threads=args.threads,
-        inter_op_threads=args.interop_threads, cudnn_benchmark=workload.device != "cpu",
+        inter_op_threads=args.interop_threads, cudnn_benchmark=workload.device != "cpu", malloc=args.malloc,
     )
     measure = _measure(args, hardware=hw)
     from ._device import autocast_dtype_name
@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads (OMP/MKL and torch)")
     g.add_argument("--interop-threads", type=int, default=None, metavar="N", help="inter-op threads")
+    g.add_argument("--malloc", choices=("default", "retain"), default="default",
+                   help="retain: glibc keeps freed memory for reuse instead of page-faulting it in again each step")
     _add_measure_args(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="json prints the full result")
     p.add_argument("--log", default=None, metavar="FILE", help="keep the child's stdout/stderr in FILE")

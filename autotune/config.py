@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ._malloc import MALLOC_MODES
 from .errors import ConfigError
 from .measure import Summary, summarize
 
@@ -131,6 +132,7 @@ class TrialConfig(_Record):
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
     cudnn_benchmark: bool = False
+    malloc: str = "default"
 
     def __post_init__(self) -> None:
         _check(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
@@ -144,6 +146,8 @@ class TrialConfig(_Record):
         _check(self.amp in AMP_MODES, "amp", self.amp, f"one of {', '.join(AMP_MODES)}")
         _check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
                f"one of {', '.join(COMPILE_MODES)}")
+        _check(self.malloc in MALLOC_MODES, "malloc", self.malloc,
+               f"one of {', '.join(MALLOC_MODES)} (retain: glibc keeps freed memory for reuse)")
         for name in ("intra_op_threads", "inter_op_threads"):
             v = getattr(self, name)
             _check(v is None or (_is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")
@@ -181,6 +185,8 @@ class TrialConfig(_Record):
             parts.append("cl")
         if self.compile_mode != "none":
             parts.append(f"compile={self.compile_mode}")
+        if self.malloc != "default":
+            parts.append(f"malloc={self.malloc}")
         if self.intra_op_threads or self.inter_op_threads:
             parts.append(f"t={self.intra_op_threads or '-'}/{self.inter_op_threads or '-'}")
         return " ".join(parts)
@@ -239,6 +245,8 @@ class TrialResult(_Record):
     window_steps: tuple[int, ...] = ()
     data_wait_s_per_step: float | None = None
     compute_s_per_step: float | None = None
+    kernel_cpu_share: float | None = None  # of the training process's CPU time while measuring
+    minor_faults_per_step: float | None = None
     peak_host_mb: float | None = None
     peak_host_rss_mb: float | None = None
     peak_device_mb: float | None = None
@@ -306,6 +314,8 @@ class TrialResult(_Record):
             "data_wait_share": None if self.data_wait_share is None else round(self.data_wait_share, 4),
             "data_wait_s_per_step": self.data_wait_s_per_step,
             "compute_s_per_step": self.compute_s_per_step,
+            "kernel_cpu_share": None if self.kernel_cpu_share is None else round(self.kernel_cpu_share, 4),
+            "minor_faults_per_step": None if self.minor_faults_per_step is None else round(self.minor_faults_per_step),
             "peak_host_mb": self.peak_host_mb,
             "peak_device_mb": self.peak_device_mb,
             "startup_s": self.startup_s,
@@ -334,6 +344,9 @@ class TrialResult(_Record):
             lines.append(f"step time     {1000 * (self.data_wait_s_per_step or 0):.1f} ms waiting for data + "
                          f"{1000 * (self.compute_s_per_step or 0):.1f} ms computing "
                          f"({100 * self.data_wait_share:.0f}% waiting)")
+        if self.kernel_cpu_share is not None:
+            lines.append(f"kernel time   {100 * self.kernel_cpu_share:.0f}% of the training process's CPU time, "
+                         f"{self.minor_faults_per_step or 0:,.0f} page faults per step")
         mem = f"peak memory   host {format_mb(self.peak_host_mb)}"
         if self.peak_device_mb is not None:
             mem += f", device {format_mb(self.peak_device_mb)}"

@@ -119,6 +119,7 @@ class Hardware:
     cudnn: str | None
     torch_cpu_capability: str | None
     compiler: str | None
+    libc: str | None = None  # "glibc 2.36": the malloc knob needs glibc
     extra: dict = field(default_factory=dict)
 
     @property
@@ -186,7 +187,7 @@ class Hardware:
         else:
             rows.append(("gpu", f"none ({self.gpu_status})"))
         rows += [
-            ("os", self.os),
+            ("os", f"{self.os}, {self.libc or 'C library unknown'}"),
             ("python", self.python),
             ("torch", f"{self.torch} (cpu kernels: {self.torch_cpu_capability}, cuda {self.cuda or 'none'}, "
                       f"cudnn {self.cudnn or 'none'})"),
@@ -258,5 +259,5 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         gpus=tuple(g.to_dict() for g in gpus), gpu_status=gpu_status,
         os=f"{platform.system()} {platform.release()}", python=platform.python_version(),
         torch=torch_v, torchvision=tv_v, cuda=cuda_v, cudnn=cudnn_v, torch_cpu_capability=cap,
-        compiler=compiler,
+        compiler=compiler, libc=" ".join(platform.libc_ver()).strip() or None,
     )

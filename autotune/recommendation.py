@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from ._malloc import apply_in_process, env_for
 from .config import TrialConfig, Workload
 from .errors import AutotuneError, ConfigError
 from .measure import summarize
@@ -58,6 +59,8 @@ def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | N
         args += ["--threads", str(config.intra_op_threads)]
     if config.inter_op_threads:
         args += ["--interop-threads", str(config.inter_op_threads)]
+    if config.malloc != "default":
+        args += ["--malloc", config.malloc]
     if cap_mb:
         args += ["--memory-cap", f"{int(cap_mb)}MiB"]
     return shlex.join(args)
@@ -191,6 +194,8 @@ class Recommendation:
                            "reproduce": self.reproduce},
             "runners_up": list(self.runners_up),
             "notes": list(self.notes),
+            # derived from config (not read back): what to export before launching the training process
+            "environment": self.launch_env(),
         }
 
     @classmethod
@@ -253,6 +258,16 @@ class Recommendation:
         return cls.from_dict(doc, source=str(path))
 
     # --- use -----------------------------------------------------------------------------------------
+    def launch_env(self) -> dict[str, str]:
+        """Environment variables to set before the training process starts, as the measured child had them:
+        OpenMP/MKL read their thread counts and glibc its malloc settings at start-up. ``apply()`` sets what
+        can still be set in a running process."""
+        env = {}
+        if self.config.intra_op_threads:
+            env.update({v: str(self.config.intra_op_threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
+        env.update(env_for(self.config.malloc))
+        return env
+
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size, workers, prefetch, pinning."""
         return self.config.dataloader_kwargs()
@@ -260,6 +275,7 @@ class Recommendation:
     @contextlib.contextmanager
     def apply(self) -> Iterator["Applied"]:
         """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
+        ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life.
 
         Yields an ``Applied`` with the per-call helpers: ``prepare_model`` (channels_last, torch.compile),
         ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``. The inter-op thread count can
@@ -279,6 +295,9 @@ class Recommendation:
                               "them only before its first parallel work; call apply() earlier", stacklevel=3)
         if self.workload.device != "cpu":
             torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
+        if not apply_in_process(self.config.malloc):
+            warnings.warn(f"malloc={self.config.malloc} not applied: it needs glibc; set {self.launch_env()} "
+                          "before starting the process instead", stacklevel=3)
         try:
             yield Applied(self.config, self.workload.device)
         finally:
@@ -298,7 +317,8 @@ class Recommendation:
         knobs = (f"batch_size={c.batch_size} num_workers={c.num_workers} prefetch_factor={c.prefetch_factor} "
                  f"persistent_workers={c.persistent_workers} pin_memory={c.pin_memory} amp={c.amp} "
                  f"channels_last={c.channels_last} compile_mode={c.compile_mode} "
-                 f"intra_op_threads={c.intra_op_threads or 'default'} inter_op_threads={c.inter_op_threads or 'default'}")
+                 f"intra_op_threads={c.intra_op_threads or 'default'} inter_op_threads={c.inter_op_threads or 'default'} "
+                 f"malloc={c.malloc}")
         lines = [f"recommended: {self.config.short()}", f"  {knobs}",
                  f"  {self.median_samples_per_s:.1f} samples/s median (IQR {self.iqr_samples_per_s:.1f}, "
                  f"{len(self.samples_per_s)} windows)"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ._malloc import env_for
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload
 from .errors import ConfigError
@@ -33,11 +34,13 @@ WindowCallback = Callable[[int, float], bool]
 
 
 def child_env(config: TrialConfig, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: OpenMP/MKL read their thread counts once, at load, so they are set here."""
+    """The child's environment: OpenMP/MKL read their thread counts once, at load, and glibc its malloc
+    settings at the first allocation, so they are set here."""
     env = dict(os.environ if base is None else base)
     if config.intra_op_threads:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[var] = str(config.intra_op_threads)
+    env.update(env_for(config.malloc))
     env["PYTHONUNBUFFERED"] = "1"
     # The package must be importable by the child even when the parent runs from a source checkout.
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -296,6 +299,8 @@ def run_trial(
         window_steps=tuple(w["steps"] for w in windows),
         data_wait_s_per_step=done.get("data_wait_s_per_step") or _median([w["data_wait_s"] for w in windows]),
         compute_s_per_step=done.get("compute_s_per_step") or _median([w["compute_s"] for w in windows]),
+        kernel_cpu_share=done.get("kernel_cpu_share"),
+        minor_faults_per_step=done.get("minor_faults_per_step"),
         peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
         peak_host_rss_mb=round(memory.peak_rss_mb, 1) if memory.peak_rss_mb else None,
         peak_device_mb=done.get("peak_device_mb"),

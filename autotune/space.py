@@ -332,6 +332,9 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
         if is_cpu and "reduce-overhead" in kept:
             kept.remove("reduce-overhead")
             notes.append("compile_mode=reduce-overhead dropped: it relies on CUDA graphs")
+    elif name == "malloc" and "retain" in kept and not (hardware.libc or "").startswith("glibc"):
+        kept.remove("retain")
+        notes.append(f"malloc=retain dropped: it tunes glibc's malloc, and this system has {hardware.libc or 'another C library'}")
     elif name == "pin_memory" and is_cpu:
         if True in kept:
             notes.append("pin_memory=true dropped: page-locked memory only helps copies to a GPU")

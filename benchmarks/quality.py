@@ -108,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=0.15, help="autotune's budget as a share of the grid's wall time")
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-seconds", type=float, default=2.0)
+    p.add_argument("--min-window-steps", type=int, default=1,
+                   help="steps a window holds at least (default %(default)s: a slow config's window is one step)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="warm-up steps at least (default %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny space and windows (smoke test)")
@@ -123,7 +126,10 @@ def main(argv=None) -> int:
     hw = detect()
     batches, threads, workers = (32, 64, 128), (1, 2), (0, 1, 2)
     recipe = TrialConfig(batch_size=64, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2)
-    measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, timeout_s=600)
+    # The same spec for the grid and for autotune; cheaper than the runner's defaults so the grid fits in well
+    # under an hour (the ratios compare like with like; the re-measurement uses twice the window length).
+    measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=a.min_window_steps,
+                          warmup_min_steps=a.warmup_steps, timeout_s=600)
     if a.quick:
         batches, threads, workers = (8, 16), (1,), (0,)
         recipe = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, prefetch_factor=2)
@@ -210,7 +216,10 @@ def main(argv=None) -> int:
          f"{achieved / peak['bf16' if rec.config.amp == 'bf16' else 'fp32']:.1%}", ""),
     ]
     md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {workload.label()}; grid of {len(grid)} "
-          f"configs in {grid_wall / 60:.1f} min; autotune {tune_wall / 60:.1f} min.", "",
+          f"configs in {grid_wall / 60:.1f} min; autotune {tune_wall / 60:.1f} min. Each trial: "
+          f"{measure.warmup_min_steps}+ warm-up steps, {measure.windows} windows of {measure.window_s:g} s "
+          f"(at least {measure.min_window_steps} step); re-measured {a.rounds} rounds interleaved, windows of "
+          f"{2 * measure.window_s:g} s.", "",
           "| figure | value | goal |", "| --- | --- | --- |"] + [f"| {a_} | {b} | {c} |" for a_, b, c in rows]
     md += ["", "| config | re-measured median samples/s | IQR/median |", "| --- | --- | --- |"]
     md += [f"| {n} ({contenders[n].short()}) | {med[n]:.1f} | {spread[n]:.1%} |" for n in names]

@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--amp", choices=AMP_MODES, default="off")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--malloc", choices=("default", "retain"), default="default",
+                   help="retain: glibc keeps freed memory (fewer page faults, see autotune/_malloc.py)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--windows", type=int, default=default.windows, help="default: the runner's, %(default)s")
     p.add_argument("--window-seconds", type=float, default=default.window_s, help="default: the runner's, %(default)s")
@@ -77,7 +79,8 @@ def main(argv=None) -> int:
     try:
         workload = Workload(model=args.model, task=args.task, image_size=args.image_size, device=args.device)
         config = TrialConfig(batch_size=args.batch_size, num_workers=args.num_workers, amp=args.amp,
-                             channels_last=args.channels_last, intra_op_threads=args.threads)
+                             channels_last=args.channels_last, intra_op_threads=args.threads,
+                             malloc=args.malloc)
         measure = MeasureSpec().replace(windows=args.windows, window_s=args.window_seconds, timeout_s=args.timeout)
         check(workload)
     except AutotuneError as exc:

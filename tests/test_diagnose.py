@@ -112,3 +112,13 @@ def test_convolutions_on_in_memory_tensors_are_compute_bound():
     result = _measure("tests.report_fixtures:compute_bound", 32)
     d = diagnose(result.figures())
     assert d.label == "compute-bound", (d, result.data_wait_s_per_step, result.compute_s_per_step)
+
+
+def test_kernel_heavy_compute_bound_trial_names_malloc_retain_first():
+    figs = {"status": "ok", "data_wait_share": 0.02, "median_samples_per_s": 30.0, "kernel_cpu_share": 0.15,
+            "config": {"malloc": "default", "amp": "off"}}
+    d = diagnose(figs)
+    assert d.label == "compute-bound"
+    assert d.explanation.split(": ", 1)[1].startswith("malloc retain (15% of CPU time in the kernel)")
+    assert "malloc" not in diagnose({**figs, "config": {"malloc": "retain"}}).explanation
+    assert "malloc" not in diagnose({**figs, "kernel_cpu_share": 0.03}).explanation

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import optuna
@@ -20,6 +23,7 @@ from autotune.config import TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError
 from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, _versions, reproduce_command,
                                 stored_recommendation)
+from tests.conftest import REPO_ROOT
 
 TINY = "tests.workloads_fixtures:tiny"
 
@@ -99,7 +103,8 @@ def test_yaml_has_the_documented_sections(tmp_path):
 
 def test_reproduce_command_parses_back_to_the_same_config():
     config = TrialConfig(batch_size=48, num_workers=3, prefetch_factor=4, persistent_workers=True, amp="bf16",
-                         compile_mode="max-autotune", channels_last=True, intra_op_threads=2, inter_op_threads=1)
+                         compile_mode="max-autotune", channels_last=True, intra_op_threads=2, inter_op_threads=1,
+                         malloc="retain")
     workload = Workload(model=TINY, task="infer", image_size=40)
     cmd = reproduce_command(workload, config, 4096.0)
     argv = shlex.split(cmd)
@@ -108,7 +113,7 @@ def test_reproduce_command_parses_back_to_the_same_config():
     again = TrialConfig(batch_size=a.batch_size, num_workers=a.num_workers, prefetch_factor=a.prefetch_factor,
                         pin_memory=a.pin_memory, persistent_workers=a.persistent_workers, amp=a.amp,
                         compile_mode=a.compile, channels_last=a.channels_last, intra_op_threads=a.threads,
-                        inter_op_threads=a.interop_threads)
+                        inter_op_threads=a.interop_threads, malloc=a.malloc)
     assert again == config
     assert (a.model, a.task, a.image_size, a.device, a.memory_cap) == (TINY, "infer", 40, "cpu", "4096MiB")
 
@@ -379,3 +384,42 @@ def test_recommend_does_not_return_a_stored_answer_over_a_smaller_cap(tmp_path):
     except AutotuneError:
         return
     assert got.peak_host_mb is None or got.peak_host_mb <= 1024
+
+
+def test_launch_env_and_yaml_say_what_to_export_before_start(tmp_path):
+    rec = make_rec(config=TrialConfig(batch_size=32, intra_op_threads=2, malloc="retain"))
+    env = rec.launch_env()
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    doc = yaml.safe_load(rec.to_yaml(tmp_path / "r.yaml"))
+    assert doc["environment"] == env
+    assert Recommendation.from_yaml(tmp_path / "r.yaml") == rec  # the derived section is not read back
+    assert "malloc=retain" in rec.summary()
+    assert make_rec(config=TrialConfig(batch_size=32)).launch_env() == {}
+
+
+def test_apply_sets_glibc_malloc_in_the_running_process():
+    """mallopt really changes glibc's behaviour: after apply(), a freed 16 MiB block is reused (same address)
+    rather than unmapped; checked in a fresh process so this test process keeps glibc's defaults."""
+    code = textwrap.dedent("""
+        import ctypes, sys
+        from autotune.config import TrialConfig, Workload
+        from tests.test_recommend import make_rec
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
+        with rec.apply():
+            p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
+            heap = [l for l in open("/proc/self/maps") if "[heap]" in l]
+            lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
+            print("heap" if lo <= p < hi else "mmap")
+            libc.free(p)
+    """)
+    out = {}
+    for mode in ("default", "retain"):
+        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=REPO_ROOT,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = r.stdout.split()[-1]
+    assert out == {"default": "mmap", "retain": "heap"}

@@ -408,11 +408,11 @@ def test_suggest_with_fixed_trial_gives_the_trial_config():
     sp = load_space(CPU_YAML, hardware=fake_hw(cores=4, flags=("avx512_bf16",)))
     params = {"batch_size": 32, "num_workers": 2, "prefetch_factor": 4, "persistent_workers": True,
               "amp": "bf16", "channels_last": True, "compile_mode": "default", "intra_op_threads": 2,
-              "inter_op_threads": 1}
+              "inter_op_threads": 1, "malloc": "retain"}
     cfg = sp.suggest(optuna.trial.FixedTrial(params))
     assert cfg == TrialConfig(batch_size=32, num_workers=2, prefetch_factor=4, persistent_workers=True,
                               amp="bf16", channels_last=True, compile_mode="default", intra_op_threads=2,
-                              inter_op_threads=1, pin_memory=False, cudnn_benchmark=False)
+                              inter_op_threads=1, pin_memory=False, cudnn_benchmark=False, malloc="retain")
 
 
 def test_suggest_without_workers_does_not_ask_for_worker_knobs():
@@ -420,7 +420,8 @@ def test_suggest_without_workers_does_not_ask_for_worker_knobs():
     # FixedTrial raises if a name it was not given is suggested: the conditional knobs must not be asked
     cfg = sp.suggest(optuna.trial.FixedTrial({"batch_size": 16, "num_workers": 0, "amp": "off",
                                               "channels_last": False, "compile_mode": "none",
-                                              "intra_op_threads": 4, "inter_op_threads": 2}))
+                                              "intra_op_threads": 4, "inter_op_threads": 2,
+                                              "malloc": "default"}))
     assert cfg.num_workers == 0 and cfg.prefetch_factor is None and cfg.persistent_workers is False
     assert cfg.intra_op_threads == 4
 
@@ -506,7 +507,8 @@ def test_shipped_cpu_baseline_is_pytorch_like():
     assert base.intra_op_threads == 6  # torch's default: one thread per usable core
     assert base.batch_size == 64
     assert sp.baseline_params() == {"batch_size": 64, "num_workers": 0, "amp": "off", "channels_last": False,
-                                    "compile_mode": "none", "intra_op_threads": 6, "inter_op_threads": 2}
+                                    "compile_mode": "none", "intra_op_threads": 6, "inter_op_threads": 2,
+                                    "malloc": "default"}
 
 
 def test_omitted_baseline_knob_takes_the_first_choice():
@@ -514,3 +516,12 @@ def test_omitted_baseline_knob_takes_the_first_choice():
                           "amp": {"type": "categorical", "choices": ["off", "bf16"]}}}
     sp = space_from_dict(doc, hardware=fake_hw(flags=("amx_bf16",)))
     assert sp.baseline == {"batch_size": 8, "channels_last": False, "amp": "off"}
+
+
+def test_malloc_retain_needs_glibc():
+    glibc = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36"))
+    assert choices(glibc, "malloc") == ("default", "retain")
+    musl = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc=None))
+    assert choices(musl, "malloc") == ("default",)
+    assert any("malloc=retain dropped" in n for n in musl.notes)
+    assert musl.baseline_config().malloc == "default"

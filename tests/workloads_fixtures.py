@@ -125,3 +125,14 @@ def empty_dataset(image_size: int = 32):
 
 def dict_without_dataset(image_size: int = 32):
     return {"model": tiny(image_size)[0]}
+
+
+def _churn() -> None:
+    # Three 16 MiB buffers written and freed every step: with glibc's defaults the freed heap top is handed
+    # back to the kernel and faulted in again next step; with malloc=retain it is reused.
+    bufs = [torch.ones(4 << 20) for _ in range(3)]
+    del bufs
+
+
+def churn(image_size: int = 32):
+    return _misbehaving(_churn, image_size)
