@@ -42,8 +42,9 @@ def parse_memory_mb(text: str | int | float, *, what: str = "memory size") -> fl
     return value_mb
 
 
-def parse_duration_s(text: str | int | float, *, what: str = "duration") -> float:
-    """Parse ``"8h"``, ``"20m"``, ``"90s"``, ``"1h30m"`` or a bare number of seconds.
+def parse_duration_s(text: str | int | float, *, what: str = "duration", require_unit: bool = False) -> float:
+    """Parse ``"8h"``, ``"20m"``, ``"90s"``, ``"1h30m"`` or a bare number of seconds (refused with
+    ``require_unit``: on a command line ``--timeout 5`` is as likely meant as hours as seconds).
 
     >>> parse_duration_s("1h30m")
     5400.0
@@ -54,6 +55,8 @@ def parse_duration_s(text: str | int | float, *, what: str = "duration") -> floa
         s = str(text).strip().lower()
         number = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
         if re.fullmatch(number, s):  # a bare number is seconds
+            if require_unit:
+                raise ConfigError(f"{what} {text!r} has no unit: write {s}s, {s}m or {s}h")
             parts = [(s, "")]
         elif re.fullmatch(rf"(?:{number}\s*[a-z]+\s*)+", s):  # every number has a unit: 1h30m
             parts = re.findall(rf"({number})\s*([a-z]+)", s)

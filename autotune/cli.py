@@ -17,10 +17,29 @@ EXIT_OK, EXIT_TRIAL_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line that points at --help (not a usage dump)."""
+    """argparse, but a usage mistake is one line that points at --help (not a usage dump), an unknown option
+    names the closest one the command has, and the help pointed at is the subcommand's."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = super().parse_known_args(args, namespace)
+        command = getattr(ns, "command", None)
+        if extras and command and self._subparsers is not None:
+            # argparse reports leftovers from the top-level parser; report them from the subcommand's
+            sub = next(a for a in self._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[command].unknown(extras)
+        return ns, extras
+
+    def unknown(self, extras: list[str]) -> None:
+        import difflib
+
+        first = extras[0]
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        close = difflib.get_close_matches(first.split("=", 1)[0], options, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}{hint}")
 
 
 def _fmt() -> type[argparse.HelpFormatter]:
@@ -81,7 +100,7 @@ def _measure(args: argparse.Namespace, *, hardware=None):
         cap = parse_memory_mb(args.memory_cap, what="--memory-cap")
         check_cap_against_machine(cap, hardware)
     return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
-                       timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout"), memory_cap_mb=cap)
+                       timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True), memory_cap_mb=cap)
 
 
 # --- commands -----------------------------------------------------------------------------------------

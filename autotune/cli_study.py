@@ -66,9 +66,11 @@ def _select_study(args: argparse.Namespace):
     if name is None:
         if not names:
             raise StorageError(f"{url} holds no study yet: run `autotune run --model ...` first")
-        if len(names) > 1:
+        # a run stopped before its first trial leaves an empty study behind: it does not make the choice ambiguous
+        with_trials = [s.study_name for s in summaries if s.n_trials > 0] if len(names) > 1 else names
+        if len(with_trials) != 1:
             raise AutotuneError(f"{url} holds {len(names)} studies ({', '.join(names)}); pick one with --study-name")
-        name = names[0]
+        name = with_trials[0]
     if name not in names:
         raise AutotuneError(f"no study {name!r} in {url}; stored: {', '.join(names) or 'none'}")
     return optuna.load_study(study_name=name, storage=storage), url
@@ -85,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     hw = detect()
     workload = _workload(args)
     measure = _measure(args, hardware=hw)
-    timeout_s = parse_duration_s(args.timeout, what="--timeout") if args.timeout else None
+    timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
     if args.trials is None and timeout_s is None:

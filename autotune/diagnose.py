@@ -12,10 +12,10 @@ waiting for data 62% of the step: more DataLoader workers or lighter transforms
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 __all__ = ["Diagnosis", "diagnose", "explain_study", "LABELS", "INPUT_BOUND_SHARE", "MEMORY_BOUND_FRACTION",
-           "COMPILE_DOMINATED_SHARE", "KERNEL_HEAVY_SHARE"]
+           "COMPILE_DOMINATED_SHARE", "KERNEL_HEAVY_SHARE", "levers_allowed", "measured_values"]
 
 # Share of step time spent blocked on the DataLoader from which a trial is input-bound. At 0.30 the model
 # idles at least 30% of every step: hiding the loading (workers, prefetch) could make it up to 1/(1-0.30) = 1.43x
@@ -62,22 +62,34 @@ def _num(x: Any) -> float | None:
     return f if f == f else None  # NaN (pandas' missing value) is missing
 
 
-def _compute_levers(config: Mapping[str, Any], kernel_share: float | None = None) -> str:
-    """The compute-side knobs this config has not tried yet (all of them when the config is unknown)."""
+Allowed = Callable[[str, Any], bool]  # (knob, value) -> may this lever be suggested?
+
+
+def _compute_levers(config: Mapping[str, Any], kernel_share: float | None = None,
+                    allowed: Allowed | None = None) -> str:
+    """The compute-side knobs this config has not tried yet (all of them when the config is unknown), minus
+    those ``allowed`` rules out (outside the search space, or already measured slower)."""
+    ok = allowed or (lambda knob, value: True)
     levers = []
-    if kernel_share is not None and kernel_share >= KERNEL_HEAVY_SHARE and config.get("malloc", "default") == "default":
+    if (kernel_share is not None and kernel_share >= KERNEL_HEAVY_SHARE
+            and config.get("malloc", "default") == "default" and ok("malloc", "retain")):
         levers.append(f"malloc retain ({100 * kernel_share:.0f}% of CPU time in the kernel)")
-    if config.get("amp", "off") == "off":
+    if config.get("amp", "off") == "off" and ok("amp", "bf16"):
         levers.append("bf16 AMP")
-    if not config.get("channels_last"):
+    if not config.get("channels_last") and ok("channels_last", True):
         levers.append("channels_last")
-    if config.get("compile_mode", "none") == "none":
+    if config.get("compile_mode", "none") == "none" and ok("compile_mode", "default"):
         levers.append("torch.compile")
-    levers.append("more intra-op threads")
+    threads = config.get("intra_op_threads")
+    if ok("intra_op_threads", (threads or 0) + 1 if threads else None):
+        levers.append("more intra-op threads")
+    if not levers:
+        return "every compute knob of the search space is in use or measured slower"
     return ", ".join(levers[:-1]) + (" or " if len(levers) > 1 else "") + levers[-1]
 
 
-def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None) -> Diagnosis:
+def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
+             allowed: Allowed | None = None) -> Diagnosis:
     """Classify what limited a trial from its figures; never raises on missing figures.
 
     Checked in this order, first match wins: a memory failure (oom, over the cap, skipped as known
@@ -87,7 +99,8 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None) 
     without any measured window are ``unmeasured``. A pruned trial is classified from the windows it ran.
 
     ``figures`` may carry the trial's ``config`` dict (as stored user attributes do): the lever then names
-    only the knobs the config has not used yet.
+    only the knobs the config has not used yet. ``allowed(knob, value)`` (``explain_study`` builds it) rules
+    out levers outside the study's search space and those the study measured slower for this config.
     """
     status = figures.get("status") or "-"
     reason = (figures.get("reason") or "").strip()
@@ -124,8 +137,49 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None) 
                                          f"{cap:.0f} MiB cap: a larger batch would not fit; bf16 AMP or fewer "
                                          "workers free memory")
     wait = f"waiting for data only {100 * share:.0f}% of the step" if share is not None else "data wait not measured"
-    levers = _compute_levers(config, _num(figures.get("kernel_cpu_share")))
+    levers = _compute_levers(config, _num(figures.get("kernel_cpu_share")), allowed)
     return Diagnosis("compute-bound", f"{wait}, the model's math is the limit: {levers}")
+
+
+def measured_values(study) -> dict[tuple, float]:
+    """Best value per config (as a sorted item tuple) over the study's finished trials."""
+    measured: dict[tuple, float] = {}
+    for t in study.get_trials(deepcopy=False):
+        c = t.user_attrs.get("config")
+        if c and t.value is not None:
+            key = tuple(sorted(c.items()))
+            measured[key] = max(measured.get(key, 0.0), float(t.value))
+    return measured
+
+
+def levers_allowed(study, config: Mapping[str, Any], value: float | None,
+                   measured: dict[tuple, float] | None = None) -> Allowed:
+    """For one trial of ``study``: a lever is allowed when the study's search space holds it and the study has
+    not measured this config with that one knob changed as slower (or infeasible). Pass ``measured`` (from
+    ``measured_values``) when asking for many trials."""
+    params = (study.user_attrs.get("space") or {}).get("parameters")
+    measured = measured_values(study) if measured is None else measured
+
+    def allowed(knob: str, new: Any) -> bool:
+        if params is not None:
+            if knob not in params:
+                return False
+            choices = params[knob].get("choices") or []
+            if knob == "intra_op_threads":
+                if new is None or not any(isinstance(c, int) and c >= new for c in choices):
+                    return False
+            elif knob == "compile_mode":
+                if not [c for c in choices if c != "none"]:
+                    return False
+            elif new not in choices:
+                return False
+        if value is None or not config:
+            return True
+        changed = dict(config, **{knob: new})
+        other = measured.get(tuple(sorted(changed.items())))
+        return other is None or other > value
+
+    return allowed
 
 
 def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str]:
@@ -134,6 +188,7 @@ def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = list(trial_numbers) if trial_numbers is not None else sorted(trials)
     lines = []
+    measured = measured_values(study)
     for n in order:
         t = trials.get(int(n))
         if t is None:
@@ -141,5 +196,6 @@ def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str
         ua = dict(t.user_attrs)
         if "status" not in ua:
             ua["status"] = "running" if t.state.name == "RUNNING" else t.state.name.lower()
-        lines.append(f"#{t.number:<4} {diagnose(ua, memory_cap_mb=cap).line()}")
+        allowed = levers_allowed(study, ua.get("config") or {}, t.value, measured)
+        lines.append(f"#{t.number:<4} {diagnose(ua, memory_cap_mb=cap, allowed=allowed).line()}")
     return lines

@@ -119,6 +119,10 @@ class Recommendation:
         others = [x for x in scored if x is not chosen]
         margin = (chosen[2].median / others[0][2].median - 1) if others else None
         base_xs = samples.get(TrialConfig.from_dict(base_trial.user_attrs["config"]).key()) if base_trial else None
+        if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
+            base_xs = base_trial.user_attrs["samples_per_s"]  # not re-measured (short budget): its search trial
+            notes.append(f"baseline figure from its search trial #{base_trial.number} (not re-measured: the time "
+                         "budget was short), so the speedup is less certain")
         base_med = summarize(base_xs).median if base_xs else None
         s = chosen[2]
         if s.noisy:

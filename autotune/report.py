@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrialConfig
-from .diagnose import diagnose, explain_study
+from .diagnose import diagnose, explain_study, levers_allowed, measured_values
 from .errors import AutotuneError
 
 __all__ = ["build_report", "write_report", "recommended", "PLOTS", "TOP_CONFIGS"]
@@ -201,8 +201,11 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
     head = ("<tr><th>#</th><th>trial</th><th>config</th><th>samples/s</th><th>IQR</th><th>speedup</th>"
             "<th>peak MiB</th><th>data wait</th><th>bottleneck</th></tr>")
     body = []
+    measured = measured_values(study)
     for i, r in enumerate(top[:TOP_CONFIGS], 1):
-        d = diagnose(by_n[r["trial"]].user_attrs, memory_cap_mb=cap)
+        t = by_n[r["trial"]]
+        d = diagnose(t.user_attrs, memory_cap_mb=cap,
+                     allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
         iqr, wait, peak = _num(r["rel_iqr"]), _num(r["data_wait_share"]), _num(r["peak_host_mb"])
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
                  f"<code>{_e(r['config'])}</code>", f"{r['samples_per_s']:.1f}",
@@ -308,7 +311,8 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     limits = []
     for name, t in (("baseline", base_t), ("recommended", rec_t)):
         if t is not None:
-            d = diagnose(t.user_attrs, memory_cap_mb=cap)
+            d = diagnose(t.user_attrs, memory_cap_mb=cap,
+                         allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value))
             limits.append(f"<li>{name} (trial {t.number}): <span class=label>{_e(d.label)}</span>: "
                           f"{_e(d.explanation)}</li>")
     per_trial = "\n".join(_e(line) for line in explain_study(study))

@@ -289,6 +289,7 @@ class Tuner:
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._storage = None
         self._study = None
+        self._answered_free = False
 
     # --- study ---------------------------------------------------------------------------------------
     @property
@@ -341,6 +342,11 @@ class Tuner:
                 study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
                 self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
                           f"baseline ({self.space.baseline_config().short()})")
+                likely = self.space.likely_params()
+                if likely is not None:
+                    study.enqueue_trial(likely, user_attrs={"likely_winner": True})
+                    self._log(f"trial 1 tries the usual winners on this hardware first "
+                              f"({self.space.effective(likely).short()})")
             else:
                 self._log(f"resuming study {self.study_name}: {previous} trials so far"
                           + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
@@ -398,6 +404,7 @@ class Tuner:
         return done, memory_failures
 
     def objective(self, trial) -> float:
+        self._answered_free = False  # set by _shortcut: the study answered this trial without running it
         config = self.space.suggest(trial)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("fingerprint", self.hardware.fingerprint)
@@ -480,10 +487,12 @@ class Tuner:
                 result = TrialResult(status="skipped", batch_size=config.batch_size,
                                      reason=f"not run: batch {config.batch_size} >= batch {smaller.batch_size}, "
                                             f"which ran out of memory with the same settings (trial {number})")
+                self._answered_free = True
                 return self._record(trial, result)
 
         twin = done.get(config.key())
         if twin is not None:
+            self._answered_free = True
             trial.set_user_attr("duplicate_of", twin.number)
             for k, v in twin.user_attrs.items():
                 if k not in ("config", "baseline", "retry_of", "duplicate_of", "waited_for", "reason", "wall_s"):
@@ -545,31 +554,46 @@ class Tuner:
                                                                          if trials else " [{elapsed}")
                        + "{postfix}]")
             n = 0
+            free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
             trial_walls: list[float] = []
             try:
                 while trials is None or n < trials:
+                    if free_in_a_row >= _EXHAUSTED_AFTER:
+                        self._log(f"the sampler proposed {free_in_a_row} configs in a row that the study already "
+                                  "answered: the space looks exhausted; stopping the search")
+                        break
                     if deadline is not None:
-                        reserve = self._finalist_reserve_s(trial_walls)
+                        # the finalists get at most FINALIST_SHARE of the budget; finalize() fits itself into it
+                        reserve = self._finalist_reserve_s(trial_walls, timeout_s)
                         left = deadline - time.monotonic()
                         if left <= reserve or (trial_walls and left - reserve < 0.5 * min(trial_walls)):
                             break
                     t0 = time.monotonic()
+                    self._answered_free = False
                     study.optimize(self.objective, n_trials=1, catch=(_TrialError,), gc_after_trial=False)
+                    last = study.trials[-1]
+                    if self._answered_free:
+                        # answered in no time from earlier trials: it does not use up the --trials budget
+                        free_in_a_row += 1
+                        continue
+                    free_in_a_row = 0
                     trial_walls.append(time.monotonic() - t0)
                     n += 1
-                    last = study.trials[-1]
                     bar.update(1)
                     bar.set_postfix_str(self._postfix(study, last, deadline), refresh=True)
             finally:
                 bar.close()
             self._log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
-            return self.finalize()
+            return self.finalize(deadline=deadline)
 
-    def _finalist_reserve_s(self, trial_walls: list[float]) -> float:
+    def _finalist_reserve_s(self, trial_walls: list[float], budget_s: float | None = None) -> float:
+        """Time the search leaves for the finalists: all rounds at the typical trial's length, but at most
+        ``FINALIST_SHARE`` of the budget (``finalize`` then fits fewer finalists and rounds into it)."""
         if not trial_walls or self.finalists <= 0:
             return 0.0
         typical = sorted(trial_walls)[len(trial_walls) // 2]
-        return typical * 1.3 * (self.finalists + 1) * self.finalist_rounds
+        full = typical * 1.3 * (self.finalists + 1) * self.finalist_rounds
+        return min(full, FINALIST_SHARE * budget_s) if budget_s else full
 
     def _postfix(self, study, last, deadline) -> str:
         parts = [f"last #{last.number} {last.user_attrs.get('status', last.state.name.lower())}"]
@@ -586,11 +610,14 @@ class Tuner:
         return ", ".join(parts)
 
     # --- finalists -----------------------------------------------------------------------------------
-    def finalize(self):
+    def finalize(self, *, deadline: float | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median.
 
         Rounds rotate the order (A B C, B C A, ...) so no config always runs first on a warm or cold machine.
         If the top two are within noise, the one with less memory (then fewer threads) wins.
+        With a ``deadline`` (``time.monotonic()``), only whole rounds that fit before it are run, estimated from
+        the candidates' search trials; if not even one fits, the best search trial is returned as a
+        provisional recommendation instead of running past the user's budget.
         """
         from .recommendation import Recommendation
 
@@ -601,16 +628,45 @@ class Tuner:
             return None
         top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
         base = baseline_trial(study)
-        cands = list(top)
-        if base is not None and all(TrialConfig.from_dict(base.user_attrs["config"]) !=
-                                    TrialConfig.from_dict(t.user_attrs["config"]) for t in cands):
-            cands.append(base)
-        configs = [TrialConfig.from_dict(t.user_attrs["config"]) for t in cands]
         measure = self.measure.replace(window_s=self.measure.window_s * 2)
+
+        def candidates(k: int, with_base: bool = True) -> list:
+            cands = list(top[:k])
+            if with_base and base is not None and all(TrialConfig.from_dict(base.user_attrs["config"]) !=
+                                                      TrialConfig.from_dict(t.user_attrs["config"]) for t in cands):
+                cands.append(base)
+            return cands
+
+        def round_s(cands: list) -> float:  # a finalist's windows are twice as long as in its search trial
+            return sum((t.user_attrs.get("wall_s") or 0.0) + measure.windows * self.measure.window_s for t in cands)
+
+        rounds = self.finalist_rounds
+        cands = candidates(len(top))
+        if deadline is not None:
+            left = max(0.0, deadline - time.monotonic())
+            # When the budget is short, shrink in this order: fewer finalists (down to the top two), then the
+            # baseline is not re-measured (its search figure stands in), then only the top one and the baseline;
+            # then fewer rounds. Comparing the top two is what re-measuring is most for.
+            options = [candidates(k) for k in range(len(top), 1, -1)]
+            options += [candidates(2, with_base=False)] if len(top) >= 2 else []
+            options += [candidates(1)]
+            cands = next((c for c in options if round_s(c) <= left), options[-1])
+            fit = int(left // round_s(cands)) if round_s(cands) > 0 else rounds
+            if fit < 1:
+                self._log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s "
+                          "a round): recommending the best search trial, provisional; `autotune run --trials 0` "
+                          "with more time checks it")
+                return Recommendation.provisional_from_study(study, storage=self.storage_url)
+            if cands != options[0] or fit < rounds:
+                self._log(f"the time budget leaves room for {len(cands)} finalist(s) "
+                          f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of "
+                          f"{rounds} round(s)")
+            rounds = min(rounds, fit)
+        configs = [TrialConfig.from_dict(t.user_attrs["config"]) for t in cands]
         samples: dict[tuple, list[float]] = {c.key(): [] for c in configs}
         peaks: dict[tuple, float] = {c.key(): 0.0 for c in configs}
         runs: dict[tuple, list[dict]] = {c.key(): [] for c in configs}
-        rounds = self.finalist_rounds if len(configs) > 1 else 1
+        rounds = rounds if len(configs) > 1 else 1
         self._log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
                   f"{measure.windows} windows of >= {measure.window_s:g} s each")
         for r in range(rounds):
@@ -629,6 +685,14 @@ class Tuner:
         if rec is not None:
             study.set_user_attr("recommendation", rec.to_dict())
         return rec
+
+
+# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
+FINALIST_SHARE = 0.30
+
+# Consecutive proposals the study could already answer after which the search stops: TPE re-proposes known
+# configs mostly when little is left to try, and a small space can be fully measured.
+_EXHAUSTED_AFTER = 25
 
 
 class _TrialError(Exception):

@@ -194,6 +194,10 @@ def main(argv=None) -> int:
             remeasure[n].extend(res.samples_per_s)
             print(f"re-measure round {r + 1} {n:<15} {res.status:<6} {(res.median_samples_per_s or 0):8.1f}/s", flush=True)
     med = {n: summarize(xs).median if xs else float("nan") for n, xs in remeasure.items()}
+    # The grid best's own grid figure is the max of many noisy single trials (biased up: the winner's curse);
+    # its re-measured median is the fairer bar for "when did autotune first find a config this good".
+    reached_fair = next(({"trials": h["trial"] + 1, "seconds": h["elapsed_s"]} for h in history
+                         if h["best_so_far"] >= 0.95 * med["grid best"]), None)
     spread = {n: summarize(xs).rel_iqr if xs else float("nan") for n, xs in remeasure.items()}
 
     # 4. FLOP/s against a measured matmul peak (both in fresh processes)
@@ -206,8 +210,11 @@ def main(argv=None) -> int:
         ("recommendation / grid best", f"{med['recommendation'] / med['grid best']:.3f}", ">= 0.98"),
         ("recommendation / defaults", f"{med['recommendation'] / med['defaults']:.2f}", ""),
         ("blog recipe / defaults", f"{med['blog recipe'] / med['defaults']:.2f}", ""),
-        ("trials until 95% of grid best", str(reached["trials"]) if reached else "not reached", ""),
-        ("seconds until 95% of grid best", str(reached["seconds"]) if reached else "not reached", ""),
+        ("trials (seconds) until 95% of the grid best's grid figure",
+         f"{reached['trials']} ({reached['seconds']:.0f} s)" if reached else "not reached", ""),
+        ("trials (seconds) until 95% of the grid best's re-measured median",
+         f"{reached_fair['trials']} ({reached_fair['seconds']:.0f} s)" if reached_fair else "not reached", ""),
+        ("grid best: grid figure / re-measured median", f"{grid_best['median'] / med['grid best']:.2f}", ""),
         ("share of the grid's time used", f"{tune_wall / grid_wall:.1%}", "<= 15%"),
         ("per-trial fixed cost share (spawn+import+build+warm-up)", f"{fixed_share:.0%}", ""),
         ("achieved GFLOP/s (recommendation)", f"{achieved / 1e9:.1f}", ""),

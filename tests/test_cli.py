@@ -40,6 +40,8 @@ def _one_line_usage_error(proc, *words):
     (["--image-size", "8"], ["image_size=8"]),
     (["--windows", "0"], ["windows=0"]),
     (["--amp", "fp32"], ["--amp", "'fp32'"]),
+    (["--trial-timeout", "30"], ["--trial-timeout '30' has no unit"]),
+    (["--malloc", "jemalloc"], ["--malloc", "'jemalloc'"]),
 ])
 def test_trial_usage_errors(args, words):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", *args), *words)
@@ -62,6 +64,15 @@ def test_trial_missing_data_dir(tmp_path):
 
 def test_trial_empty_data_dir(tmp_path):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", "--data", str(tmp_path)), str(tmp_path), "no images")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["trial", "--bach-size", "8"], ["did you mean --batch-size?", "(see autotune trial --help)"]),
+    (["run", "--trails", "3"], ["did you mean --trials?", "(see autotune run --help)"]),
+    (["show", "--zzz"], ["unrecognized argument: --zzz (see autotune show --help)"]),
+])
+def test_a_mistyped_option_names_the_closest_and_the_subcommand_help(args, words):
+    _one_line_usage_error(run_cli(*args), *words)
 
 
 def test_unknown_command():

@@ -122,3 +122,27 @@ def test_kernel_heavy_compute_bound_trial_names_malloc_retain_first():
     assert d.explanation.split(": ", 1)[1].startswith("malloc retain (15% of CPU time in the kernel)")
     assert "malloc" not in diagnose({**figs, "config": {"malloc": "retain"}}).explanation
     assert "malloc" not in diagnose({**figs, "kernel_cpu_share": 0.03}).explanation
+
+
+def test_levers_outside_the_space_or_measured_slower_are_not_suggested(tmp_path):
+    """explain_study: bf16 is not in this study's space; channels_last was measured slower for this config."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("space", {"parameters": {
+        "batch_size": {"type": "int", "choices": [8, 16]}, "amp": {"type": "categorical", "choices": ["off"]},
+        "channels_last": {"type": "bool", "choices": [False, True]},
+        "intra_op_threads": {"type": "int", "choices": [1, 2]}}})
+    base = {"batch_size": 8, "amp": "off", "channels_last": False, "compile_mode": "none", "intra_op_threads": 2}
+    for config, value in ((base, 100.0), ({**base, "channels_last": True}, 90.0)):
+        t = study.ask()
+        t.set_user_attr("config", config)
+        for k, v in {"status": "ok", "data_wait_share": 0.01, "median_samples_per_s": value}.items():
+            t.set_user_attr(k, v)
+        study.tell(t, value)
+    first, second = dg.explain_study(study)
+    assert first.startswith("#0    compute-bound:")
+    assert "bf16" not in first and "channels_last" not in first and "torch.compile" not in first
+    assert "more intra-op threads" not in first  # 2 is the space's most
+    assert "every compute knob of the search space is in use or measured slower" in first
+    assert "bf16" not in second and "channels_last" not in second  # it has channels_last; no bf16 in the space

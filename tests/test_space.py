@@ -525,3 +525,14 @@ def test_malloc_retain_needs_glibc():
     assert choices(musl, "malloc") == ("default",)
     assert any("malloc=retain dropped" in n for n in musl.notes)
     assert musl.baseline_config().malloc == "default"
+
+
+def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
+    bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36"))
+    likely = bf16.likely_params()
+    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "retain"}
+    no_bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx2",)), libc=None))
+    assert no_bf16.likely_params() == {**no_bf16.baseline_params(), "channels_last": True}  # amp stays off
+    only_batch = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]}},
+                                  "baseline": {"batch_size": 8}}, hardware=fake_hw())
+    assert only_batch.likely_params() is None  # nothing to switch on: no extra trial

@@ -35,7 +35,7 @@ def tiny_space(**over):
 
 def make_tuner(tmp_path, model="tests.workloads_fixtures:tiny", space=None, measure=QUICK, **kw):
     return Tuner(Workload(model=model, image_size=16), space=space or tiny_space(), measure=measure,
-                 storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=lambda m: None,
+                 storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=kw.pop("log", lambda m: None),
                  finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0, **kw)
 
 
@@ -91,9 +91,12 @@ def test_study_persists_baseline_first_and_resume_continues(tmp_path):
     before = {t.number: (t.state, t.value) for t in study.trials}
 
     again = make_tuner(tmp_path)  # a new process would do the same: same name from workload + fingerprint
-    again.run(trials=2)
+    again.run(trials=2)  # the tiny space has 4 configs: 1 left to measure, then it is exhausted
     study = optuna.load_study(study_name=tuner.study_name, storage=storage)
-    assert [t.number for t in study.trials] == list(range(5))
+    measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    assert [t.number for t in measured[:3]] == [0, 1, 2] and len(measured) == 4
+    assert len({t.user_attrs["config"]["batch_size"] * 2 + t.user_attrs["config"]["channels_last"]
+                for t in measured}) == 4
     for number, (state, value) in before.items():  # nothing finished was lost or changed
         assert (study.trials[number].state, study.trials[number].value) == (state, value)
     assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
@@ -202,3 +205,74 @@ def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch)
     monkeypatch.setattr(study_mod, "run_trial_for_tuner", no_child)
     second = recommend("tests.workloads_fixtures:tiny", trials=2, budget=None, **kw)
     assert second == first
+
+
+def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(tmp_path, monkeypatch):
+    """`run --timeout` bounds the finalists too: only whole rounds that fit run; none fitting -> provisional."""
+    from autotune import study as study_mod
+
+    calls: list[TrialConfig] = []  # finalist runs only (their windows are twice as long)
+
+    def fake(workload, config, measure, **kw):  # a 10 s trial, faster with the larger batch
+        if measure.window_s > QUICK.window_s:
+            calls.append(config)
+        v = 100.0 + config.batch_size + (5 if config.channels_last else 0)
+        return TrialResult(status="ok", samples_per_s=(v, v + 1, v - 1), wall_s=10.0, peak_host_mb=100.0,
+                           batch_size=config.batch_size)
+
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner", fake)
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=3)
+    full = tuner.run(trials=4)
+    assert not full.provisional
+    cands = len(set(c.key() for c in calls))
+    assert cands == 3 and len(calls) == 3 * cands  # top 2 + the baseline, 3 rounds
+
+    calls.clear()
+    rec = tuner.finalize(deadline=time.monotonic() + 5)  # a round takes ~30 s: none fits
+    assert calls == [] and rec.provisional and rec.config == full.config
+    assert any("provisional" in n for n in rec.notes)
+
+    rec = tuner.finalize(deadline=time.monotonic() + 45)  # one round fits, not two
+    assert len(calls) == cands and not rec.provisional
+
+    calls.clear()
+    rec = tuner.finalize(deadline=time.monotonic() + 25)  # the top two fit a round, not with the baseline
+    assert len(calls) == 2 and not rec.provisional and rec.speedup_vs_baseline is not None
+    assert TrialConfig(batch_size=8) not in calls and any("baseline figure from its search trial" in n
+                                                          for n in rec.notes)
+
+
+def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_path, monkeypatch):
+    """A 4-config space: --trials 10 measures each config once, then stops on exhaustion instead of looping."""
+    from autotune import study as study_mod
+
+    ran: list[TrialConfig] = []
+
+    def fake(workload, config, measure, **kw):
+        if measure.window_s == QUICK.window_s:
+            ran.append(config)
+        v = 100.0 + config.batch_size
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner", fake)
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, log=logs.append)
+    tuner.run(trials=10)
+    assert sorted(c.short() for c in ran) == sorted({c.short() for c in ran}) and len(ran) == 4
+    trials = tuner.study().trials
+    free = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert len(trials) == 4 + len(free) and len(free) >= study_mod._EXHAUSTED_AFTER
+    assert any("space looks exhausted" in m for m in logs)
+
+
+def test_trial_1_is_the_baseline_with_the_likely_winners(tmp_path, monkeypatch):
+    from autotune import study as study_mod
+
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner", lambda w, c, m, **kw: TrialResult(
+        status="ok", samples_per_s=(10.0, 10.0), wall_s=1.0, peak_host_mb=10.0, batch_size=c.batch_size))
+    tuner = make_tuner(tmp_path, finalists=1)
+    tuner.run(trials=2)
+    first, second = tuner.study().trials[:2]
+    assert first.user_attrs.get("baseline") and first.params == {"batch_size": 8, "channels_last": False}
+    assert second.user_attrs.get("likely_winner") and second.params == {"batch_size": 8, "channels_last": True}

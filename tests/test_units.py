@@ -89,6 +89,13 @@ def test_parse_duration_s_names_the_option():
         parse_duration_s("2weeks", what="--timeout")
 
 
+def test_a_bare_number_needs_a_unit_where_asked():
+    assert parse_duration_s("5") == 5.0  # the Python API: seconds
+    with pytest.raises(ConfigError, match=r"^--timeout '5' has no unit: write 5s, 5m or 5h$"):
+        parse_duration_s("5", what="--timeout", require_unit=True)
+    assert parse_duration_s("5m", require_unit=True) == 300.0
+
+
 def test_parse_duration_s_rejects_two_decimal_points():
     with pytest.raises(ConfigError):
         parse_duration_s("1.2.3s")

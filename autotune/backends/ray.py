@@ -270,6 +270,7 @@ def _make_search(OptunaSearch):
 
             self.tuner = tuner
             self.deadline = deadline
+            self.budget_s = None if deadline is None else deadline - time.monotonic()
             self.walls: list[float] = []
             self.abort: str | None = None
             self.told = 0
@@ -341,7 +342,7 @@ def _make_search(OptunaSearch):
         def _out_of_time(self) -> bool:
             if self.deadline is None:
                 return False
-            reserve = self.tuner._finalist_reserve_s(self.walls)
+            reserve = self.tuner._finalist_reserve_s(self.walls, self.budget_s)
             left = self.deadline - time.monotonic()
             return left <= reserve or bool(self.walls and left - reserve < 0.5 * min(self.walls))
 
@@ -560,6 +561,7 @@ def run_study(tuner, *, trials: int | None = None, timeout_s: float | None = Non
         if remote_nodes:
             _adopt(tuner, hw)
         study = tuner.study()
+        deadline = time.monotonic() + timeout_s if timeout_s else None  # the finalists fit in it too
         with _study_lock(tuner.storage_url, tuner.study_name):
             tuner._start(study)
             if trials != 0:
@@ -568,10 +570,10 @@ def run_study(tuner, *, trials: int | None = None, timeout_s: float | None = Non
                 original = study_mod.run_trial_for_tuner
                 study_mod.run_trial_for_tuner = _remote_runner(ray, base, node, tuner.workload.device)
                 try:
-                    return tuner.finalize()
+                    return tuner.finalize(deadline=deadline)
                 finally:
                     study_mod.run_trial_for_tuner = original
-            return tuner.finalize()
+            return tuner.finalize(deadline=deadline)
     finally:
         if started:
             ray.shutdown()
