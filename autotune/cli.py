@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from ._malloc import MALLOC_MODES
 from .errors import AutotuneError
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_USAGE = 0, 1, 2
@@ -228,8 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
     g.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads (OMP/MKL and torch)")
     g.add_argument("--interop-threads", type=int, default=None, metavar="N", help="inter-op threads")
-    g.add_argument("--malloc", choices=("default", "retain"), default="default",
-                   help="retain: glibc keeps freed memory for reuse instead of page-faulting it in again each step")
+    g.add_argument("--malloc", choices=MALLOC_MODES, default="default",
+                   help="retain: glibc keeps freed memory for reuse instead of page-faulting it in again each "
+                        "step; hugepages: retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages "
+                        "(THP_MEM_ALLOC_ENABLE=1) (default: %(default)s)")
     _add_measure_args(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="json prints the full result")
     p.add_argument("--log", default=None, metavar="FILE", help="keep the child's stdout/stderr in FILE")

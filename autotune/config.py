@@ -147,7 +147,8 @@ class TrialConfig(_Record):
         _check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
                f"one of {', '.join(COMPILE_MODES)}")
         _check(self.malloc in MALLOC_MODES, "malloc", self.malloc,
-               f"one of {', '.join(MALLOC_MODES)} (retain: glibc keeps freed memory for reuse)")
+               f"one of {', '.join(MALLOC_MODES)} (retain: glibc keeps freed memory for reuse; hugepages: "
+               "retain, on 2 MiB pages)")
         for name in ("intra_op_threads", "inter_op_threads"):
             v = getattr(self, name)
             _check(v is None or (_is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")

@@ -32,8 +32,8 @@ MEMORY_BOUND_FRACTION = 0.90
 # a job as short as the trial would be faster without torch.compile.
 COMPILE_DOMINATED_SHARE = 0.50
 
-# Share of the training process's CPU time spent in the kernel from which reusing freed memory (malloc: retain)
-# is named as a lever. A training step should be almost all user-space math; at 0.10 the kernel is mostly
+# Share of the training process's CPU time spent in the kernel from which reusing freed memory (malloc: hugepages
+# or retain) is named as a lever. A training step should be almost all user-space math; at 0.10 the kernel is mostly
 # faulting in and zeroing pages the allocator gave back the step before (measured: 13-16% with glibc's defaults
 # on resnet18, 3% with retain, which was 18% faster).
 KERNEL_HEAVY_SHARE = 0.10
@@ -71,9 +71,13 @@ def _compute_levers(config: Mapping[str, Any], kernel_share: float | None = None
     those ``allowed`` rules out (outside the search space, or already measured slower)."""
     ok = allowed or (lambda knob, value: True)
     levers = []
-    if (kernel_share is not None and kernel_share >= KERNEL_HEAVY_SHARE
-            and config.get("malloc", "default") == "default" and ok("malloc", "retain")):
-        levers.append(f"malloc retain ({100 * kernel_share:.0f}% of CPU time in the kernel)")
+    if kernel_share is not None and kernel_share >= KERNEL_HEAVY_SHARE:
+        # from the most to the least thorough: hugepages also removes what retain leaves (blocks over 32 MiB)
+        current = config.get("malloc", "default")
+        better = {"default": ("hugepages", "retain"), "retain": ("hugepages",)}.get(current, ())
+        mode = next((m for m in better if ok("malloc", m)), None)
+        if mode is not None:
+            levers.append(f"malloc {mode} ({100 * kernel_share:.0f}% of CPU time in the kernel)")
     if config.get("amp", "off") == "off" and ok("amp", "bf16"):
         levers.append("bf16 AMP")
     if not config.get("channels_last") and ok("channels_last", True):

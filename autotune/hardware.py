@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._device import nvml_gpus
+from ._malloc import thp_mode
 
 __all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb"]
 
@@ -120,6 +121,7 @@ class Hardware:
     torch_cpu_capability: str | None
     compiler: str | None
     libc: str | None = None  # "glibc 2.36": the malloc knob needs glibc
+    thp: str | None = None  # transparent huge pages: always / madvise / never (malloc=hugepages needs one of the first two)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -187,7 +189,8 @@ class Hardware:
         else:
             rows.append(("gpu", f"none ({self.gpu_status})"))
         rows += [
-            ("os", f"{self.os}, {self.libc or 'C library unknown'}"),
+            ("os", f"{self.os}, {self.libc or 'C library unknown'}, transparent huge pages "
+                   f"{self.thp or 'unknown'}"),
             ("python", self.python),
             ("torch", f"{self.torch} (cpu kernels: {self.torch_cpu_capability}, cuda {self.cuda or 'none'}, "
                       f"cudnn {self.cudnn or 'none'})"),
@@ -259,5 +262,5 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         gpus=tuple(g.to_dict() for g in gpus), gpu_status=gpu_status,
         os=f"{platform.system()} {platform.release()}", python=platform.python_version(),
         torch=torch_v, torchvision=tv_v, cuda=cuda_v, cudnn=cudnn_v, torch_cpu_capability=cap,
-        compiler=compiler, libc=" ".join(platform.libc_ver()).strip() or None,
+        compiler=compiler, libc=" ".join(platform.libc_ver()).strip() or None, thp=thp_mode(),
     )

@@ -24,6 +24,8 @@ from typing import Any, Iterator
 import yaml
 
 from ._malloc import apply_in_process, env_for
+from ._malloc import THP_ENV
+from ._malloc import available as malloc_available
 from .config import TrialConfig, Workload
 from .errors import AutotuneError, ConfigError
 from .measure import summarize
@@ -279,7 +281,8 @@ class Recommendation:
     @contextlib.contextmanager
     def apply(self) -> Iterator["Applied"]:
         """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
-        ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life.
+        ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life;
+        ``malloc: hugepages`` also needs ``THP_MEM_ALLOC_ENABLE=1`` from the launch environment (warned if absent).
 
         Yields an ``Applied`` with the per-call helpers: ``prepare_model`` (channels_last, torch.compile),
         ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``. The inter-op thread count can
@@ -300,8 +303,16 @@ class Recommendation:
         if self.workload.device != "cpu":
             torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
         if not apply_in_process(self.config.malloc):
-            warnings.warn(f"malloc={self.config.malloc} not applied: it needs glibc; set {self.launch_env()} "
-                          "before starting the process instead", stacklevel=3)
+            wanted = env_for(self.config.malloc)
+            env = " ".join(f"{k}={v}" for k, v in wanted.items())
+            if not malloc_available():
+                why = "it needs glibc"
+            elif THP_ENV in wanted and os.environ.get(THP_ENV) != wanted[THP_ENV]:
+                why = f"PyTorch reads {THP_ENV} when it is imported, so only the retain half was applied"
+            else:
+                why = "glibc's mallopt refused the settings"
+            warnings.warn(f"malloc={self.config.malloc} not fully applied: {why}; start the training process "
+                          f"with {env} in its environment (`autotune export` lists it)", stacklevel=3)
         try:
             yield Applied(self.config, self.workload.device)
         finally:

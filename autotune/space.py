@@ -96,8 +96,11 @@ class SearchSpace:
 
     # Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
     # hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
-    # and cuDNN's preferred layout for convolutions; retain stops page-fault churn. Measured like any trial.
-    LIKELY_WINNERS = {"amp": "bf16", "channels_last": True, "malloc": "retain"}
+    # and cuDNN's preferred layout for convolutions; hugepages (else retain) stops the page-fault churn of freed
+    # activation buffers, hugepages also for blocks over glibc's 32 MiB mmap limit (autotune/_malloc.py).
+    # Measured like any trial.
+    # In order of preference per knob: the first one the trimmed space offers is taken.
+    LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("hugepages", "retain")}
 
     def likely_params(self) -> dict[str, Any] | None:
         """The baseline with the usual winners this space offers switched on (Optuna params), or None when
@@ -105,10 +108,27 @@ class SearchSpace:
         base = self.baseline_params()
         params = dict(base)
         choices = {p.name: p.choices for p in self.params}
-        for name, value in self.LIKELY_WINNERS.items():
-            if value in choices.get(name, ()):
+        for name, preferred in self.LIKELY_WINNERS.items():
+            value = next((v for v in preferred if v in choices.get(name, ())), None)
+            if value is not None:
                 params[name] = value
         return params if params != base else None
+
+    def batch_step(self, params: dict[str, Any], direction: int) -> dict[str, Any] | None:
+        """``params`` with the batch size one choice up (``direction`` +1) or down (-1), or None at the end of
+        the choices or when the batch size is not searched. The tuner walks it from the likely winner.
+
+        >>> sp = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [16, 32, 64]}},
+        ...                       "baseline": {"batch_size": 32}})
+        >>> sp.batch_step({"batch_size": 32}, +1), sp.batch_step({"batch_size": 64}, +1)
+        ({'batch_size': 64}, None)
+        """
+        p = next((p for p in self.params if p.name == "batch_size"), None)
+        if p is None or params.get("batch_size") not in p.choices or _is_range(p.choices):
+            return None
+        ordered = sorted(p.choices)
+        i = ordered.index(params["batch_size"]) + (1 if direction > 0 else -1)
+        return {**params, "batch_size": ordered[i]} if 0 <= i < len(ordered) else None
 
     def size(self) -> int:
         """How many distinct raw points the space has (conditions ignored; an upper bound)."""
@@ -348,9 +368,17 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
         if is_cpu and "reduce-overhead" in kept:
             kept.remove("reduce-overhead")
             notes.append("compile_mode=reduce-overhead dropped: it relies on CUDA graphs")
-    elif name == "malloc" and "retain" in kept and not (hardware.libc or "").startswith("glibc"):
-        kept.remove("retain")
-        notes.append(f"malloc=retain dropped: it tunes glibc's malloc, and this system has {hardware.libc or 'another C library'}")
+    elif name == "malloc":
+        tuned = [c for c in kept if c != "default"]
+        if tuned and not (hardware.libc or "").startswith("glibc"):
+            kept = [c for c in kept if c == "default"]
+            notes.append(f"malloc={'/'.join(tuned)} dropped: it tunes glibc's malloc, and this system has "
+                         f"{hardware.libc or 'another C library'}")
+        elif "hugepages" in kept and getattr(hardware, "thp", None) not in ("always", "madvise"):
+            kept.remove("hugepages")
+            notes.append(f"malloc=hugepages dropped: the kernel's transparent huge pages are "
+                         f"{getattr(hardware, 'thp', None) or 'not available'} "
+                         "(/sys/kernel/mm/transparent_hugepage/enabled)")
     elif name == "pin_memory" and is_cpu:
         if True in kept:
             notes.append("pin_memory=true dropped: page-locked memory only helps copies to a GPU")

@@ -188,7 +188,7 @@ class NoHopePruner:
             return False
         best = None
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.value and all(c <= 0 for c in t.constraints.values()):
+            if t.value and _feasible(t):
                 best = t.value if best is None else max(best, t.value)
         if best is None:
             return False
@@ -241,12 +241,12 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "trial": t.number,
             "state": t.state.name,
             "status": (f"copy of #{ua['duplicate_of']}" if ua.get("duplicate_of") is not None
-                       else ua.get("status", "running" if t.state.name == "RUNNING" else "-")),
+                       else ua.get("status", _UNFINISHED.get(t.state.name, "-"))),
             "samples_per_s": ua.get("median_samples_per_s"),
             "rel_iqr": ua.get("rel_iqr"),
             "peak_host_mb": ua.get("peak_host_mb"),
             "data_wait_share": ua.get("data_wait_share"),
-            "feasible": all(c <= 0 for c in t.constraints.values()) if t.constraints else None,
+            "feasible": _feasible(t) if t.constraints else None,
             "baseline": bool(ua.get("baseline")),
             "config": TrialConfig.from_dict(cfg).short() if cfg else "-",
             "reason": ua.get("reason", ""),
@@ -290,6 +290,7 @@ class Tuner:
         self._storage = None
         self._study = None
         self._answered_free = False
+        self._current = -1  # number of the trial objective() is (or was last) working on
 
     # --- study ---------------------------------------------------------------------------------------
     @property
@@ -347,6 +348,17 @@ class Tuner:
                     study.enqueue_trial(likely, user_attrs={"likely_winner": True})
                     self._log(f"trial 1 tries the usual winners on this hardware first "
                               f"({self.space.effective(likely).short()})")
+                # Batch size is the knob no rule of thumb settles: walk it from the likely winner (or the
+                # baseline), one choice down and one up, then on in whichever direction keeps winning
+                # (``_follow_batch_line``). A sampler given few trials spends its first ones at random.
+                anchor = likely if likely is not None else self.space.baseline_params()
+                steps = [(d, s) for d in (-1, 1) if (s := self.space.batch_step(anchor, d)) is not None]
+                for d, step in steps:
+                    study.enqueue_trial(step, user_attrs={"batch_line": d})
+                if steps:
+                    self._log("then its batch size one choice down and up ("
+                              + ", ".join(str(s["batch_size"]) for _, s in steps)
+                              + "), and on in whichever direction keeps winning")
             else:
                 self._log(f"resuming study {self.study_name}: {previous} trials so far"
                           + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
@@ -376,12 +388,46 @@ class Tuner:
                 study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             if (stale or interrupted) and t.number not in retried and t.params:
                 attrs = {"retry_of": t.number}
-                if t.user_attrs.get("baseline"):
-                    attrs["baseline"] = True
+                for role in ("baseline", "likely_winner", "batch_line"):  # a retried walk step walks on
+                    if t.user_attrs.get(role):
+                        attrs[role] = t.user_attrs[role]
                 study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
                 retried.add(t.number)
                 queued += 1
         return queued
+
+    def _follow_batch_line(self, study, number: int) -> None:
+        """After trial ``number``: if it is a step of the batch-size walk and beat the config it stepped from
+        (both measured and within the memory cap), queue the next step in the same direction. A step that
+        ran out of memory, was pruned or was slower ends the walk that way."""
+        from optuna.trial import TrialState
+
+        trials = study.get_trials(deepcopy=False)
+        t = next((x for x in trials if x.number == number), None)
+        d = t.user_attrs.get("batch_line") if t is not None else None
+        if not d or t.state != TrialState.COMPLETE or not _feasible(t):
+            return
+        before, after = self.space.batch_step(t.params, -d), self.space.batch_step(t.params, d)
+        if before is None or after is None:
+            return
+        beaten = [x.value or 0.0 for x in trials if x.state == TrialState.COMPLETE and _feasible(x)
+                  and x.params == before]
+        if not beaten or (t.value or 0.0) <= max(beaten):
+            return
+        with _rdb_lock(self._storage, f"autotune:{self.study_name}"):  # two workers must not queue it twice
+            study.enqueue_trial(after, user_attrs={"batch_line": d}, skip_if_exists=True)
+        self._log(f"batch {t.params['batch_size']} beat batch {before['batch_size']} "
+                  f"({t.value:.1f} vs {max(beaten):.1f} samples/s): batch {after['batch_size']} is queued next")
+
+    def _out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
+        """True when the search must stop to leave the finalists their reserve. A trial is never cut short,
+        so one more starts only if the longest trial so far would still end before the reserve begins: a
+        long trial started late would otherwise eat the re-measurement that decides the recommendation."""
+        if deadline is None:
+            return False
+        reserve = self._finalist_reserve_s(trial_walls, budget_s)
+        left = deadline - time.monotonic()
+        return left <= reserve or bool(trial_walls and left - reserve < max(trial_walls))
 
     # --- one trial -----------------------------------------------------------------------------------
     def _known(self, study) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
@@ -405,6 +451,7 @@ class Tuner:
 
     def objective(self, trial) -> float:
         self._answered_free = False  # set by _shortcut: the study answered this trial without running it
+        self._current = trial.number
         config = self.space.suggest(trial)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("fingerprint", self.hardware.fingerprint)
@@ -562,16 +609,15 @@ class Tuner:
                         self._log(f"the sampler proposed {free_in_a_row} configs in a row that the study already "
                                   "answered: the space looks exhausted; stopping the search")
                         break
-                    if deadline is not None:
-                        # the finalists get at most FINALIST_SHARE of the budget; finalize() fits itself into it
-                        reserve = self._finalist_reserve_s(trial_walls, timeout_s)
-                        left = deadline - time.monotonic()
-                        if left <= reserve or (trial_walls and left - reserve < 0.5 * min(trial_walls)):
-                            break
+                    # the finalists get at most FINALIST_SHARE of the budget; finalize() fits itself into it
+                    if self._out_of_time(trial_walls, deadline, timeout_s):
+                        break
                     t0 = time.monotonic()
                     self._answered_free = False
                     study.optimize(self.objective, n_trials=1, catch=(_TrialError,), gc_after_trial=False)
-                    last = study.trials[-1]
+                    # the trial just run (the highest number may be a queued one still waiting)
+                    last = next(t for t in study.get_trials(deepcopy=False) if t.number == self._current)
+                    self._follow_batch_line(study, last.number)
                     if self._answered_free:
                         # answered in no time from earlier trials: it does not use up the --trials budget
                         free_in_a_row += 1
@@ -718,12 +764,20 @@ def _feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, An
             continue
         if fingerprint and t.user_attrs.get("fingerprint", fingerprint) != fingerprint:
             continue
-        if not all(c <= 0 for c in t.constraints.values()):
+        if not _feasible(t):
             continue
         key = TrialConfig.from_dict(t.user_attrs["config"]).key()
         if key not in out or (t.value or 0) > (out[key].value or 0):
             out[key] = t
     return out
+
+
+# what `show` says of a trial that has no result yet
+_UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
+
+
+def _feasible(trial) -> bool:
+    return all(c <= 0 for c in trial.constraints.values())
 
 
 def baseline_trial(study):

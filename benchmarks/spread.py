@@ -8,6 +8,13 @@ machine. Raw window samples of every run are written to a JSON file.
 
     python benchmarks/spread.py                                  # resnet18, 128 px, train, batch 64, 5 runs
     python benchmarks/spread.py --runs 10 --threads 2 --amp bf16 --channels-last
+    python benchmarks/spread.py --malloc default retain hugepages   # three allocators, runs interleaved
+
+With several ``--malloc`` modes the runs are interleaved in rotating order (A B C, B C A, ...), so a slow
+stretch of the shared machine falls on every mode alike, and each mode's spread and median are printed.
+Each run also prints its page faults per step and the kernel's share of CPU time: with glibc's default
+allocator, how many pages a fresh process faults in per step depends on its own heap history, and that, more
+than the measuring, is what makes two fresh processes of one config differ.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 
+from autotune._malloc import MALLOC_MODES  # noqa: E402
 from autotune.config import AMP_MODES, MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
@@ -45,17 +53,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     p.add_argument("--amp", choices=AMP_MODES, default="off")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--malloc", choices=("default", "retain"), default="default",
-                   help="retain: glibc keeps freed memory (fewer page faults, see autotune/_malloc.py)")
+    p.add_argument("--malloc", choices=MALLOC_MODES, nargs="+", default=["default"], metavar="MODE",
+                   help="one or more of: %(choices)s. retain: glibc keeps freed memory; hugepages: retain + "
+                        "PyTorch's transparent huge pages (see autotune/_malloc.py). Several: runs interleaved")
     p.add_argument("--device", default="cpu")
     p.add_argument("--windows", type=int, default=default.windows, help="default: the runner's, %(default)s")
     p.add_argument("--window-seconds", type=float, default=default.window_s, help="default: the runner's, %(default)s")
     p.add_argument("--timeout", type=float, default=default.timeout_s, help="per-run time limit in seconds")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON file for the raw samples (default: benchmarks/results/spread-<timestamp>.json)")
+    p.add_argument("--target", type=float, default=0.05,
+                   help="the spread the runner's defaults should keep, as a fraction (default: %(default)s)")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
+    args.malloc = list(dict.fromkeys(args.malloc))  # each mode once, in the order given
     return args
 
 
@@ -72,42 +84,85 @@ def spread_of(medians: list[float]) -> dict:
     }
 
 
+def common_drift(medians_by_config: dict[str, list[float | None]]) -> list[float] | None:
+    """The machine's own speed in each interleaved round, relative to its typical speed: the mean over configs
+    of (that round's run median / the config's median of medians). Something that slows every config in the
+    same round (a busy neighbour on the VM) shows here and not in one config alone. None with fewer than two
+    configs (a single config cannot tell the machine's drift from its own) or a failed run.
+
+    >>> [round(x, 3) for x in common_drift({"a": [9.0, 10.0, 11.0], "b": [18.0, 20.0, 22.0]})]
+    [0.9, 1.0, 1.1]
+    """
+    series = list(medians_by_config.values())
+    if len(series) < 2 or any(m is None for ms in series for m in ms):
+        return None
+    typical = [statistics.median(ms) for ms in series]
+    return [statistics.mean(ms[i] / t for ms, t in zip(series, typical)) for i in range(len(series[0]))]
+
+
+def run_line(r) -> str:
+    """One run: its median and in-run spread, and the page faults and kernel share behind them."""
+    if not r.ok:
+        return f"{r.status} ({r.reason})"
+    s = r.summary
+    kernel = "" if r.kernel_cpu_share is None else f"  kernel {100 * r.kernel_cpu_share:4.1f}%"
+    faults = "" if r.minor_faults_per_step is None else f"  faults/step {r.minor_faults_per_step:9,.0f}"
+    return (f"median {s.median:9.2f} samples/s  IQR {100 * s.rel_iqr:4.1f}%  windows {len(r.samples_per_s)}"
+            f"{kernel}{faults}  wall {r.wall_s:.1f} s")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     hw = detect()
     print(f"machine: {hw.summary_line()} [fingerprint {hw.fingerprint}]", flush=True)
     try:
         workload = Workload(model=args.model, task=args.task, image_size=args.image_size, device=args.device)
-        config = TrialConfig(batch_size=args.batch_size, num_workers=args.num_workers, amp=args.amp,
-                             channels_last=args.channels_last, intra_op_threads=args.threads,
-                             malloc=args.malloc)
+        configs = [TrialConfig(batch_size=args.batch_size, num_workers=args.num_workers, amp=args.amp,
+                               channels_last=args.channels_last, intra_op_threads=args.threads, malloc=m)
+                   for m in args.malloc]
         measure = MeasureSpec().replace(windows=args.windows, window_s=args.window_seconds, timeout_s=args.timeout)
         check(workload)
     except AutotuneError as exc:
         print(f"spread.py: error: {exc}", file=sys.stderr)
         return 2
-    print(f"config:  {workload.label()} {config.short()}; {measure.windows} windows x {measure.window_s:g} s, "
-          f"{args.runs} runs", flush=True)
+    for c in configs:
+        print(f"config:  {workload.label()} {c.short()}", flush=True)
+    print(f"measure: {measure.windows} windows x {measure.window_s:g} s, {args.runs} fresh processes per config"
+          + (", interleaved" if len(configs) > 1 else ""), flush=True)
 
-    runs = []
+    runs: dict[str, list] = {c.malloc: [] for c in configs}
     for i in range(args.runs):
-        r = run_trial(workload, config, measure)
-        runs.append(r)
-        if r.ok:
-            s = r.summary
-            print(f"run {i + 1}/{args.runs}: median {s.median:10.2f} samples/s  IQR {s.iqr:8.2f} "
-                  f"({100 * s.rel_iqr:5.1f}%)  windows {len(r.samples_per_s)}  wall {r.wall_s:.1f} s", flush=True)
-        else:
-            print(f"run {i + 1}/{args.runs}: {r.status} ({r.reason})", flush=True)
+        k = i % len(configs)
+        for c in configs[k:] + configs[:k]:  # rotate who goes first: no config always gets the fresher machine
+            r = run_trial(workload, c, measure)
+            runs[c.malloc].append(r)
+            label = f"malloc={c.malloc:<9} " if len(configs) > 1 else ""
+            print(f"run {i + 1}/{args.runs} {label}{run_line(r)}", flush=True)
 
-    medians = [r.median_samples_per_s for r in runs if r.ok]
-    spread = spread_of(medians) if medians else None
-    if spread is None:
-        print("spread: no run finished; nothing to compare")
-    else:
-        print(f"spread of {len(medians)} run medians: (max-min)/median {100 * spread['range_rel']:.1f}%, "
+    drift = common_drift({m: [r.median_samples_per_s if r.ok else None for r in rs] for m, rs in runs.items()})
+    spreads, verdicts = {}, []
+    for c in configs:
+        medians = [r.median_samples_per_s for r in runs[c.malloc] if r.ok]
+        spread = spreads[c.malloc] = spread_of(medians) if medians else None
+        label = f"malloc={c.malloc}: " if len(configs) > 1 else ""
+        if spread is None:
+            print(f"{label}no run finished; nothing to compare")
+            continue
+        within = spread["range_rel"] <= args.target
+        verdicts.append(within)
+        print(f"{label}spread of {len(medians)} run medians: (max-min)/median {100 * spread['range_rel']:.1f}%, "
               f"IQR/median {100 * spread['iqr_rel']:.1f}% (median of medians {spread['median_of_medians']:.2f} "
-              "samples/s)")
+              f"samples/s; range {spread['min']:.2f}-{spread['max']:.2f}): "
+              f"{'within' if within else 'NOT within'} the {100 * args.target:g}% target")
+        if drift is not None:
+            adjusted = [r.median_samples_per_s / d for r, d in zip(runs[c.malloc], drift)]
+            spread["without_common_drift"] = spread_of(adjusted)
+            print(f"{label}  without the drift common to every config: (max-min)/median "
+                  f"{100 * spread['without_common_drift']['range_rel']:.1f}%, IQR/median "
+                  f"{100 * spread['without_common_drift']['iqr_rel']:.1f}%")
+    if drift is not None:
+        print(f"the machine's own speed per round (common to every config): "
+              + ", ".join(f"{d:.3f}" for d in drift) + f"; range {100 * (max(drift) - min(drift)):.1f}%")
 
     out = args.out or HERE / "results" / f"spread-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
     out = Path(out)
@@ -116,15 +171,16 @@ def main(argv=None) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": hw.to_dict(),
         "workload": workload.to_dict(),
-        "config": config.to_dict(),
         "measure": measure.to_dict(),
-        "runs": [r.to_dict() for r in runs],
-        "medians": medians,
-        "spread": spread,
+        "configs": {c.malloc: {"config": c.to_dict(), "runs": [r.to_dict() for r in runs[c.malloc]],
+                               "medians": [r.median_samples_per_s for r in runs[c.malloc] if r.ok],
+                               "spread": spreads[c.malloc]} for c in configs},
+        "target": args.target,
+        "common_drift": drift,
     }
     out.write_text(json.dumps(record, indent=2))
     print(f"raw samples written to {out}")
-    return 0 if medians else 1
+    return 0 if verdicts else 1
 
 
 if __name__ == "__main__":

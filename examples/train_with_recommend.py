@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
+import sys
 import time
 
 import torch
@@ -51,6 +53,15 @@ def main() -> None:
     from_cache = dt.datetime.fromisoformat(rec.created) < started
     print("recommendation from cache (no new trials)" if from_cache else "recommendation freshly measured")
     print(rec.summary())
+
+    # Some settings are read once, when a process starts (OpenMP's thread count, glibc's malloc, PyTorch's
+    # huge-page switch): start this script again with them, as the measured trial was. The second start finds
+    # the recommendation stored and goes straight to training.
+    missing = {k: v for k, v in rec.launch_env().items() if os.environ.get(k) != v}
+    if missing and not os.environ.get("AUTOTUNE_EXAMPLE_RELAUNCHED"):
+        print("restarting with " + " ".join(f"{k}={v}" for k, v in missing.items()), flush=True)
+        env = {**os.environ, **missing, "AUTOTUNE_EXAMPLE_RELAUNCHED": "1"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     # 2. Data and model: your own code. Only the DataLoader keyword arguments come from the recommendation.
     loader_kwargs = rec.dataloader_kwargs()

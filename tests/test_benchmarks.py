@@ -12,26 +12,47 @@ import pytest
 from tests.conftest import REPO_ROOT, TINY
 
 
-def test_spread_script_runs_and_writes_json(tmp_path):
+def _spread(tmp_path, *extra: str) -> tuple[list[str], dict]:
     out = tmp_path / "spread.json"
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "spread.py"), "--model", TINY, "--image-size", "32",
          "--batch-size", "8", "--runs", "2", "--windows", "2", "--window-seconds", "0.2", "--timeout", "120",
-         "--out", str(out)],
+         "--out", str(out), *extra],
         cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
-    lines = proc.stdout.splitlines()
+    return proc.stdout.splitlines(), json.loads(out.read_text())
+
+
+def test_spread_script_runs_and_writes_json(tmp_path):
+    lines, data = _spread(tmp_path)
     assert lines[0].startswith("machine: ") and "fingerprint" in lines[0]
-    assert sum(1 for ln in lines if ln.startswith("run ") and "median" in ln) == 2
-    assert any("spread" in ln and "(max-min)/median" in ln for ln in lines)
-    data = json.loads(out.read_text())
-    assert len(data["runs"]) == 2
-    assert all(r["status"] == "ok" and len(r["samples_per_s"]) == 2 for r in data["runs"])
-    assert len(data["medians"]) == 2 and all(m > 0 for m in data["medians"])
-    assert data["spread"]["runs_ok"] == 2 and data["spread"]["range_rel"] >= 0
-    assert data["workload"]["model"] == TINY and data["config"]["batch_size"] == 8
-    assert data["machine"]["fingerprint"]
+    runs = [ln for ln in lines if ln.startswith("run ") and "median" in ln]
+    assert len(runs) == 2 and all("faults/step" in ln and "kernel" in ln for ln in runs)
+    verdict = next(ln for ln in lines if "(max-min)/median" in ln)
+    assert verdict.endswith("within the 5% target")  # "within" or "NOT within", whichever it measured
+    one = data["configs"]["default"]
+    assert len(one["runs"]) == 2
+    assert all(r["status"] == "ok" and len(r["samples_per_s"]) == 2 for r in one["runs"])
+    assert len(one["medians"]) == 2 and all(m > 0 for m in one["medians"])
+    assert one["spread"]["runs_ok"] == 2 and one["spread"]["range_rel"] >= 0
+    assert data["workload"]["model"] == TINY and one["config"]["batch_size"] == 8
+    assert data["machine"]["fingerprint"] and data["target"] == 0.05
+    assert data["common_drift"] is None  # one config alone cannot tell the machine's drift from its own
+
+
+def test_spread_script_interleaves_several_malloc_modes_in_rotating_order(tmp_path):
+    lines, data = _spread(tmp_path, "--malloc", "default", "retain", "--target", "0.5")
+    order = [ln.split("malloc=")[1].split()[0] for ln in lines if ln.startswith("run ")]
+    assert order == ["default", "retain", "retain", "default"]  # A B, then B A
+    assert sorted(data["configs"]) == ["default", "retain"]
+    assert data["configs"]["retain"]["config"]["malloc"] == "retain"
+    assert all(len(c["runs"]) == 2 for c in data["configs"].values())
+    assert sum("50% target" in ln for ln in lines) == 2  # one verdict per mode
+    # interleaved: the machine's drift common to both is measured and taken out of each mode's spread
+    assert len(data["common_drift"]) == 2 and all(d > 0 for d in data["common_drift"])
+    assert sum("without the drift common to every config" in ln for ln in lines) == 2
+    assert all("without_common_drift" in c["spread"] for c in data["configs"].values())
 
 
 def test_spread_script_refuses_a_bad_model(tmp_path):

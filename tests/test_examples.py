@@ -76,7 +76,8 @@ def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     from autotune.study import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu")
-    config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1)
+    config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1,
+                         malloc="hugepages")
     hw = detect()
     rec = Recommendation(
         config=config, workload=workload, median_samples_per_s=100.0, iqr_samples_per_s=1.0,
@@ -93,7 +94,13 @@ def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     r = run_example("--model", "resnet18", "--image-size", "32", "--steps", "3", "--storage", url, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recommendation from cache (no new trials)" in r.stdout
-    assert "recommended: bs=4 w=1 pf=2 cl t=1/-" in r.stdout
+    assert "recommended: bs=4 w=1 pf=2 cl malloc=hugepages t=1/-" in r.stdout
+    # settings read at start-up (threads, glibc malloc, PyTorch's huge-page switch): restarted once with them,
+    # so apply() had nothing left to warn about
+    restarts = [ln for ln in r.stdout.splitlines() if ln.startswith("restarting with ")]
+    assert len(restarts) == 1, r.stdout
+    assert "OMP_NUM_THREADS=1" in restarts[0] and "THP_MEM_ALLOC_ENABLE=1" in restarts[0]
+    assert "not fully applied" not in r.stderr, r.stderr[-2000:]
     m = FINAL_LOSS.search(r.stdout)
     assert m and m.group(2) == "3", r.stdout
     assert n_trials(url) == 0

@@ -107,11 +107,14 @@ def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
     study = optuna.load_study(study_name=study.study_name, storage=storage)
     t = study.trials[running]
     assert t.state.name == "FAIL" and t.user_attrs["status"] == "interrupted"
-    out = subprocess.run(_run_cmd(space, storage, "--trials", "1"), capture_output=True, text=True, timeout=180)
+    # the retry is queued behind what was queued before the stop (the batch walk's step): two trials run both
+    out = subprocess.run(_run_cmd(space, storage, "--trials", "2"), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-1500:]
+    assert "1 interrupted trial(s) re-queued" in out.stderr
     study = optuna.load_study(study_name=study.study_name, storage=storage)
     retries = [x for x in study.trials if x.user_attrs.get("retry_of") == running]
-    assert len(retries) == 1 and retries[0].params == t.params
+    assert len(retries) == 1 and retries[0].params == t.params and retries[0].state.name == "COMPLETE"
+    assert retries[0].user_attrs.get("baseline") == t.user_attrs.get("baseline")  # its role comes with it
 
 
 def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(tmp_path):

@@ -53,6 +53,25 @@ def test_describe_and_to_dict(hw):
     assert f"{hw.usable_cores} usable cores" in hw.summary_line()
 
 
+@pytest.mark.parametrize("text, mode", [("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
+                                        ("always madvise [never]\n", "never"), ("garbage", None)])
+def test_thp_mode_read_from_sysfs(tmp_path, text, mode):
+    from autotune._malloc import thp_mode
+
+    f = tmp_path / "enabled"
+    f.write_text(text)
+    assert thp_mode(f) == mode
+    assert thp_mode(tmp_path / "missing") is None
+
+
+def test_detect_reports_the_kernels_thp_mode(hw):
+    from autotune._malloc import thp_mode
+
+    assert hw.thp == thp_mode()
+    assert f"transparent huge pages {hw.thp or 'unknown'}" in hw.describe()
+    assert dataclasses.replace(hw, thp="never").fingerprint == hw.fingerprint  # a setting, not the hardware
+
+
 def test_detect_without_torch_has_no_versions():
     hw = detect(with_torch=False)
     assert hw.torch is None and hw.torchvision is None and hw.torch_cpu_capability is None

@@ -402,24 +402,32 @@ def test_apply_sets_glibc_malloc_in_the_running_process():
     """mallopt really changes glibc's behaviour: after apply(), a freed 16 MiB block is reused (same address)
     rather than unmapped; checked in a fresh process so this test process keeps glibc's defaults."""
     code = textwrap.dedent("""
-        import ctypes, sys
+        import ctypes, sys, warnings
         from autotune.config import TrialConfig, Workload
         from tests.test_recommend import make_rec
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc.restype = ctypes.c_void_p
         libc.free.argtypes = [ctypes.c_void_p]
         rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
-        with rec.apply():
+        with warnings.catch_warnings(record=True) as caught, rec.apply():
+            warnings.simplefilter("always")
             p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
-            heap = [l for l in open("/proc/self/maps") if "[heap]" in l]
+            with open("/proc/self/maps") as maps:
+                heap = [l for l in maps if "[heap]" in l]
             lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
+            print("|".join(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
             print("heap" if lo <= p < hi else "mmap")
             libc.free(p)
     """)
-    out = {}
-    for mode in ("default", "retain"):
-        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=REPO_ROOT,
-                           timeout=120)
+    out, said = {}, {}
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    for mode, extra in (("default", {}), ("retain", {}), ("hugepages", {}),
+                        ("hugepages+env", {"THP_MEM_ALLOC_ENABLE": "1"})):
+        r = subprocess.run([sys.executable, "-c", code, mode.split("+")[0]], capture_output=True, text=True,
+                           cwd=REPO_ROOT, timeout=120, env={**env, **extra})
         assert r.returncode == 0, r.stderr[-2000:]
-        out[mode] = r.stdout.split()[-1]
-    assert out == {"default": "mmap", "retain": "heap"}
+        said[mode], out[mode] = r.stdout.splitlines()[-2:]
+    assert out == {"default": "mmap", "retain": "heap", "hugepages": "heap", "hugepages+env": "heap"}
+    # the huge-page half can only come from the launch environment: said when missing, silent when there
+    assert "THP_MEM_ALLOC_ENABLE=1" in said["hugepages"] and "only the retain half" in said["hugepages"]
+    assert said["default"] == said["retain"] == said["hugepages+env"] == ""

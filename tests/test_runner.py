@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from autotune import runner
+from autotune._malloc import thp_mode
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.errors import ConfigError
 from autotune.runner import child_env, run_trial
@@ -225,6 +226,26 @@ def test_malloc_retain_stops_the_page_fault_churn():
                                                                                default.minor_faults_per_step)
     assert 0 <= retain.kernel_cpu_share < default.kernel_cpu_share <= 1
     assert "page faults per step" in default.describe()
+
+
+def test_child_env_for_hugepages_is_retain_plus_pytorchs_thp_switch():
+    retain = child_env(TrialConfig(malloc="retain"), base={})
+    huge = child_env(TrialConfig(malloc="hugepages"), base={})
+    assert huge.pop("THP_MEM_ALLOC_ENABLE") == "1" and huge == retain
+    assert "THP_MEM_ALLOC_ENABLE" not in retain
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="the kernel's transparent huge pages are off")
+def test_malloc_hugepages_faults_what_retain_cannot_keep():
+    """A 768 MiB block per step does not fit retain's heap top, so glibc maps and faults it in every step
+    (196,608 pages of 4 KiB); with hugepages PyTorch asks for 2 MiB pages: a few hundred faults."""
+    spec = SPEC.replace(window_s=0.5)
+    retain = run_trial(wl("churn_big"), TrialConfig(batch_size=8, malloc="retain"), spec)
+    huge = run_trial(wl("churn_big"), TrialConfig(batch_size=8, malloc="hugepages"), spec)
+    assert retain.ok and huge.ok, (retain.reason, huge.reason)
+    assert retain.minor_faults_per_step > 100_000, retain.minor_faults_per_step
+    assert huge.minor_faults_per_step < retain.minor_faults_per_step / 20, (huge.minor_faults_per_step,
+                                                                            retain.minor_faults_per_step)
 
 
 # =============================================================================================================

@@ -518,19 +518,27 @@ def test_omitted_baseline_knob_takes_the_first_choice():
     assert sp.baseline == {"batch_size": 8, "channels_last": False, "amp": "off"}
 
 
-def test_malloc_retain_needs_glibc():
-    glibc = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36"))
-    assert choices(glibc, "malloc") == ("default", "retain")
-    musl = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc=None))
+def test_malloc_knob_needs_glibc_and_hugepages_needs_the_kernels_thp():
+    glibc = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36", thp="madvise"))
+    assert choices(glibc, "malloc") == ("default", "retain", "hugepages")
+    musl = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc=None, thp="madvise"))
     assert choices(musl, "malloc") == ("default",)
-    assert any("malloc=retain dropped" in n for n in musl.notes)
+    assert any("malloc=retain/hugepages dropped" in n for n in musl.notes)
     assert musl.baseline_config().malloc == "default"
+    for thp in ("never", None):
+        no_thp = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36", thp=thp))
+        assert choices(no_thp, "malloc") == ("default", "retain")
+        assert any("malloc=hugepages dropped" in n and "transparent huge pages" in n for n in no_thp.notes)
 
 
 def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
-    bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36"))
+    bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36",
+                                                             thp="always"))
     likely = bf16.likely_params()
-    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "retain"}
+    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "hugepages"}
+    no_thp = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36",
+                                                               thp="never"))
+    assert no_thp.likely_params()["malloc"] == "retain"  # the next preference the trimmed space offers
     no_bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx2",)), libc=None))
     assert no_bf16.likely_params() == {**no_bf16.baseline_params(), "channels_last": True}  # amp stays off
     only_batch = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]}},

@@ -276,3 +276,98 @@ def test_trial_1_is_the_baseline_with_the_likely_winners(tmp_path, monkeypatch):
     first, second = tuner.study().trials[:2]
     assert first.user_attrs.get("baseline") and first.params == {"batch_size": 8, "channels_last": False}
     assert second.user_attrs.get("likely_winner") and second.params == {"batch_size": 8, "channels_last": True}
+
+
+# --- the batch-size walk from the likely winner ------------------------------------------------------------
+
+def _fake_by_batch(speed: dict[int, float | None], ran: list):
+    """A runner whose throughput depends on the batch size only (None: out of memory)."""
+
+    def fake(workload, config, measure, **kw):
+        ran.append(config)
+        v = speed[config.batch_size]
+        if v is None:
+            return TrialResult(status="oom", reason="fake", wall_s=1.0, batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    return fake
+
+
+def _batch_space(choices, baseline):
+    return tiny_space(parameters={"batch_size": {"type": "int", "choices": list(choices)},
+                                  "channels_last": {"type": "bool"}},
+                      baseline={"batch_size": baseline, "channels_last": False})
+
+
+def test_batch_walk_goes_up_while_each_step_wins_then_stops(tmp_path, monkeypatch):
+    from autotune import study as study_mod
+
+    ran: list = []
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner",
+                        _fake_by_batch({8: 10.0, 16: 20.0, 32: 30.0, 64: 25.0, 128: 99.0}, ran))
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32, 64, 128], 8), log=logs.append, finalists=1)
+    tuner.run(trials=5)
+    # baseline, likely winner (channels_last), then batch up from it: 16 beat 8, 32 beat 16, 64 lost to 32
+    assert [(c.batch_size, c.channels_last) for c in ran[:5]] == [(8, False), (8, True), (16, True), (32, True),
+                                                                  (64, True)]
+    trials = tuner.study().trials
+    assert [t.user_attrs.get("batch_line") for t in trials[2:5]] == [1, 1, 1]
+    # 64 was slower than 32: batch 128 (which would have been fastest) is not queued by the walk
+    assert not [t for t in trials if t.user_attrs.get("batch_line") and t.params.get("batch_size") == 128]
+    assert any("batch 32 beat batch 16" in m and "batch 64 is queued next" in m for m in logs)
+    assert not any("batch 128 is queued" in m for m in logs)
+
+
+def test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory(tmp_path, monkeypatch):
+    from autotune import study as study_mod
+
+    ran: list = []
+    monkeypatch.setattr(study_mod, "run_trial_for_tuner",
+                        _fake_by_batch({16: 5.0, 32: 40.0, 64: 30.0, 128: None}, ran))
+    tuner = make_tuner(tmp_path, space=_batch_space([16, 32, 64, 128], 64), finalists=1)
+    tuner.run(trials=5)
+    # likely winner at 64; one step down (32) and up (128, out of memory); 32 beat 64, so 16 next; 16 lost
+    assert [(c.batch_size, c.channels_last) for c in ran[:5]] == [(64, False), (64, True), (32, True),
+                                                                  (128, True), (16, True)]
+    lines = {t.params["batch_size"]: t.user_attrs["batch_line"] for t in tuner.study().trials
+             if t.user_attrs.get("batch_line")}
+    assert lines == {32: -1, 128: 1, 16: -1}
+
+
+def test_batch_step_walks_the_sorted_choices():
+    sp = _batch_space([64, 8, 32], 8)
+    assert sp.batch_step({"batch_size": 8, "channels_last": True}, 1) == {"batch_size": 32, "channels_last": True}
+    assert sp.batch_step({"batch_size": 64}, 1) is None and sp.batch_step({"batch_size": 8}, -1) is None
+    assert sp.batch_step({"batch_size": 12}, 1) is None  # not one of the choices
+    fixed = tiny_space(parameters={"channels_last": {"type": "bool"}}, baseline={"channels_last": False},
+                       fixed={"batch_size": 8})
+    assert fixed.batch_step({"channels_last": True}, 1) is None  # batch size not searched: no walk
+
+
+def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tmp_path):
+    """Trials are never cut short, so the search must stop while the longest trial seen would still end
+    before the finalists' reserve (here 30% of a 100 s budget): a late long trial would eat the
+    re-measurement that decides the recommendation."""
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
+    walls = [5.0, 20.0]  # reserve: min(20 * 1.3 * 3 finalists incl. baseline, 0.3 * 100) = 30 s
+    now = time.monotonic()
+    assert not tuner._out_of_time(walls, now + 55.0, 100.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert tuner._out_of_time(walls, now + 45.0, 100.0)      # 15 s: the 20 s trial would not
+    assert not tuner._out_of_time([], now + 10.0, 100.0)    # no trial yet: nothing to reserve for
+    assert tuner._out_of_time(walls, now + 29.0, 100.0)      # inside the reserve
+    assert not tuner._out_of_time(walls, None, None)         # no deadline: --trials alone
+
+
+def test_trial_rows_name_queued_and_running_trials():
+    from autotune.study import trial_rows
+
+    study = optuna.create_study(direction="maximize")
+    done = study.ask()
+    done.set_user_attr("status", "ok")
+    done.set_user_attr("config", TrialConfig(batch_size=8).to_dict())
+    study.tell(done, 10.0)
+    study.ask()  # running
+    study.enqueue_trial({"batch_size": 16}, user_attrs={"batch_line": 1})  # queued by the batch walk
+    assert [(r["trial"], r["status"]) for r in trial_rows(study)] == [(0, "ok"), (1, "running"), (2, "queued")]

@@ -340,11 +340,7 @@ def _make_search(OptunaSearch):
             return {_KEY: plan}
 
         def _out_of_time(self) -> bool:
-            if self.deadline is None:
-                return False
-            reserve = self.tuner._finalist_reserve_s(self.walls, self.budget_s)
-            left = self.deadline - time.monotonic()
-            return left <= reserve or bool(self.walls and left - reserve < 0.5 * min(self.walls))
+            return self.tuner._out_of_time(self.walls, self.deadline, self.budget_s)
 
         def _claim(self, trial, config: TrialConfig) -> int | None:
             """Claim ``config`` for ``trial`` unless another trial (here or another worker) is measuring it:
@@ -452,6 +448,7 @@ def _make_search(OptunaSearch):
             if trial_id in self._started:
                 self.walls.append(time.monotonic() - self._started.pop(trial_id))
             self._tell(trial_id, trial, value, state)
+            self.tuner._follow_batch_line(self._ot_study, trial.number)
             self.tuner._log(f"trial {trial.number} {tr.status:<8} {config.short():<40} "
                             + (f"{tr.median_samples_per_s:.1f} samples/s" if tr.ok else tr.reason)
                             + (f"  [{result.get('node')}]" if result and result.get("node") else ""))
