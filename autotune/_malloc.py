@@ -16,12 +16,13 @@ blocks of 2 MiB and more to 2 MiB and asks for transparent huge pages (``madvise
 leaves is a block over glibc's 32 MiB mmap limit that does not fit the heap top when it is asked for: mapped anew
 and handed back every step (resnet18 at batch 64 and 128 px: its 64 MiB first activation, 16,384 faults a step);
 with huge pages that is 32 faults (the kernel still zeroes the memory). Measured on this project's Sapphire Rapids VM (resnet18, 128 px,
-batch 64, fp32; 8 fresh processes per mode, interleaved, ``benchmarks/spread.py``): glibc's defaults 125-180k page
-faults per step (how many depends on the process's own heap history) and 8-13% of CPU time in the kernel;
-``retain`` ~16k faults, 0.2-1.5%; ``hugepages`` 0-120 faults, 0.1-1.1%. Both were 1.105x the defaults' throughput
-(median of per-round ratios), hugepages / retain 1.018 (0.98-1.04): equal within the VM's noise on that
-workload. Its cost is memory: huge pages are resident whole (peak 1.8-1.9 GiB vs 1.4-1.5 GiB there), which the
-tuner measures against the cap like any other.
+batch 64, fp32; 8 fresh processes per mode, interleaved, ``benchmarks/spread.py``): glibc's defaults 125-178k page
+faults per step (how many depends on the process's own heap history) and 8-12% of CPU time in the kernel;
+``retain`` 1.1-17k faults (mostly 16,386: the one 64 MiB block above), 0.2-1.5%; ``hugepages`` 0-120 faults,
+0.1-1.1%. Both were 1.105x the defaults' throughput (median of per-round ratios), hugepages / retain 1.018
+(0.98-1.04): equal within the VM's noise on that workload. Its cost is memory: huge pages are resident whole
+(peak 1.73-1.91 GiB vs 1.36-1.41 GiB with ``retain``), which the tuner measures against the cap like any other.
+So ``retain`` is the likely winner the tuner tries first, and ``hugepages`` a choice it measures.
 PyTorch reads the switch at its first allocation, so only a new process can get it: the exported
 recommendation lists it under ``environment`` for the launch script.
 

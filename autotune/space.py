@@ -96,11 +96,11 @@ class SearchSpace:
 
     # Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
     # hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
-    # and cuDNN's preferred layout for convolutions; hugepages (else retain) stops the page-fault churn of freed
-    # activation buffers, hugepages also for blocks over glibc's 32 MiB mmap limit (autotune/_malloc.py).
+    # and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
+    # buffers (hugepages was as fast with more memory, so it is left to the search; autotune/_malloc.py).
     # Measured like any trial.
     # In order of preference per knob: the first one the trimmed space offers is taken.
-    LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("hugepages", "retain")}
+    LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages")}
 
     def likely_params(self) -> dict[str, Any] | None:
         """The baseline with the usual winners this space offers switched on (Optuna params), or None when
@@ -116,7 +116,8 @@ class SearchSpace:
 
     def batch_step(self, params: dict[str, Any], direction: int) -> dict[str, Any] | None:
         """``params`` with the batch size one choice up (``direction`` +1) or down (-1), or None at the end of
-        the choices or when the batch size is not searched. The tuner walks it from the likely winner.
+        the choices or when the batch size is not searched (a ``low``/``high`` range is doubled or halved
+        inside it). The tuner walks it from the likely winner.
 
         >>> sp = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [16, 32, 64]}},
         ...                       "baseline": {"batch_size": 32}})
@@ -124,8 +125,12 @@ class SearchSpace:
         ({'batch_size': 64}, None)
         """
         p = next((p for p in self.params if p.name == "batch_size"), None)
-        if p is None or params.get("batch_size") not in p.choices or _is_range(p.choices):
+        if p is None or params.get("batch_size") not in p.choices:
             return None
+        if _is_range(p.choices):  # low..high: double or halve inside it, as batch sizes usually go
+            b = params["batch_size"]
+            nxt = b * 2 if direction > 0 else b // 2
+            return {**params, "batch_size": nxt} if p.choices[0] <= nxt <= p.choices[-1] and nxt != b else None
         ordered = sorted(p.choices)
         i = ordered.index(params["batch_size"]) + (1 if direction > 0 else -1)
         return {**params, "batch_size": ordered[i]} if 0 <= i < len(ordered) else None

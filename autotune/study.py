@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import re
 import sys
@@ -350,8 +351,9 @@ class Tuner:
                               f"({self.space.effective(likely).short()})")
                 # Batch size is the knob no rule of thumb settles: walk it from the likely winner (or the
                 # baseline), one choice down and one up, then on in whichever direction keeps winning
-                # (``_follow_batch_line``). A sampler given few trials spends its first ones at random.
+                # (``_advance_batch_walk``). A sampler given few trials spends its first ones at random.
                 anchor = likely if likely is not None else self.space.baseline_params()
+                study.set_user_attr("batch_walk_anchor", anchor)
                 steps = [(d, s) for d in (-1, 1) if (s := self.space.batch_step(anchor, d)) is not None]
                 for d, step in steps:
                     study.enqueue_trial(step, user_attrs={"batch_line": d})
@@ -396,38 +398,75 @@ class Tuner:
                 queued += 1
         return queued
 
-    def _follow_batch_line(self, study, number: int) -> None:
-        """After trial ``number``: if it is a step of the batch-size walk and beat the config it stepped from
-        (both measured and within the memory cap), queue the next step in the same direction. A step that
-        ran out of memory, was pruned or was slower ends the walk that way."""
+    def _advance_batch_walk(self, study) -> None:
+        """Queue the next step of the batch-size walk wherever the study's results now call for one.
+
+        The walk starts at the anchor stored by ``_start`` (the likely winner, else the baseline) and goes one
+        batch choice at a time in each direction for as long as each step beat the one before it. Worked out
+        afresh from the study's finished trials after every trial, so it does not matter in which order the
+        steps finish (several workers, Ray), whether a step was measured by the sampler rather than queued,
+        or whether a run was killed half-way: the first step of a direction that is not measured yet is queued
+        unless it already exists in any state. A step that failed, ran out of memory, was pruned or was not
+        faster ends its direction. Decided on single trials' medians: on a noisy machine a lucky step may
+        cost one more trial, an unlucky one hands the rest to the sampler.
+        """
         from optuna.trial import TrialState
 
+        anchor = study.user_attrs.get("batch_walk_anchor")
+        if not anchor:
+            return
         trials = study.get_trials(deepcopy=False)
-        t = next((x for x in trials if x.number == number), None)
-        d = t.user_attrs.get("batch_line") if t is not None else None
-        if not d or t.state != TrialState.COMPLETE or not _feasible(t):
-            return
-        before, after = self.space.batch_step(t.params, -d), self.space.batch_step(t.params, d)
-        if before is None or after is None:
-            return
-        beaten = [x.value or 0.0 for x in trials if x.state == TrialState.COMPLETE and _feasible(x)
-                  and x.params == before]
-        if not beaten or (t.value or 0.0) <= max(beaten):
-            return
+
+        def key_of(t) -> tuple | None:
+            """The config a trial runs (queued trials: the config their fixed params will give)."""
+            if t.user_attrs.get("config"):
+                return TrialConfig.from_dict(t.user_attrs["config"]).key()
+            fixed = t.system_attrs.get("fixed_params")
+            return self.space.effective(fixed).key() if fixed else None
+
+        keys = {t.number: key_of(t) for t in trials}
+
+        def measured(params: dict) -> float | None:
+            """Best feasible median measured for this config; 0.0 when it failed, was pruned or was
+            infeasible; None while no trial of it has finished."""
+            key = self.space.effective(params).key()
+            values = [(t.value or 0.0) if t.state == TrialState.COMPLETE and _feasible(t) else 0.0
+                      for t in trials if keys[t.number] == key and t.state.is_finished()]
+            return max(values) if values else None
+
         with _rdb_lock(self._storage, f"autotune:{self.study_name}"):  # two workers must not queue it twice
-            study.enqueue_trial(after, user_attrs={"batch_line": d}, skip_if_exists=True)
-        self._log(f"batch {t.params['batch_size']} beat batch {before['batch_size']} "
-                  f"({t.value:.1f} vs {max(beaten):.1f} samples/s): batch {after['batch_size']} is queued next")
+            for d in (-1, 1):
+                here, value = anchor, measured(anchor)
+                while value:  # the config we stand on was measured and feasible
+                    step = self.space.batch_step(here, d)
+                    if step is None:
+                        break
+                    step_value = measured(step)
+                    if step_value is None:  # not measured yet: queued, running, or to be queued now
+                        if self.space.effective(step).key() not in keys.values():
+                            study.enqueue_trial(step, user_attrs={"batch_line": d})
+                            self._log(f"batch {here['batch_size']} ({value:.1f} samples/s) beat the step before: "
+                                      f"batch {step['batch_size']} is queued next")
+                        break
+                    if step_value <= value:
+                        break
+                    here, value = step, step_value
 
     def _out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when the search must stop to leave the finalists their reserve. A trial is never cut short,
-        so one more starts only if the longest trial so far would still end before the reserve begins: a
-        long trial started late would otherwise eat the re-measurement that decides the recommendation."""
+        so one more starts only if a long trial (the 90th percentile of those so far: the longest while there
+        are fewer than ten) would still end before the reserve begins: a long trial started late would
+        otherwise eat the re-measurement that decides the recommendation. The percentile keeps one outlier
+        (a trial that ran into its time limit) from ending a long search early."""
         if deadline is None:
             return False
         reserve = self._finalist_reserve_s(trial_walls, budget_s)
         left = deadline - time.monotonic()
-        return left <= reserve or bool(trial_walls and left - reserve < max(trial_walls))
+        if not trial_walls:
+            return left <= reserve
+        walls = sorted(trial_walls)
+        long_trial = walls[math.ceil(0.9 * len(walls)) - 1]  # nearest-rank 90th percentile
+        return left <= reserve or left - reserve < long_trial
 
     # --- one trial -----------------------------------------------------------------------------------
     def _known(self, study) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
@@ -541,8 +580,8 @@ class Tuner:
         if twin is not None:
             self._answered_free = True
             trial.set_user_attr("duplicate_of", twin.number)
-            for k, v in twin.user_attrs.items():
-                if k not in ("config", "baseline", "retry_of", "duplicate_of", "waited_for", "reason", "wall_s"):
+            for k, v in twin.user_attrs.items():  # its figures; not its role in the study nor its history
+                if k not in _TRIAL_OWN_ATTRS:
                     trial.set_user_attr(k, v)
             trial.set_user_attr("reason", f"same config as trial {twin.number}: its figures, not re-measured")
             if twin.state.name == "PRUNED":
@@ -617,7 +656,7 @@ class Tuner:
                     study.optimize(self.objective, n_trials=1, catch=(_TrialError,), gc_after_trial=False)
                     # the trial just run (the highest number may be a queued one still waiting)
                     last = next(t for t in study.get_trials(deepcopy=False) if t.number == self._current)
-                    self._follow_batch_line(study, last.number)
+                    self._advance_batch_walk(study)
                     if self._answered_free:
                         # answered in no time from earlier trials: it does not use up the --trials budget
                         free_in_a_row += 1
@@ -771,6 +810,10 @@ def _feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, An
             out[key] = t
     return out
 
+
+# A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
+_TRIAL_OWN_ATTRS = ("config", "baseline", "likely_winner", "batch_line", "retry_of", "duplicate_of", "waited_for",
+                    "reason", "wall_s")
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}

@@ -94,6 +94,7 @@ def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     study = _wait_for_running(storage)
     running = [t.number for t in study.trials if t.state.name == "RUNNING"][0]
+    assert running == 0  # the baseline runs first: stopped during it
     time.sleep(0.5)
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
@@ -114,7 +115,7 @@ def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
     study = optuna.load_study(study_name=study.study_name, storage=storage)
     retries = [x for x in study.trials if x.user_attrs.get("retry_of") == running]
     assert len(retries) == 1 and retries[0].params == t.params and retries[0].state.name == "COMPLETE"
-    assert retries[0].user_attrs.get("baseline") == t.user_attrs.get("baseline")  # its role comes with it
+    assert t.user_attrs["baseline"] is True and retries[0].user_attrs["baseline"] is True  # its role comes with it
 
 
 def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(tmp_path):

@@ -80,8 +80,11 @@ def test_two_workers_share_one_study_and_count_every_trial_once(pg_url, space_fi
     # both started at once, the baseline was queued (and measured) exactly once
     assert sum("new study" in err for _, err in outs) == 1
 
-    trials = _study(pg_url, name).trials
-    assert [t.number for t in trials] == list(range(len(trials)))
+    every = _study(pg_url, name).trials
+    assert [t.number for t in every] == list(range(len(every)))
+    # what is still queued is the batch walk's next step, left for a later run
+    assert all(t.user_attrs.get("batch_line") for t in every if t.state.name == "WAITING")
+    trials = [t for t in every if t.state.name != "WAITING"]
     assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials), [(t.number, t.state.name) for t in trials]
     assert sum(1 for t in trials if t.user_attrs.get("baseline")) == 1
     assert sum(1 for t in trials if t.user_attrs.get("likely_winner")) == 1
@@ -100,7 +103,7 @@ def test_two_workers_share_one_study_and_count_every_trial_once(pg_url, space_fi
 
     shown = run_cli("show", "--storage", pg_url, "--study-name", name, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr[-1500:]
-    assert f"{len(trials)} trials" in shown.stdout.splitlines()[0]
+    assert f"{len(every)} trials" in shown.stdout.splitlines()[0]
 
 
 def _descendants(pid: int) -> list:
@@ -142,8 +145,9 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_by_another(pg_ur
     assert _study(pg_url, name).trials[0].state.name == "RUNNING"  # nobody has noticed yet
 
     time.sleep(max(0.0, killed_at + GRACE_S + HEARTBEAT_S - time.time()))  # its heartbeat is now stale
-    # two trials: the likely winner queued at the start (still waiting) and the retry of the dead baseline
-    out = subprocess.run(cmd + ["--trials", "2"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    # three trials: the likely winner and the batch walk's first step, queued at the start (still waiting),
+    # then the retry of the dead baseline, queued behind them when the heartbeat finds it stale
+    out = subprocess.run(cmd + ["--trials", "3"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
 
@@ -158,7 +162,8 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_by_another(pg_ur
     assert retry.user_attrs["retry_of"] == 0
     assert retry.user_attrs["baseline"] is True  # the retried baseline is still the baseline
     assert TrialConfig.from_dict(retry.user_attrs["config"]) == TrialConfig.from_dict(dead.user_attrs["config"])
-    assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    assert all(t.user_attrs.get("batch_line") for t in trials if t.state.name == "WAITING")  # the walk's next
 
 
 # --- machines of different kinds never mix (no server needed) -------------------------------------------

@@ -35,6 +35,7 @@ def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
     assert all(t.user_attrs.get("batch_line") for t in queued)  # the batch walk's next step, for a re-run
     trials = [t for t in study.trials if t.state.name != "WAITING"]
     assert [t.number for t in trials] == [0, 1, 2]
+    assert trials[1].user_attrs["likely_winner"] and trials[2].user_attrs["batch_line"] == 1  # then up from it
     assert trials[0].user_attrs["baseline"] is True and trials[0].user_attrs["status"] == "ok"
     for t in trials:  # recorded like a local trial: state, status, figures, constraint, config, fingerprint
         assert t.state.name in ("COMPLETE", "PRUNED"), (t.number, t.state.name, t.user_attrs)

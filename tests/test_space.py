@@ -535,10 +535,12 @@ def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
     bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36",
                                                              thp="always"))
     likely = bf16.likely_params()
-    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "hugepages"}
-    no_thp = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36",
-                                                               thp="never"))
-    assert no_thp.likely_params()["malloc"] == "retain"  # the next preference the trimmed space offers
+    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "retain"}
+    only_huge = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
+                                                "malloc": {"type": "categorical", "choices": ["default", "hugepages"]}},
+                                 "baseline": {"batch_size": 8, "malloc": "default"}},
+                                hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36", thp="madvise"))
+    assert only_huge.likely_params()["malloc"] == "hugepages"  # the next preference the space offers
     no_bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx2",)), libc=None))
     assert no_bf16.likely_params() == {**no_bf16.baseline_params(), "channels_last": True}  # amp stays off
     only_batch = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]}},

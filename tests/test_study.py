@@ -263,6 +263,10 @@ def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_
     trials = tuner.study().trials
     free = [t for t in trials if "duplicate_of" in t.user_attrs]
     assert len(trials) == 4 + len(free) and len(free) >= study_mod._EXHAUSTED_AFTER
+    # a copy takes over the figures, not the role: one likely winner, walk steps only among the measured
+    assert sum(1 for t in trials if t.user_attrs.get("likely_winner")) == 1
+    assert not [t for t in free if t.user_attrs.get("likely_winner") or t.user_attrs.get("batch_line")]
+    assert all(t.user_attrs.get("samples_per_s") for t in free if t.state.name == "COMPLETE")
     assert any("space looks exhausted" in m for m in logs)
 
 
@@ -316,7 +320,7 @@ def test_batch_walk_goes_up_while_each_step_wins_then_stops(tmp_path, monkeypatc
     assert [t.user_attrs.get("batch_line") for t in trials[2:5]] == [1, 1, 1]
     # 64 was slower than 32: batch 128 (which would have been fastest) is not queued by the walk
     assert not [t for t in trials if t.user_attrs.get("batch_line") and t.params.get("batch_size") == 128]
-    assert any("batch 32 beat batch 16" in m and "batch 64 is queued next" in m for m in logs)
+    assert any(m.startswith("batch 32 (30.0 samples/s) beat") and "batch 64 is queued next" in m for m in logs)
     assert not any("batch 128 is queued" in m for m in logs)
 
 
@@ -336,6 +340,67 @@ def test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory(tmp_p
     assert lines == {32: -1, 128: 1, 16: -1}
 
 
+def _walk_study(tmp_path, finished: dict[tuple[int, bool], float | None], queued=()):
+    """A study whose walk anchor is (batch 8, channels_last) with the given finished trials (None: out of
+    memory) and queued ones, as a real run would leave it."""
+    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32, 64], 8))
+    study = tuner.study()
+    study.set_user_attr("batch_walk_anchor", {"batch_size": 8, "channels_last": True})
+    for (bs, cl), v in finished.items():
+        t = study.ask({"batch_size": optuna.distributions.CategoricalDistribution([8, 16, 32, 64]),
+                       "channels_last": optuna.distributions.CategoricalDistribution([False, True])})
+        # ask() samples: make the trial the config it stands for, as objective() records it
+        t.set_user_attr("config", TrialConfig(batch_size=bs, channels_last=cl).to_dict())
+        t.set_constraint("memory", -0.5 if v is not None else 1.0)
+        study.tell(t, v if v is not None else 0.0)
+    for bs, cl in queued:
+        study.enqueue_trial({"batch_size": bs, "channels_last": cl}, user_attrs={"batch_line": 1})
+    return tuner, study
+
+
+def _queued(study) -> list[tuple]:
+    return [(t.system_attrs["fixed_params"]["batch_size"], t.user_attrs.get("batch_line"))
+            for t in study.trials if t.state.name == "WAITING"]
+
+
+def test_batch_walk_waits_for_the_anchor_when_a_step_finishes_first(tmp_path):
+    """Several workers: step 16 finished while the likely winner (8) was still running. Nothing to decide
+    yet; once 8 finishes slower than 16, the walk goes on to 32."""
+    tuner, study = _walk_study(tmp_path, {(16, True): 20.0})
+    tuner._advance_batch_walk(study)
+    assert _queued(study) == []
+    tuner, study = _walk_study(tmp_path / "b", {(16, True): 20.0, (8, True): 10.0})
+    tuner._advance_batch_walk(study)
+    assert _queued(study) == [(32, 1)]
+    tuner._advance_batch_walk(study)
+    assert _queued(study) == [(32, 1)]  # already queued: not twice
+
+
+def test_batch_walk_goes_on_from_a_step_the_sampler_already_measured(tmp_path):
+    tuner, study = _walk_study(tmp_path, {(8, True): 10.0, (16, True): 20.0, (32, True): 30.0})
+    tuner._advance_batch_walk(study)
+    assert _queued(study) == [(64, 1)]  # 32 was measured by the sampler, faster than 16: on to 64
+    slower, study2 = _walk_study(tmp_path / "b", {(8, True): 10.0, (16, True): 20.0, (32, True): 15.0})
+    slower._advance_batch_walk(study2)
+    assert _queued(study2) == []  # 32 lost to 16: that direction is done
+    oom, study3 = _walk_study(tmp_path / "c", {(8, True): 10.0, (16, True): None})
+    oom._advance_batch_walk(study3)
+    assert _queued(study3) == []  # out of memory ends the walk up
+
+
+def test_a_retried_walk_step_keeps_walking(tmp_path):
+    """A run killed during a walk step: the retry carries the step's role, so its result still counts."""
+    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8))
+    study = tuner.study()
+    study.enqueue_trial({"batch_size": 16, "channels_last": True}, user_attrs={"batch_line": 1})
+    killed = study.ask()  # pops it: RUNNING, as a SIGKILLed run leaves it
+    tuner.space.suggest(killed)  # as objective() does: the queued params become the trial's
+    assert killed.user_attrs["batch_line"] == 1
+    assert tuner._recover(study) == 1
+    (retry,) = [t for t in study.trials if t.state.name == "WAITING"]
+    assert retry.user_attrs["retry_of"] == killed.number and retry.user_attrs["batch_line"] == 1
+
+
 def test_batch_step_walks_the_sorted_choices():
     sp = _batch_space([64, 8, 32], 8)
     assert sp.batch_step({"batch_size": 8, "channels_last": True}, 1) == {"batch_size": 32, "channels_last": True}
@@ -344,6 +409,11 @@ def test_batch_step_walks_the_sorted_choices():
     fixed = tiny_space(parameters={"channels_last": {"type": "bool"}}, baseline={"channels_last": False},
                        fixed={"batch_size": 8})
     assert fixed.batch_step({"channels_last": True}, 1) is None  # batch size not searched: no walk
+    # a range (low/high) is walked by doubling and halving inside it
+    ranged = tiny_space(parameters={"batch_size": {"type": "int", "low": 4, "high": 48}}, baseline={"batch_size": 16})
+    assert ranged.batch_step({"batch_size": 16}, 1) == {"batch_size": 32}
+    assert ranged.batch_step({"batch_size": 32}, 1) is None and ranged.batch_step({"batch_size": 4}, -1) is None
+    assert ranged.batch_step({"batch_size": 16}, -1) == {"batch_size": 8}
 
 
 def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tmp_path):
@@ -358,6 +428,9 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
     assert not tuner._out_of_time([], now + 10.0, 100.0)    # no trial yet: nothing to reserve for
     assert tuner._out_of_time(walls, now + 29.0, 100.0)      # inside the reserve
     assert not tuner._out_of_time(walls, None, None)         # no deadline: --trials alone
+    # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
+    many = [10.0] * 19 + [600.0]
+    assert not tuner._out_of_time(many, now + 900.0, 1200.0)
 
 
 def test_trial_rows_name_queued_and_running_trials():

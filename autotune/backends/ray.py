@@ -448,7 +448,6 @@ def _make_search(OptunaSearch):
             if trial_id in self._started:
                 self.walls.append(time.monotonic() - self._started.pop(trial_id))
             self._tell(trial_id, trial, value, state)
-            self.tuner._follow_batch_line(self._ot_study, trial.number)
             self.tuner._log(f"trial {trial.number} {tr.status:<8} {config.short():<40} "
                             + (f"{tr.median_samples_per_s:.1f} samples/s" if tr.ok else tr.reason)
                             + (f"  [{result.get('node')}]" if result and result.get("node") else ""))
@@ -469,6 +468,7 @@ def _make_search(OptunaSearch):
             self._handled.add(trial_id)
             self._ot_study.tell(trial, value, state=state, skip_if_finished=True)
             self.told += 1
+            self.tuner._advance_batch_walk(self._ot_study)  # every finished trial, however it was answered
 
         def close(self, *, wait: bool = True) -> None:
             """At the end: wait for deferred twins (``wait``), and fail whatever Tune never finished (so a
