@@ -237,7 +237,7 @@ def trial_rows(study) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
-        cfg = ua.get("config") or {}
+        cfg = ua.get("config") or ua.get("queued_config") or {}
         rows.append({
             "trial": t.number,
             "state": t.state.name,
@@ -341,12 +341,12 @@ class Tuner:
             queued = self._recover(study)
             previous = len(study.trials)
             if baseline_trial_any(study) is None:
-                study.enqueue_trial(self.space.baseline_params(), user_attrs={"baseline": True})
+                self._enqueue(study, self.space.baseline_params(), baseline=True)
                 self._log(f"new study {self.study_name} in {self.storage_url}; trial 0 is the PyTorch-defaults "
                           f"baseline ({self.space.baseline_config().short()})")
                 likely = self.space.likely_params()
                 if likely is not None:
-                    study.enqueue_trial(likely, user_attrs={"likely_winner": True})
+                    self._enqueue(study, likely, likely_winner=True)
                     self._log(f"trial 1 tries the usual winners on this hardware first "
                               f"({self.space.effective(likely).short()})")
                 # Batch size is the knob no rule of thumb settles: walk it from the likely winner (or the
@@ -356,7 +356,7 @@ class Tuner:
                 study.set_user_attr("batch_walk_anchor", anchor)
                 steps = [(d, s) for d in (-1, 1) if (s := self.space.batch_step(anchor, d)) is not None]
                 for d, step in steps:
-                    study.enqueue_trial(step, user_attrs={"batch_line": d})
+                    self._enqueue(study, step, batch_line=d)
                 if steps:
                     self._log("then its batch size one choice down and up ("
                               + ", ".join(str(s["batch_size"]) for _, s in steps)
@@ -364,6 +364,12 @@ class Tuner:
             else:
                 self._log(f"resuming study {self.study_name}: {previous} trials so far"
                           + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
+
+    def _enqueue(self, study, params: dict[str, Any], **roles: Any) -> None:
+        """Queue a trial with these params and its role in the study; the config it will run is recorded too,
+        so `show` can say what is queued before it runs."""
+        study.enqueue_trial(params, user_attrs={**roles, "queued_config": self.space.effective(params).to_dict()},
+                            skip_if_exists=False)
 
     def _recover(self, study) -> int:
         """Fail trials a killed run left RUNNING (we hold the study lock, so nobody else runs them) and
@@ -393,7 +399,7 @@ class Tuner:
                 for role in ("baseline", "likely_winner", "batch_line"):  # a retried walk step walks on
                     if t.user_attrs.get(role):
                         attrs[role] = t.user_attrs[role]
-                study.enqueue_trial(t.params, user_attrs=attrs, skip_if_exists=False)
+                self._enqueue(study, t.params, **attrs)
                 retried.add(t.number)
                 queued += 1
         return queued
@@ -444,7 +450,7 @@ class Tuner:
                     step_value = measured(step)
                     if step_value is None:  # not measured yet: queued, running, or to be queued now
                         if self.space.effective(step).key() not in keys.values():
-                            study.enqueue_trial(step, user_attrs={"batch_line": d})
+                            self._enqueue(study, step, batch_line=d)
                             self._log(f"batch {here['batch_size']} ({value:.1f} samples/s) beat the step before: "
                                       f"batch {step['batch_size']} is queued next")
                         break
@@ -812,8 +818,8 @@ def _feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, An
 
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
-_TRIAL_OWN_ATTRS = ("config", "baseline", "likely_winner", "batch_line", "retry_of", "duplicate_of", "waited_for",
-                    "reason", "wall_s")
+_TRIAL_OWN_ATTRS = ("config", "queued_config", "baseline", "likely_winner", "batch_line", "retry_of",
+                    "duplicate_of", "waited_for", "reason", "wall_s")
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}

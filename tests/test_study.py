@@ -442,5 +442,8 @@ def test_trial_rows_name_queued_and_running_trials():
     done.set_user_attr("config", TrialConfig(batch_size=8).to_dict())
     study.tell(done, 10.0)
     study.ask()  # running
-    study.enqueue_trial({"batch_size": 16}, user_attrs={"batch_line": 1})  # queued by the batch walk
-    assert [(r["trial"], r["status"]) for r in trial_rows(study)] == [(0, "ok"), (1, "running"), (2, "queued")]
+    study.enqueue_trial({"batch_size": 16}, user_attrs={"batch_line": 1,  # queued by the batch walk
+                                                        "queued_config": TrialConfig(batch_size=16).to_dict()})
+    rows = trial_rows(study)
+    assert [(r["trial"], r["status"]) for r in rows] == [(0, "ok"), (1, "running"), (2, "queued")]
+    assert rows[2]["config"] == "bs=16 w=0"  # what will run, before it runs
