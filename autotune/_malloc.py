@@ -90,21 +90,21 @@ def env_for(mode: str) -> dict[str, str]:
     return dict(ENV.get(mode, {}))
 
 
-def apply_in_process(mode: str) -> bool:
-    """Give the running process this malloc mode through ``mallopt``; False where it cannot be done here.
+def apply_in_process(mode: str) -> str | None:
+    """Give the running process this malloc mode through ``mallopt``. None when done; else why it was not,
+    fully or at all (a short phrase for a warning).
 
     It stays for the life of the process: glibc cannot return to its dynamic mmap threshold once one is set.
     Blocks already allocated keep where they came from; new ones follow the new settings. The huge-page half
     of ``hugepages`` cannot be switched on in a running process (PyTorch read it at import): without
     ``THP_MEM_ALLOC_ENABLE=1`` in the environment the process started with, this applies ``retain`` and
-    returns False.
+    says so.
     """
     settings = env_for(mode)
     if not settings:
-        return True
+        return None
     if not available():
-        return False
-    thp_missing = THP_ENV in settings and os.environ.get(THP_ENV) != settings[THP_ENV]
+        return "it needs glibc"
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     values = {_M_MMAP_THRESHOLD: settings["MALLOC_MMAP_THRESHOLD_"], _M_TRIM_THRESHOLD: settings["MALLOC_TRIM_THRESHOLD_"],
               _M_TOP_PAD: settings["MALLOC_TOP_PAD_"]}
@@ -112,4 +112,8 @@ def apply_in_process(mode: str) -> bool:
     for param, value in values.items():
         # mallopt takes an int; the "never trim" threshold saturates to INT_MAX, which glibc reads the same way
         ok &= bool(libc.mallopt(ctypes.c_int(param), ctypes.c_int(min(int(value), 2**31 - 1))))
-    return ok and not thp_missing
+    if not ok:
+        return "glibc's mallopt refused the settings"
+    if THP_ENV in settings and os.environ.get(THP_ENV) != settings[THP_ENV]:
+        return f"PyTorch reads {THP_ENV} when it is imported, so only the retain half was applied"
+    return None

@@ -24,8 +24,6 @@ from typing import Any, Iterator
 import yaml
 
 from ._malloc import apply_in_process, env_for
-from ._malloc import THP_ENV
-from ._malloc import available as malloc_available
 from .config import TrialConfig, Workload
 from .errors import AutotuneError, ConfigError
 from .measure import summarize
@@ -302,15 +300,9 @@ class Recommendation:
                               "them only before its first parallel work; call apply() earlier", stacklevel=3)
         if self.workload.device != "cpu":
             torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
-        if not apply_in_process(self.config.malloc):
-            wanted = env_for(self.config.malloc)
-            env = " ".join(f"{k}={v}" for k, v in wanted.items())
-            if not malloc_available():
-                why = "it needs glibc"
-            elif THP_ENV in wanted and os.environ.get(THP_ENV) != wanted[THP_ENV]:
-                why = f"PyTorch reads {THP_ENV} when it is imported, so only the retain half was applied"
-            else:
-                why = "glibc's mallopt refused the settings"
+        why = apply_in_process(self.config.malloc)
+        if why is not None:
+            env = " ".join(f"{k}={v}" for k, v in env_for(self.config.malloc).items())
             warnings.warn(f"malloc={self.config.malloc} not fully applied: {why}; start the training process "
                           f"with {env} in its environment (`autotune export` lists it)", stacklevel=3)
         try:

@@ -379,10 +379,10 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
             kept = [c for c in kept if c == "default"]
             notes.append(f"malloc={'/'.join(tuned)} dropped: it tunes glibc's malloc, and this system has "
                          f"{hardware.libc or 'another C library'}")
-        elif "hugepages" in kept and getattr(hardware, "thp", None) not in ("always", "madvise"):
+        elif "hugepages" in kept and hardware.thp not in ("always", "madvise"):
             kept.remove("hugepages")
             notes.append(f"malloc=hugepages dropped: the kernel's transparent huge pages are "
-                         f"{getattr(hardware, 'thp', None) or 'not available'} "
+                         f"{hardware.thp or 'not available'} "
                          "(/sys/kernel/mm/transparent_hugepage/enabled)")
     elif name == "pin_memory" and is_cpu:
         if True in kept:

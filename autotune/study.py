@@ -396,7 +396,7 @@ class Tuner:
                 study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             if (stale or interrupted) and t.number not in retried and t.params:
                 attrs = {"retry_of": t.number}
-                for role in ("baseline", "likely_winner", "batch_line"):  # a retried walk step walks on
+                for role in _ROLES:  # a retried walk step walks on
                     if t.user_attrs.get(role):
                         attrs[role] = t.user_attrs[role]
                 self._enqueue(study, t.params, **attrs)
@@ -817,9 +817,11 @@ def _feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, An
     return out
 
 
+# A queued trial's role in the study, kept by its retry.
+_ROLES = ("baseline", "likely_winner", "batch_line")
+
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
-_TRIAL_OWN_ATTRS = ("config", "queued_config", "baseline", "likely_winner", "batch_line", "retry_of",
-                    "duplicate_of", "waited_for", "reason", "wall_s")
+_TRIAL_OWN_ATTRS = _ROLES + ("config", "queued_config", "retry_of", "duplicate_of", "waited_for", "reason", "wall_s")
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
