@@ -145,8 +145,8 @@ def _env_seconds(name: str, default: int) -> int:
 def _rdb_lock(storage, name: str) -> Iterator[None]:
     """A lock shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
     check-then-write steps that must not interleave across machines (queue the baseline once, re-queue an
-    interrupted trial once, claim a config). SQLite needs none: one run per SQLite study (``_study_lock``).
-    The server releases the lock if the holder dies."""
+    interrupted trial once, queue a batch-walk step once, claim a config). SQLite needs none: one run per
+    SQLite study (``_study_lock``). The server releases the lock if the holder dies."""
     engine = getattr(storage, "engine", None)
     dialect = engine.dialect.name if engine is not None else ""
     if dialect not in ("postgresql", "mysql"):
@@ -421,7 +421,6 @@ class Tuner:
         anchor = study.user_attrs.get("batch_walk_anchor")
         if not anchor:
             return
-        trials = study.get_trials(deepcopy=False)
 
         def key_of(t) -> tuple | None:
             """The config a trial runs (queued trials: the config their fixed params will give)."""
@@ -429,8 +428,6 @@ class Tuner:
                 return TrialConfig.from_dict(t.user_attrs["config"]).key()
             fixed = t.system_attrs.get("fixed_params")
             return self.space.effective(fixed).key() if fixed else None
-
-        keys = {t.number: key_of(t) for t in trials}
 
         def measured(params: dict) -> float | None:
             """Best feasible median measured for this config; 0.0 when it failed, was pruned or was
@@ -440,7 +437,10 @@ class Tuner:
                       for t in trials if keys[t.number] == key and t.state.is_finished()]
             return max(values) if values else None
 
-        with _rdb_lock(self._storage, f"autotune:{self.study_name}"):  # two workers must not queue it twice
+        # two workers must not queue a step twice: what is already queued is read under the lock
+        with _rdb_lock(self._storage, f"autotune:{self.study_name}"):
+            trials = study.get_trials(deepcopy=False)
+            keys = {t.number: key_of(t) for t in trials}
             for d in (-1, 1):
                 here, value = anchor, measured(anchor)
                 while value:  # the config we stand on was measured and feasible
