@@ -37,6 +37,7 @@ from autotune.config import AMP_MODES, MeasureSpec, TrialConfig, Workload  # noq
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
+from autotune.recommendation import atomic_write  # noqa: E402
 from autotune.runner import run_trial  # noqa: E402
 from autotune.workloads import check  # noqa: E402
 
@@ -134,17 +135,39 @@ def main(argv=None) -> int:
     print(f"measure: {measure.windows} windows x {measure.window_s:g} s, {args.runs} fresh processes per config"
           + (", interleaved" if len(configs) > 1 else ""), flush=True)
 
+    out = Path(args.out or HERE / "results" / f"spread-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"raw samples: {out} (rewritten after every run)", flush=True)
     runs: dict[str, list] = {c.malloc: [] for c in configs}
+    spreads: dict[str, dict | None] = {c.malloc: None for c in configs}
+    drift = None
+
+    def save(complete: bool) -> None:
+        """The raw runs so far, rewritten after every run: a killed benchmark keeps what it measured."""
+        atomic_write(out, json.dumps({
+            "created": created,
+            "complete": complete,
+            "machine": hw.to_dict(),
+            "workload": workload.to_dict(),
+            "measure": measure.to_dict(),
+            "configs": {c.malloc: {"config": c.to_dict(), "runs": [r.to_dict() for r in runs[c.malloc]],
+                                   "medians": [r.median_samples_per_s for r in runs[c.malloc] if r.ok],
+                                   "spread": spreads[c.malloc]} for c in configs},
+            "target": args.target,
+            "common_drift": drift,
+        }, indent=2))
+
     for i in range(args.runs):
         k = i % len(configs)
         for c in configs[k:] + configs[:k]:  # rotate who goes first: no config always gets the fresher machine
             r = run_trial(workload, c, measure)
             runs[c.malloc].append(r)
             label = f"malloc={c.malloc:<9} " if len(configs) > 1 else ""
+            save(complete=False)  # before the line: a run shown is a run on disk
             print(f"run {i + 1}/{args.runs} {label}{run_line(r)}", flush=True)
 
     drift = common_drift({m: [r.median_samples_per_s if r.ok else None for r in rs] for m, rs in runs.items()})
-    spreads, verdicts = {}, []
+    verdicts = []
     for c in configs:
         medians = [r.median_samples_per_s for r in runs[c.malloc] if r.ok]
         spread = spreads[c.malloc] = spread_of(medians) if medians else None
@@ -169,21 +192,7 @@ def main(argv=None) -> int:
         print("the machine's own speed per round (all configs): " + ", ".join(f"{x:.3f}" for x in speed)
               + f"; range {100 * (max(speed) - min(speed)):.1f}%")
 
-    out = args.out or HERE / "results" / f"spread-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": hw.to_dict(),
-        "workload": workload.to_dict(),
-        "measure": measure.to_dict(),
-        "configs": {c.malloc: {"config": c.to_dict(), "runs": [r.to_dict() for r in runs[c.malloc]],
-                               "medians": [r.median_samples_per_s for r in runs[c.malloc] if r.ok],
-                               "spread": spreads[c.malloc]} for c in configs},
-        "target": args.target,
-        "common_drift": drift,
-    }
-    out.write_text(json.dumps(record, indent=2))
+    save(complete=True)
     print(f"raw samples written to {out}")
     return 0 if verdicts else 1
 

@@ -41,6 +41,27 @@ def test_spread_script_runs_and_writes_json(tmp_path):
     assert data["workload"]["model"] == TINY and one["config"]["batch_size"] == 8
     assert data["machine"]["fingerprint"] and data["target"] == 0.05
     assert data["common_drift"] is None  # one config alone cannot tell the machine's drift from its own
+    assert data["complete"] is True
+
+
+def test_spread_script_killed_keeps_the_runs_it_finished(tmp_path):
+    out = tmp_path / "spread.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "spread.py"), "--model", TINY, "--image-size", "32",
+         "--batch-size", "8", "--runs", "50", "--windows", "2", "--window-seconds", "0.2", "--out", str(out)],
+        cwd=str(REPO_ROOT), stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("run 1/50"):
+                break
+        proc.kill()  # SIGKILL: nothing runs after this in the benchmark
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    data = json.loads(out.read_text())
+    assert data["complete"] is False
+    runs = data["configs"]["default"]["runs"]
+    assert len(runs) >= 1 and runs[0]["status"] == "ok" and len(runs[0]["samples_per_s"]) == 2
 
 
 def test_spread_script_interleaves_several_malloc_modes_in_rotating_order(tmp_path):
