@@ -1,0 +1,182 @@
+"""Where studies live: open an Optuna storage, name a study, the locks that keep runs apart, where files go.
+
+``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``run_lock`` keeps a
+second ``autotune run`` off a SQLite study on this machine; ``server_lock`` serialises check-then-write steps
+across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import Workload
+from .errors import StorageError
+
+__all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
+           "artifacts_dir", "run_lock", "server_lock"]
+
+DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+
+
+def study_name_for(workload: Workload, fingerprint: str) -> str:
+    """``resnet18-train-224px-synthetic-cpu-<fingerprint>``: one study per workload and hardware."""
+    model = re.sub(r"[^A-Za-z0-9_.]+", ".", workload.model)
+    if workload.data_dir is not None:
+        data = "-data." + re.sub(r"[^A-Za-z0-9_]+", "_", Path(workload.data_dir).name)
+    else:
+        data = "" if workload.is_callable else "-synthetic"
+    return f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}-{fingerprint}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL; None for a database server."""
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def artifacts_dir(url: str, study_name: str) -> Path:
+    """Where a study's files (trial logs, Ray's files, reports, traces) live: beside its SQLite database,
+    else under ``trials/`` in the working directory."""
+    db = sqlite_path(url)
+    return (db.parent if db is not None else Path("trials")) / study_name
+
+
+def open_existing_storage(url: str | None = None):
+    """``(storage, url)`` for a storage that must already hold studies (show, export, report, dashboard): a
+    missing SQLite file is a one-line StorageError instead of a new empty database."""
+    url = url or DEFAULT_STORAGE
+    db = sqlite_path(url)
+    if db is not None and not db.exists():
+        raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
+    return open_storage(url, create_dirs=False), url
+
+
+def open_storage(url: str | None = None, *, create_dirs: bool = True):
+    """An Optuna RDBStorage for ``url`` (default ``sqlite:///trials/autotune.db``), or a one-line StorageError.
+
+    SQLite waits up to 60 s for a lock held by another process instead of failing. Other databases get
+    heartbeats, so a trial whose worker died is failed and retried by a live worker.
+    """
+    import optuna
+
+    url = url or DEFAULT_STORAGE
+    db = sqlite_path(url)
+    if db is not None:
+        if create_dirs:
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
+        if db.parent.exists() and not os.access(db.parent, os.W_OK):
+            raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
+        kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}}
+    elif url.startswith(("sqlite:", "postgresql", "mysql")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # heartbeats and the retry callback are marked experimental
+            retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+            kwargs = {"heartbeat_interval": _env_seconds("AUTOTUNE_HEARTBEAT_S", 30),
+                      "grace_period": _env_seconds("AUTOTUNE_GRACE_S", 120)}
+            if retry is not None:  # Optuna >= 4.9 renamed the callback and its argument
+                kwargs["heartbeat_stale_trial_callback"] = retry(max_retry=2)
+            else:  # pragma: no cover - older Optuna
+                kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
+    else:
+        raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
+                           "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.storages.RDBStorage(_with_driver(url), **kwargs)
+    except ImportError as exc:
+        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
+                           '(for PostgreSQL: pip install "autotune[postgres]")') from None
+    except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` names no driver, and SQLAlchemy 2.1 then wants psycopg 3; ``autotune[postgres]``
+    installs psycopg2, so a bare URL uses whichever of the two is installed (psycopg 3 first)."""
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def _env_seconds(name: str, default: int) -> int:
+    """A whole number of seconds from the environment (Optuna wants ints), e.g. AUTOTUNE_HEARTBEAT_S=1 in tests."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise StorageError(f"{name}={raw!r} is not a number of seconds (e.g. {name}={default})") from None
+    if value < 1:
+        raise StorageError(f"{name}={raw!r} must be at least 1 second")
+    return value
+
+
+@contextlib.contextmanager
+def server_lock(storage, name: str) -> Iterator[None]:
+    """A lock shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
+    check-then-write steps that must not interleave across machines (queue the baseline once, re-queue an
+    interrupted trial once, queue a batch-walk step once, claim a config). SQLite needs none: one run per
+    SQLite study (``run_lock``). The server releases the lock if the holder dies."""
+    engine = getattr(storage, "engine", None)
+    dialect = engine.dialect.name if engine is not None else ""
+    if dialect not in ("postgresql", "mysql"):
+        yield
+        return
+    import hashlib
+
+    from sqlalchemy import text
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    lock, unlock, params = (("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)", {"k": key})
+                            if dialect == "postgresql" else
+                            ("SELECT GET_LOCK(:n, 600)", "SELECT RELEASE_LOCK(:n)", {"n": f"autotune{key}"[:64]}))
+    with engine.connect() as conn:
+        conn.execute(text(lock), params)
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text(unlock), params)
+            conn.commit()
+
+
+@contextlib.contextmanager
+def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
+    """One `autotune run` per SQLite study: a second one is refused clearly instead of corrupting timings
+    (two trials on one machine share its cores) or the trial bookkeeping."""
+    db = sqlite_path(storage_url)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = db.parent / f".{db.name}.{study_name}.lock"
+    fh = open(lock_path, "w")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StorageError(
+                f"another autotune run is already working on study {study_name!r} in {db} on this machine; "
+                "wait for it to finish (two runs would share the cores and spoil each other's timings)"
+            ) from None
+        fh.write(str(os.getpid()))
+        fh.flush()
+        yield
+    finally:
+        fh.close()
