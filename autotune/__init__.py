@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "recommend": ("recommendation", "recommend"),
+    "recommend": ("api", "recommend"),
     "Recommendation": ("recommendation", "Recommendation"),
     "Tuner": ("study", "Tuner"),
     "run_trial": ("runner", "run_trial"),

@@ -31,7 +31,7 @@ machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over --host 0.0.
 
 
 def _storage(url: str | None):
-    from .study import DEFAULT_STORAGE, _sqlite_path, open_storage
+    from .storage import DEFAULT_STORAGE, open_storage, sqlite_path as _sqlite_path
 
     url = url or DEFAULT_STORAGE
     db = _sqlite_path(url)
@@ -103,7 +103,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _artifacts_dir(url: str, study_name: str) -> Path:
     """Where a study's files live: beside the SQLite database (as ``Tuner.artifacts_dir``), else trials/."""
-    from .study import _sqlite_path
+    from .storage import sqlite_path as _sqlite_path
 
     db = _sqlite_path(url)
     return (db.parent if db is not None else Path("trials")) / study_name

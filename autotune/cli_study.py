@@ -46,10 +46,10 @@ def _select_study(args: argparse.Namespace):
     """The study to show/export: by --study-name, else derived from --model, else the only one stored."""
     import optuna
 
-    from .study import DEFAULT_STORAGE, open_storage, study_name_for
+    from .storage import DEFAULT_STORAGE, open_storage, study_name_for
 
     url = args.storage or DEFAULT_STORAGE
-    from .study import _sqlite_path
+    from .storage import sqlite_path as _sqlite_path
 
     db = _sqlite_path(url)
     if db is not None and not db.exists():
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .study import baseline_value, trial_rows
+    from .trials import baseline_value, trial_rows
 
     study, url = _select_study(args)
     rows = trial_rows(study)
@@ -137,7 +137,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.csv:
         from pathlib import Path
 
-        from .recommendation import atomic_write
+        from ._atomic import atomic_write
 
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
@@ -172,10 +172,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .recommendation import Recommendation, atomic_write, stored_recommendation
+    from ._atomic import atomic_write
+    from .finalists import provisional
+    from .recommendation import stored_recommendation
 
     study, url = _select_study(args)
-    rec = stored_recommendation(study) or Recommendation.provisional_from_study(study, storage=url)
+    rec = stored_recommendation(study) or provisional(study, storage=url)
     if rec.provisional:
         print("autotune export: note: the run was stopped before its finalists were re-measured; this is the "
               "best search trial (marked provisional)", file=sys.stderr)

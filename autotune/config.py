@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ._malloc import MALLOC_MODES
+from ._malloc import MALLOC_MODES, env_for
 from .errors import ConfigError
 from .measure import Summary, summarize
 
@@ -101,6 +101,11 @@ class Workload(_Record):
     @property
     def is_callable(self) -> bool:
         return ":" in self.model
+
+    @property
+    def device_family(self) -> str:
+        """``cpu`` or ``cuda`` (for ``cuda:N`` too): which search space and device code apply."""
+        return "cpu" if self.device == "cpu" else "cuda"
 
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
@@ -376,3 +381,16 @@ def finite_or_none(x: Any) -> float | None:
         return None
     return f if math.isfinite(f) else None
 
+
+
+# Thread-count variables the OpenMP, MKL and OpenBLAS runtimes read once, when they load.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def launch_env(config: TrialConfig) -> dict[str, str]:
+    """The environment variables a process must start with to run ``config`` as it was measured: the thread
+    runtimes read their counts at load and glibc its malloc settings at the first allocation. The trial's
+    child gets exactly these (``runner.child_env``); a recommendation lists them for the user's launch."""
+    env = {v: str(config.intra_op_threads) for v in THREAD_ENV_VARS} if config.intra_op_threads else {}
+    env.update(env_for(config.malloc))
+    return env

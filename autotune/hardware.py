@@ -12,7 +12,7 @@ import math
 import os
 import platform
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,15 @@ class Hardware:
         d["gpus"] = list(self.gpus)
         d["fingerprint"] = self.fingerprint
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Hardware":
+        """Back from ``to_dict`` (another machine's, e.g. a Ray node's): derived and unknown keys are dropped."""
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        d["cpu_flags"] = tuple(d.get("cpu_flags") or ())
+        d["gpus"] = tuple(d.get("gpus") or ())
+        return cls(**d)
 
     def summary_line(self) -> str:
         gpu = ", ".join(g["name"] for g in self.gpus) or "no GPU"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._units import format_mb
 from .errors import ConfigError
 
-__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_cap_against_machine"]
+__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine"]
 
 # A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
 # kill every trial before it measures anything.
@@ -28,15 +28,20 @@ def default_memory_cap_mb(hardware=None) -> float:
     return max(MIN_MEMORY_CAP_MB, round(hw.ram_available_mb * DEFAULT_CAP_SHARE))
 
 
-def check_cap_against_machine(cap_mb: float | None, hardware=None) -> None:
-    """Refuse a cap below what a trial needs to start, or above the memory this process may use."""
-    if cap_mb is None:
-        return
-    if cap_mb < MIN_MEMORY_CAP_MB:
+def check_min_cap(cap_mb: float | None) -> None:
+    """Refuse a cap below what a trial needs to start (None: no cap)."""
+    if cap_mb is not None and cap_mb < MIN_MEMORY_CAP_MB:
         raise ConfigError(
             f"memory cap {format_mb(cap_mb)} is below the {format_mb(MIN_MEMORY_CAP_MB)} a trial needs just to "
             "start Python and torch; give at least 1GiB"
         )
+
+
+def check_cap_against_machine(cap_mb: float | None, hardware=None) -> None:
+    """Refuse a cap below what a trial needs to start, or above the memory this process may use."""
+    if cap_mb is None:
+        return
+    check_min_cap(cap_mb)
     hw = _hw(hardware)
     if cap_mb > hw.ram_total_mb:
         raise ConfigError(

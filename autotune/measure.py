@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap"]
+__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none"]
 
 # Above this IQR/median the figure cannot separate configs that differ by a few percent.
 NOISY_REL_IQR = 0.05
@@ -81,3 +81,11 @@ def summarize(samples: Sequence[float], *, noisy_rel_iqr: float = NOISY_REL_IQR)
 def relative_gap(a: float, b: float) -> float:
     """How much faster ``a`` is than ``b``, as a fraction of ``b`` (0.05 = 5% faster)."""
     return (a - b) / b if b else float("inf")
+
+
+def median_or_none(xs) -> float | None:
+    """The median of the figures in ``xs`` that are known (not None); None when none is."""
+    import statistics
+
+    known = [float(x) for x in xs if x is not None]
+    return statistics.median(known) if known else None

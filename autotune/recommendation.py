@@ -1,5 +1,8 @@
 """The recommendation: the chosen config with the evidence to trust it, YAML in and out, and one-line use.
 
+A plain value: it is made by the tuner's finalists (``finalists.choose``, or ``finalists.provisional`` from the
+best search trial) or read back from YAML, and knows nothing of studies. ``recommend()`` is in ``api.py``.
+
 >>> from autotune import recommend                                   # doctest: +SKIP
 >>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
 >>> loader = DataLoader(ds, **rec.dataloader_kwargs())               # doctest: +SKIP
@@ -13,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
 import shlex
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,11 @@ from typing import Any, Iterator
 import yaml
 
 from ._malloc import apply_in_process, env_for
-from .config import TrialConfig, Workload
-from .errors import AutotuneError, ConfigError
-from .measure import summarize
+from .config import TrialConfig, Workload, launch_env
+from .errors import ConfigError
 
-__all__ = ["Recommendation", "recommend", "Applied", "VersionMismatchWarning"]
+__all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
+           "stored_recommendation"]
 
 FORMAT_VERSION = 1
 
@@ -92,90 +93,6 @@ class Recommendation:
     reproduce: str = ""
     created: str = field(default_factory=_now)
     provisional: bool = False
-
-    # --- construction --------------------------------------------------------------------------------
-    @classmethod
-    def from_finalists(cls, tuner, study, configs, trials, samples, peaks, runs, base_trial):
-        from .measure import NOISY_REL_IQR
-
-        scored = []
-        for c, t in zip(configs, trials):
-            xs = samples[c.key()]
-            if xs:
-                scored.append((c, t, summarize(xs), peaks[c.key()]))
-        if not scored:
-            return None
-        scored.sort(key=lambda x: -x[2].median)
-        best = scored[0]
-        notes: list[str] = []
-        noise = max(NOISY_REL_IQR / 2, best[2].rel_iqr)
-        # configs within noise of the top: prefer less memory, then fewer cores busy
-        close = [x for x in scored if x[2].median >= best[2].median * (1 - noise)]
-        chosen = min(close, key=lambda x: (round(x[3] / 64), (x[0].intra_op_threads or 99) + x[0].num_workers))
-        if chosen is not best:
-            notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
-                         f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, spread "
-                         f"{100 * noise:.1f}%) and lighter on memory/threads")
-        others = [x for x in scored if x is not chosen]
-        margin = (chosen[2].median / others[0][2].median - 1) if others else None
-        base_xs = samples.get(TrialConfig.from_dict(base_trial.user_attrs["config"]).key()) if base_trial else None
-        if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
-            base_xs = base_trial.user_attrs["samples_per_s"]  # not re-measured (short budget): its search trial
-            notes.append(f"baseline figure from its search trial #{base_trial.number} (not re-measured: the time "
-                         "budget was short), so the speedup is less certain")
-        base_med = summarize(base_xs).median if base_xs else None
-        s = chosen[2]
-        if s.noisy:
-            notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
-        hw = tuner.hardware
-        return cls(
-            config=chosen[0], workload=tuner.workload,
-            median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
-            samples_per_s=tuple(round(x, 3) for x in samples[chosen[0].key()]),
-            baseline_samples_per_s=None if base_med is None else round(base_med, 3),
-            speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
-            peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
-            margin_vs_runner_up=None if margin is None else round(margin, 4), noisy=s.noisy,
-            hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
-                      "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
-            fingerprint=hw.fingerprint, versions=_versions(hw), study_name=tuner.study_name,
-            storage=tuner.storage_url, trial_number=chosen[1].number,
-            runners_up=tuple({"config": x[0].to_dict(), "short": x[0].short(),
-                              "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
-                              "trial": x[1].number} for x in others),
-            notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
-        )
-
-    @classmethod
-    def provisional_from_study(cls, study, *, storage: str = "") -> "Recommendation":
-        """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
-        (the run was stopped before the end)."""
-        from .study import _feasible_by_config, baseline_value
-
-        feasible = _feasible_by_config(study)
-        if not feasible:
-            raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
-                                "`autotune run` longer, or see `autotune show` for why trials failed")
-        best = max(feasible.values(), key=lambda t: t.value or 0)
-        ua = best.user_attrs
-        xs = ua.get("samples_per_s") or [best.value]
-        s = summarize(xs)
-        base = baseline_value(study)
-        workload = Workload.from_dict(study.user_attrs["workload"])
-        config = TrialConfig.from_dict(ua["config"])
-        space = study.user_attrs.get("space") or {}
-        return cls(
-            config=config, workload=workload, median_samples_per_s=round(s.median, 3),
-            iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
-            speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
-            memory_cap_mb=study.user_attrs.get("memory_cap_mb"), margin_vs_runner_up=None, noisy=s.noisy,
-            hardware={"summary": study.user_attrs.get("hardware"), "usable_cores": space.get("usable_cores")},
-            fingerprint=study.user_attrs.get("fingerprint", ""), versions=_versions(None),
-            study_name=study.study_name, storage=storage, trial_number=best.number,
-            notes=("provisional: the best search trial, not re-measured against the runners-up; "
-                   "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
-            reproduce=reproduce_command(workload, config, study.user_attrs.get("memory_cap_mb")), provisional=True,
-        )
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -244,6 +161,8 @@ class Recommendation:
         text = "# autotune recommendation: measured, not guessed. Reproduce with provenance.reproduce.\n"
         text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False, width=10**6)  # one-line reproduce
         if path is not None:
+            from ._atomic import atomic_write
+
             atomic_write(Path(path), text)
         return text
 
@@ -263,14 +182,10 @@ class Recommendation:
 
     # --- use -----------------------------------------------------------------------------------------
     def launch_env(self) -> dict[str, str]:
-        """Environment variables to set before the training process starts, as the measured child had them:
-        OpenMP/MKL read their thread counts and glibc its malloc settings at start-up. ``apply()`` sets what
-        can still be set in a running process."""
-        env = {}
-        if self.config.intra_op_threads:
-            env.update({v: str(self.config.intra_op_threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-        env.update(env_for(self.config.malloc))
-        return env
+        """Environment variables to set before the training process starts, as the measured child had them
+        (``config.launch_env``): OpenMP/MKL/OpenBLAS read their thread counts and glibc its malloc settings at
+        start-up. ``apply()`` sets what can still be set in a running process."""
+        return launch_env(self.config)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size, workers, prefetch, pinning."""
@@ -315,7 +230,7 @@ class Recommendation:
         """Differences between the versions this was measured with and the running ones (empty if none)."""
         from .hardware import detect
 
-        now = _versions(detect(with_torch=False))
+        now = versions_of(detect(with_torch=False))
         return [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
                 if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
 
@@ -367,7 +282,7 @@ class Applied:
         return self._dev.grad_scaler(self.config.amp)
 
 
-def _versions(hw) -> dict[str, Any]:
+def versions_of(hw) -> dict[str, Any]:
     import platform
 
     from . import __version__
@@ -387,89 +302,6 @@ def _versions(hw) -> dict[str, Any]:
     return out
 
 
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the file should read like any other the user writes
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def stored_recommendation(study) -> Recommendation | None:
     d = study.user_attrs.get("recommendation")
     return Recommendation.from_dict(d) if d else None
-
-
-def recommend(model: str = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
-              device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
-              memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
-              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True
-              ) -> Recommendation:
-    """The recommended config for a workload on this machine.
-
-    Answers from the study storage when this hardware and workload were tuned before (no trial is run);
-    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
-    ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``.
-    """
-    from ._units import parse_duration_s, parse_memory_mb
-    from .hardware import detect
-    from .limits import check_cap_against_machine
-    from .space import load_space
-    from .study import Tuner
-    from .workloads import check
-
-    hw = detect()
-    if device is None:
-        device = "cuda" if hw.gpus else "cpu"
-    workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device)
-    cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
-    check_cap_against_machine(cap, hw)
-    from .config import MeasureSpec
-
-    measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
-    sp = load_space(space, hardware=hw, device="cpu" if device == "cpu" else "cuda")
-    tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
-                  progress=progress)
-    if not rerun:
-        import optuna
-
-        try:
-            existing = optuna.load_study(study_name=tuner.study_name, storage=_storage_for(tuner))
-        except KeyError:
-            existing = None
-        if existing is not None:
-            rec = stored_recommendation(existing)
-            stored_space = (existing.user_attrs.get("space") or {}).get("parameters")
-            if rec is not None and cap is not None and (rec.peak_host_mb or 0) > cap:
-                rec = None  # measured above the cap asked for now: not an answer to this question
-            if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
-                rec = None  # tuned over another search space: search this one
-            if rec is not None:
-                changed = rec.check_versions()
-                if changed:
-                    warnings.warn(f"the stored recommendation was measured with other versions ({'; '.join(changed)}); "
-                                  "pass rerun=True to measure again", VersionMismatchWarning, stacklevel=2)
-                return rec
-    check(workload)
-    timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
-    rec = tuner.run(trials=trials, timeout_s=timeout_s)
-    if rec is None:
-        raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
-                            "budget or memory cap, and see `autotune show` for why trials failed")
-    return rec
-
-
-def _storage_for(tuner):
-    from .study import open_storage
-
-    return open_storage(tuner.storage_url)

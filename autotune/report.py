@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .config import TrialConfig
+from .config import TrialConfig, finite_or_none
 from .diagnose import diagnose, explain_study, levers_allowed, measured_values
 from .errors import AutotuneError
 
@@ -53,24 +53,17 @@ def _e(x: Any) -> str:
     return _html.escape("" if x is None else str(x))
 
 
-def _num(x: Any) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None
-
-
 def recommended(study):
     """The study's recommendation (stored by the finalists), else the best feasible trial (provisional),
     else None."""
-    from .recommendation import Recommendation, stored_recommendation
+    from .finalists import provisional
+    from .recommendation import stored_recommendation
 
     rec = stored_recommendation(study)
     if rec is not None:
         return rec
     try:
-        return Recommendation.provisional_from_study(study)
+        return provisional(study)
     except AutotuneError:
         return None
 
@@ -166,12 +159,12 @@ def _breakdown(bars: list[tuple[str, dict]]):
 
     title = PLOTS["plot-breakdown"]
     bars = [(name, ua) for name, ua in bars
-            if _num(ua.get("data_wait_s_per_step")) is not None and _num(ua.get("compute_s_per_step")) is not None]
+            if finite_or_none(ua.get("data_wait_s_per_step")) is not None and finite_or_none(ua.get("compute_s_per_step")) is not None]
     if not bars:
         return _empty(title, "no measured step times for the baseline or the recommendation")
     names = [name for name, _ in bars]
-    wait = [1000 * _num(ua["data_wait_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
-    comp = [1000 * _num(ua["compute_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
+    wait = [1000 * finite_or_none(ua["data_wait_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
+    comp = [1000 * finite_or_none(ua["compute_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
     fig = go.Figure([
         go.Bar(y=names, x=wait, name="waiting for data", orientation="h", marker_color="#ff7f0e",
                text=[f"{w:.1f} ms ({100 * w / (w + c):.0f}%)" if w + c else "" for w, c in zip(wait, comp)]),
@@ -186,7 +179,7 @@ def _breakdown(bars: list[tuple[str, dict]]):
 # --- tables -------------------------------------------------------------------------------------------
 
 def _rows(study) -> list[dict]:
-    from .study import trial_rows
+    from .trials import trial_rows
 
     return trial_rows(study)
 
@@ -206,7 +199,7 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
         t = by_n[r["trial"]]
         d = diagnose(t.user_attrs, memory_cap_mb=cap,
                      allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
-        iqr, wait, peak = _num(r["rel_iqr"]), _num(r["data_wait_share"]), _num(r["peak_host_mb"])
+        iqr, wait, peak = finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]), finite_or_none(r["peak_host_mb"])
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
                  f"<code>{_e(r['config'])}</code>", f"{r['samples_per_s']:.1f}",
                  "" if iqr is None else f"{100 * iqr:.1f}%",
@@ -261,10 +254,10 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    from .study import baseline_trial, baseline_value
+    from .trials import baseline_trial, baseline_value
 
     ua = study.user_attrs
-    cap = _num(ua.get("memory_cap_mb"))
+    cap = finite_or_none(ua.get("memory_cap_mb"))
     rows = _rows(study)
     base_t = baseline_trial(study)
     base = baseline_value(study)
@@ -345,14 +338,11 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
 
 def write_report(path: str | Path, html: str) -> Path:
     """Write the page atomically (a reader never sees half of it); returns the path."""
-    from .recommendation import atomic_write
+    from ._atomic import atomic_write
 
     p = Path(path)
     try:
-        atomic_write(p, html)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(p, 0o666 & ~umask)  # atomic_write's temp file is 0600; a report is meant to be shared
+        atomic_write(p, html)  # with the user's umask, like any file they write: a report is meant to be shared
     except OSError as exc:
         raise AutotuneError(f"cannot write the report to {p}: {exc.strerror or exc}; pick another -o FILE") from None
     return p

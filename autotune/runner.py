@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ._malloc import env_for
 from ._units import format_mb
-from .config import MeasureSpec, TrialConfig, TrialResult, Workload
+from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
-from .limits import MIN_MEMORY_CAP_MB
+from .limits import MIN_MEMORY_CAP_MB, check_min_cap
+from .measure import median_or_none
 
 __all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
 
@@ -37,10 +37,7 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None) -> dict[s
     """The child's environment: OpenMP/MKL read their thread counts once, at load, and glibc its malloc
     settings at the first allocation, so they are set here."""
     env = dict(os.environ if base is None else base)
-    if config.intra_op_threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = str(config.intra_op_threads)
-    env.update(env_for(config.malloc))
+    env.update(launch_env(config))
     env["PYTHONUNBUFFERED"] = "1"
     # The package must be importable by the child even when the parent runs from a source checkout.
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -174,9 +171,7 @@ def run_trial(
     >>> r.status, r.median_samples_per_s > 0                  # doctest: +SKIP
     ('ok', True)
     """
-    if measure.memory_cap_mb is not None and measure.memory_cap_mb < MIN_MEMORY_CAP_MB:
-        raise ConfigError(f"memory cap {format_mb(measure.memory_cap_mb)} is below the "
-                          f"{format_mb(MIN_MEMORY_CAP_MB)} a trial needs to start; give at least 1GiB")
+    check_min_cap(measure.memory_cap_mb)
     if workload.device == "cpu" and config.amp == "fp16":
         raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
 
@@ -297,8 +292,8 @@ def run_trial(
         reason=reason,
         samples_per_s=tuple(w["samples_per_s"] for w in windows),
         window_steps=tuple(w["steps"] for w in windows),
-        data_wait_s_per_step=done.get("data_wait_s_per_step") or _median([w["data_wait_s"] for w in windows]),
-        compute_s_per_step=done.get("compute_s_per_step") or _median([w["compute_s"] for w in windows]),
+        data_wait_s_per_step=done.get("data_wait_s_per_step") or median_or_none([w["data_wait_s"] for w in windows]),
+        compute_s_per_step=done.get("compute_s_per_step") or median_or_none([w["compute_s"] for w in windows]),
         kernel_cpu_share=done.get("kernel_cpu_share"),
         minor_faults_per_step=done.get("minor_faults_per_step"),
         peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
@@ -326,9 +321,3 @@ def _drain(fd: int) -> bytes:
     except OSError:
         pass
     return out
-
-
-def _median(xs: list[float]) -> float | None:
-    import statistics
-
-    return statistics.median(xs) if xs else None

@@ -37,7 +37,7 @@ from autotune.config import AMP_MODES, MeasureSpec, TrialConfig, Workload  # noq
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
-from autotune.recommendation import atomic_write  # noqa: E402
+from autotune._atomic import atomic_write  # noqa: E402
 from autotune.runner import run_trial  # noqa: E402
 from autotune.workloads import check  # noqa: E402
 

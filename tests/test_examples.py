@@ -72,8 +72,8 @@ def test_custom_workload_trial_via_the_cli():
 @pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
 def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
-    from autotune.recommendation import Recommendation, _versions, reproduce_command
-    from autotune.study import open_storage, study_name_for
+    from autotune.recommendation import Recommendation, reproduce_command, versions_of
+    from autotune.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu")
     config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1,
@@ -84,7 +84,7 @@ def test_train_example_answers_from_a_stored_recommendation(tmp_path):
         samples_per_s=(99.0, 100.0, 101.0), baseline_samples_per_s=50.0, speedup_vs_baseline=2.0,
         peak_host_mb=900.0, memory_cap_mb=4096.0, margin_vs_runner_up=None, noisy=False,
         hardware={"summary": hw.summary_line()}, fingerprint=hw.fingerprint,
-        versions={k: None if v is None else str(v) for k, v in _versions(None).items()},
+        versions={k: None if v is None else str(v) for k, v in versions_of(None).items()},
         study_name=study_name_for(workload, hw.fingerprint), storage="", trial_number=0,
         reproduce=reproduce_command(workload, config, 4096.0), created="2025-01-01T00:00:00+00:00")
     url = f"sqlite:///{tmp_path}/seeded.db"

@@ -36,7 +36,7 @@ def pg_url() -> str:
         pytest.skip("AUTOTUNE_TEST_POSTGRES_URL is not set: `source .ci/postgres.sh` starts a throwaway PostgreSQL "
                     "server (Debian's postgresql package) and sets it")
     from autotune.errors import StorageError
-    from autotune.study import open_storage
+    from autotune.storage import open_storage
 
     try:
         storage = open_storage(URL)
@@ -65,7 +65,7 @@ def _cmd(url: str, name: str, space, *, model: str = TINY, window_s: float = 0.2
 
 
 def _study(url: str, name: str):
-    from autotune.study import open_storage
+    from autotune.storage import open_storage
 
     return optuna.load_study(study_name=name, storage=open_storage(url))
 
@@ -187,7 +187,7 @@ def test_a_study_refuses_a_worker_on_other_hardware(tmp_path):
 
 
 def test_recommendations_use_only_trials_of_the_study_hardware(tmp_path):
-    from autotune.study import _feasible_by_config
+    from autotune.trials import feasible_by_config
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/f.db", study_name="mixed", direction="maximize")
     study.set_user_attr("fingerprint", "aaaaaaaaaa")
@@ -200,5 +200,5 @@ def test_recommendations_use_only_trials_of_the_study_hardware(tmp_path):
             t.set_user_attr(k, v)
         t.set_constraint("memory", -0.5)
         study.tell(t, value)
-    chosen = {t.user_attrs["config"]["batch_size"] for t in _feasible_by_config(study).values()}
+    chosen = {t.user_attrs["config"]["batch_size"] for t in feasible_by_config(study).values()}
     assert chosen == {8, 32}  # the faster trial from another kind of node is not evidence for this study

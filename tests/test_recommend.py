@@ -21,8 +21,8 @@ from autotune import recommend as recommend_fn
 from autotune.cli import build_parser
 from autotune.config import TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError
-from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, _versions, reproduce_command,
-                                stored_recommendation)
+from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, reproduce_command,
+                                    stored_recommendation, versions_of)
 from tests.conftest import REPO_ROOT
 
 TINY = "tests.workloads_fixtures:tiny"
@@ -30,7 +30,7 @@ TINY = "tests.workloads_fixtures:tiny"
 
 def plain_versions() -> dict:
     """This process's versions as plain strings (see test_fresh_versions_can_be_written_as_yaml)."""
-    return {k: None if v is None else str(v) for k, v in _versions(None).items()}
+    return {k: None if v is None else str(v) for k, v in versions_of(None).items()}
 
 
 def make_rec(config: TrialConfig | None = None, workload: Workload | None = None, **over) -> Recommendation:
@@ -77,7 +77,7 @@ def test_round_trip_with_nones_and_provisional(tmp_path):
 
 
 def test_fresh_versions_can_be_written_as_yaml(tmp_path):
-    rec = make_rec(versions=_versions(None))  # what from_finalists/provisional_from_study store
+    rec = make_rec(versions=versions_of(None))  # what finalists.choose/finalists.provisional store
     rec.to_yaml(tmp_path / "fresh.yaml")
     assert Recommendation.from_yaml(tmp_path / "fresh.yaml").versions["torch"] == torch.__version__
 
@@ -336,7 +336,7 @@ def test_check_versions_on_a_gpu_machine_does_not_report_the_unchanged_driver(mo
     fake = lambda nvml=None: ([GPUInfo(0, "Fake GPU", 16384.0, "550.54", "8.0")], "ok")  # noqa: E731
     monkeypatch.setattr(_device, "nvml_gpus", fake)
     monkeypatch.setattr(hardware, "nvml_gpus", fake)
-    versions = _versions(hardware.detect(with_torch=False))
+    versions = versions_of(hardware.detect(with_torch=False))
     assert versions["driver"] == "550.54"
     assert make_rec(versions=versions).check_versions() == []
 
@@ -345,7 +345,7 @@ def test_check_versions_on_a_gpu_machine_does_not_report_the_unchanged_driver(mo
 
 def _store(tmp_path, rec: Recommendation) -> str:
     from autotune.hardware import detect
-    from autotune.study import open_storage, study_name_for
+    from autotune.storage import open_storage, study_name_for
 
     url = f"sqlite:///{tmp_path}/rec.db"
     name = study_name_for(rec.workload, detect().fingerprint)

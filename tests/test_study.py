@@ -16,7 +16,9 @@ from autotune import MeasureSpec, Recommendation, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.hardware import detect
 from autotune.space import space_from_dict
-from autotune.study import NoHopePruner, Tuner, outcome
+from autotune.pruning import NoHopePruner
+from autotune.study import Tuner
+from autotune.trials import outcome
 
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
 HW = detect()
@@ -188,7 +190,7 @@ def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
 
 
 def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch):
-    import autotune.study as study_mod
+    import autotune.runner
     from autotune import recommend
 
     space_file = tmp_path / "space.yaml"
@@ -202,15 +204,13 @@ def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch)
     def no_child(*a, **k):
         raise AssertionError("recommend() started a trial although a recommendation was stored")
 
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner", no_child)
+    monkeypatch.setattr(autotune.runner, "run_trial", no_child)
     second = recommend("tests.workloads_fixtures:tiny", trials=2, budget=None, **kw)
     assert second == first
 
 
-def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(tmp_path, monkeypatch):
+def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(tmp_path):
     """`run --timeout` bounds the finalists too: only whole rounds that fit run; none fitting -> provisional."""
-    from autotune import study as study_mod
-
     calls: list[TrialConfig] = []  # finalist runs only (their windows are twice as long)
 
     def fake(workload, config, measure, **kw):  # a 10 s trial, faster with the larger batch
@@ -220,8 +220,7 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
         return TrialResult(status="ok", samples_per_s=(v, v + 1, v - 1), wall_s=10.0, peak_host_mb=100.0,
                            batch_size=config.batch_size)
 
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner", fake)
-    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=3)
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=3, runner=fake)
     full = tuner.run(trials=4)
     assert not full.provisional
     cands = len(set(c.key() for c in calls))
@@ -242,9 +241,9 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
                                                           for n in rec.notes)
 
 
-def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_path, monkeypatch):
+def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_path):
     """A 4-config space: --trials 10 measures each config once, then stops on exhaustion instead of looping."""
-    from autotune import study as study_mod
+    from autotune.backends.local import EXHAUSTED_AFTER
 
     ran: list[TrialConfig] = []
 
@@ -255,14 +254,13 @@ def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_
         return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
                            batch_size=config.batch_size)
 
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner", fake)
     logs: list[str] = []
-    tuner = make_tuner(tmp_path, log=logs.append)
+    tuner = make_tuner(tmp_path, log=logs.append, runner=fake)
     tuner.run(trials=10)
     assert sorted(c.short() for c in ran) == sorted({c.short() for c in ran}) and len(ran) == 4
     trials = tuner.study().trials
     free = [t for t in trials if "duplicate_of" in t.user_attrs]
-    assert len(trials) == 4 + len(free) and len(free) >= study_mod._EXHAUSTED_AFTER
+    assert len(trials) == 4 + len(free) and len(free) >= EXHAUSTED_AFTER
     # a copy takes over the figures, not the role: one likely winner, walk steps only among the measured
     assert sum(1 for t in trials if t.user_attrs.get("likely_winner")) == 1
     assert not [t for t in free if t.user_attrs.get("likely_winner") or t.user_attrs.get("batch_line")]
@@ -270,12 +268,9 @@ def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_
     assert any("space looks exhausted" in m for m in logs)
 
 
-def test_trial_1_is_the_baseline_with_the_likely_winners(tmp_path, monkeypatch):
-    from autotune import study as study_mod
-
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner", lambda w, c, m, **kw: TrialResult(
+def test_trial_1_is_the_baseline_with_the_likely_winners(tmp_path):
+    tuner = make_tuner(tmp_path, finalists=1, runner=lambda w, c, m, **kw: TrialResult(
         status="ok", samples_per_s=(10.0, 10.0), wall_s=1.0, peak_host_mb=10.0, batch_size=c.batch_size))
-    tuner = make_tuner(tmp_path, finalists=1)
     tuner.run(trials=2)
     first, second = tuner.study().trials[:2]
     assert first.user_attrs.get("baseline") and first.params == {"batch_size": 8, "channels_last": False}
@@ -304,14 +299,11 @@ def _batch_space(choices, baseline):
                       baseline={"batch_size": baseline, "channels_last": False})
 
 
-def test_batch_walk_goes_up_while_each_step_wins_then_stops(tmp_path, monkeypatch):
-    from autotune import study as study_mod
-
+def test_batch_walk_goes_up_while_each_step_wins_then_stops(tmp_path):
     ran: list = []
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner",
-                        _fake_by_batch({8: 10.0, 16: 20.0, 32: 30.0, 64: 25.0, 128: 99.0}, ran))
     logs: list[str] = []
-    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32, 64, 128], 8), log=logs.append, finalists=1)
+    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32, 64, 128], 8), log=logs.append, finalists=1,
+                       runner=_fake_by_batch({8: 10.0, 16: 20.0, 32: 30.0, 64: 25.0, 128: 99.0}, ran))
     tuner.run(trials=5)
     # baseline, likely winner (channels_last), then batch up from it: 16 beat 8, 32 beat 16, 64 lost to 32
     assert [(c.batch_size, c.channels_last) for c in ran[:5]] == [(8, False), (8, True), (16, True), (32, True),
@@ -324,13 +316,10 @@ def test_batch_walk_goes_up_while_each_step_wins_then_stops(tmp_path, monkeypatc
     assert not any("batch 128 is queued" in m for m in logs)
 
 
-def test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory(tmp_path, monkeypatch):
-    from autotune import study as study_mod
-
+def test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory(tmp_path):
     ran: list = []
-    monkeypatch.setattr(study_mod, "run_trial_for_tuner",
-                        _fake_by_batch({16: 5.0, 32: 40.0, 64: 30.0, 128: None}, ran))
-    tuner = make_tuner(tmp_path, space=_batch_space([16, 32, 64, 128], 64), finalists=1)
+    tuner = make_tuner(tmp_path, space=_batch_space([16, 32, 64, 128], 64), finalists=1,
+                       runner=_fake_by_batch({16: 5.0, 32: 40.0, 64: 30.0, 128: None}, ran))
     tuner.run(trials=5)
     # likely winner at 64; one step down (32) and up (128, out of memory); 32 beat 64, so 16 next; 16 lost
     assert [(c.batch_size, c.channels_last) for c in ran[:5]] == [(64, False), (64, True), (32, True),
@@ -367,36 +356,38 @@ def test_batch_walk_waits_for_the_anchor_when_a_step_finishes_first(tmp_path):
     """Several workers: step 16 finished while the likely winner (8) was still running. Nothing to decide
     yet; once 8 finishes slower than 16, the walk goes on to 32."""
     tuner, study = _walk_study(tmp_path, {(16, True): 20.0})
-    tuner._advance_batch_walk(study)
+    tuner.advance_batch_walk(study)
     assert _queued(study) == []
     tuner, study = _walk_study(tmp_path / "b", {(16, True): 20.0, (8, True): 10.0})
-    tuner._advance_batch_walk(study)
+    tuner.advance_batch_walk(study)
     assert _queued(study) == [(32, 1)]
-    tuner._advance_batch_walk(study)
+    tuner.advance_batch_walk(study)
     assert _queued(study) == [(32, 1)]  # already queued: not twice
 
 
 def test_batch_walk_goes_on_from_a_step_the_sampler_already_measured(tmp_path):
     tuner, study = _walk_study(tmp_path, {(8, True): 10.0, (16, True): 20.0, (32, True): 30.0})
-    tuner._advance_batch_walk(study)
+    tuner.advance_batch_walk(study)
     assert _queued(study) == [(64, 1)]  # 32 was measured by the sampler, faster than 16: on to 64
     slower, study2 = _walk_study(tmp_path / "b", {(8, True): 10.0, (16, True): 20.0, (32, True): 15.0})
-    slower._advance_batch_walk(study2)
+    slower.advance_batch_walk(study2)
     assert _queued(study2) == []  # 32 lost to 16: that direction is done
     oom, study3 = _walk_study(tmp_path / "c", {(8, True): 10.0, (16, True): None})
-    oom._advance_batch_walk(study3)
+    oom.advance_batch_walk(study3)
     assert _queued(study3) == []  # out of memory ends the walk up
 
 
 def test_a_retried_walk_step_keeps_walking(tmp_path):
     """A run killed during a walk step: the retry carries the step's role, so its result still counts."""
+    from autotune import study_queue
+
     tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8))
     study = tuner.study()
     study.enqueue_trial({"batch_size": 16, "channels_last": True}, user_attrs={"batch_line": 1})
     killed = study.ask()  # pops it: RUNNING, as a SIGKILLed run leaves it
     tuner.space.suggest(killed)  # as objective() does: the queued params become the trial's
     assert killed.user_attrs["batch_line"] == 1
-    assert tuner._recover(study) == 1
+    assert study_queue.recover(study, tuner.space, single_run=True) == 1
     (retry,) = [t for t in study.trials if t.state.name == "WAITING"]
     assert retry.user_attrs["retry_of"] == killed.number and retry.user_attrs["batch_line"] == 1
 
@@ -423,18 +414,18 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
     walls = [5.0, 20.0]  # reserve: min(20 * 1.3 * 3 finalists incl. baseline, 0.3 * 100) = 30 s
     now = time.monotonic()
-    assert not tuner._out_of_time(walls, now + 55.0, 100.0)  # 25 s beyond the reserve: a 20 s trial fits
-    assert tuner._out_of_time(walls, now + 45.0, 100.0)      # 15 s: the 20 s trial would not
-    assert not tuner._out_of_time([], now + 10.0, 100.0)    # no trial yet: nothing to reserve for
-    assert tuner._out_of_time(walls, now + 29.0, 100.0)      # inside the reserve
-    assert not tuner._out_of_time(walls, None, None)         # no deadline: --trials alone
+    assert not tuner.out_of_time(walls, now + 55.0, 100.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert tuner.out_of_time(walls, now + 45.0, 100.0)      # 15 s: the 20 s trial would not
+    assert not tuner.out_of_time([], now + 10.0, 100.0)    # no trial yet: nothing to reserve for
+    assert tuner.out_of_time(walls, now + 29.0, 100.0)      # inside the reserve
+    assert not tuner.out_of_time(walls, None, None)         # no deadline: --trials alone
     # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
     many = [10.0] * 19 + [600.0]
-    assert not tuner._out_of_time(many, now + 900.0, 1200.0)
+    assert not tuner.out_of_time(many, now + 900.0, 1200.0)
 
 
 def test_trial_rows_name_queued_and_running_trials():
-    from autotune.study import trial_rows
+    from autotune.trials import trial_rows
 
     study = optuna.create_study(direction="maximize")
     done = study.ask()

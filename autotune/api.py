@@ -1,0 +1,75 @@
+"""The library's front door: ``recommend()``, the recommended config for a workload on this machine.
+
+>>> from autotune import recommend                                   # doctest: +SKIP
+>>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
+>>> loader = DataLoader(ds, **rec.dataloader_kwargs())               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from . import trials as keys
+from .config import MeasureSpec, Workload
+from .errors import AutotuneError
+from .recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
+from .storage import open_storage
+
+__all__ = ["recommend"]
+
+
+def recommend(model: str = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
+              device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
+              memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
+              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True
+              ) -> Recommendation:
+    """The recommended config for a workload on this machine.
+
+    Answers from the study storage when this hardware and workload were tuned before (no trial is run);
+    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
+    ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``.
+    """
+    from ._units import parse_duration_s, parse_memory_mb
+    from .hardware import detect
+    from .limits import check_cap_against_machine
+    from .space import load_space
+    from .study import Tuner
+    from .workloads import check
+
+    hw = detect()
+    if device is None:
+        device = "cuda" if hw.gpus else "cpu"
+    workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device)
+    cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
+    check_cap_against_machine(cap, hw)
+    measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
+    sp = load_space(space, hardware=hw, device=workload.device_family)
+    tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
+                  progress=progress)
+    if not rerun:
+        import optuna
+
+        try:
+            existing = optuna.load_study(study_name=tuner.study_name, storage=open_storage(tuner.storage_url))
+        except KeyError:
+            existing = None
+        if existing is not None:
+            rec = stored_recommendation(existing)
+            stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
+            if rec is not None and cap is not None and (rec.peak_host_mb or 0) > cap:
+                rec = None  # measured above the cap asked for now: not an answer to this question
+            if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
+                rec = None  # tuned over another search space: search this one
+            if rec is not None:
+                changed = rec.check_versions()
+                if changed:
+                    warnings.warn(f"the stored recommendation was measured with other versions ({'; '.join(changed)}); "
+                                  "pass rerun=True to measure again", VersionMismatchWarning, stacklevel=2)
+                return rec
+    check(workload)
+    timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
+    rec = tuner.run(trials=trials, timeout_s=timeout_s)
+    if rec is None:
+        raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
+                            "budget or memory cap, and see `autotune show` for why trials failed")
+    return rec

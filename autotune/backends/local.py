@@ -1,0 +1,144 @@
+"""The local backend: search trials one at a time on this machine (two trials sharing its cores would
+spoil both timings), through ``study.optimize`` with a progress bar."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .. import protocol
+from .. import trials as keys
+from ..config import TrialConfig
+from ..errors import AutotuneError, WorkloadError
+from ..storage import sqlite_path
+from ..trials import baseline_value
+from .base import SearchBackend
+
+__all__ = ["LocalBackend", "EXHAUSTED_AFTER"]
+
+# Consecutive proposals the study could already answer after which the search stops: TPE re-proposes known
+# configs mostly when little is left to try, and a small space can be fully measured.
+EXHAUSTED_AFTER = 25
+
+
+class LocalBackend(SearchBackend):
+    """One trial at a time in a child process of this one, until ``trials`` ran or the budget needs the rest.
+
+    Trials the study answers without running (copies of a measured config, a larger batch of one that ran
+    out of memory) do not use up ``trials``; after ``EXHAUSTED_AFTER`` of them in a row the space is taken
+    as exhausted."""
+
+    def __init__(self, *, address: str | None = None) -> None:
+        if address is not None:
+            raise AutotuneError(f"--address {address} joins a Ray cluster: use it with --backend ray")
+        super().__init__()
+
+    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+        from tqdm import tqdm
+
+        bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not tuner.progress,
+                   dynamic_ncols=True, bar_format="{desc} {n_fmt}" + ("/{total_fmt} [{elapsed}<{remaining}"
+                                                                     if trials else " [{elapsed}") + "{postfix}]")
+        objective = _Objective(tuner)
+        n = 0
+        free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
+        walls: list[float] = []
+        try:
+            while trials is None or n < trials:
+                if free_in_a_row >= EXHAUSTED_AFTER:
+                    tuner.log(f"the sampler proposed {free_in_a_row} configs in a row that the study already "
+                              "answered: the space looks exhausted; stopping the search")
+                    break
+                if tuner.out_of_time(walls, deadline, budget_s):
+                    break
+                t0 = time.monotonic()
+                study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
+                # the trial just run (the highest number may be a queued one still waiting)
+                last = next(t for t in study.get_trials(deepcopy=False) if t.number == objective.number)
+                tuner.advance_batch_walk(study)
+                if objective.answered:  # in no time, from earlier trials: does not use up the budget
+                    free_in_a_row += 1
+                    continue
+                free_in_a_row = 0
+                walls.append(time.monotonic() - t0)
+                n += 1
+                bar.update(1)
+                bar.set_postfix_str(_postfix(study, last, deadline), refresh=True)
+        finally:
+            bar.close()
+        return n
+
+
+class _Objective:
+    """The Optuna objective of one local trial: the trial protocol around ``tuner.runner``."""
+
+    def __init__(self, tuner) -> None:
+        self.tuner = tuner
+        self.number = -1        # the trial it is (or was last) working on
+        self.answered = False   # the study answered that trial without running it
+
+    def __call__(self, trial) -> float:
+        tuner = self.tuner
+        self.number, self.answered = trial.number, False
+        config = tuner.space.suggest(trial)
+        protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
+        if sqlite_path(tuner.storage_url) is None:  # one run per SQLite study: nothing else is in flight
+            self._wait_for_twin_in_flight(trial, config)
+        import optuna
+
+        try:
+            value = protocol.answer_from_study(trial, config, fingerprint=tuner.hardware.fingerprint,
+                                               memory_cap_mb=tuner.measure.memory_cap_mb)
+        except optuna.TrialPruned:
+            self.answered = True  # a copy of a pruned config
+            raise
+        if value is not None:
+            self.answered = True
+            return value
+
+        def on_window(index: int, samples_per_s: float) -> bool:
+            trial.report(samples_per_s, index)
+            return trial.should_prune()
+
+        tuner.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            result = tuner.runner(tuner.workload, config, tuner.measure, on_window=on_window,
+                                  log_path=tuner.artifacts_dir / f"trial-{trial.number}.log")
+        except KeyboardInterrupt:
+            trial.set_user_attr(keys.STATUS, "interrupted")
+            trial.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
+            raise
+        if result.user_error:  # wrong for every config: stop the study with the one-line reason
+            trial.set_user_attr(keys.STATUS, "error")
+            trial.set_user_attr(keys.REASON, result.reason)
+            raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
+        return protocol.record(trial, result, memory_cap_mb=tuner.measure.memory_cap_mb)
+
+    def _wait_for_twin_in_flight(self, trial, config: TrialConfig) -> None:
+        """Several workers on one PostgreSQL/MySQL study: when another worker is measuring this very config
+        right now, wait for it and reuse its result (``answer_from_study``) instead of measuring it twice."""
+        tuner = self.tuner
+        while True:
+            twin = protocol.claim(trial, config, storage=tuner.storage, study_name=tuner.study_name)
+            if twin is None:
+                return
+            trial.set_user_attr(keys.WAITED_FOR, twin.number)
+            tuner.log(f"trial {trial.number}: trial {twin.number} (another worker) is measuring the same config; "
+                      "waiting to reuse its result")
+            if protocol.wait_for(trial.study, twin._trial_id).name in ("COMPLETE", "PRUNED"):
+                return  # ``answer_from_study`` finds it among the finished trials
+
+
+def _postfix(study, last, deadline) -> str:
+    parts = [f"last #{last.number} {last.user_attrs.get(keys.STATUS, last.state.name.lower())}"]
+    base = baseline_value(study)
+    try:
+        best = study.best_trial
+        parts.append(f"best {best.value:.1f}/s #{best.number}")
+        if base:
+            parts.append(f"x{best.value / base:.2f} vs baseline")
+    except ValueError:
+        pass
+    if deadline is not None:
+        parts.append(f"{max(0, deadline - time.monotonic()) / 60:.0f} min left")
+    return ", ".join(parts)

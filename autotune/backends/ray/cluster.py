@@ -1,0 +1,128 @@
+"""The Ray cluster as the backend sees it: joining it, what a trial asks of it, what its nodes are, and
+running one trial on a chosen node (the finalists)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...config import MeasureSpec, TrialConfig, TrialResult, Workload
+from ...errors import AutotuneError
+
+__all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "PLAN_KEY"]
+
+INSTALL = 'pip install "ray[tune]"'
+# The one key of a Tune trial's config: {"config": {...}, "number": n, "shortcut": bool}
+PLAN_KEY = "autotune"
+
+
+def import_ray():
+    """``(ray, ray.tune)``, or an AutotuneError with the install command."""
+    try:
+        import ray
+        from ray import tune
+        from ray.tune.search.optuna import OptunaSearch  # noqa: F401 - checked here, used by search.py
+    except ImportError as exc:
+        raise AutotuneError(f"--backend ray needs Ray Tune ({exc}): {INSTALL}") from None
+    return ray, tune
+
+
+def connect(ray, address: str | None, usable_cores: int) -> bool:
+    """Join the cluster at ``address``, or start a local Ray with this machine's usable cores.
+    Returns True when this call started Ray (and so shuts it down)."""
+    import logging
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=usable_cores, include_dashboard=False, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+        raise AutotuneError(f"cannot start or join {where}: {first}") from None
+    return True
+
+
+def _nodes(ray) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def trial_shape(ray, workload: Workload) -> tuple[dict[str, float], int]:
+    """(resources of a measured trial without its DataLoader share, how many run at once on the cluster)."""
+    nodes = _nodes(ray)
+    if workload.device == "cpu":
+        cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=0)
+        if cpus < 1:
+            raise AutotuneError("the Ray cluster has no node with a CPU to run trials on")
+        # a whole node per trial: the largest nodes' core count, so one trial per node and only that kind
+        return {"CPU": float(cpus)}, max(1, sum(int(n["Resources"].get("CPU", 0) // cpus) for n in nodes))
+    gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
+    if gpus < 1:
+        raise AutotuneError(f"--device {workload.device} but the Ray cluster has no GPU")
+    return {"CPU": 1.0, "GPU": 1.0}, gpus
+
+
+def _gpu_trial(num_workers: int) -> dict[str, float]:
+    """A CUDA trial: one GPU, one core for the main process and one per DataLoader worker."""
+    return {"CPU": 1.0 + num_workers, "GPU": 1.0}
+
+
+def resources_for(base: dict[str, float], device: str):
+    """The per-trial resource request (a callable of the trial's config, for ``tune.with_resources``)."""
+    from ray.tune import PlacementGroupFactory
+
+    def resources(config: dict) -> PlacementGroupFactory:
+        plan = config.get(PLAN_KEY) or {}
+        if plan.get("shortcut"):  # recorded by the driver without running: hold no node
+            return PlacementGroupFactory([{"CPU": 0.01}])
+        if device == "cpu":
+            return PlacementGroupFactory([dict(base)])
+        return PlacementGroupFactory([_gpu_trial(int((plan.get("config") or {}).get("num_workers") or 0))])
+
+    return resources
+
+
+def probe(ray, base: dict[str, float]):
+    """(Hardware, node id) of a node of the kind trials run on, asked with a trial's resources."""
+    from ...hardware import Hardware
+
+    @ray.remote(max_retries=0)
+    def node_hardware():
+        from autotune.hardware import detect
+
+        return detect().to_dict(), ray.get_runtime_context().get_node_id()
+
+    opts = {"num_cpus": base.get("CPU", 1.0), "num_gpus": base.get("GPU", 0.0)}
+    try:
+        hw, node = ray.get(node_hardware.options(**opts).remote(), timeout=600)
+    except ray.exceptions.GetTimeoutError:
+        raise AutotuneError(f"no Ray node could take a trial ({opts}) within 10 minutes: is the cluster busy, "
+                            "or are its nodes smaller than that?") from None
+    return Hardware.from_dict(hw), node
+
+
+def remote_runner(ray, base: dict[str, float], node: str, device: str):
+    """A trial runner (as ``Tuner.runner``) that runs on ``node`` with a trial's resources: every finalist
+    on the same node, so they are compared on one machine."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(max_retries=0)
+    def remote(workload: dict, config: dict, measure: dict) -> dict:
+        from autotune.runner import run_trial
+
+        os.environ.pop("OMP_NUM_THREADS", None)
+        return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
+                         MeasureSpec.from_dict(measure)).to_dict()
+
+    def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
+        res = base if device == "cpu" else _gpu_trial(config.num_workers)
+        ref = remote.options(num_cpus=res.get("CPU", 1.0), num_gpus=res.get("GPU", 0.0),
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                             ).remote(workload.to_dict(), config.to_dict(), measure.to_dict())
+        return TrialResult.from_dict(ray.get(ref))
+
+    return run

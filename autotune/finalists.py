@@ -1,0 +1,206 @@
+"""The finalists: the time the search leaves them, which of them fit the time left, their interleaved
+re-measurement, and the recommendation chosen from it.
+
+A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
+measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
+is picked by median. If the top two are within noise, the one with less memory (then fewer threads) wins.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from . import trials as keys
+from .config import MeasureSpec, TrialConfig
+from .errors import AutotuneError
+from .measure import summarize
+from .recommendation import Recommendation, reproduce_command, versions_of
+from .trials import baseline_value, feasible_by_config
+
+__all__ = ["FINALIST_SHARE", "reserve_s", "out_of_time", "plan", "remeasure", "choose", "provisional"]
+
+# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
+FINALIST_SHARE = 0.30
+
+
+# --- the budget ---------------------------------------------------------------------------------------
+
+def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None = None) -> float:
+    """Time the search leaves for the finalists: all rounds at the typical trial's length, but at most
+    ``FINALIST_SHARE`` of the budget (``plan`` then fits fewer finalists and rounds into it)."""
+    if not trial_walls or finalists <= 0:
+        return 0.0
+    typical = sorted(trial_walls)[len(trial_walls) // 2]
+    full = typical * 1.3 * (finalists + 1) * rounds
+    return min(full, FINALIST_SHARE * budget_s) if budget_s else full
+
+
+def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
+                rounds: int) -> bool:
+    """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
+    one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
+    fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
+    the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
+    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value."""
+    if deadline is None:
+        return False
+    reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
+    left = deadline - time.monotonic()
+    if not trial_walls:
+        return left <= reserve
+    walls = sorted(trial_walls)
+    long_trial = walls[math.ceil(0.9 * len(walls)) - 1]  # nearest-rank 90th percentile
+    return left <= reserve or left - reserve < long_trial
+
+
+# --- who is re-measured, for how many rounds -------------------------------------------------------------
+
+def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | None,
+         log: Callable[[str], None]) -> tuple[list, int] | None:
+    """``(candidate trials, rounds)`` to re-measure: ``top`` (best first) and the baseline trial ``base``
+    unless it is one of them; ``measure`` is the search trials' (a finalist's windows are twice as long).
+    With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
+    estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
+
+    When the budget is short, shrink in this order: fewer finalists (down to the top two), then the baseline
+    is not re-measured (its search figure stands in), then only the top one and the baseline; then fewer
+    rounds. Comparing the top two is what re-measuring is most for."""
+    base_key = TrialConfig.from_dict(base.user_attrs[keys.CONFIG]).key() if base is not None else None
+
+    def candidates(k: int, with_base: bool = True) -> list:
+        cands = list(top[:k])
+        if with_base and base is not None and all(TrialConfig.from_dict(t.user_attrs[keys.CONFIG]).key() != base_key
+                                                  for t in cands):
+            cands.append(base)
+        return cands
+
+    def round_s(cands: list) -> float:  # windows twice as long: the search trial's wall time and its windows again
+        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + measure.windows * measure.window_s for t in cands)
+
+    if left_s is None:
+        return candidates(len(top)), rounds
+    options = [candidates(k) for k in range(len(top), 1, -1)]
+    options += [candidates(2, with_base=False)] if len(top) >= 2 else []
+    options += [candidates(1)]
+    cands = next((c for c in options if round_s(c) <= left_s), options[-1])
+    fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
+    if fit < 1:
+        log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
+            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it")
+        return None
+    if cands != options[0] or fit < rounds:
+        log(f"the time budget leaves room for {len(cands)} finalist(s) "
+            f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of {rounds} round(s)")
+    return cands, min(rounds, fit)
+
+
+# --- the re-measurement -------------------------------------------------------------------------------
+
+def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
+              log: Callable[[str], None]) -> tuple[dict, dict]:
+    """Run every config once a round, rotating the order each round. Returns, per config key, the window
+    samples of its ok runs and its peak host memory over them."""
+    samples: dict[tuple, list[float]] = {c.key(): [] for c in configs}
+    peaks: dict[tuple, float] = {c.key(): 0.0 for c in configs}
+    log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
+        f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    for r in range(rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for c in order:
+            res = runner(workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log")
+            if res.ok:
+                samples[c.key()].extend(res.samples_per_s)
+                peaks[c.key()] = max(peaks[c.key()], res.peak_host_mb or 0.0)
+            log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
+                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+    return samples, peaks
+
+
+# --- the choice ---------------------------------------------------------------------------------------
+
+def choose(tuner, configs: list[TrialConfig], trials: list, samples: dict, peaks: dict, base_trial
+           ) -> Recommendation | None:
+    """The recommendation from the finalists' re-measured samples (None if none of them ran ok)."""
+    from .measure import NOISY_REL_IQR
+
+    scored = []
+    for c, t in zip(configs, trials):
+        xs = samples[c.key()]
+        if xs:
+            scored.append((c, t, summarize(xs), peaks[c.key()]))
+    if not scored:
+        return None
+    scored.sort(key=lambda x: -x[2].median)
+    best = scored[0]
+    notes: list[str] = []
+    noise = max(NOISY_REL_IQR / 2, best[2].rel_iqr)
+    # configs within noise of the top: prefer less memory, then fewer cores busy
+    close = [x for x in scored if x[2].median >= best[2].median * (1 - noise)]
+    chosen = min(close, key=lambda x: (round(x[3] / 64), (x[0].intra_op_threads or 99) + x[0].num_workers))
+    if chosen is not best:
+        notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
+                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, spread "
+                     f"{100 * noise:.1f}%) and lighter on memory/threads")
+    others = [x for x in scored if x is not chosen]
+    margin = (chosen[2].median / others[0][2].median - 1) if others else None
+    base_xs = samples.get(TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key()) if base_trial else None
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
+        base_xs = base_trial.user_attrs["samples_per_s"]  # not re-measured (short budget): its search trial
+        notes.append(f"baseline figure from its search trial #{base_trial.number} (not re-measured: the time "
+                     "budget was short), so the speedup is less certain")
+    base_med = summarize(base_xs).median if base_xs else None
+    s = chosen[2]
+    if s.noisy:
+        notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
+    hw = tuner.hardware
+    return Recommendation(
+        config=chosen[0], workload=tuner.workload,
+        median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
+        samples_per_s=tuple(round(x, 3) for x in samples[chosen[0].key()]),
+        baseline_samples_per_s=None if base_med is None else round(base_med, 3),
+        speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
+        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
+        margin_vs_runner_up=None if margin is None else round(margin, 4), noisy=s.noisy,
+        hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
+                  "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
+        fingerprint=hw.fingerprint, versions=versions_of(hw), study_name=tuner.study_name,
+        storage=tuner.storage_url, trial_number=chosen[1].number,
+        runners_up=tuple({"config": x[0].to_dict(), "short": x[0].short(),
+                          "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
+                          "trial": x[1].number} for x in others),
+        notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
+    )
+
+
+def provisional(study, *, storage: str = "") -> Recommendation:
+    """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
+    (the run was stopped before the end, or the budget left no time for them)."""
+    from .config import Workload
+
+    feasible = feasible_by_config(study)
+    if not feasible:
+        raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
+                            "`autotune run` longer, or see `autotune show` for why trials failed")
+    best = max(feasible.values(), key=lambda t: t.value or 0)
+    ua = best.user_attrs
+    xs = ua.get("samples_per_s") or [best.value]
+    s = summarize(xs)
+    base = baseline_value(study)
+    workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
+    config = TrialConfig.from_dict(ua[keys.CONFIG])
+    space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
+    cap = study.user_attrs.get(keys.STUDY_MEMORY_CAP)
+    return Recommendation(
+        config=config, workload=workload, median_samples_per_s=round(s.median, 3),
+        iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
+        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
+        memory_cap_mb=cap, margin_vs_runner_up=None, noisy=s.noisy,
+        hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
+        fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
+        study_name=study.study_name, storage=storage, trial_number=best.number,
+        notes=("provisional: the best search trial, not re-measured against the runners-up; "
+               "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
+        reproduce=reproduce_command(workload, config, cap), provisional=True,
+    )

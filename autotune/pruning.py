@@ -1,0 +1,46 @@
+"""When to stop a trial early: the one pruning rule, used by the local loop (as an Optuna pruner) and by the
+Ray backend (as Tune's scheduler decision)."""
+
+from __future__ import annotations
+
+from . import trials as keys
+from .trials import is_feasible
+
+__all__ = ["NoHopePruner", "as_optuna_pruner"]
+
+
+class NoHopePruner:
+    """Prune a trial whose best window so far, even ``margin`` faster, cannot beat the best feasible trial.
+
+    Optimistic on purpose: on a noisy machine a config is dropped only when its best window is clearly
+    below the best median. Needs ``min_windows`` windows first; the baseline trial is never pruned.
+    """
+
+    def __init__(self, *, margin: float = 0.15, min_windows: int = 2) -> None:
+        self.margin = margin
+        self.min_windows = min_windows
+
+    def prune(self, study, trial) -> bool:
+        from optuna.trial import TrialState
+
+        values = trial.intermediate_values
+        if len(values) < self.min_windows or trial.user_attrs.get(keys.BASELINE):
+            return False
+        best = None
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.value and is_feasible(t):
+                best = t.value if best is None else max(best, t.value)
+        if best is None:
+            return False
+        return max(values.values()) * (1 + self.margin) < best
+
+
+def as_optuna_pruner(rule: NoHopePruner):
+    """``rule`` as an ``optuna.pruners.BasePruner`` (Optuna is imported only when a study is made)."""
+    import optuna
+
+    class _Pruner(optuna.pruners.BasePruner):
+        def prune(self, study, trial) -> bool:  # noqa: D401 - Optuna's interface
+            return rule.prune(study, trial)
+
+    return _Pruner()

@@ -1,0 +1,96 @@
+"""What a study queues for itself: the first trials of a new study, the retries of interrupted ones, and the
+steps of the batch-size walk. Each is queued exactly once even when several workers of one PostgreSQL/MySQL
+study do this at the same moment (under the study's server-side lock)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import trials as keys
+from .batch_walk import evidence, next_steps
+from .storage import server_lock
+from .trials import ROLES, baseline_trial_any
+
+__all__ = ["enqueue", "seed", "recover", "advance_batch_walk"]
+
+
+def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
+    """Queue a trial with these params and its role in the study; the config it will run is recorded too,
+    so `show` can say what is queued before it runs."""
+    study.enqueue_trial(params, user_attrs={**roles, keys.QUEUED_CONFIG: space.effective(params).to_dict()},
+                        skip_if_exists=False)
+
+
+def seed(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str) -> None:
+    """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and the first steps
+    of the batch walk. ``single_run``: the storage is SQLite, so this run holds the study alone."""
+    with server_lock(storage, f"autotune:{study.study_name}"):
+        queued = recover(study, space, single_run=single_run)
+        previous = len(study.trials)
+        if baseline_trial_any(study) is not None:
+            log(f"resuming study {study.study_name}: {previous} trials so far"
+                + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
+            return
+        enqueue(study, space, space.baseline_params(), **{keys.BASELINE: True})
+        log(f"new study {study.study_name} in {where}; trial 0 is the PyTorch-defaults "
+            f"baseline ({space.baseline_config().short()})")
+        likely = space.likely_params()
+        if likely is not None:
+            enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
+            log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()})")
+        # the walk (batch_walk.py) goes from the likely winner, else the baseline, one choice down and up first
+        anchor = likely if likely is not None else space.baseline_params()
+        study.set_user_attr(keys.WALK_ANCHOR, anchor)
+        steps = [(d, s) for d in (-1, 1) if (s := space.batch_step(anchor, d)) is not None]
+        for d, step in steps:
+            enqueue(study, space, step, **{keys.BATCH_LINE: d})
+        if steps:
+            log("then its batch size one choice down and up (" + ", ".join(str(s["batch_size"]) for _, s in steps)
+                + "), and on in whichever direction keeps winning")
+
+
+def recover(study, space, *, single_run: bool) -> int:
+    """Fail trials a killed run left RUNNING (with ``single_run`` nobody else runs them) and re-queue every
+    interrupted trial once. Returns how many were re-queued.
+
+    On a shared database other workers may be alive: a RUNNING trial there is left to the heartbeat (failed
+    and retried by Optuna's callback once it goes stale), and only trials a stopped run marked
+    ``interrupted`` are re-queued."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(keys.RETRY_OF) for t in trials if t.user_attrs.get(keys.RETRY_OF) is not None}
+    for t in trials:  # retried by the heartbeat callback
+        retried.update(t.system_attrs.get(keys.RETRY_HISTORY) or ())
+    queued = 0
+    for t in trials:
+        stale = t.state == TrialState.RUNNING and single_run
+        interrupted = t.state == TrialState.FAIL and t.user_attrs.get(keys.STATUS) in (
+            (None, "interrupted") if single_run else ("interrupted",))
+        if stale:
+            study._storage.set_trial_user_attr(t._trial_id, keys.STATUS, "interrupted")
+            study._storage.set_trial_user_attr(t._trial_id, keys.REASON, "the tuner was killed during this trial")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if (stale or interrupted) and t.number not in retried and t.params:
+            attrs = {keys.RETRY_OF: t.number}
+            for role in ROLES:  # a retried walk step walks on
+                if t.user_attrs.get(role):
+                    attrs[role] = t.user_attrs[role]
+            enqueue(study, space, t.params, **attrs)
+            retried.add(t.number)
+            queued += 1
+    return queued
+
+
+def advance_batch_walk(study, space, *, storage, log: Callable[[str], None]) -> None:
+    """Queue the next steps of the batch-size walk (``batch_walk.next_steps``) wherever the study's results
+    now call for one. Called after every finished trial, however it was answered."""
+    anchor = study.user_attrs.get(keys.WALK_ANCHOR)
+    if not anchor:
+        return
+    # two workers must not queue a step twice: what is already queued is read under the lock
+    with server_lock(storage, f"autotune:{study.study_name}"):
+        measured, present = evidence(study.get_trials(deepcopy=False), space)
+        for step in next_steps(anchor, space, measured, present):
+            enqueue(study, space, step.params, **{keys.BATCH_LINE: step.direction})
+            log(step.why())
