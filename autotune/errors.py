@@ -6,7 +6,7 @@ and exits with code 2. Anything else escaping the library is a bug and keeps its
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "ConfigError", "WorkloadError", "StorageError", "SpaceError", "TrialFailed"]
+__all__ = ["AutotuneError", "ConfigError", "WorkloadError", "StorageError", "SpaceError"]
 
 
 class AutotuneError(Exception):
@@ -28,10 +28,3 @@ class SpaceError(AutotuneError, ValueError):
 class StorageError(AutotuneError):
     """The study storage (SQLite file, database URL) cannot be used."""
 
-
-class TrialFailed(AutotuneError):
-    """A single measured trial did not finish with status ``ok`` (raised only where a result is required)."""
-
-    def __init__(self, result):  # result: TrialResult; untyped to avoid an import cycle
-        self.result = result
-        super().__init__(f"trial ended with status {result.status}: {result.reason}")

@@ -1,0 +1,64 @@
+"""The backend interface: a backend owns the search only; the tuner opens, seeds and finishes the study."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import protocol
+from autotune.backends import SearchBackend, load_backend
+from autotune.config import TrialResult
+from autotune.errors import AutotuneError
+from tests.test_study import make_tuner
+
+
+def test_a_backend_must_implement_search():
+    with pytest.raises(TypeError):
+        SearchBackend()  # type: ignore[abstract]
+
+
+def test_unknown_backend_and_an_address_without_ray_are_one_line_errors():
+    with pytest.raises(AutotuneError, match="unknown backend 'slurm'"):
+        load_backend("slurm")
+    with pytest.raises(AutotuneError, match="use it with --backend ray"):
+        load_backend("local", address="auto")
+
+
+class _AskTell(SearchBackend):
+    """A minimal backend on Optuna's ask/tell: the protocol functions are all it needs."""
+
+    def __init__(self, *, address=None) -> None:
+        super().__init__(address=address)
+        self.seen_queued = None
+
+    def search(self, tuner, study, *, trials, deadline, budget_s) -> int:
+        self.seen_queued = sum(1 for t in study.trials if t.state.name == "WAITING")
+        for _ in range(trials):
+            trial = study.ask()
+            config = tuner.space.suggest(trial)
+            protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
+            state, value = protocol.settle(lambda: protocol.record(
+                trial, tuner.runner(tuner.workload, config, tuner.measure), memory_cap_mb=tuner.measure.memory_cap_mb))
+            study.tell(trial, value, state=state)
+            tuner.advance_batch_walk(study)
+        return trials
+
+
+def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monkeypatch):
+    import autotune.backends as backends
+
+    ran = []
+
+    def fake(workload, config, measure, **kw):
+        ran.append((measure.window_s, config.batch_size))
+        v = 10.0 * config.batch_size
+        return TrialResult(status="ok", samples_per_s=(v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    backend = _AskTell()
+    monkeypatch.setattr(backends, "load_backend", lambda name, address=None: backend)
+    tuner = make_tuner(tmp_path, runner=fake, finalists=1)
+    rec = tuner.run(trials=3)
+    assert backend.seen_queued >= 2  # the baseline and the likely winner were queued before the search
+    search = [b for w, b in ran if w == tuner.measure.window_s]
+    assert search[:2] == [8, 8] and len(search) == 3
+    assert len(ran) > 3 and rec is not None and rec.config.batch_size == 16  # finalists re-measured by the tuner

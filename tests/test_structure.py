@@ -1,0 +1,122 @@
+"""The package's shape, read from the code with ``ast`` (nothing imported): no import loop (imports inside
+functions count), no private name imported from another autotune module, no module attribute of another
+module assigned (patching), and no file over ~400 lines unless its docstring says why its length is its nature."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "autotune"
+MAX_LINES = 420
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = list(p.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    return mods
+
+
+MODS = _modules()
+
+
+def _target(mod: str, node: ast.ImportFrom) -> str:
+    pkg = mod.split(".") if MODS[mod].name == "__init__.py" else mod.split(".")[:-1]
+    if node.level:
+        base = pkg[: len(pkg) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
+
+
+def _imports(mod: str) -> tuple[set[str], list[str], set[str]]:
+    """(modules imported, private names imported from other autotune modules, local names bound to modules)."""
+    edges, private, bound = set(), [], set()
+    for n in ast.walk(ast.parse(MODS[mod].read_text())):
+        if isinstance(n, ast.ImportFrom):
+            tgt = _target(mod, n)
+            if not tgt.startswith("autotune"):
+                continue
+            for a in n.names:
+                if f"{tgt}.{a.name}" in MODS:
+                    edges.add(f"{tgt}.{a.name}")
+                    bound.add(a.asname or a.name)
+                elif tgt in MODS:
+                    edges.add(tgt)
+                    if a.name.startswith("_") and not a.name.startswith("__") and tgt != mod:
+                        private.append(f"{mod}: from {tgt} import {a.name}")
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name in MODS:
+                    edges.add(a.name)
+                    bound.add(a.asname or a.name.split(".")[-1])
+    edges.discard("autotune")  # the package's lazy re-exports
+    return edges, private, bound
+
+
+def test_no_import_loop_counting_imports_inside_functions():
+    graph = {m: _imports(m)[0] for m in MODS}
+    loops, state, stack = [], {}, []
+
+    def visit(u: str) -> None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                loops.append(" -> ".join(stack[stack.index(v):] + [v]))
+            elif not state.get(v):
+                visit(v)
+        stack.pop()
+        state[u] = 2
+
+    for m in sorted(graph):
+        if not state.get(m):
+            visit(m)
+    assert loops == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    assert [p for m in MODS for p in _imports(m)[1]] == []
+
+
+def test_nothing_assigns_another_modules_attributes():
+    patched = []
+    for m, path in MODS.items():
+        bound = _imports(m)[2]
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Assign):
+                patched += [f"{m}:{n.lineno}" for t in n.targets if isinstance(t, ast.Attribute)
+                            and isinstance(t.value, ast.Name) and t.value.id in bound]
+    assert patched == []
+
+
+@pytest.mark.parametrize("mod", sorted(MODS))
+def test_a_long_module_says_why(mod):
+    text = MODS[mod].read_text()
+    if text.count("\n") <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    assert "Long because" in doc, f"{MODS[mod]} has {text.count(chr(10))} lines and no 'Long because' in its docstring"
+
+
+def test_the_check_sees_a_loop_and_a_private_import(tmp_path, monkeypatch):
+    """The checks above can fail: on a two-module package with both faults they report them."""
+    pkg = tmp_path / "autotune"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from .b import _g\n")
+    (pkg / "b.py").write_text("from . import a\n\ndef _g():\n    a.x = 1\n")
+    here = __import__(__name__, fromlist=["MODS"])
+    monkeypatch.setattr(here, "PKG", pkg)
+    monkeypatch.setattr(here, "MODS", _modules())
+    with pytest.raises(AssertionError):
+        test_no_import_loop_counting_imports_inside_functions()
+    with pytest.raises(AssertionError):
+        test_no_private_name_is_imported_from_another_module()
+    with pytest.raises(AssertionError):
+        test_nothing_assigns_another_modules_attributes()
