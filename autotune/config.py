@@ -382,7 +382,6 @@ def finite_or_none(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-
 # Thread-count variables the OpenMP, MKL and OpenBLAS runtimes read once, when they load.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

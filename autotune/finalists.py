@@ -19,10 +19,17 @@ from .measure import summarize
 from .recommendation import Recommendation, reproduce_command, versions_of
 from .trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "reserve_s", "out_of_time", "plan", "remeasure", "choose", "provisional"]
+__all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "remeasure", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
+# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
+WINDOW_FACTOR = 2
+
+
+def finalist_measure(search: MeasureSpec) -> MeasureSpec:
+    """How a finalist is measured: as a search trial, with ``WINDOW_FACTOR`` times longer windows."""
+    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
 
 
 # --- the budget ---------------------------------------------------------------------------------------
@@ -60,7 +67,7 @@ def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: floa
 def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | None,
          log: Callable[[str], None]) -> tuple[list, int] | None:
     """``(candidate trials, rounds)`` to re-measure: ``top`` (best first) and the baseline trial ``base``
-    unless it is one of them; ``measure`` is the search trials' (a finalist's windows are twice as long).
+    unless it is one of them; ``measure`` is the search trials' (see ``finalist_measure``).
     With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
     estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
 
@@ -76,8 +83,10 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
             cands.append(base)
         return cands
 
-    def round_s(cands: list) -> float:  # windows twice as long: the search trial's wall time and its windows again
-        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + measure.windows * measure.window_s for t in cands)
+    extra_s = measure.windows * measure.window_s * (WINDOW_FACTOR - 1)  # a finalist's longer windows
+
+    def round_s(cands: list) -> float:  # estimated from the search trials' wall times
+        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + extra_s for t in cands)
 
     if left_s is None:
         return candidates(len(top)), rounds

@@ -85,7 +85,5 @@ def relative_gap(a: float, b: float) -> float:
 
 def median_or_none(xs) -> float | None:
     """The median of the figures in ``xs`` that are known (not None); None when none is."""
-    import statistics
-
     known = [float(x) for x in xs if x is not None]
     return statistics.median(known) if known else None

@@ -5,14 +5,15 @@ A backend asks Optuna for a trial (``study.optimize`` locally, ``OptunaSearch`` 
 1. ``begin``: record the config the trial runs and the machine it is measured on (a retry takes over its
    history);
 2. ``claim``: take the config unless another trial is measuring it right now (several workers on one
-   PostgreSQL/MySQL study, or concurrent Ray trials); if so, ``wait_for`` that trial and reuse its answer;
+   PostgreSQL/MySQL study, or concurrent Ray trials); if so, wait for that trial (``wait_for`` blocks; the
+   Ray searcher defers the trial instead) and reuse its answer. One run per SQLite study needs no claim;
 3. ``answer_from_study``: a config the study already answered is recorded without running;
 4. run it (the backend's business), then ``record`` the ``TrialResult``;
 5. ``settle`` turns a recording call into the Optuna state to tell, where the backend tells Optuna itself.
 
 ``record`` and ``answer_from_study`` return the trial's value, raise ``optuna.TrialPruned``, or raise
 ``TrialError`` (FAIL), exactly as an Optuna objective does, so the local backend hands them to
-``study.optimize`` unchanged.
+``study.optimize`` unchanged; ``answer_from_study`` returns None when the trial must run.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def claim(trial, config: TrialConfig, *, storage, study_name: str):
     from optuna.trial import TrialState
 
     key = config.key()
-    with server_lock(storage, f"autotune:{study_name}"):
+    with server_lock(storage, study_name):
         for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             other = t.user_attrs.get(keys.CONFIG)
             if (t.number != trial.number and t.system_attrs.get(keys.MEASURING) and other

@@ -1,7 +1,8 @@
 """The recommendation: the chosen config with the evidence to trust it, YAML in and out, and one-line use.
 
 A plain value: it is made by the tuner's finalists (``finalists.choose``, or ``finalists.provisional`` from the
-best search trial) or read back from YAML, and knows nothing of studies. ``recommend()`` is in ``api.py``.
+best search trial) or read back from YAML or a study's attribute (``stored_recommendation``); it imports
+nothing of the tuner. ``recommend()`` is in ``api.py``.
 
 >>> from autotune import recommend                                   # doctest: +SKIP
 >>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP

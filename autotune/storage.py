@@ -128,8 +128,8 @@ def _env_seconds(name: str, default: int) -> int:
 
 
 @contextlib.contextmanager
-def server_lock(storage, name: str) -> Iterator[None]:
-    """A lock shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
+def server_lock(storage, study_name: str) -> Iterator[None]:
+    """The lock of study ``study_name`` shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
     check-then-write steps that must not interleave across machines (queue the baseline once, re-queue an
     interrupted trial once, queue a batch-walk step once, claim a config). SQLite needs none: one run per
     SQLite study (``run_lock``). The server releases the lock if the holder dies."""
@@ -142,7 +142,7 @@ def server_lock(storage, name: str) -> Iterator[None]:
 
     from sqlalchemy import text
 
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    key = int.from_bytes(hashlib.sha256(f"autotune:{study_name}".encode()).digest()[:8], "big", signed=True)
     lock, unlock, params = (("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)", {"k": key})
                             if dialect == "postgresql" else
                             ("SELECT GET_LOCK(:n, 600)", "SELECT RELEASE_LOCK(:n)", {"n": f"autotune{key}"[:64]}))

@@ -34,8 +34,9 @@ Runner = Callable[..., TrialResult]
 class Tuner:
     """Runs and resumes one study. ``run`` returns the Recommendation (or None when nothing ran feasibly).
 
-    ``runner`` runs one trial (default ``autotune.runner.run_trial``); tests and backends pass their own, as
-    ``torch.utils.benchmark.Timer`` takes ``timer=``.
+    ``runner`` runs one trial (default ``autotune.runner.run_trial``); a test passes its own, as
+    ``torch.utils.benchmark.Timer`` takes ``timer=``. (A backend that measures elsewhere, like Ray's, runs the
+    same ``run_trial`` there, and hands the tuner a runner for the finalists from ``connect``.)
 
     >>> tuner = Tuner(Workload(model="resnet18", image_size=64))   # doctest: +SKIP
     >>> rec = tuner.run(trials=20)                                 # doctest: +SKIP
@@ -132,8 +133,8 @@ class Tuner:
 
     def prepare(self, study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
-        the baseline, the likely winner and the first batch-walk steps (``study_queue.seed``)."""
-        study_queue.seed(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
+        the baseline, the likely winner and the first batch-walk steps (``study_queue.queue_first_trials``)."""
+        study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
                          log=self.log, where=self.storage_url)
 
     def advance_batch_walk(self, study) -> None:
@@ -159,11 +160,11 @@ class Tuner:
         if trials is None and timeout_s is None:
             raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
         searcher = load_backend(backend, address=address)
-        deadline = time.monotonic() + timeout_s if timeout_s else None
         with searcher.connect(self) as finalist_runner:
             study = self.study()  # opens (and checks) the storage before anything else touches its folder
             with run_lock(self.storage_url, self.study_name):
                 self.prepare(study)
+                deadline = time.monotonic() + timeout_s if timeout_s else None
                 n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
                 self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
                 return self.finalize(deadline=deadline, runner=finalist_runner)
@@ -186,9 +187,8 @@ class Tuner:
         cands, rounds = chosen
         configs = [keys.config_of(t) for t in cands]
         samples, peaks = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
-                                          workload=self.workload,
-                                          measure=self.measure.replace(window_s=self.measure.window_s * 2),
-                                          log_dir=self.artifacts_dir, log=self.log)
+                                       workload=self.workload, measure=fin.finalist_measure(self.measure),
+                                       log_dir=self.artifacts_dir, log=self.log)
         rec = fin.choose(self, configs, cands, samples, peaks, base)
         if rec is not None:
             study.set_user_attr(keys.STUDY_RECOMMENDATION, rec.to_dict())

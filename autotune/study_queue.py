@@ -11,7 +11,7 @@ from .batch_walk import evidence, next_steps
 from .storage import server_lock
 from .trials import ROLES, baseline_trial_any
 
-__all__ = ["enqueue", "seed", "recover", "advance_batch_walk"]
+__all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk"]
 
 
 def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
@@ -21,10 +21,10 @@ def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
                         skip_if_exists=False)
 
 
-def seed(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str) -> None:
+def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str) -> None:
     """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and the first steps
     of the batch walk. ``single_run``: the storage is SQLite, so this run holds the study alone."""
-    with server_lock(storage, f"autotune:{study.study_name}"):
+    with server_lock(storage, study.study_name):
         queued = recover(study, space, single_run=single_run)
         previous = len(study.trials)
         if baseline_trial_any(study) is not None:
@@ -89,7 +89,7 @@ def advance_batch_walk(study, space, *, storage, log: Callable[[str], None]) -> 
     if not anchor:
         return
     # two workers must not queue a step twice: what is already queued is read under the lock
-    with server_lock(storage, f"autotune:{study.study_name}"):
+    with server_lock(storage, study.study_name):
         measured, present = evidence(study.get_trials(deepcopy=False), space)
         for step in next_steps(anchor, space, measured, present):
             enqueue(study, space, step.params, **{keys.BATCH_LINE: step.direction})

@@ -1,7 +1,8 @@
 """What a stored study says: the attribute keys trials carry, the one outcome mapping, read-only queries.
 
-Every autotune module reads and writes trial attributes through the key constants below (as Optuna names
-``_CONSTRAINTS_KEY``), so a key is spelled once. User attributes are flat so optuna-dashboard shows them as
+The tuner's modules read and write the attributes that carry the protocol through the key constants below
+(as Optuna names ``_CONSTRAINTS_KEY``), so such a key is spelled once; report.py and diagnose.py still read
+a few by their literal names. User attributes are flat so optuna-dashboard shows them as
 columns; the figures a measured trial stores are ``TrialResult.figures()``'s keys.
 
 ``outcome`` decides what a ``TrialResult`` means to Optuna, once: ok -> COMPLETE with the memory constraint;

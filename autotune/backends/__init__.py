@@ -1,6 +1,6 @@
 """Where trials run: a ``SearchBackend`` (``base.py``) per place. ``local`` runs them one at a time on this
-machine; ``ray`` spreads them over a Ray cluster through Ray Tune. A backend is imported only when asked
-for, and a missing dependency fails with the exact install command."""
+machine; ``ray`` spreads them over a Ray cluster through Ray Tune. A backend module is imported only when
+asked for, and one whose dependency is missing says so, with the install command, when it connects."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from .base import SearchBackend
 
 __all__ = ["SearchBackend", "load_backend", "BACKENDS"]
 
-# name -> (module, class, the package it needs, how to install it)
+# name -> (module, class)
 BACKENDS = {
-    "local": ("autotune.backends.local", "LocalBackend", None, None),
-    "ray": ("autotune.backends.ray", "RayBackend", "ray", 'pip install "ray[tune]"'),
+    "local": ("autotune.backends.local", "LocalBackend"),
+    "ray": ("autotune.backends.ray", "RayBackend"),
 }
 
 
@@ -22,10 +22,5 @@ def load_backend(name: str, *, address: str | None = None) -> SearchBackend:
     """A new backend of kind ``name``; ``address`` is the cluster to join, for backends that have one."""
     if name not in BACKENDS:
         raise AutotuneError(f"unknown backend {name!r}: use {' or '.join(BACKENDS)}")
-    module, cls, needs, install = BACKENDS[name]
-    if needs is not None:
-        try:
-            importlib.import_module(needs)
-        except ImportError:
-            raise AutotuneError(f"--backend {name} needs {needs}: {install}") from None
+    module, cls = BACKENDS[name]
     return getattr(importlib.import_module(module), cls)(address=address)

@@ -34,8 +34,8 @@ class SearchBackend(abc.ABC):
         trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None without a
         time budget.
 
-        Must: record every trial through ``autotune.protocol`` (``begin``, ``claim``, ``answer_from_study``,
-        ``record``), run each measured trial with a fresh child process (``tuner.runner`` locally, or the
+        Must: record every trial through ``autotune.protocol`` (``begin``; ``claim`` where several trials of
+        the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child process (``tuner.runner`` locally, or the
         same runner on another machine), call ``tuner.advance_batch_walk(study)`` after each finished trial,
         start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the finalists need the
         time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt`` included):
@@ -47,6 +47,7 @@ class SearchBackend(abc.ABC):
     @contextlib.contextmanager
     def connect(self, tuner) -> Iterator[Callable | None]:
         """Set up where trials run, before the study is opened, and tear it down after the finalists.
+        ``Tuner.run`` always enters it around ``search``; a backend may rely on that.
 
         May change the tuner's hardware (``tuner.adopt_hardware``) when trials run on other machines than
         this one. Yields the runner for the finalists, or None for ``tuner.runner`` on this machine."""

@@ -29,7 +29,7 @@ class LocalBackend(SearchBackend):
     as exhausted."""
 
     def __init__(self, *, address: str | None = None) -> None:
-        if address is not None:
+        if address:
             raise AutotuneError(f"--address {address} joins a Ray cluster: use it with --backend ray")
         super().__init__()
 
@@ -78,14 +78,14 @@ class _Objective:
         self.answered = False   # the study answered that trial without running it
 
     def __call__(self, trial) -> float:
+        import optuna
+
         tuner = self.tuner
         self.number, self.answered = trial.number, False
         config = tuner.space.suggest(trial)
         protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
         if sqlite_path(tuner.storage_url) is None:  # one run per SQLite study: nothing else is in flight
             self._wait_for_twin_in_flight(trial, config)
-        import optuna
-
         try:
             value = protocol.answer_from_study(trial, config, fingerprint=tuner.hardware.fingerprint,
                                                memory_cap_mb=tuner.measure.memory_cap_mb)

@@ -80,6 +80,8 @@ class RayBackend(SearchBackend):
                 ray.shutdown()
 
     def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+        if not self._base:
+            raise RuntimeError("RayBackend.search runs inside RayBackend.connect (Tuner.run enters it)")
         if trials == 0:
             return 0
         _, tune = import_ray()
