@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import trials as keys
@@ -19,7 +20,8 @@ from .measure import summarize
 from .recommendation import Recommendation, reproduce_command, versions_of
 from .trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "remeasure", "choose", "provisional"]
+__all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
+           "remeasure", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -107,12 +109,23 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
 
 # --- the re-measurement -------------------------------------------------------------------------------
 
+@dataclass
+class Evidence:
+    """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
+    host memory over them, and each round it did not finish ok ("round 2: over_memory (killed at ...)")."""
+
+    rounds: dict[tuple, list[list[float]]]
+    peaks: dict[tuple, float]
+    failures: dict[tuple, list[str]]
+
+    def samples(self, key: tuple) -> list[float]:
+        return [x for r in self.rounds[key] for x in r]
+
+
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
-              log: Callable[[str], None]) -> tuple[dict, dict]:
-    """Run every config once a round, rotating the order each round. Returns, per config key, the window
-    samples of its ok runs and its peak host memory over them."""
-    samples: dict[tuple, list[float]] = {c.key(): [] for c in configs}
-    peaks: dict[tuple, float] = {c.key(): 0.0 for c in configs}
+              log: Callable[[str], None]) -> Evidence:
+    """Run every config once a round, rotating the order each round."""
+    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs})
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
     for r in range(rounds):
@@ -120,45 +133,82 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
         for c in order:
             res = runner(workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log")
             if res.ok:
-                samples[c.key()].extend(res.samples_per_s)
-                peaks[c.key()] = max(peaks[c.key()], res.peak_host_mb or 0.0)
+                ev.rounds[c.key()].append(list(res.samples_per_s))
+                ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
+            else:
+                ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
                 + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
-    return samples, peaks
+    return ev
+
+
+def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: the ratio of the medians of ``a`` and ``b`` (windows grouped by round) and a
+    percentile-bootstrap interval of it. Windows are resampled within their round, so each resample keeps the
+    interleaving: a round that ran on a slow moment of the machine weighs on both sides as it did."""
+    import random
+
+    def med(xs: list[float]) -> float:
+        return summarize(xs).median
+
+    ratio = med([x for r in a for x in r]) / med([x for r in b for x in r])
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(resamples):
+        ra = [x for r in a for x in rng.choices(r, k=len(r))]
+        rb = [x for r in b for x in rng.choices(r, k=len(r))]
+        stats.append(med(ra) / med(rb))
+    stats.sort()
+    tail = (1 - level) / 2
+    return ratio, stats[int(tail * (resamples - 1))], stats[int((1 - tail) * (resamples - 1))]
 
 
 # --- the choice ---------------------------------------------------------------------------------------
 
-def choose(tuner, configs: list[TrialConfig], trials: list, samples: dict, peaks: dict, base_trial
-           ) -> Recommendation | None:
-    """The recommendation from the finalists' re-measured samples (None if none of them ran ok)."""
-    from .measure import NOISY_REL_IQR
+def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial) -> Recommendation | None:
+    """The recommendation from the finalists' rounds (None if none of them finished every round ok).
 
-    scored = []
+    A finalist that failed any round (out of memory, over the cap, timed out, crashed) is out, whatever its
+    other rounds measured, and the recommendation's notes say so. The fastest by median wins, unless another
+    is within noise of it and lighter on memory (then on threads): "within noise" means the 95% interval of
+    the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
+    windows spread widely."""
+    notes: list[str] = []
+    scored, out = [], []
     for c, t in zip(configs, trials):
-        xs = samples[c.key()]
-        if xs:
-            scored.append((c, t, summarize(xs), peaks[c.key()]))
+        if ev.failures[c.key()]:
+            out.append((c, t))
+            notes.append(f"{c.short()} (trial {t.number}) is out: it did not finish every finalist round "
+                         f"({'; '.join(ev.failures[c.key()])})")
+        elif ev.rounds[c.key()]:
+            scored.append((c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
     if not scored:
         return None
     scored.sort(key=lambda x: -x[2].median)
     best = scored[0]
-    notes: list[str] = []
-    noise = max(NOISY_REL_IQR / 2, best[2].rel_iqr)
+    rounds = {c.key(): ev.rounds[c.key()] for c, *_ in scored}
     # configs within noise of the top: prefer less memory, then fewer cores busy
-    close = [x for x in scored if x[2].median >= best[2].median * (1 - noise)]
+    close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
     chosen = min(close, key=lambda x: (round(x[3] / 64), (x[0].intra_op_threads or 99) + x[0].num_workers))
     if chosen is not best:
+        _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
-                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, spread "
-                     f"{100 * noise:.1f}%) and lighter on memory/threads")
+                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
+                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads")
     others = [x for x in scored if x is not chosen]
-    margin = (chosen[2].median / others[0][2].median - 1) if others else None
-    base_xs = samples.get(TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key()) if base_trial else None
+    margin = interval = None
+    if others:
+        ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
+        margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
+    base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
+    base_xs = ev.samples(base_key) if base_key in rounds else None
     if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
-        base_xs = base_trial.user_attrs["samples_per_s"]  # not re-measured (short budget): its search trial
-        notes.append(f"baseline figure from its search trial #{base_trial.number} (not re-measured: the time "
-                     "budget was short), so the speedup is less certain")
+        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
+        why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
+               else "not re-measured: the time budget was short")
+        notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
+                     "less certain")
     base_med = summarize(base_xs).median if base_xs else None
     s = chosen[2]
     if s.noisy:
@@ -167,18 +217,20 @@ def choose(tuner, configs: list[TrialConfig], trials: list, samples: dict, peaks
     return Recommendation(
         config=chosen[0], workload=tuner.workload,
         median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
-        samples_per_s=tuple(round(x, 3) for x in samples[chosen[0].key()]),
+        samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
         speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
         peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
-        margin_vs_runner_up=None if margin is None else round(margin, 4), noisy=s.noisy,
+        margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
         fingerprint=hw.fingerprint, versions=versions_of(hw), study_name=tuner.study_name,
         storage=tuner.storage_url, trial_number=chosen[1].number,
-        runners_up=tuple({"config": x[0].to_dict(), "short": x[0].short(),
-                          "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
-                          "trial": x[1].number} for x in others),
+        runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
+                           "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
+                           "trial": x[1].number} for x in others]
+                         + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
+                             "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
         notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
     )
 

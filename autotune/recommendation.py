@@ -94,6 +94,8 @@ class Recommendation:
     reproduce: str = ""
     created: str = field(default_factory=_now)
     provisional: bool = False
+    # 95% interval of margin_vs_runner_up, from the interleaved rounds (finalists.ratio_interval)
+    margin_interval: tuple[float, float] | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +109,7 @@ class Recommendation:
                 "baseline_samples_per_s": self.baseline_samples_per_s,
                 "speedup_vs_baseline": self.speedup_vs_baseline,
                 "margin_vs_runner_up": self.margin_vs_runner_up,
+                "margin_interval": None if self.margin_interval is None else list(self.margin_interval),
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
             },
             "hardware": {**self.hardware, "fingerprint": self.fingerprint},
@@ -145,6 +148,7 @@ class Recommendation:
                 baseline_samples_per_s=m.get("baseline_samples_per_s"),
                 speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
+                margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
                 storage=str(p.get("storage", "")), trial_number=p.get("trial"),
@@ -248,7 +252,9 @@ class Recommendation:
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
                     f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
         if self.margin_vs_runner_up is not None:
-            lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}")
+            lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
+                         + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"
+                            if self.margin_interval else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -1,8 +1,9 @@
 """Where studies live: open an Optuna storage, name a study, the locks that keep runs apart, where files go.
 
-``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``run_lock`` keeps a
-second ``autotune run`` off a SQLite study on this machine; ``server_lock`` serialises check-then-write steps
-across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
+``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``machine_lock``
+keeps a second measuring process off this machine (two trials at once share its cores and spoil each other's
+timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
+check-then-write steps across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .config import Workload
 from .errors import StorageError
 
 __all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
-           "artifacts_dir", "run_lock", "server_lock"]
+           "artifacts_dir", "run_lock", "server_lock", "machine_lock", "MACHINE_LOCK_ENV"]
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -180,3 +181,57 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
         yield
     finally:
         fh.close()
+
+
+# The machine-wide lock file; tests (and several simulated machines on one) point it elsewhere.
+MACHINE_LOCK_ENV = "AUTOTUNE_MACHINE_LOCK"
+_machine = {"depth": 0, "fh": None}  # re-entrant within this process: a run's trials and finalists share it
+
+
+@contextlib.contextmanager
+def machine_lock(holder: str) -> Iterator[None]:
+    """Hold this machine's measuring lock, or raise a one-line StorageError naming who holds it.
+
+    One process measures at a time on a machine, whatever study or storage it works for (PostgreSQL workers
+    too: the database's locks are per study, this one is per machine). Taken before anything is written, so a
+    refused run leaves no trace. ``holder`` says what this process is doing, for the refusal's message. The
+    file is ``$AUTOTUNE_MACHINE_LOCK`` or ``autotune-machine.lock`` in the temp folder, shared by all users
+    (flock needs only read access, so another user's file still locks); the kernel drops the lock if the
+    holder dies."""
+    import tempfile
+
+    if _machine["depth"]:
+        _machine["depth"] += 1
+        try:
+            yield
+        finally:
+            _machine["depth"] -= 1
+        return
+    path = Path(os.environ.get(MACHINE_LOCK_ENV) or Path(tempfile.gettempdir()) / "autotune-machine.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise StorageError(f"cannot open the machine lock {path}: {exc.strerror}; set {MACHINE_LOCK_ENV} to a "
+                           "writable file") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another process"
+            raise StorageError(f"another autotune run is measuring on this machine ({who}); wait for it to "
+                               "finish: two at once share the cores and spoil each other's timings") from None
+        with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds, the note is skipped
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}, {holder}".encode(), 0)
+        _machine["depth"] = 1
+        try:
+            yield
+        finally:
+            _machine["depth"] = 0
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+

@@ -8,6 +8,7 @@ where trials run (``backends``), and the finalists and the choice (``finalists``
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
@@ -21,7 +22,8 @@ from .config import MeasureSpec, TrialResult, Workload
 from .errors import AutotuneError, StorageError
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
-from .storage import DEFAULT_STORAGE, artifacts_dir, open_storage, run_lock, sqlite_path, study_name_for
+from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
+                      study_name_for)
 from .trials import baseline_trial, feasible_by_config
 
 __all__ = ["Tuner", "Runner"]
@@ -160,14 +162,13 @@ class Tuner:
         if trials is None and timeout_s is None:
             raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
         searcher = load_backend(backend, address=address)
-        with searcher.connect(self) as finalist_runner:
-            study = self.study()  # opens (and checks) the storage before anything else touches its folder
-            with run_lock(self.storage_url, self.study_name):
-                self.prepare(study)
-                deadline = time.monotonic() + timeout_s if timeout_s else None
-                n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
-                self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
-                return self.finalize(deadline=deadline, runner=finalist_runner)
+        with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name):
+            study = self.study()  # opens (and checks) the storage once this run may write to it
+            self.prepare(study)
+            deadline = time.monotonic() + timeout_s if timeout_s else None
+            n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
+            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
+            return self.finalize(deadline=deadline, runner=finalist_runner)
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
@@ -186,10 +187,12 @@ class Tuner:
             return fin.provisional(study, storage=self.storage_url)
         cands, rounds = chosen
         configs = [keys.config_of(t) for t in cands]
-        samples, peaks = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
-                                       workload=self.workload, measure=fin.finalist_measure(self.measure),
-                                       log_dir=self.artifacts_dir, log=self.log)
-        rec = fin.choose(self, configs, cands, samples, peaks, base)
+        here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
+        with here:
+            evidence = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
+                                     workload=self.workload, measure=fin.finalist_measure(self.measure),
+                                     log_dir=self.artifacts_dir, log=self.log)
+        rec = fin.choose(self, configs, cands, evidence, base)
         if rec is not None:
             study.set_user_attr(keys.STUDY_RECOMMENDATION, rec.to_dict())
         return rec

@@ -23,30 +23,39 @@ def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
 
 def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str) -> None:
     """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and the first steps
-    of the batch walk. ``single_run``: the storage is SQLite, so this run holds the study alone."""
+    of the batch walk. ``single_run``: the storage is SQLite, so this run holds the study alone.
+
+    Each of the first trials is queued unless the study has it already, and the walk's anchor is stored last:
+    a run killed half-way through this leaves a study that the next run completes, not one that lacks its
+    likely winner or its walk for good."""
     with server_lock(storage, study.study_name):
         queued = recover(study, space, single_run=single_run)
-        previous = len(study.trials)
-        if baseline_trial_any(study) is not None:
-            log(f"resuming study {study.study_name}: {previous} trials so far"
+        if study.user_attrs.get(keys.WALK_ANCHOR) is not None:
+            log(f"resuming study {study.study_name}: {len(study.trials)} trials so far"
                 + (f", {queued} interrupted trial(s) re-queued" if queued else ""))
             return
-        enqueue(study, space, space.baseline_params(), **{keys.BASELINE: True})
-        log(f"new study {study.study_name} in {where}; trial 0 is the PyTorch-defaults "
-            f"baseline ({space.baseline_config().short()})")
+        trials = study.get_trials(deepcopy=False)
+        if baseline_trial_any(study) is None:
+            enqueue(study, space, space.baseline_params(), **{keys.BASELINE: True})
+            log(f"new study {study.study_name} in {where}; trial 0 is the PyTorch-defaults "
+                f"baseline ({space.baseline_config().short()})")
+        else:
+            log(f"study {study.study_name}: a run was stopped while queuing its first trials; queuing the rest")
         likely = space.likely_params()
-        if likely is not None:
+        if likely is not None and not any(t.user_attrs.get(keys.LIKELY_WINNER) for t in trials):
             enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
             log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()})")
         # the walk (batch_walk.py) goes from the likely winner, else the baseline, one choice down and up first
         anchor = likely if likely is not None else space.baseline_params()
-        study.set_user_attr(keys.WALK_ANCHOR, anchor)
+        _, present = evidence(trials, space)
         steps = [(d, s) for d in (-1, 1) if (s := space.batch_step(anchor, d)) is not None]
         for d, step in steps:
-            enqueue(study, space, step, **{keys.BATCH_LINE: d})
+            if space.effective(step).key() not in present:
+                enqueue(study, space, step, **{keys.BATCH_LINE: d})
         if steps:
             log("then its batch size one choice down and up (" + ", ".join(str(s["batch_size"]) for _, s in steps)
                 + "), and on in whichever direction keeps winning")
+        study.set_user_attr(keys.WALK_ANCHOR, anchor)
 
 
 def recover(study, space, *, single_run: bool) -> int:

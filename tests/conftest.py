@@ -19,6 +19,13 @@ _pp = os.environ.get("PYTHONPATH", "")
 if str(REPO_ROOT) not in _pp.split(os.pathsep):
     os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + _pp if _pp else "")
 
+# One machine lock per test session (runs the session starts share it), not the machine's: several sessions
+# (a developer's and a helper's) may run on one machine, and their trials' timings matter less than finishing.
+if not os.environ.get("AUTOTUNE_MACHINE_LOCK"):
+    import tempfile
+
+    os.environ["AUTOTUNE_MACHINE_LOCK"] = os.path.join(tempfile.mkdtemp(prefix="autotune-tests-"), "machine.lock")
+
 TINY = "tests.workloads_fixtures:tiny"
 
 

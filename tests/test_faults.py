@@ -147,6 +147,26 @@ def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(t
         first.wait()
 
 
+def test_a_run_of_another_study_on_this_machine_is_refused_before_it_writes_anything(tmp_path):
+    """Two studies, two databases, one machine: their trials would share the cores, so the second run is
+    refused, naming the first, and leaves no database, study or trial behind."""
+    space = _space_file(tmp_path)
+    first = subprocess.Popen(_run_cmd(space, f"sqlite:///{tmp_path}/a/a.db", "--trials", "4"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_running(f"sqlite:///{tmp_path}/a/a.db")
+        second = run_cli("run", "--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--space", str(space),
+                         "--storage", f"sqlite:///{tmp_path}/b/b.db", "--trials", "1", "--device", "cpu",
+                         "--no-progress")
+        assert second.returncode == 2
+        last = second.stderr.strip().splitlines()[-1]
+        assert "another autotune run is measuring on this machine" in last and f"pid {first.pid}" in last
+        assert not (tmp_path / "b").exists()  # nothing written: no folder, no database
+    finally:
+        first.kill()
+        first.wait()
+
+
 @pytest.mark.slow
 def test_sigkill_twenty_times_loses_nothing(tmp_path):
     """SIGKILL the tuner 20 times at random moments; then it must finish with every finished trial intact."""

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 import uuid
@@ -54,7 +55,10 @@ def space_file(tmp_path):
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "AUTOTUNE_HEARTBEAT_S": str(HEARTBEAT_S), "AUTOTUNE_GRACE_S": str(GRACE_S)}
+    """A worker's environment: short heartbeats, and a machine lock of its own, as if it ran on its own machine
+    (workers on one machine would take turns; these simulate several machines)."""
+    return {**os.environ, "AUTOTUNE_HEARTBEAT_S": str(HEARTBEAT_S), "AUTOTUNE_GRACE_S": str(GRACE_S),
+            "AUTOTUNE_MACHINE_LOCK": os.path.join(tempfile.mkdtemp(prefix="autotune-machine-"), "lock")}
 
 
 def _cmd(url: str, name: str, space, *, model: str = TINY, window_s: float = 0.2,

@@ -438,3 +438,21 @@ def test_trial_rows_name_queued_and_running_trials():
     rows = trial_rows(study)
     assert [(r["trial"], r["status"]) for r in rows] == [(0, "ok"), (1, "running"), (2, "queued")]
     assert rows[2]["config"] == "bs=16 w=0"  # what will run, before it runs
+
+
+def test_a_run_killed_while_queuing_the_first_trials_is_completed_by_the_next(tmp_path):
+    """Killed after the baseline was queued but before the likely winner, the walk steps and the walk's
+    anchor: the next run queues what is missing, once, and walks."""
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, log=logs.append)
+    study = tuner.study()
+    study.enqueue_trial(tuner.space.baseline_params(), user_attrs={"baseline": True})  # all a killed seeding left
+    tuner.prepare(study)
+    roles = [(t.params.get("batch_size") or t.system_attrs["fixed_params"]["batch_size"],
+              t.user_attrs.get("baseline"), t.user_attrs.get("likely_winner"), t.user_attrs.get("batch_line"))
+             for t in study.trials]
+    assert roles == [(8, True, None, None), (8, None, True, None), (16, None, None, 1)]
+    assert study.user_attrs["batch_walk_anchor"] == {"batch_size": 8, "channels_last": True}
+    assert any("stopped while queuing its first trials" in m for m in logs)
+    tuner.prepare(study)  # the next run resumes: nothing queued twice
+    assert len(study.trials) == 3 and "resuming study" in logs[-1]

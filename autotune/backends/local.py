@@ -3,14 +3,16 @@ spoil both timings), through ``study.optimize`` with a progress bar."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from typing import Iterator
 
 from .. import protocol
 from .. import trials as keys
 from ..config import TrialConfig
 from ..errors import AutotuneError, WorkloadError
-from ..storage import sqlite_path
+from ..storage import machine_lock, sqlite_path
 from ..trials import baseline_value
 from .base import SearchBackend
 
@@ -32,6 +34,12 @@ class LocalBackend(SearchBackend):
         if address:
             raise AutotuneError(f"--address {address} joins a Ray cluster: use it with --backend ray")
         super().__init__()
+
+    @contextlib.contextmanager
+    def connect(self, tuner) -> Iterator[None]:
+        """This machine's measuring lock, held from before the study is opened until the finalists are done."""
+        with machine_lock(f"study {tuner.study_name}"):
+            yield None
 
     def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
         from tqdm import tqdm

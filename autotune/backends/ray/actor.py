@@ -48,14 +48,16 @@ def make_trainable(tune):
             try:
                 from autotune.hardware import detect
                 from autotune.runner import run_trial
+                from autotune.storage import machine_lock
 
                 def on_event(ev: dict) -> None:  # windows go to Tune with their step-time split
                     if ev.get("event") == "window":
                         self._events.put(("window", {k: ev.get(k) for k in
                                                      ("index", "samples_per_s", "steps", "data_wait_s", "compute_s")}))
 
-                result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
-                                   on_event=on_event, log_path=log)
+                with machine_lock(f"a Ray trial ({log.name})"):  # one trial per node, whoever started it
+                    result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
+                                       on_event=on_event, log_path=log)
                 self._events.put(("done", (result, detect(with_torch=False).fingerprint)))
             except BaseException as exc:  # noqa: BLE001 - reported to Tune as this trial's error
                 import traceback

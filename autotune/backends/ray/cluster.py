@@ -113,10 +113,12 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
     @ray.remote(max_retries=0)
     def remote(workload: dict, config: dict, measure: dict) -> dict:
         from autotune.runner import run_trial
+        from autotune.storage import machine_lock
 
         os.environ.pop("OMP_NUM_THREADS", None)
-        return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
-                         MeasureSpec.from_dict(measure)).to_dict()
+        with machine_lock("a Ray finalist"):
+            return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
+                             MeasureSpec.from_dict(measure)).to_dict()
 
     def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
         res = base if device == "cpu" else _gpu_trial(config.num_workers)

@@ -1,0 +1,63 @@
+"""The finalists decide the recommendation: a finalist that fails any round is out, and "within noise" is an
+interval of the ratio of medians over the interleaved rounds, not the windows' spread."""
+
+from __future__ import annotations
+
+from autotune.config import TrialResult
+from autotune.finalists import ratio_interval
+from tests.test_study import QUICK, make_tuner
+
+SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
+
+
+def _runner(speed: dict[tuple[int, bool], float], peak: dict[tuple[int, bool], float], fail_in_round=None):
+    """Search trials at ``speed``; finalist runs (longer windows) with 20 windows of spread, and the config
+    ``fail_in_round = (config, round)`` killed over the cap in that finalist round."""
+    finalist_runs: dict[tuple, int] = {}
+
+    def run(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        v = speed[k]
+        if measure.window_s == QUICK.window_s:
+            return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=peak[k],
+                               batch_size=config.batch_size)
+        finalist_runs[k] = finalist_runs.get(k, 0) + 1
+        if fail_in_round is not None and (k, finalist_runs[k]) == fail_in_round:
+            return TrialResult(status="over_memory", reason="killed at 9 GiB, over the 8 GiB cap", wall_s=1.0,
+                               peak_host_mb=9216.0, batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=tuple(v * f for f in SPREAD), wall_s=1.0, peak_host_mb=peak[k],
+                           batch_size=config.batch_size)
+
+    return run
+
+
+def test_ratio_interval_is_tight_for_a_steady_gap_and_wide_for_noise():
+    a = [[100.0 * f for f in SPREAD]] * 2
+    ratio, lo, hi = ratio_interval(a, [[95.0 * f for f in SPREAD]] * 2)
+    assert abs(ratio - 100 / 95) < 1e-9 and 1.0 < lo < ratio < hi
+    ratio, lo, hi = ratio_interval([[100.0, 60.0, 140.0]], [[95.0, 150.0, 50.0]])
+    assert lo < 1.0 < hi
+
+
+def test_a_steadily_slower_config_does_not_win_a_memory_tie(tmp_path):
+    """bs=16 is 5% faster in every round; bs=8 (with channels_last) takes far less memory. The windows spread by
+    8%, which the old rule took for noise; the interval of the ratio over 2 rounds x 20 windows excludes 1."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {(8, False): 200.0, (8, True): 200.0, (16, False): 2000.0, (16, True): 2000.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.margin_vs_runner_up > 0 and rec.margin_interval[0] > 0  # the interval, stated, excludes a tie
+    assert not any("within noise" in n for n in rec.notes)
+
+
+def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2,
+                       runner=_runner(speed, peak, fail_in_round=((16, False), 2)))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)  # the fastest went over the cap
+    assert any("bs=16 w=0" in n and "round 2: over_memory" in n for n in rec.notes)
+    assert [r["out"] for r in rec.runners_up if "out" in r] == ["round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
+    assert "out" in rec.to_yaml()
