@@ -160,6 +160,21 @@ def test_knob_args_order_and_form():
                                  "reduce-overhead", "--interop-threads", "1", "--malloc", "hugepages"]
 
 
+@pytest.mark.parametrize("cfg", [
+    TrialConfig(), FULL, SPARSE,
+    TrialConfig(batch_size=7, num_workers=0, prefetch_factor=8, persistent_workers=True, pin_memory=True),
+    TrialConfig(num_workers=2, compile_mode="default", intra_op_threads=5),
+    TrialConfig(channels_last=True, malloc="retain"),
+])
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_knob_args_round_trip_through_the_trial_parser(cfg, device):
+    from autotune.cli import build_parser
+    from autotune.cli_args import config_from_args
+
+    args = build_parser().parse_args(["trial", "--device", device, *knob_args(cfg)])
+    assert config_from_args(args, args.device) == cfg.replace(cudnn_benchmark=device != "cpu")
+
+
 def test_every_user_knob_is_declared_once():
     fields = [k.field for k in KNOBS]
     assert len(set(fields)) == len(fields)
