@@ -11,7 +11,10 @@ import json
 import sys
 from typing import Any, Sequence
 
-from ._malloc import MALLOC_MODES
+from .cli_args import (add_knob_args, add_measure_args, add_workload_args, config_from_args, measure_from_args,
+                       workload_from_args)
+from .cli_report import add_report_commands
+from .cli_study import add_study_commands
 from .errors import AutotuneError
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_USAGE = 0, 1, 2
@@ -47,63 +50,6 @@ def _fmt() -> type[argparse.HelpFormatter]:
     return argparse.RawDescriptionHelpFormatter
 
 
-# --- shared option groups ---------------------------------------------------------------------------------
-
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("workload (what is measured)")
-    g.add_argument("--model", default="resnet18",
-                   help="torchvision classification model (weights=None, nothing downloaded) or "
-                        "package.module:callable returning (model, dataset, loss_fn); default: %(default)s")
-    g.add_argument("--task", choices=("train", "infer"), default="train",
-                   help="train = forward+backward+optimizer step; infer = inference_mode forward (default: %(default)s)")
-    g.add_argument("--image-size", type=int, default=224, metavar="PX", help="square crop size (default: %(default)s)")
-    g.add_argument("--data", metavar="DIR", default=None,
-                   help="ImageFolder of real images (DIR/<class>/<img>); default: synthetic JPEGs decoded by PIL")
-    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if a GPU is visible, else cpu)")
-
-
-def _add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: float = 3.0,
-                      timeout_help: str = "per-trial time limit") -> None:
-    g = p.add_argument_group("measurement")
-    g.add_argument("--windows", type=int, default=windows, help="measured windows per trial (default: %(default)s)")
-    g.add_argument("--window-seconds", type=float, default=window_s, metavar="S",
-                   help="minimum length of one window (default: %(default)s)")
-    g.add_argument("--trial-timeout", default="10m", metavar="DURATION",
-                   help=f"{timeout_help}, e.g. 90s, 10m (default: %(default)s)")
-    g.add_argument("--memory-cap", default=None, metavar="SIZE",
-                   help="kill a trial whose processes (with DataLoader workers) exceed this, e.g. 12GiB "
-                        "(default: 85%% of the memory available now)")
-
-
-def _workload(args: argparse.Namespace):
-    from .config import Workload
-
-    from .errors import ConfigError
-    from .hardware import detect
-
-    device = args.device
-    gpus = detect(with_torch=False).gpus
-    if device is None:
-        device = "cuda" if gpus else "cpu"
-    elif device.startswith("cuda") and not gpus:
-        raise ConfigError(f"--device {device} but no NVIDIA GPU was detected (see `autotune env`); use --device cpu")
-    return Workload(model=args.model, task=args.task, image_size=args.image_size, data_dir=args.data, device=device)
-
-
-def _measure(args: argparse.Namespace, *, hardware=None):
-    from ._units import parse_duration_s, parse_memory_mb
-    from .config import MeasureSpec
-    from .limits import default_memory_cap_mb, check_cap_against_machine
-
-    if args.memory_cap is None:
-        cap = default_memory_cap_mb(hardware)
-    else:
-        cap = parse_memory_mb(args.memory_cap, what="--memory-cap")
-        check_cap_against_machine(cap, hardware)
-    return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
-                       timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True), memory_cap_mb=cap)
-
-
 # --- commands -----------------------------------------------------------------------------------------
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -125,23 +71,17 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from .config import TrialConfig
     from .hardware import detect
     from .runner import run_trial
     from .workloads import check
 
     hw = detect(with_torch=False)
-    workload = _workload(args)
-    config = TrialConfig(
-        batch_size=args.batch_size, num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
-        pin_memory=args.pin_memory, persistent_workers=args.persistent_workers, amp=args.amp,
-        compile_mode=args.compile, channels_last=args.channels_last, intra_op_threads=args.threads,
-        inter_op_threads=args.interop_threads, cudnn_benchmark=workload.device != "cpu", malloc=args.malloc,
-    )
-    measure = _measure(args, hardware=hw)
+    workload = workload_from_args(args)
+    config = config_from_args(args, workload.device)
+    measure = measure_from_args(args, hardware=hw)
     from ._device import autocast_dtype_name
 
-    autocast_dtype_name("cpu" if workload.device == "cpu" else "cuda", config.amp)  # fp16 on CPU: refused here
+    autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
     check(workload)
     quiet = args.format == "json"
 
@@ -215,34 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         "child is killed at the memory cap or time limit.",
         epilog="example:\n  autotune trial --model resnet18 --image-size 128 --batch-size 64 --num-workers 1 "
                "--amp bf16 --channels-last --threads 2", formatter_class=_fmt())
-    _add_workload_args(p)
-    g = p.add_argument_group("config (the knobs)")
-    g.add_argument("--batch-size", type=int, default=64)
-    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default: %(default)s)")
-    g.add_argument("--prefetch-factor", type=int, default=None, help="batches each worker loads ahead (default: torch's 2)")
-    g.add_argument("--pin-memory", action="store_true", help="page-locked host memory for faster GPU copies")
-    g.add_argument("--persistent-workers", action="store_true", help="keep workers alive across epochs")
-    g.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off",
-                   help="autocast dtype; fp16 (CUDA only) uses a GradScaler (default: %(default)s)")
-    g.add_argument("--compile", choices=("none", "default", "reduce-overhead", "max-autotune"), default="none",
-                   help="torch.compile mode; compile time is reported apart from throughput (default: %(default)s)")
-    g.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="intra-op threads (OMP/MKL and torch)")
-    g.add_argument("--interop-threads", type=int, default=None, metavar="N", help="inter-op threads")
-    g.add_argument("--malloc", choices=MALLOC_MODES, default="default",
-                   help="retain: glibc keeps freed memory for reuse instead of page-faulting it in again each "
-                        "step; hugepages: retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages "
-                        "(THP_MEM_ALLOC_ENABLE=1) (default: %(default)s)")
-    _add_measure_args(p)
+    add_workload_args(p)
+    add_knob_args(p)
+    add_measure_args(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="json prints the full result")
     p.add_argument("--log", default=None, metavar="FILE", help="keep the child's stdout/stderr in FILE")
     p.set_defaults(func=cmd_trial)
 
-    from .cli_study import add_study_commands
-
-    add_study_commands(sub, _add_workload_args, _add_measure_args)
-    from .cli_report import add_report_commands
-
+    add_study_commands(sub)
     add_report_commands(sub)
     return parser
 

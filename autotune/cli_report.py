@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import AutotuneError, StorageError
+from .cli_args import add_study_args, add_study_selector_args, select_study
+from .errors import AutotuneError
 
 REPORT_EPILOG = """\
 examples:
@@ -28,16 +29,6 @@ examples:
 The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise. To look from another
 machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over --host 0.0.0.0.
 """
-
-
-def _storage(url: str | None):
-    from .storage import DEFAULT_STORAGE, open_storage, sqlite_path as _sqlite_path
-
-    url = url or DEFAULT_STORAGE
-    db = _sqlite_path(url)
-    if db is not None and not db.exists():
-        raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
-    return open_storage(url, create_dirs=False), url
 
 
 def is_loopback(host: str) -> bool:
@@ -62,7 +53,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise AutotuneError("the dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
     if not 0 <= args.port <= 65535:
         raise AutotuneError(f"--port {args.port} is not a port number: use 1-65535 (0 picks a free one)")
-    storage, url = _storage(args.storage)
+    from .storage import open_existing_storage
+
+    storage, url = open_existing_storage(args.storage)
 
     class _Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True  # a browser's open connections do not keep Ctrl-C waiting
@@ -101,21 +94,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 # --- report -------------------------------------------------------------------------------------------
 
-def _artifacts_dir(url: str, study_name: str) -> Path:
-    """Where a study's files live: beside the SQLite database (as ``Tuner.artifacts_dir``), else trials/."""
-    from .storage import sqlite_path as _sqlite_path
-
-    db = _sqlite_path(url)
-    return (db.parent if db is not None else Path("trials")) / study_name
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from .cli_study import _select_study
     from .config import Workload
     from .report import build_report, recommended, write_report
+    from .storage import artifacts_dir
 
-    study, url = _select_study(args)
-    folder = _artifacts_dir(url, study.study_name)
+    study, url = select_study(args)
+    folder = artifacts_dir(url, study.study_name)
     out = Path(args.output) if args.output else folder / "report.html"
     profile, note = None, ""
     rec = recommended(study)
@@ -162,10 +147,8 @@ def add_report_commands(sub) -> None:
                        "breakdown of baseline vs recommendation, the top configs with what limited each, and the "
                        "top operators of a short torch.profiler run of the recommended config.",
                        epilog=REPORT_EPILOG, formatter_class=fmt)
-    from .cli_study import _study_args, _study_selector_args
-
-    _study_args(p)  # the same study selection as show/export
-    _study_selector_args(p)
+    add_study_args(p)  # the same study selection as show/export
+    add_study_selector_args(p)
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="default: report.html in the study's folder beside the database (trials/<study>/)")
     p.add_argument("--no-profile", action="store_true",

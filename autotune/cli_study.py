@@ -7,7 +7,9 @@ import json
 import signal
 import sys
 
-from .errors import AutotuneError, StorageError
+from .cli_args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
+                       measure_from_args, select_study, workload_from_args)
+from .errors import AutotuneError
 
 RUN_EPILOG = """\
 examples:
@@ -24,75 +26,22 @@ The study is named after the workload and this machine's hardware fingerprint, s
 """
 
 
-def _study_args(p: argparse.ArgumentParser, *, creates: bool = False) -> None:
-    g = p.add_argument_group("study")
-    g.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage URL (default: sqlite:///trials/autotune.db)")
-    g.add_argument("--study-name", default=None, metavar="NAME",
-                   help="default: derived from workload and hardware fingerprint" if creates else
-                   "default: the study of --model if given, else the only study in the storage")
-
-
-def _study_selector_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("which study (default: the only one in the storage)")
-    g.add_argument("--model", default=None, help="the study of this model (with --task/--image-size/--device)")
-    g.add_argument("--task", default="train", choices=("train", "infer"))
-    g.add_argument("--image-size", type=int, default=224)
-    g.add_argument("--data", default=None)
-    g.add_argument("--device", default=None)
-
-
-def _select_study(args: argparse.Namespace):
-    """The study to show/export: by --study-name, else derived from --model, else the only one stored."""
-    import optuna
-
-    from .storage import DEFAULT_STORAGE, open_storage, study_name_for
-
-    url = args.storage or DEFAULT_STORAGE
-    from .storage import sqlite_path as _sqlite_path
-
-    db = _sqlite_path(url)
-    if db is not None and not db.exists():
-        raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
-    storage = open_storage(url, create_dirs=False)
-    name = args.study_name
-    if name is None and getattr(args, "model", None):
-        from .cli import _workload
-        from .hardware import detect
-
-        name = study_name_for(_workload(args), detect(with_torch=False).fingerprint)
-    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
-    names = [s.study_name for s in summaries]
-    if name is None:
-        if not names:
-            raise StorageError(f"{url} holds no study yet: run `autotune run --model ...` first")
-        # a run stopped before its first trial leaves an empty study behind: it does not make the choice ambiguous
-        with_trials = [s.study_name for s in summaries if s.n_trials > 0] if len(names) > 1 else names
-        if len(with_trials) != 1:
-            raise AutotuneError(f"{url} holds {len(names)} studies ({', '.join(names)}); pick one with --study-name")
-        name = with_trials[0]
-    if name not in names:
-        raise AutotuneError(f"no study {name!r} in {url}; stored: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=name, storage=storage), url
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from ._units import parse_duration_s
-    from .cli import _measure, _workload
     from .hardware import detect
     from .space import load_space
     from .study import Tuner
     from .workloads import check
 
     hw = detect()
-    workload = _workload(args)
-    measure = _measure(args, hardware=hw)
+    workload = workload_from_args(args)
+    measure = measure_from_args(args, hardware=hw)
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
     if args.trials is None and timeout_s is None:
         raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
-    space = load_space(args.space, hardware=hw, device="cpu" if workload.device == "cpu" else "cuda")
+    space = load_space(args.space, hardware=hw, device=workload.device_family)
     check(workload)
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
@@ -123,7 +72,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     from .trials import baseline_value, trial_rows
 
-    study, url = _select_study(args)
+    study, url = select_study(args)
     rows = trial_rows(study)
     if not rows:
         print(f"study {study.study_name} has no trials yet")
@@ -176,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .finalists import provisional
     from .recommendation import stored_recommendation
 
-    study, url = _select_study(args)
+    study, url = select_study(args)
     rec = stored_recommendation(study) or provisional(study, storage=url)
     if rec.provisional:
         print("autotune export: note: the run was stopped before its finalists were re-measured; this is the "
@@ -190,7 +139,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
+def add_study_commands(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("run", help="tune: run (or resume) a study and recommend a config",
                        description="Tune a workload on this machine: an Optuna study of isolated trials, then a "
@@ -204,7 +153,7 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                    help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
     g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")
     add_measure_args(p)
-    _study_args(p, creates=True)
+    add_study_args(p, creates=True)
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
                    "for the device, trimmed to this machine)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")
@@ -220,8 +169,8 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                        description="Show a study's trials, best first: status, median throughput, speedup over "
                        "the baseline, spread, peak memory, share of step time waiting for data, config, reason.",
                        formatter_class=fmt)
-    _study_args(p)
-    _study_selector_args(p)
+    add_study_args(p)
+    add_study_selector_args(p)
     p.add_argument("--csv", default=None, metavar="FILE", help="also write every trial to a CSV file")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="show only the first N rows")
     p.add_argument("--explain", action="store_true",
@@ -232,8 +181,8 @@ def add_study_commands(sub, add_workload_args, add_measure_args) -> None:
                        description="Write the study's recommendation: config, measured throughput and spread, "
                        "speedup over the baseline, peak memory vs cap, hardware and fingerprint, versions, "
                        "runner-ups and the command that reproduces the measurement.", formatter_class=fmt)
-    _study_args(p)
-    _study_selector_args(p)
+    add_study_args(p)
+    add_study_selector_args(p)
     p.add_argument("--format", choices=("yaml", "json"), default="yaml")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
     p.set_defaults(func=cmd_export)

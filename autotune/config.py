@@ -16,7 +16,8 @@ from ._malloc import MALLOC_MODES, env_for
 from .errors import ConfigError
 from .measure import Summary, summarize
 
-__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "AMP_MODES", "COMPILE_MODES"]
+__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "AMP_MODES", "COMPILE_MODES",
+           "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "launch_env", "THREAD_ENV_VARS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -26,6 +27,11 @@ TASKS = ("train", "infer")
 # pruned: stopped by the tuner because it could not beat the best. skipped: not run (known infeasible).
 STATUSES = ("ok", "oom", "over_memory", "timeout", "crashed", "error", "pruned", "skipped")
 MEMORY_STATUSES = ("oom", "over_memory")
+
+
+def device_family(device: str) -> str:
+    """``"cpu"`` or ``"cuda"``: the kind of device a device string (``cpu``, ``cuda``, ``cuda:N``) names."""
+    return "cpu" if device == "cpu" else "cuda"
 
 
 def _check(cond: bool, field_name: str, value: Any, allowed: str, fix: str = "") -> None:
@@ -104,8 +110,8 @@ class Workload(_Record):
 
     @property
     def device_family(self) -> str:
-        """``cpu`` or ``cuda`` (for ``cuda:N`` too): which search space and device code apply."""
-        return "cpu" if self.device == "cpu" else "cuda"
+        """``"cpu"`` or ``"cuda"`` (for ``cuda`` and ``cuda:N``)."""
+        return device_family(self.device)
 
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
@@ -177,25 +183,126 @@ class TrialConfig(_Record):
         return tuple(sorted(self.to_dict().items()))
 
     def short(self) -> str:
-        """One line a person can read: ``bs=64 w=2 pf=2 bf16 cl t=2/1``."""
-        parts = [f"bs={self.batch_size}", f"w={self.num_workers}"]
-        if self.num_workers:
-            parts.append(f"pf={self.prefetch_factor or 2}")
-            if self.persistent_workers:
-                parts.append("persist")
-        if self.pin_memory:
-            parts.append("pin")
-        if self.amp != "off":
-            parts.append(self.amp)
-        if self.channels_last:
-            parts.append("cl")
-        if self.compile_mode != "none":
-            parts.append(f"compile={self.compile_mode}")
-        if self.malloc != "default":
-            parts.append(f"malloc={self.malloc}")
-        if self.intra_op_threads or self.inter_op_threads:
-            parts.append(f"t={self.intra_op_threads or '-'}/{self.inter_op_threads or '-'}")
+        """One line a person can read: ``bs=64 w=2 pf=2 bf16 cl t=2/1``, from the knobs' labels (see ``KNOBS``)."""
+        parts = []
+        for knob in _SHORT_KNOBS:
+            value = getattr(self, knob.field)
+            if knob.field == "prefetch_factor":
+                if self.num_workers:  # only with workers; unset means torch's default, 2
+                    parts.append(f"{knob.label}={value or 2}")
+            elif knob.field in _THREADS:  # both counts in one part, t=intra/inter; - is torch's default
+                if self.intra_op_threads or self.inter_op_threads:
+                    parts.append(f"{knob.label}={self.intra_op_threads or '-'}/{self.inter_op_threads or '-'}")
+            elif knob.kind == "int":
+                parts.append(f"{knob.label}={value}")
+            elif knob.kind == "switch":
+                if value:
+                    parts.append(knob.label)
+            elif value != knob.default:  # a choice: shown when not the default, as label=value or the value alone
+                parts.append(f"{knob.label}={value}" if knob.label else value)
         return " ".join(parts)
+
+
+# --- the knobs, declared once ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Knob:
+    """One TrialConfig field a user sets, and how it is spelled: the `autotune trial` flag, its help, its label
+    in ``TrialConfig.short()``.
+
+    ``kind`` is ``"int"`` (takes a whole number), ``"switch"`` (a flag that turns it on) or ``"choice"`` (one of
+    ``choices``). ``help`` is an argparse help string (``%(default)s`` is the default). ``always``: ``knob_args``
+    writes the flag even at its default, so a reproduce command reads completely. The default is the field's
+    default in TrialConfig, which is also the flag's.
+    """
+
+    field: str
+    flag: str
+    kind: str
+    help: str | None = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    label: str = ""
+    always: bool = False
+
+    @property
+    def default(self) -> Any:
+        return TrialConfig.__dataclass_fields__[self.field].default
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute the flag sets: ``--interop-threads`` -> ``interop_threads``."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+# In the order `autotune trial --help` lists them. cudnn_benchmark is not here: it follows the device.
+KNOBS: tuple[Knob, ...] = (
+    Knob("batch_size", "--batch-size", "int", label="bs", always=True),
+    Knob("num_workers", "--num-workers", "int", "DataLoader worker processes (default: %(default)s)",
+         label="w", always=True),
+    Knob("prefetch_factor", "--prefetch-factor", "int", "batches each worker loads ahead (default: torch's 2)",
+         label="pf"),
+    Knob("pin_memory", "--pin-memory", "switch", "page-locked host memory for faster GPU copies", label="pin"),
+    Knob("persistent_workers", "--persistent-workers", "switch", "keep workers alive across epochs",
+         label="persist"),
+    Knob("amp", "--amp", "choice", "autocast dtype; fp16 (CUDA only) uses a GradScaler (default: %(default)s)",
+         choices=AMP_MODES, label="", always=True),
+    Knob("compile_mode", "--compile", "choice",
+         "torch.compile mode; compile time is reported apart from throughput (default: %(default)s)",
+         choices=COMPILE_MODES, label="compile", always=True),
+    Knob("channels_last", "--channels-last", "switch", "NHWC memory format for model and inputs", label="cl"),
+    Knob("intra_op_threads", "--threads", "int", "intra-op threads (OMP/MKL and torch)", metavar="N", label="t"),
+    Knob("inter_op_threads", "--interop-threads", "int", "inter-op threads", metavar="N", label="t"),
+    Knob("malloc", "--malloc", "choice",
+         "retain: glibc keeps freed memory for reuse instead of page-faulting it in again each step; hugepages: "
+         "retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages (THP_MEM_ALLOC_ENABLE=1) "
+         "(default: %(default)s)", choices=MALLOC_MODES, label="malloc"),
+)
+_KNOB = {k.field: k for k in KNOBS}
+_THREADS = ("intra_op_threads", "inter_op_threads")
+# short() and knob_summary() list the knobs in their own (older) orders, kept so the lines stay as they were
+# (short lines are stored in recommendations); short() writes both thread counts as one part, t=intra/inter.
+_SHORT_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
+                                        "pin_memory", "amp", "channels_last", "compile_mode", "malloc",
+                                        "intra_op_threads"))
+_SUMMARY_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
+                                          "pin_memory", "amp", "channels_last", "compile_mode", "intra_op_threads",
+                                          "inter_op_threads", "malloc"))
+
+
+def knob_args(config: TrialConfig) -> list[str]:
+    """The `autotune trial` flags that set ``config``'s knobs, e.g. ``['--batch-size', '32', '--num-workers',
+    '2', '--amp', 'bf16', '--compile', 'none', '--prefetch-factor', '4', '--channels-last', '--threads', '2']``.
+
+    First the knobs written even at their default (``--batch-size N --num-workers N --amp X --compile X``,
+    always these 8 items), then the others in ``KNOBS`` order, each only when it differs from its default
+    (a switch as the bare flag). Parsed by ``autotune trial`` (with the config's device) they give ``config``
+    back. Other flags may go anywhere among them: argparse does not care about order.
+    """
+    always: list[str] = []
+    changed: list[str] = []
+    for knob in KNOBS:
+        value = getattr(config, knob.field)
+        if knob.always:
+            always += [knob.flag, str(value)]
+        elif knob.kind == "switch":
+            if value:
+                changed.append(knob.flag)
+        elif value != knob.default:
+            changed += [knob.flag, str(value)]
+    return always + changed
+
+
+def knob_summary(config: TrialConfig) -> str:
+    """Every knob by its field name on one line: ``batch_size=64 num_workers=0 prefetch_factor=None ...``;
+    an unset thread count reads ``default``."""
+    parts = []
+    for knob in _SUMMARY_KNOBS:
+        value = getattr(config, knob.field)
+        if knob.field in _THREADS and value is None:
+            value = "default"
+        parts.append(f"{knob.field}={value}")
+    return " ".join(parts)
 
 
 @dataclass(frozen=True)

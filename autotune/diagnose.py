@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from .config import finite_or_none
+
 __all__ = ["Diagnosis", "diagnose", "explain_study", "LABELS", "INPUT_BOUND_SHARE", "MEMORY_BOUND_FRACTION",
            "COMPILE_DOMINATED_SHARE", "KERNEL_HEAVY_SHARE", "levers_allowed", "measured_values"]
 
@@ -52,14 +54,6 @@ class Diagnosis(NamedTuple):
 
     def line(self) -> str:
         return f"{self.label}: {self.explanation}"
-
-
-def _num(x: Any) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None  # NaN (pandas' missing value) is missing
 
 
 Allowed = Callable[[str, Any], bool]  # (knob, value) -> may this lever be suggested?
@@ -109,8 +103,8 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
     status = figures.get("status") or "-"
     reason = (figures.get("reason") or "").strip()
     config = figures.get("config") or {}
-    peak = _num(figures.get("peak_host_mb"))
-    cap = _num(memory_cap_mb)
+    peak = finite_or_none(figures.get("peak_host_mb"))
+    cap = finite_or_none(memory_cap_mb)
     workers = config.get("num_workers")
 
     if status in _MEMORY_STATUSES or status == "skipped":
@@ -120,12 +114,12 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
     if status in ("error", "crashed", "timeout"):
         return Diagnosis("failed", f"{status}: {reason or 'no reason recorded'}"[:200])
 
-    share = _num(figures.get("data_wait_share"))
-    measured = share is not None or _num(figures.get("median_samples_per_s")) is not None
+    share = finite_or_none(figures.get("data_wait_share"))
+    measured = share is not None or finite_or_none(figures.get("median_samples_per_s")) is not None
     if not measured:
         return Diagnosis("unmeasured", f"{status}: no measured window" + (f" ({reason})" if reason else ""))
 
-    compile_s, wall_s = _num(figures.get("compile_s")), _num(figures.get("wall_s"))
+    compile_s, wall_s = finite_or_none(figures.get("compile_s")), finite_or_none(figures.get("wall_s"))
     if compile_s and wall_s and compile_s >= COMPILE_DOMINATED_SHARE * wall_s:
         return Diagnosis("compile-dominated",
                          f"compiling took {compile_s:.1f} s of the {wall_s:.1f} s trial: torch.compile pays off "
@@ -141,7 +135,7 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
                                          f"{cap:.0f} MiB cap: a larger batch would not fit; bf16 AMP or fewer "
                                          "workers free memory")
     wait = f"waiting for data only {100 * share:.0f}% of the step" if share is not None else "data wait not measured"
-    levers = _compute_levers(config, _num(figures.get("kernel_cpu_share")), allowed)
+    levers = _compute_levers(config, finite_or_none(figures.get("kernel_cpu_share")), allowed)
     return Diagnosis("compute-bound", f"{wait}, the model's math is the limit: {levers}")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .config import TrialConfig
+from .config import TrialConfig, device_family
 from .errors import SpaceError
 
 __all__ = ["Param", "SearchSpace", "load_space", "default_space_path"]
@@ -37,9 +37,6 @@ class Param:
     type: str
     choices: tuple = ()
     when: tuple | None = None  # (param, op, value)
-
-    def values(self) -> tuple:
-        return self.choices
 
 
 @dataclass
@@ -176,14 +173,14 @@ def _holds(when: tuple, values: dict[str, Any]) -> bool:
 
 
 def default_space_path(device: str) -> Path:
-    family = "cpu" if device == "cpu" else "cuda"
+    family = device_family(device)
     try:
         return Path(str(resources.files("autotune.search_spaces").joinpath(f"{family}.yaml")))
     except ModuleNotFoundError:  # running from a source checkout that was never installed
         return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
 
 
-def _parse_scalar(raw: Any, cores: int, where: str = "") -> Any:
+def _parse_scalar(raw: Any, cores: int) -> Any:
     if raw == "cores":
         return cores
     return raw
@@ -255,11 +252,11 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raw = spec["choices"]
             if not isinstance(raw, list) or not raw:
                 raise SpaceError(f"{where}: choices must be a non-empty list")
-            choices = [_parse_scalar(c, cores, where) for c in raw]
+            choices = [_parse_scalar(c, cores) for c in raw]
         elif "low" in spec and "high" in spec:
             if ptype != "int":
                 raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
-            low, high = _parse_scalar(spec["low"], cores, where), _parse_scalar(spec["high"], cores, where)
+            low, high = _parse_scalar(spec["low"], cores), _parse_scalar(spec["high"], cores)
             if not (isinstance(low, int) and isinstance(high, int)):
                 raise SpaceError(f"{where}: low and high must be whole numbers (or 'cores')")
             if low > high:
@@ -314,7 +311,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raise SpaceError(f"{src}: fixed.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
         if k in seen:
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
-        v = _parse_scalar(v, cores, f"{src}: fixed.{k}")
+        v = _parse_scalar(v, cores)
         kept = _trim(k, [v], hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
                      oversubscribe=bool(doc.get("oversubscribe", False)))
         if not kept:
@@ -325,7 +322,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
     except Exception as exc:
         raise SpaceError(f"{src}: fixed: {exc}") from None
 
-    baseline = {k: _parse_scalar(v, cores, f"{src}: baseline.{k}") for k, v in (doc.get("baseline") or {}).items()}
+    baseline = {k: _parse_scalar(v, cores) for k, v in (doc.get("baseline") or {}).items()}
     for k in baseline:
         if k not in _KNOBS:
             raise SpaceError(f"{src}: baseline.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")

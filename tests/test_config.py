@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload, finite_or_none
+from autotune.config import (KNOBS, MeasureSpec, TrialConfig, TrialResult, Workload, device_family, finite_or_none,
+                             knob_args, knob_summary)
 from autotune.errors import AutotuneError, ConfigError
 
 
@@ -122,6 +123,69 @@ def test_short():
     assert TrialConfig(batch_size=8).short() == "bs=8 w=0"
     assert "compile=default" in TrialConfig(compile_mode="default").short()
     assert "persist" in TrialConfig(num_workers=1, persistent_workers=True).short()
+
+
+# --- the knobs: one declaration, the CLI flags, short() and the summary line --------------------------------
+
+FULL = TrialConfig(batch_size=48, num_workers=3, prefetch_factor=4, pin_memory=True, persistent_workers=True,
+                   amp="bf16", compile_mode="max-autotune", channels_last=True, intra_op_threads=2,
+                   inter_op_threads=1, malloc="retain")
+SPARSE = TrialConfig(batch_size=1, num_workers=3, amp="fp16", compile_mode="reduce-overhead", inter_op_threads=1,
+                     malloc="hugepages")
+
+
+@pytest.mark.parametrize("cfg, short, summary", [
+    (TrialConfig(), "bs=64 w=0",
+     "batch_size=64 num_workers=0 prefetch_factor=None persistent_workers=False pin_memory=False amp=off "
+     "channels_last=False compile_mode=none intra_op_threads=default inter_op_threads=default malloc=default"),
+    (FULL, "bs=48 w=3 pf=4 persist pin bf16 cl compile=max-autotune malloc=retain t=2/1",
+     "batch_size=48 num_workers=3 prefetch_factor=4 persistent_workers=True pin_memory=True amp=bf16 "
+     "channels_last=True compile_mode=max-autotune intra_op_threads=2 inter_op_threads=1 malloc=retain"),
+    (SPARSE, "bs=1 w=3 pf=2 fp16 compile=reduce-overhead malloc=hugepages t=-/1",
+     "batch_size=1 num_workers=3 prefetch_factor=None persistent_workers=False pin_memory=False amp=fp16 "
+     "channels_last=False compile_mode=reduce-overhead intra_op_threads=default inter_op_threads=1 "
+     "malloc=hugepages"),
+])
+def test_short_and_knob_summary_lines(cfg, short, summary):
+    assert cfg.short() == short
+    assert knob_summary(cfg) == summary
+
+
+def test_knob_args_order_and_form():
+    assert knob_args(TrialConfig()) == ["--batch-size", "64", "--num-workers", "0", "--amp", "off", "--compile", "none"]
+    assert knob_args(FULL) == ["--batch-size", "48", "--num-workers", "3", "--amp", "bf16", "--compile", "max-autotune",
+                               "--prefetch-factor", "4", "--pin-memory", "--persistent-workers", "--channels-last",
+                               "--threads", "2", "--interop-threads", "1", "--malloc", "retain"]
+    assert knob_args(SPARSE) == ["--batch-size", "1", "--num-workers", "3", "--amp", "fp16", "--compile",
+                                 "reduce-overhead", "--interop-threads", "1", "--malloc", "hugepages"]
+
+
+@pytest.mark.parametrize("cfg", [
+    TrialConfig(), FULL, SPARSE,
+    TrialConfig(batch_size=7, num_workers=0, prefetch_factor=8, persistent_workers=True, pin_memory=True),
+    TrialConfig(num_workers=2, compile_mode="default", intra_op_threads=5),
+    TrialConfig(channels_last=True, malloc="retain"),
+])
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_knob_args_round_trip_through_the_trial_parser(cfg, device):
+    from autotune.cli import build_parser
+    from autotune.cli_args import config_from_args
+
+    args = build_parser().parse_args(["trial", "--device", device, *knob_args(cfg)])
+    assert config_from_args(args, args.device) == cfg.replace(cudnn_benchmark=device != "cpu")
+
+
+def test_every_user_knob_is_declared_once():
+    fields = [k.field for k in KNOBS]
+    assert len(set(fields)) == len(fields)
+    assert set(fields) == {f.name for f in dataclasses.fields(TrialConfig)} - {"cudnn_benchmark"}
+    assert [k.flag for k in KNOBS if k.field in ("compile_mode", "intra_op_threads", "inter_op_threads")] == [
+        "--compile", "--threads", "--interop-threads"]
+
+
+def test_device_family():
+    assert [device_family(d) for d in ("cpu", "cuda", "cuda:1")] == ["cpu", "cuda", "cuda"]
+    assert Workload(device="cuda:0").device_family == "cuda" and Workload().device_family == "cpu"
 
 
 # --- from_dict / to_dict -------------------------------------------------------------------------------
