@@ -73,6 +73,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_trial(args: argparse.Namespace) -> int:
     from .hardware import detect
     from .runner import run_trial
+    from .storage import machine_lock
     from .workloads import check
 
     hw = detect(with_torch=False)
@@ -101,7 +102,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     if not quiet:
         print(f"measuring {workload.label()} with {config.short()} in a child process", file=sys.stderr)
-    result = run_trial(workload, config, measure, on_event=on_event, log_path=args.log)
+    with machine_lock(f"autotune trial {config.short()}"):  # not beside a run: they would share the cores
+        result = run_trial(workload, config, measure, on_event=on_event, log_path=args.log)
     if result.user_error:  # the workload is wrong, not this config: a usage error
         from .errors import WorkloadError
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import yaml
 
 from ._malloc import apply_in_process, env_for
-from .config import TrialConfig, Workload, launch_env
+from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
 from .errors import ConfigError
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
@@ -44,25 +44,13 @@ def _now() -> str:
 
 
 def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
-    """The `autotune trial` command that measures this config again."""
+    """The `autotune trial` command that measures this config again: the workload's flags, then the knobs'
+    (``config.knob_args``), then the memory cap."""
     args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
-            "--image-size", str(workload.image_size), "--device", workload.device,
-            "--batch-size", str(config.batch_size), "--num-workers", str(config.num_workers),
-            "--amp", config.amp, "--compile", config.compile_mode]
+            "--image-size", str(workload.image_size), "--device", workload.device]
     if workload.data_dir:
         args += ["--data", workload.data_dir]
-    if config.prefetch_factor:
-        args += ["--prefetch-factor", str(config.prefetch_factor)]
-    for flag, on in (("--pin-memory", config.pin_memory), ("--persistent-workers", config.persistent_workers),
-                     ("--channels-last", config.channels_last)):
-        if on:
-            args.append(flag)
-    if config.intra_op_threads:
-        args += ["--threads", str(config.intra_op_threads)]
-    if config.inter_op_threads:
-        args += ["--interop-threads", str(config.inter_op_threads)]
-    if config.malloc != "default":
-        args += ["--malloc", config.malloc]
+    args += knob_args(config)
     if cap_mb:
         args += ["--memory-cap", f"{int(cap_mb)}MiB"]
     return shlex.join(args)
@@ -240,13 +228,7 @@ class Recommendation:
                 if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
 
     def summary(self) -> str:
-        c = self.config
-        knobs = (f"batch_size={c.batch_size} num_workers={c.num_workers} prefetch_factor={c.prefetch_factor} "
-                 f"persistent_workers={c.persistent_workers} pin_memory={c.pin_memory} amp={c.amp} "
-                 f"channels_last={c.channels_last} compile_mode={c.compile_mode} "
-                 f"intra_op_threads={c.intra_op_threads or 'default'} inter_op_threads={c.inter_op_threads or 'default'} "
-                 f"malloc={c.malloc}")
-        lines = [f"recommended: {self.config.short()}", f"  {knobs}",
+        lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",
                  f"  {self.median_samples_per_s:.1f} samples/s median (IQR {self.iqr_samples_per_s:.1f}, "
                  f"{len(self.samples_per_s)} windows)"
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "

@@ -71,11 +71,8 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     db = sqlite_path(url)
     if db is not None:
         if create_dirs:
-            try:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
-        if db.parent.exists() and not os.access(db.parent, os.W_OK):
+            _database_folder(db)
+        elif db.parent.exists() and not os.access(db.parent, os.W_OK):
             raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
         kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}}
     elif url.startswith(("sqlite:", "postgresql", "mysql")):
@@ -101,6 +98,16 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _database_folder(db: Path) -> None:
+    """Create the folder of SQLite database ``db`` if needed, or a one-line StorageError if it cannot hold it."""
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
+    if not os.access(db.parent, os.W_OK):
+        raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
 
 
 def _with_driver(url: str) -> str:
@@ -165,7 +172,7 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
     if db is None:
         yield
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
+    _database_folder(db)
     lock_path = db.parent / f".{db.name}.{study_name}.lock"
     fh = open(lock_path, "w")
     try:
