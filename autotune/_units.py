@@ -1,4 +1,4 @@
-"""Parse the human units a user types: memory sizes and durations."""
+"""Parse the human units a user types: memory sizes, durations and shares."""
 
 from __future__ import annotations
 
@@ -70,6 +70,22 @@ def parse_duration_s(text: str | int | float, *, what: str = "duration", require
     if seconds <= 0:
         raise ConfigError(f"{what} must be positive, got {text!r}")
     return seconds
+
+
+def parse_share(text: str | int | float, *, what: str = "share", upto: float = 1.0) -> float:
+    """Parse ``"10%"`` or ``0.1`` as a share from 0 up to (not including) ``upto``.
+
+    >>> parse_share("15%")
+    0.15
+    """
+    s = str(text).strip()
+    try:
+        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} does not parse: write e.g. 10% or 0.1") from None
+    if not (math.isfinite(value) and 0 <= value < upto):
+        raise ConfigError(f"{what} {text!r} must be from 0% to under {100 * upto:g}%")
+    return value
 
 
 def format_mb(mb: float | None) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Mapping
 
-from .trials import config_of, is_feasible
+from .trials import MemoryLimit, config_of, is_feasible
 
 __all__ = ["Step", "next_steps", "evidence"]
 
@@ -65,8 +65,9 @@ def next_steps(anchor: dict[str, Any], space, measured: Mapping[tuple, float],
     return steps
 
 
-def evidence(trials: Iterable, space) -> tuple[dict[tuple, float], set[tuple]]:
-    """``(measured, present)`` for ``next_steps`` from a study's trials (``study.get_trials()``)."""
+def evidence(trials: Iterable, space, limit: MemoryLimit | None = None) -> tuple[dict[tuple, float], set[tuple]]:
+    """``(measured, present)`` for ``next_steps`` from a study's trials (``study.get_trials()``); a trial
+    counts as feasible under ``limit`` (None: as recorded)."""
     from optuna.trial import TrialState
 
     measured: dict[tuple, float] = {}
@@ -78,6 +79,6 @@ def evidence(trials: Iterable, space) -> tuple[dict[tuple, float], set[tuple]]:
         key = config.key()
         present.add(key)
         if t.state.is_finished():
-            value = (t.value or 0.0) if t.state == TrialState.COMPLETE and is_feasible(t) else 0.0
+            value = (t.value or 0.0) if t.state == TrialState.COMPLETE and is_feasible(t, limit) else 0.0
             measured[key] = max(measured.get(key, 0.0), value)
     return measured, present

@@ -41,6 +41,10 @@ def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: 
     g.add_argument("--memory-cap", default=None, metavar="SIZE",
                    help="kill a trial whose processes (with DataLoader workers) exceed this, e.g. 12GiB "
                         "(default: 85%% of the memory available now)")
+    g.add_argument("--memory-margin", default="10%", metavar="SHARE",
+                   help="a config is feasible only if its peak leaves this share of the cap free, so it still "
+                        "fits when the real run uses a little more than a short trial did, e.g. 10%%, 0.2 "
+                        "(default: %(default)s)")
 
 
 def add_knob_args(p: argparse.ArgumentParser) -> None:
@@ -93,7 +97,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
 
 def measure_from_args(args: argparse.Namespace, *, hardware=None) -> MeasureSpec:
     """The measurement of ``add_measure_args``; no --memory-cap means 85% of the memory available now."""
-    from ._units import parse_duration_s, parse_memory_mb
+    from ._units import parse_duration_s, parse_memory_mb, parse_share
     from .limits import check_cap_against_machine, default_memory_cap_mb
 
     if args.memory_cap is None:
@@ -102,7 +106,8 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None) -> MeasureSpec
         cap = parse_memory_mb(args.memory_cap, what="--memory-cap")
         check_cap_against_machine(cap, hardware)
     return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
-                       timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True), memory_cap_mb=cap)
+                       timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
+                       memory_cap_mb=cap, memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9))
 
 
 def config_from_args(args: argparse.Namespace, device: str) -> TrialConfig:

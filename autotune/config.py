@@ -312,6 +312,9 @@ class MeasureSpec(_Record):
     Warm-up runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three step times moves by
     less than ``settle_tolerance`` (or ``warmup_max_s`` passes). Then ``windows`` windows of at least
     ``window_s`` seconds each (and at least ``min_window_steps`` steps) are measured and streamed.
+    The parent kills a trial over ``memory_cap_mb``; a config counts as feasible only with ``memory_margin``
+    of the cap to spare (its peak under cap x (1 - margin)), so it still fits when the real run's memory
+    wanders above what a short trial saw.
     """
 
     _kind: ClassVar[str] = "measure"
@@ -326,6 +329,7 @@ class MeasureSpec(_Record):
     timeout_s: float = 600.0
     memory_cap_mb: float | None = None
     seed: int = 0
+    memory_margin: float = 0.10
 
     def __post_init__(self) -> None:
         _check(_is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
@@ -340,6 +344,8 @@ class MeasureSpec(_Record):
         _check(_is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
         _check(self.memory_cap_mb is None or (_is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,
                "None or a positive number of MiB")
+        _check(_is_num(self.memory_margin) and 0 <= self.memory_margin < 0.9, "memory_margin", self.memory_margin,
+               "a share of the cap from 0 to 0.9 (0.1 keeps 10% of the cap free)")
 
 
 @dataclass(frozen=True)

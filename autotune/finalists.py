@@ -174,9 +174,15 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     is within noise of it and lighter on memory (then on threads): "within noise" means the 95% interval of
     the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
     windows spread widely."""
+    from ._units import format_mb
+
     notes: list[str] = []
     scored, out = [], []
+    usable = tuner.limit.usable_mb
     for c, t in zip(configs, trials):
+        if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
+            ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
+                                        f"{100 * tuner.limit.margin:.0f}% margin leaves of the cap")
         if ev.failures[c.key()]:
             out.append((c, t))
             notes.append(f"{c.short()} (trial {t.number}) is out: it did not finish every finalist round "
@@ -221,6 +227,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
         speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
         peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
+        memory_margin=tuner.limit.margin,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
@@ -252,12 +259,13 @@ def provisional(study, *, storage: str = "") -> Recommendation:
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     config = TrialConfig.from_dict(ua[keys.CONFIG])
     space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
-    cap = study.user_attrs.get(keys.STUDY_MEMORY_CAP)
+    limit = keys.MemoryLimit.of_study(study)
+    cap = limit.cap_mb
     return Recommendation(
         config=config, workload=workload, median_samples_per_s=round(s.median, 3),
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
         speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
-        memory_cap_mb=cap, margin_vs_runner_up=None, noisy=s.noisy,
+        memory_cap_mb=cap, memory_margin=limit.margin, margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
         study_name=study.study_name, storage=storage, trial_number=best.number,

@@ -24,7 +24,7 @@ import warnings
 from . import trials as keys
 from .config import TrialConfig, TrialResult
 from .storage import server_lock
-from .trials import OWN_ATTRS, known, outcome
+from .trials import OWN_ATTRS, MemoryLimit, known, outcome
 
 __all__ = ["TrialError", "make_sampler", "begin", "claim", "wait_for", "answer_from_study", "record", "settle"]
 
@@ -89,19 +89,20 @@ def wait_for(study, twin_id: int, *, poll_s: float = 1.0):
     return state
 
 
-def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, memory_cap_mb: float | None):
+def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: MemoryLimit):
     """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
-    config that ran out of memory (infeasible), or a config measured before (its figures are copied).
-    Returns the value (or raises TrialPruned like a run would); None means: run it."""
+    config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
+    feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
+    is no answer. Returns the value (or raises TrialPruned like a run would); None means: run it."""
     import optuna
 
-    done, memory_failures = known(trial.study, fingerprint)
+    done, memory_failures = known(trial.study, fingerprint, limit)
     for smaller, number in memory_failures:
         if smaller.batch_size <= config.batch_size and smaller.replace(batch_size=config.batch_size) == config:
             result = TrialResult(status="skipped", batch_size=config.batch_size,
                                  reason=f"not run: batch {config.batch_size} >= batch {smaller.batch_size}, "
                                         f"which ran out of memory with the same settings (trial {number})")
-            return record(trial, result, memory_cap_mb=memory_cap_mb)
+            return record(trial, result, limit=limit)
 
     twin = done.get(config.key())
     if twin is None:
@@ -113,14 +114,18 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, memory_ca
     trial.set_user_attr(keys.REASON, f"same config as trial {twin.number}: its figures, not re-measured")
     if twin.state.name == "PRUNED":
         raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
-    for k, v in twin.constraints.items():
-        trial.set_constraint(k, v)
+    if twin.user_attrs.get(keys.STATUS) == "ok":
+        trial.set_constraint("memory", limit.constraint(twin.user_attrs.get(keys.PEAK)))
+    else:
+        for k, v in twin.constraints.items():
+            trial.set_constraint(k, v)
     return float(twin.value or 0.0)
 
 
-def record(trial, result: TrialResult, *, memory_cap_mb: float | None) -> float:
-    """Store ``result`` on ``trial`` (figures as user attributes, a one-line diagnosis, the traceback of an
-    error) and return its value, or raise TrialPruned / TrialError, as ``outcome`` decides."""
+def record(trial, result: TrialResult, *, limit: MemoryLimit) -> float:
+    """Store ``result`` on ``trial`` (figures as user attributes, the cap it ran under, a one-line diagnosis,
+    the traceback of an error) and return its value, or raise TrialPruned / TrialError, as ``outcome``
+    decides."""
     import optuna
 
     from .diagnose import diagnose
@@ -128,12 +133,13 @@ def record(trial, result: TrialResult, *, memory_cap_mb: float | None) -> float:
     figures = result.figures()
     for k, v in figures.items():
         trial.set_user_attr(k, v)
+    trial.set_user_attr(keys.TRIAL_CAP, limit.cap_mb)
     # one line on what limited this trial, stored so optuna-dashboard shows it too
     trial.set_user_attr(keys.BOTTLENECK, diagnose({**figures, "config": trial.user_attrs.get(keys.CONFIG)},
-                                                  memory_cap_mb=memory_cap_mb).line())
+                                                  memory_cap_mb=limit.cap_mb).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
-    o = outcome(result, memory_cap_mb)
+    o = outcome(result, limit.cap_mb, limit.margin)
     if o.state == "complete":
         trial.set_constraint("memory", o.memory_constraint)
         return o.value  # type: ignore[return-value]

@@ -4,7 +4,7 @@ Ray backend (as Tune's scheduler decision)."""
 from __future__ import annotations
 
 from . import trials as keys
-from .trials import is_feasible
+from .trials import MemoryLimit, is_feasible
 
 __all__ = ["NoHopePruner", "as_optuna_pruner"]
 
@@ -16,9 +16,10 @@ class NoHopePruner:
     below the best median. Needs ``min_windows`` windows first; the baseline trial is never pruned.
     """
 
-    def __init__(self, *, margin: float = 0.15, min_windows: int = 2) -> None:
+    def __init__(self, *, margin: float = 0.15, min_windows: int = 2, limit: MemoryLimit | None = None) -> None:
         self.margin = margin
         self.min_windows = min_windows
+        self.limit = limit  # which trials set the bar: those that fit this memory limit (None: as recorded)
 
     def prune(self, study, trial) -> bool:
         from optuna.trial import TrialState
@@ -28,7 +29,7 @@ class NoHopePruner:
             return False
         best = None
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.value and is_feasible(t):
+            if t.value and is_feasible(t, self.limit):
                 best = t.value if best is None else max(best, t.value)
         if best is None:
             return False

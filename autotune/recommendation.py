@@ -84,6 +84,8 @@ class Recommendation:
     provisional: bool = False
     # 95% interval of margin_vs_runner_up, from the interleaved rounds (finalists.ratio_interval)
     margin_interval: tuple[float, float] | None = None
+    # the share of the cap a feasible config keeps free (MeasureSpec.memory_margin); None in older exports
+    memory_margin: float | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -99,6 +101,9 @@ class Recommendation:
                 "margin_vs_runner_up": self.margin_vs_runner_up,
                 "margin_interval": None if self.margin_interval is None else list(self.margin_interval),
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
+                "memory_margin": self.memory_margin,
+                # derived (not read back): what the peak leaves free of the cap less the margin
+                "headroom_mb": self.headroom_mb(),
             },
             "hardware": {**self.hardware, "fingerprint": self.fingerprint},
             "versions": self.versions,
@@ -137,6 +142,7 @@ class Recommendation:
                 speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
+                memory_margin=m.get("memory_margin"),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
                 storage=str(p.get("storage", "")), trial_number=p.get("trial"),
@@ -179,6 +185,12 @@ class Recommendation:
         (``config.launch_env``): OpenMP/MKL/OpenBLAS read their thread counts and glibc its malloc settings at
         start-up. ``apply()`` sets what can still be set in a running process."""
         return launch_env(self.config)
+
+    def headroom_mb(self) -> float | None:
+        """MiB the measured peak leaves free under the cap less the margin (None when either is unknown)."""
+        if self.peak_host_mb is None or self.memory_cap_mb is None:
+            return None
+        return round(self.memory_cap_mb * (1 - (self.memory_margin or 0.0)) - self.peak_host_mb, 1)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size, workers, prefetch, pinning."""
@@ -237,6 +249,12 @@ class Recommendation:
             lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
                          + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"
                             if self.margin_interval else ""))
+        if self.headroom_mb() is not None:
+            from ._units import format_mb
+
+            lines.append(f"  peak memory {format_mb(self.peak_host_mb)} of the {format_mb(self.memory_cap_mb)} cap: "
+                         f"{format_mb(self.headroom_mb())} to spare beyond the {100 * (self.memory_margin or 0):.0f}% "
+                         "margin")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
 from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
                       study_name_for)
-from .trials import baseline_trial, feasible_by_config
+from .trials import MemoryLimit, baseline_trial, feasible_by_config
 
 __all__ = ["Tuner", "Runner"]
 
@@ -68,7 +68,7 @@ class Tuner:
         self.finalist_rounds = finalist_rounds
         self.seed = seed
         self.startup_trials = startup_trials
-        self.pruner = NoHopePruner(margin=prune_margin)
+        self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
         self.progress = progress
         self.runner: Runner = runner
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -76,6 +76,11 @@ class Tuner:
         self._study = None
 
     # --- the study -----------------------------------------------------------------------------------
+    @property
+    def limit(self) -> MemoryLimit:
+        """The memory a config may use in this run: the cap less the margin (``MeasureSpec.memory_margin``)."""
+        return MemoryLimit.of(self.measure)
+
     @property
     def artifacts_dir(self) -> Path:
         return artifacts_dir(self.storage_url, self.study_name)
@@ -141,7 +146,7 @@ class Tuner:
 
     def advance_batch_walk(self, study) -> None:
         """Queue the batch-size walk's next step where the study's results call for one (after every trial)."""
-        study_queue.advance_batch_walk(study, self.space, storage=self.storage, log=self.log)
+        study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
 
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when no further search trial may start: the finalists need the time left."""
@@ -175,7 +180,7 @@ class Tuner:
         (``finalists``). With a ``deadline`` (``time.monotonic()``), only whole rounds that fit before it
         run; if not even one fits, the best search trial is returned as a provisional recommendation."""
         study = self.study()
-        feasible = feasible_by_config(study, self.hardware.fingerprint)
+        feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
         if not feasible:
             self.log("no feasible trial yet: nothing to recommend (see `autotune show` for why trials failed)")
             return None

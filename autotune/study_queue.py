@@ -9,7 +9,7 @@ from typing import Any, Callable
 from . import trials as keys
 from .batch_walk import evidence, next_steps
 from .storage import server_lock
-from .trials import ROLES, baseline_trial_any
+from .trials import ROLES, MemoryLimit, baseline_trial_any
 
 __all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk"]
 
@@ -91,7 +91,7 @@ def recover(study, space, *, single_run: bool) -> int:
     return queued
 
 
-def advance_batch_walk(study, space, *, storage, log: Callable[[str], None]) -> None:
+def advance_batch_walk(study, space, *, storage, limit: MemoryLimit | None = None, log: Callable[[str], None]) -> None:
     """Queue the next steps of the batch-size walk (``batch_walk.next_steps``) wherever the study's results
     now call for one. Called after every finished trial, however it was answered."""
     anchor = study.user_attrs.get(keys.WALK_ANCHOR)
@@ -99,7 +99,7 @@ def advance_batch_walk(study, space, *, storage, log: Callable[[str], None]) -> 
         return
     # two workers must not queue a step twice: what is already queued is read under the lock
     with server_lock(storage, study.study_name):
-        measured, present = evidence(study.get_trials(deepcopy=False), space)
+        measured, present = evidence(study.get_trials(deepcopy=False), space, limit)
         for step in next_steps(anchor, space, measured, present):
             enqueue(study, space, step.params, **{keys.BATCH_LINE: step.direction})
             log(step.why())

@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import MEMORY_STATUSES, TrialConfig, TrialResult
 
-__all__ = ["Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial", "baseline_value",
+__all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial", "baseline_value",
            "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS"]
 
 # --- user attributes of a trial -------------------------------------------------------------------------
@@ -27,6 +27,8 @@ FINGERPRINT = "fingerprint"      # the hardware fingerprint of the machine that 
 STATUS = "status"                # TrialResult.status, or "interrupted"
 REASON = "reason"                # one line a person reads
 WALL_S = "wall_s"
+PEAK = "peak_host_mb"            # the trial's measured peak (a figure of TrialResult)
+TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap may change between runs)
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
 LIKELY_WINNER = "likely_winner"
 BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down / up
@@ -63,34 +65,83 @@ _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
 
 
 @dataclass(frozen=True)
+class MemoryLimit:
+    """The memory a config may use: the cap trials are killed at, less the share a recommendation keeps free.
+
+    Feasibility is worked out from each trial's stored peak against this limit whenever a decision is made,
+    not read from the constraint stored when the trial was recorded: a resumed study may run under another
+    cap (the default is a share of the memory free when the run starts), and a config that was over a lower
+    cap is a candidate again under a higher one.
+    """
+
+    cap_mb: float | None
+    margin: float = 0.0
+
+    @classmethod
+    def of(cls, measure) -> "MemoryLimit":
+        return cls(measure.memory_cap_mb, measure.memory_margin)
+
+    @classmethod
+    def of_study(cls, study) -> "MemoryLimit":
+        """The limit of the study's latest run (for readers without a tuner: show, export, report)."""
+        margin = (study.user_attrs.get(STUDY_MEASURE) or {}).get("memory_margin", 0.0)
+        return cls(study.user_attrs.get(STUDY_MEMORY_CAP), margin)
+
+    @property
+    def usable_mb(self) -> float | None:
+        return None if self.cap_mb is None else self.cap_mb * (1 - self.margin)
+
+    def constraint(self, peak_mb: float | None) -> float:
+        """Optuna's memory constraint for a peak: <= 0 fits with the margin, > 0 does not."""
+        return peak_mb / self.usable_mb - 1.0 if (peak_mb and self.usable_mb) else -1.0
+
+    def binds(self, trial) -> bool:
+        """A trial that ran out of memory or was killed over the cap still says the config does not fit: an
+        out-of-memory error always; a kill at a cap at least this limit's usable memory (a kill at a lower cap
+        says nothing about a higher one)."""
+        ua = trial.user_attrs
+        if ua.get(STATUS) != "over_memory" or self.usable_mb is None:
+            return True
+        ran_under = ua.get(TRIAL_CAP)
+        return ran_under is None or ran_under >= self.usable_mb
+
+
+@dataclass(frozen=True)
 class Outcome:
     state: str  # "complete" | "pruned" | "fail"
     value: float | None = None
     memory_constraint: float | None = None  # <= 0 feasible
 
 
-def outcome(result: TrialResult, memory_cap_mb: float | None) -> Outcome:
+def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.0) -> Outcome:
     """Map a TrialResult to what Optuna records: decided here, once.
 
-    ok -> COMPLETE, value = median samples/s, memory constraint = peak/cap - 1 (<= 0, feasible).
+    ok -> COMPLETE, value = median samples/s, memory constraint = peak / (cap x (1 - margin)) - 1 (<= 0,
+    feasible: it fits with the margin to spare).
     oom / over_memory / skipped -> COMPLETE but infeasible (constraint > 0): the sampler learns the boundary
     and does not propose it again (a FAIL would be ignored and re-proposed). pruned / timeout -> PRUNED.
     crashed / error -> FAIL, with the reason kept in the trial's attributes.
     """
+    limit = MemoryLimit(memory_cap_mb, margin)
     if result.status == "ok":
-        c = (result.peak_host_mb / memory_cap_mb - 1.0) if (result.peak_host_mb and memory_cap_mb) else -1.0
-        return Outcome("complete", float(result.median_samples_per_s or 0.0), min(c, 0.0))
+        return Outcome("complete", float(result.median_samples_per_s or 0.0), limit.constraint(result.peak_host_mb))
     if result.status in MEMORY_STATUSES or result.status == "skipped":
-        over = (result.peak_host_mb / memory_cap_mb - 1.0) if (result.peak_host_mb and memory_cap_mb) else 0.0
+        over = limit.constraint(result.peak_host_mb) if result.peak_host_mb else 0.0
         return Outcome("complete", 0.0, max(over, 1.0 if over <= 0 else over))
     if result.status in ("pruned", "timeout"):
         return Outcome("pruned")
     return Outcome("fail")
 
 
-def is_feasible(trial) -> bool:
-    """Every constraint the trial recorded is met (a trial with none is feasible)."""
-    return all(c <= 0 for c in trial.constraints.values())
+def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
+    """The trial fits: with a ``limit``, a measured trial whose stored peak is under its usable memory (a trial
+    that ran out of memory or was not measured does not fit); without one, every constraint the trial recorded
+    is met (a trial with none is feasible)."""
+    if limit is None or limit.usable_mb is None or trial.user_attrs.get(STATUS) is None:
+        return all(c <= 0 for c in trial.constraints.values())
+    if trial.user_attrs.get(STATUS) != "ok":
+        return False
+    return limit.constraint(trial.user_attrs.get(PEAK)) <= 0
 
 
 def config_of(trial, space=None) -> TrialConfig | None:
@@ -105,19 +156,21 @@ def config_of(trial, space=None) -> TrialConfig | None:
     return TrialConfig.from_dict(ua[QUEUED_CONFIG]) if ua.get(QUEUED_CONFIG) else None
 
 
-def feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, Any]:
+def feasible_by_config(study, fingerprint: str | None = None, limit: MemoryLimit | None = None) -> dict[tuple, Any]:
     """Best measured (status ok) feasible trial per distinct config, among the trials measured on hardware
-    ``fingerprint`` (default: the study's): a Ray cluster may mix kinds of nodes, a recommendation may not."""
+    ``fingerprint`` (default: the study's): a Ray cluster may mix kinds of nodes, a recommendation may not.
+    Feasible under ``limit`` (default: the study's latest, ``MemoryLimit.of_study``)."""
     from optuna.trial import TrialState
 
     fingerprint = fingerprint or study.user_attrs.get(STUDY_FINGERPRINT)
+    limit = limit or MemoryLimit.of_study(study)
     out: dict[tuple, Any] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         if t.user_attrs.get(STATUS) != "ok" or t.user_attrs.get(DUPLICATE_OF) is not None:
             continue
         if fingerprint and t.user_attrs.get(FINGERPRINT, fingerprint) != fingerprint:
             continue
-        if not is_feasible(t):
+        if not is_feasible(t, limit):
             continue
         key = TrialConfig.from_dict(t.user_attrs[CONFIG]).key()
         if key not in out or (t.value or 0) > (out[key].value or 0):
@@ -125,9 +178,11 @@ def feasible_by_config(study, fingerprint: str | None = None) -> dict[tuple, Any
     return out
 
 
-def known(study, fingerprint: str) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
+def known(study, fingerprint: str, limit: MemoryLimit | None = None
+          ) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
     """Finished (complete or pruned) measured trials of this hardware by config key, and the memory failures
-    among them as (config, trial number). Copies and other machines' trials are not evidence."""
+    among them as (config, trial number). Copies and other machines' trials are not evidence, and neither is
+    a kill over a lower cap than ``limit``'s (``MemoryLimit.binds``): that config is measured again."""
     from optuna.trial import TrialState
 
     done: dict[tuple, Any] = {}
@@ -138,6 +193,8 @@ def known(study, fingerprint: str) -> tuple[dict[tuple, Any], list[tuple[TrialCo
             continue
         if t.user_attrs.get(FINGERPRINT, fingerprint) != fingerprint:
             continue  # measured on another kind of machine (a Ray node): not evidence about this one
+        if limit is not None and t.user_attrs.get(STATUS) in MEMORY_STATUSES and not limit.binds(t):
+            continue
         c = TrialConfig.from_dict(cfg)
         done.setdefault(c.key(), t)
         if t.user_attrs.get(STATUS) in MEMORY_STATUSES:
@@ -167,7 +224,9 @@ def baseline_trial_any(study):
 
 
 def trial_rows(study) -> list[dict[str, Any]]:
-    """One flat dict per trial (for `show`, CSV, reports), from what the trials stored."""
+    """One flat dict per trial (for `show`, CSV, reports), from what the trials stored; ``feasible`` under the
+    study's latest memory limit."""
+    limit = MemoryLimit.of_study(study)
     rows = []
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
@@ -181,7 +240,7 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "rel_iqr": ua.get("rel_iqr"),
             "peak_host_mb": ua.get("peak_host_mb"),
             "data_wait_share": ua.get("data_wait_share"),
-            "feasible": is_feasible(t) if t.constraints else None,
+            "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "config": cfg.short() if cfg is not None else "-",
             "reason": ua.get(REASON, ""),

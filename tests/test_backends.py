@@ -37,7 +37,7 @@ class _AskTell(SearchBackend):
             config = tuner.space.suggest(trial)
             protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
             state, value = protocol.settle(lambda: protocol.record(
-                trial, tuner.runner(tuner.workload, config, tuner.measure), memory_cap_mb=tuner.measure.memory_cap_mb))
+                trial, tuner.runner(tuner.workload, config, tuner.measure), limit=tuner.limit))
             study.tell(trial, value, state=state)
             tuner.advance_batch_walk(study)
         return trials

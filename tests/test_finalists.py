@@ -61,3 +61,57 @@ def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_pat
     assert any("bs=16 w=0" in n and "round 2: over_memory" in n for n in rec.notes)
     assert [r["out"] for r in rec.runners_up if "out" in r] == ["round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
     assert "out" in rec.to_yaml()
+
+
+# --- the memory limit: the cap less the margin, worked out afresh at every decision ---------------------
+
+def _by_peak(speed: dict[int, float], peak: dict[int, float]):
+    """Throughput and peak by batch size; a peak over the cap a trial runs under is killed there."""
+    def run(workload, config, measure, **kw):
+        p = peak[config.batch_size]
+        if p > measure.memory_cap_mb:
+            return TrialResult(status="over_memory", reason="killed over the cap", wall_s=1.0,
+                               peak_host_mb=measure.memory_cap_mb, batch_size=config.batch_size)
+        v = speed[config.batch_size]
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=p, batch_size=config.batch_size)
+    return run
+
+
+def _tuner(tmp_path, cap, margin=0.10, **kw):
+    return make_tuner(tmp_path, measure=QUICK.replace(memory_cap_mb=cap, memory_margin=margin), finalists=2,
+                      runner=_by_peak({8: 50.0, 16: 100.0}, {8: 1200.0, 16: 1900.0}), **kw)
+
+
+def test_a_config_without_the_margin_to_spare_is_not_recommended(tmp_path):
+    rec = _tuner(tmp_path, cap=2000.0).run(trials=4)  # bs=16 peaks at 1900 MiB: under the cap, over 90% of it
+    assert rec.config.batch_size == 8 and rec.memory_margin == 0.10
+    assert rec.headroom_mb() == 2000.0 * 0.9 - 1200.0 and rec.to_dict()["measured"]["headroom_mb"] == 600.0
+    assert "to spare beyond the 10% margin" in rec.summary()
+    assert _tuner(tmp_path / "none", cap=2000.0, margin=0.0).run(trials=4).config.batch_size == 16
+
+
+def test_a_resumed_study_under_a_lower_cap_neither_recommends_nor_prunes_against_a_config_over_it(tmp_path):
+    first = _tuner(tmp_path, cap=8000.0).run(trials=4)
+    assert first.config.batch_size == 16
+    lower = _tuner(tmp_path, cap=2000.0)  # the same study, resumed with less memory
+    study = lower.study()
+    assert lower.finalize().config.batch_size == 8
+    slow = study.ask()  # a trial at 45/s: hopeless against bs=16's 100/s, not against bs=8's 50/s
+    slow.report(45.0, 0)
+    slow.report(45.0, 1)
+    assert not lower.pruner.prune(study, study.trials[-1])
+    assert _tuner(tmp_path, cap=8000.0).pruner.prune(study, study.trials[-1])
+
+
+def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(tmp_path):
+    first = _tuner(tmp_path, cap=1500.0).run(trials=4)  # bs=16 (1900 MiB) is killed at the 1500 MiB cap
+    assert first.config.batch_size == 8
+    higher = _tuner(tmp_path, cap=8000.0)
+    study = higher.study()
+    killed = [t for t in study.trials if t.user_attrs.get("status") == "over_memory"]
+    assert killed and killed[0].user_attrs["memory_cap_mb"] == 1500.0
+    study.enqueue_trial(killed[0].params)
+    rec = higher.run(trials=1)
+    again = [t for t in study.trials if t.params == killed[0].params and t.user_attrs.get("status") == "ok"]
+    assert again and "duplicate_of" not in again[0].user_attrs  # measured, not copied from the kill
+    assert rec.config.batch_size == 16

@@ -96,7 +96,7 @@ class _Objective:
             self._wait_for_twin_in_flight(trial, config)
         try:
             value = protocol.answer_from_study(trial, config, fingerprint=tuner.hardware.fingerprint,
-                                               memory_cap_mb=tuner.measure.memory_cap_mb)
+                                               limit=tuner.limit)
         except optuna.TrialPruned:
             self.answered = True  # a copy of a pruned config
             raise
@@ -120,7 +120,7 @@ class _Objective:
             trial.set_user_attr(keys.STATUS, "error")
             trial.set_user_attr(keys.REASON, result.reason)
             raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
-        return protocol.record(trial, result, memory_cap_mb=tuner.measure.memory_cap_mb)
+        return protocol.record(trial, result, limit=tuner.limit)
 
     def _wait_for_twin_in_flight(self, trial, config: TrialConfig) -> None:
         """Several workers on one PostgreSQL/MySQL study: when another worker is measuring this very config

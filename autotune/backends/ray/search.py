@@ -99,7 +99,7 @@ def make_search(OptunaSearch):
 
             state, value = protocol.settle(lambda: protocol.answer_from_study(
                 trial, config, fingerprint=self.tuner.hardware.fingerprint,
-                memory_cap_mb=self.tuner.measure.memory_cap_mb))
+                limit=self.tuner.limit))
             if state == optuna.trial.TrialState.COMPLETE and value is None:
                 return False
             self._tell(trial_id, trial, value, state)
@@ -178,7 +178,7 @@ def make_search(OptunaSearch):
                 self._fail(trial_id, trial, "error", tr.reason)
                 return
             state, value = protocol.settle(
-                lambda: protocol.record(trial, tr, memory_cap_mb=self.tuner.measure.memory_cap_mb))
+                lambda: protocol.record(trial, tr, limit=self.tuner.limit))
             if trial_id in self._started:
                 self.walls.append(time.monotonic() - self._started.pop(trial_id))
             self._tell(trial_id, trial, value, state)
