@@ -28,7 +28,7 @@ _LAZY = {
     "load_space": ("space", "load_space"),
     "SearchSpace": ("space", "SearchSpace"),
     "TrialConfig": ("config", "TrialConfig"),
-    "TrialResult": ("config", "TrialResult"),
+    "TrialResult": ("result", "TrialResult"),
     "Workload": ("config", "Workload"),
     "MeasureSpec": ("config", "MeasureSpec"),
     "AutotuneError": ("errors", "AutotuneError"),

@@ -1,32 +1,27 @@
 """The frozen records that cross every boundary: what is run, how it is measured, and what came out.
 
-``Workload`` (what to train or infer), ``TrialConfig`` (one point of the search space), ``MeasureSpec``
-(how long to warm up and measure) and ``TrialResult`` (what was measured). Each validates itself on
-construction and has ``to_dict``/``from_dict``; nothing else is pickled across processes, Ray or storage.
+``Workload`` (what to train or infer), ``TrialConfig`` (one point of the search space, each of its knobs
+declared once in ``KNOBS``), ``MeasureSpec`` (how long to warm up and measure) and ``TrialResult`` (what was
+measured; it lives in ``result.py`` and is re-exported here). Each validates itself on construction and has
+``to_dict``/``from_dict``; nothing else is pickled across processes, Ray or storage.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ._malloc import MALLOC_MODES, env_for
-from .errors import ConfigError
-from .measure import Summary, summarize
+from ._records import Record, check, finite_or_none, is_int, is_num
+from .result import MEMORY_STATUSES, STATUSES, TrialResult
 
-__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "AMP_MODES", "COMPILE_MODES",
+__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
+           "COMPILE_MODES", "finite_or_none",
            "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "launch_env", "THREAD_ENV_VARS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 TASKS = ("train", "infer")
-# ok: measured. oom: an out-of-memory exception. over_memory: killed by the parent at the memory cap.
-# timeout: killed at the time limit. crashed: died by a signal or exited without a result. error: raised.
-# pruned: stopped by the tuner because it could not beat the best. skipped: not run (known infeasible).
-STATUSES = ("ok", "oom", "over_memory", "timeout", "crashed", "error", "pruned", "skipped")
-MEMORY_STATUSES = ("oom", "over_memory")
 
 
 def device_family(device: str) -> str:
@@ -34,47 +29,8 @@ def device_family(device: str) -> str:
     return "cpu" if device == "cpu" else "cuda"
 
 
-def _check(cond: bool, field_name: str, value: Any, allowed: str, fix: str = "") -> None:
-    if not cond:
-        msg = f"{field_name}={value!r} is not allowed: {allowed}"
-        raise ConfigError(msg + (f"; {fix}" if fix else ""))
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    """A real, finite number (not a bool, not a string that looks like one): safe to compare."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-class _Record:
-    """to_dict/from_dict shared by the records; from_dict refuses unknown keys so typos do not pass silently."""
-
-    _kind: ClassVar[str] = "record"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        if not isinstance(data, dict):
-            raise ConfigError(f"{cls._kind} must be a mapping, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(
-                f"unknown {cls._kind} key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
-            )
-        return cls(**data)
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-
 @dataclass(frozen=True)
-class Workload(_Record):
+class Workload(Record):
     """What is measured: a model by name, its data, the task and the device.
 
     ``model`` is a torchvision classification model name (``resnet18``) or ``package.module:callable``.
@@ -92,16 +48,16 @@ class Workload(_Record):
     dataset_size: int = 50_000
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
+        check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
                "a torchvision model name or package.module:callable")
-        _check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
-        _check(_is_int(self.image_size) and 16 <= self.image_size <= 4096, "image_size", self.image_size,
+        check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
+        check(is_int(self.image_size) and 16 <= self.image_size <= 4096, "image_size", self.image_size,
                "an integer from 16 to 4096 pixels")
-        _check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
+        check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
                "cpu, cuda or cuda:N")
-        _check(_is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
+        check(is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
                "an integer >= 2")
-        _check(_is_int(self.dataset_size) and self.dataset_size >= 1, "dataset_size", self.dataset_size,
+        check(is_int(self.dataset_size) and self.dataset_size >= 1, "dataset_size", self.dataset_size,
                "an integer >= 1")
 
     @property
@@ -119,7 +75,7 @@ class Workload(_Record):
 
 
 @dataclass(frozen=True)
-class TrialConfig(_Record):
+class TrialConfig(Record):
     """One point of the search space: the knobs a user would otherwise set by hand.
 
     ``None`` thread counts mean "leave torch's default". ``prefetch_factor`` and ``persistent_workers``
@@ -146,23 +102,23 @@ class TrialConfig(_Record):
     malloc: str = "default"
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
+        check(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
                "a whole number >= 1", "try 32 or 64")
-        _check(_is_int(self.num_workers) and self.num_workers >= 0, "num_workers", self.num_workers,
+        check(is_int(self.num_workers) and self.num_workers >= 0, "num_workers", self.num_workers,
                "a whole number >= 0 (0 loads data in the training process)")
-        _check(self.prefetch_factor is None or (_is_int(self.prefetch_factor) and self.prefetch_factor >= 1),
+        check(self.prefetch_factor is None or (is_int(self.prefetch_factor) and self.prefetch_factor >= 1),
                "prefetch_factor", self.prefetch_factor, "None or a whole number >= 1")
         for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark"):
-            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        _check(self.amp in AMP_MODES, "amp", self.amp, f"one of {', '.join(AMP_MODES)}")
-        _check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
+            check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        check(self.amp in AMP_MODES, "amp", self.amp, f"one of {', '.join(AMP_MODES)}")
+        check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
                f"one of {', '.join(COMPILE_MODES)}")
-        _check(self.malloc in MALLOC_MODES, "malloc", self.malloc,
+        check(self.malloc in MALLOC_MODES, "malloc", self.malloc,
                f"one of {', '.join(MALLOC_MODES)} (retain: glibc keeps freed memory for reuse; hugepages: "
                "retain, on 2 MiB pages)")
         for name in ("intra_op_threads", "inter_op_threads"):
             v = getattr(self, name)
-            _check(v is None or (_is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")
+            check(v is None or (is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")
         if self.num_workers == 0:
             # Meaningless without workers (and DataLoader refuses prefetch_factor then): normalise.
             object.__setattr__(self, "prefetch_factor", None)
@@ -306,7 +262,7 @@ def knob_summary(config: TrialConfig) -> str:
 
 
 @dataclass(frozen=True)
-class MeasureSpec(_Record):
+class MeasureSpec(Record):
     """How a trial is warmed up and measured, and the limits the parent enforces.
 
     Warm-up runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three step times moves by
@@ -332,167 +288,20 @@ class MeasureSpec(_Record):
     memory_margin: float = 0.10
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
-        _check(_is_num(self.window_s) and self.window_s > 0, "window_s", self.window_s, "a positive number of seconds")
-        _check(_is_int(self.min_window_steps) and self.min_window_steps >= 1, "min_window_steps",
+        check(is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
+        check(is_num(self.window_s) and self.window_s > 0, "window_s", self.window_s, "a positive number of seconds")
+        check(is_int(self.min_window_steps) and self.min_window_steps >= 1, "min_window_steps",
                self.min_window_steps, "a whole number >= 1")
-        _check(_is_int(self.warmup_min_steps) and self.warmup_min_steps >= 1, "warmup_min_steps",
+        check(is_int(self.warmup_min_steps) and self.warmup_min_steps >= 1, "warmup_min_steps",
                self.warmup_min_steps, "a whole number >= 1")
-        _check(_is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
-        _check(_is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
-        _check(_is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
-        _check(_is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
-        _check(self.memory_cap_mb is None or (_is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,
+        check(is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
+        check(is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
+        check(is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
+        check(is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
+        check(self.memory_cap_mb is None or (is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,
                "None or a positive number of MiB")
-        _check(_is_num(self.memory_margin) and 0 <= self.memory_margin < 0.9, "memory_margin", self.memory_margin,
+        check(is_num(self.memory_margin) and 0 <= self.memory_margin < 0.9, "memory_margin", self.memory_margin,
                "a share of the cap from 0 to 0.9 (0.1 keeps 10% of the cap free)")
-
-
-@dataclass(frozen=True)
-class TrialResult(_Record):
-    """What one trial measured. Raw window throughputs are kept; median and IQR are derived from them.
-
-    Times are per step and in seconds; memory in MiB. ``reason`` is one line a person can read
-    ("killed at 1.9 GiB, over the 1.5 GiB cap"); ``traceback`` keeps the child's traceback for errors.
-    """
-
-    _kind: ClassVar[str] = "result"
-
-    status: str
-    reason: str = ""
-    samples_per_s: tuple[float, ...] = ()
-    window_steps: tuple[int, ...] = ()
-    data_wait_s_per_step: float | None = None
-    compute_s_per_step: float | None = None
-    kernel_cpu_share: float | None = None  # of the training process's CPU time while measuring
-    minor_faults_per_step: float | None = None
-    peak_host_mb: float | None = None
-    peak_host_rss_mb: float | None = None
-    peak_device_mb: float | None = None
-    startup_s: float | None = None
-    warmup_s: float | None = None
-    compile_s: float | None = None
-    warmup_steps: int | None = None
-    final_loss: float | None = None
-    wall_s: float | None = None
-    signal: str | None = None
-    traceback: str | None = None
-    batch_size: int | None = None
-    user_error: bool = False  # the workload itself is wrong (e.g. a callable returning the wrong things)
-
-    def __post_init__(self) -> None:
-        _check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
-        object.__setattr__(self, "samples_per_s", tuple(float(x) for x in self.samples_per_s))
-        object.__setattr__(self, "window_steps", tuple(int(x) for x in self.window_steps))
-
-    # --- derived figures -------------------------------------------------------------------------
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def is_memory_failure(self) -> bool:
-        return self.status in MEMORY_STATUSES
-
-    @property
-    def summary(self) -> Summary:
-        return summarize(self.samples_per_s)
-
-    @property
-    def median_samples_per_s(self) -> float | None:
-        return self.summary.median if self.samples_per_s else None
-
-    @property
-    def iqr_samples_per_s(self) -> float | None:
-        return self.summary.iqr if self.samples_per_s else None
-
-    @property
-    def data_wait_share(self) -> float | None:
-        """Share of step time spent waiting for the next batch (0 = never waits, 1 = only waits)."""
-        if self.data_wait_s_per_step is None or self.compute_s_per_step is None:
-            return None
-        total = self.data_wait_s_per_step + self.compute_s_per_step
-        return self.data_wait_s_per_step / total if total > 0 else None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["samples_per_s"] = list(self.samples_per_s)
-        d["window_steps"] = list(self.window_steps)
-        return d
-
-    def figures(self) -> dict[str, Any]:
-        """Flat, JSON-friendly figures for storage as Optuna user attributes and for tables."""
-        s = self.summary if self.samples_per_s else None
-        out = {
-            "status": self.status,
-            "reason": self.reason,
-            "median_samples_per_s": None if s is None else round(s.median, 3),
-            "iqr_samples_per_s": None if s is None else round(s.iqr, 3),
-            "rel_iqr": None if s is None else round(s.rel_iqr, 4),
-            "samples_per_s": [round(x, 3) for x in self.samples_per_s],
-            "data_wait_share": None if self.data_wait_share is None else round(self.data_wait_share, 4),
-            "data_wait_s_per_step": self.data_wait_s_per_step,
-            "compute_s_per_step": self.compute_s_per_step,
-            "kernel_cpu_share": None if self.kernel_cpu_share is None else round(self.kernel_cpu_share, 4),
-            "minor_faults_per_step": None if self.minor_faults_per_step is None else round(self.minor_faults_per_step),
-            "peak_host_mb": self.peak_host_mb,
-            "peak_device_mb": self.peak_device_mb,
-            "startup_s": self.startup_s,
-            "warmup_s": self.warmup_s,
-            "compile_s": self.compile_s,
-            "wall_s": self.wall_s,
-            "final_loss": self.final_loss,
-        }
-        if s is not None and s.warnings:
-            out["warnings"] = list(s.warnings)
-        return out
-
-    def describe(self) -> str:
-        """Multi-line text a person reads after ``autotune trial``."""
-        from ._units import format_mb
-
-        lines = [f"status        {self.status}" + (f"  ({self.reason})" if self.reason else "")]
-        if self.samples_per_s:
-            s = self.summary
-            lines.append(f"throughput    {s.median:.1f} samples/s median, IQR {s.iqr:.1f} "
-                         f"({100 * s.rel_iqr:.1f}%), {s.n} windows")
-            lines.append("windows       " + ", ".join(f"{x:.1f}" for x in self.samples_per_s))
-            for w in s.warnings:
-                lines.append(f"warning       {w}")
-        if self.data_wait_share is not None:
-            lines.append(f"step time     {1000 * (self.data_wait_s_per_step or 0):.1f} ms waiting for data + "
-                         f"{1000 * (self.compute_s_per_step or 0):.1f} ms computing "
-                         f"({100 * self.data_wait_share:.0f}% waiting)")
-        if self.kernel_cpu_share is not None:
-            lines.append(f"kernel time   {100 * self.kernel_cpu_share:.0f}% of the training process's CPU time, "
-                         f"{self.minor_faults_per_step or 0:,.0f} page faults per step")
-        mem = f"peak memory   host {format_mb(self.peak_host_mb)}"
-        if self.peak_device_mb is not None:
-            mem += f", device {format_mb(self.peak_device_mb)}"
-        lines.append(mem)
-        if self.startup_s is not None:
-            t = f"fixed cost    start-up {self.startup_s:.1f} s"
-            if self.warmup_s is not None:
-                t += f", warm-up {self.warmup_s:.1f} s ({self.warmup_steps} steps)"
-            if self.compile_s:
-                t += f", of which compile {self.compile_s:.1f} s"
-            lines.append(t)
-        if self.final_loss is not None:
-            lines.append(f"final loss    {self.final_loss:.4f}")
-        if self.wall_s is not None:
-            lines.append(f"wall time     {self.wall_s:.1f} s")
-        if self.traceback and self.status == "error":
-            lines.append("traceback (last lines):")
-            lines.extend("  " + ln for ln in self.traceback.strip().splitlines()[-6:])
-        return "\n".join(lines)
-
-
-def finite_or_none(x: Any) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 # Thread-count variables the OpenMP, MKL and OpenBLAS runtimes read once, when they load.

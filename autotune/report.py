@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .config import TrialConfig, finite_or_none
+from .config import finite_or_none
 from .diagnose import diagnose, explain_study, levers_allowed, measured_values
 from .errors import AutotuneError
 

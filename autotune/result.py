@@ -1,0 +1,156 @@
+"""What one trial measured: ``TrialResult``, with its status, raw window throughputs and derived figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ._records import Record, check
+from .measure import Summary, summarize
+
+__all__ = ["TrialResult", "STATUSES", "MEMORY_STATUSES"]
+
+# ok: measured. oom: an out-of-memory exception. over_memory: killed by the parent at the memory cap.
+# timeout: killed at the time limit. crashed: died by a signal or exited without a result. error: raised.
+# pruned: stopped by the tuner because it could not beat the best. skipped: not run (known infeasible).
+STATUSES = ("ok", "oom", "over_memory", "timeout", "crashed", "error", "pruned", "skipped")
+MEMORY_STATUSES = ("oom", "over_memory")
+
+
+@dataclass(frozen=True)
+class TrialResult(Record):
+    """What one trial measured. Raw window throughputs are kept; median and IQR are derived from them.
+
+    Times are per step and in seconds; memory in MiB. ``reason`` is one line a person can read
+    ("killed at 1.9 GiB, over the 1.5 GiB cap"); ``traceback`` keeps the child's traceback for errors.
+    """
+
+    _kind: ClassVar[str] = "result"
+
+    status: str
+    reason: str = ""
+    samples_per_s: tuple[float, ...] = ()
+    window_steps: tuple[int, ...] = ()
+    data_wait_s_per_step: float | None = None
+    compute_s_per_step: float | None = None
+    kernel_cpu_share: float | None = None  # of the training process's CPU time while measuring
+    minor_faults_per_step: float | None = None
+    peak_host_mb: float | None = None
+    peak_host_rss_mb: float | None = None
+    peak_device_mb: float | None = None
+    startup_s: float | None = None
+    warmup_s: float | None = None
+    compile_s: float | None = None
+    warmup_steps: int | None = None
+    final_loss: float | None = None
+    wall_s: float | None = None
+    signal: str | None = None
+    traceback: str | None = None
+    batch_size: int | None = None
+    user_error: bool = False  # the workload itself is wrong (e.g. a callable returning the wrong things)
+
+    def __post_init__(self) -> None:
+        check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
+        object.__setattr__(self, "samples_per_s", tuple(float(x) for x in self.samples_per_s))
+        object.__setattr__(self, "window_steps", tuple(int(x) for x in self.window_steps))
+
+    # --- derived figures -------------------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def is_memory_failure(self) -> bool:
+        return self.status in MEMORY_STATUSES
+
+    @property
+    def summary(self) -> Summary:
+        return summarize(self.samples_per_s)
+
+    @property
+    def median_samples_per_s(self) -> float | None:
+        return self.summary.median if self.samples_per_s else None
+
+    @property
+    def iqr_samples_per_s(self) -> float | None:
+        return self.summary.iqr if self.samples_per_s else None
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """Share of step time spent waiting for the next batch (0 = never waits, 1 = only waits)."""
+        if self.data_wait_s_per_step is None or self.compute_s_per_step is None:
+            return None
+        total = self.data_wait_s_per_step + self.compute_s_per_step
+        return self.data_wait_s_per_step / total if total > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["samples_per_s"] = list(self.samples_per_s)
+        d["window_steps"] = list(self.window_steps)
+        return d
+
+    def figures(self) -> dict[str, Any]:
+        """Flat, JSON-friendly figures for storage as Optuna user attributes and for tables."""
+        s = self.summary if self.samples_per_s else None
+        out = {
+            "status": self.status,
+            "reason": self.reason,
+            "median_samples_per_s": None if s is None else round(s.median, 3),
+            "iqr_samples_per_s": None if s is None else round(s.iqr, 3),
+            "rel_iqr": None if s is None else round(s.rel_iqr, 4),
+            "samples_per_s": [round(x, 3) for x in self.samples_per_s],
+            "data_wait_share": None if self.data_wait_share is None else round(self.data_wait_share, 4),
+            "data_wait_s_per_step": self.data_wait_s_per_step,
+            "compute_s_per_step": self.compute_s_per_step,
+            "kernel_cpu_share": None if self.kernel_cpu_share is None else round(self.kernel_cpu_share, 4),
+            "minor_faults_per_step": None if self.minor_faults_per_step is None else round(self.minor_faults_per_step),
+            "peak_host_mb": self.peak_host_mb,
+            "peak_device_mb": self.peak_device_mb,
+            "startup_s": self.startup_s,
+            "warmup_s": self.warmup_s,
+            "compile_s": self.compile_s,
+            "wall_s": self.wall_s,
+            "final_loss": self.final_loss,
+        }
+        if s is not None and s.warnings:
+            out["warnings"] = list(s.warnings)
+        return out
+
+    def describe(self) -> str:
+        """Multi-line text a person reads after ``autotune trial``."""
+        from ._units import format_mb
+
+        lines = [f"status        {self.status}" + (f"  ({self.reason})" if self.reason else "")]
+        if self.samples_per_s:
+            s = self.summary
+            lines.append(f"throughput    {s.median:.1f} samples/s median, IQR {s.iqr:.1f} "
+                         f"({100 * s.rel_iqr:.1f}%), {s.n} windows")
+            lines.append("windows       " + ", ".join(f"{x:.1f}" for x in self.samples_per_s))
+            for w in s.warnings:
+                lines.append(f"warning       {w}")
+        if self.data_wait_share is not None:
+            lines.append(f"step time     {1000 * (self.data_wait_s_per_step or 0):.1f} ms waiting for data + "
+                         f"{1000 * (self.compute_s_per_step or 0):.1f} ms computing "
+                         f"({100 * self.data_wait_share:.0f}% waiting)")
+        if self.kernel_cpu_share is not None:
+            lines.append(f"kernel time   {100 * self.kernel_cpu_share:.0f}% of the training process's CPU time, "
+                         f"{self.minor_faults_per_step or 0:,.0f} page faults per step")
+        mem = f"peak memory   host {format_mb(self.peak_host_mb)}"
+        if self.peak_device_mb is not None:
+            mem += f", device {format_mb(self.peak_device_mb)}"
+        lines.append(mem)
+        if self.startup_s is not None:
+            t = f"fixed cost    start-up {self.startup_s:.1f} s"
+            if self.warmup_s is not None:
+                t += f", warm-up {self.warmup_s:.1f} s ({self.warmup_steps} steps)"
+            if self.compile_s:
+                t += f", of which compile {self.compile_s:.1f} s"
+            lines.append(t)
+        if self.final_loss is not None:
+            lines.append(f"final loss    {self.final_loss:.4f}")
+        if self.wall_s is not None:
+            lines.append(f"wall time     {self.wall_s:.1f} s")
+        if self.traceback and self.status == "error":
+            lines.append("traceback (last lines):")
+            lines.extend("  " + ln for ln in self.traceback.strip().splitlines()[-6:])
+        return "\n".join(lines)
