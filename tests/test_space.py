@@ -67,6 +67,11 @@ def small_doc(**over) -> dict:
 # --- the shipped spaces --------------------------------------------------------------------------------------
 
 def test_default_space_path_finds_the_shipped_files():
+    shipped = default_space_path("cpu").parent
+    assert default_space_path("cuda:1") == default_space_path("cuda") == shipped / "cuda.yaml"
+    if shipped.resolve() != CPU_YAML.parent.resolve():
+        # autotune.search_spaces comes from the editable install's checkout, whatever autotune/ is imported from
+        pytest.skip(f"autotune.search_spaces is installed from {shipped}, another checkout than this one")
     assert default_space_path("cpu").read_text() == CPU_YAML.read_text()
     assert default_space_path("cuda:1").read_text() == CUDA_YAML.read_text()
 
@@ -175,9 +180,24 @@ def test_shipped_cuda_space_keeps_fp16_and_bf16_only_from_ampere(cc, has_bf16):
     assert any("amp=bf16 dropped" in n for n in sp.notes) is (not has_bf16)
     assert "reduce-overhead" in choices(sp, "compile_mode")  # CUDA graphs exist on a GPU
     assert choices(sp, "pin_memory") == (False, True)
-    assert sp.fixed == {"cudnn_benchmark": True, "inter_op_threads": 1}
+    assert choices(sp, "cudnn_benchmark") == (False, True)  # searched: a fixed knob would bind the baseline too
+    assert sp.fixed == {}
     base = sp.baseline_config()
     assert base.amp == "off" and base.pin_memory is False and base.intra_op_threads == 8
+
+
+def test_shipped_cuda_baseline_is_pytorchs_defaults():
+    """"Speedup vs defaults" means vs PyTorch's: every knob of the CUDA baseline but the batch size is
+    TrialConfig's default, which is PyTorch's (cudnn.benchmark off, inter-op threads left to torch), except
+    intra_op_threads: the space searches it from 1 to the usable cores, so the baseline takes "cores"."""
+    sp = load_space(CUDA_YAML, hardware=fake_hw(cores=8, gpus=(gpu("8.0"),)), device="cuda")
+    base = sp.baseline_config()
+    assert base == TrialConfig(batch_size=base.batch_size, intra_op_threads=8)
+    assert base.cudnn_benchmark is False and base.inter_op_threads is None
+    # the baseline trial is queued as Optuna params and runs what effective() makes of them: the same config
+    assert sp.effective(sp.baseline_params()) == base
+    # searched configs still get cudnn.benchmark where the sampler picks it
+    assert sp.effective({**sp.baseline_params(), "cudnn_benchmark": True}).cudnn_benchmark is True
 
 
 def test_cuda_space_bf16_needs_one_ampere_gpu_among_several():
