@@ -29,14 +29,15 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def fake_hw(cores: int = 4, flags: tuple[str, ...] = ("avx2", "fma"), compiler: str | None = "/usr/bin/g++",
-            gpus: tuple[dict, ...] = ()):
+            gpus: tuple[dict, ...] = (), visible: str | None = None, order: str | None = None):
     return dataclasses.replace(_REAL, usable_cores=cores, affinity_cores=cores, logical_cores=cores,
-                               cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus))
+                               cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus),
+                               cuda_visible_devices=visible, cuda_device_order=order)
 
 
 def gpu(cc: str, index: int = 0) -> dict:
     return {"index": index, "name": f"Fake GPU cc{cc}", "memory_total_mb": 16384.0, "driver": "550.54",
-            "compute_capability": cc}
+            "compute_capability": cc, "uuid": f"GPU-{index:08x}-fake", "pci_bus_id": f"00000000:{index + 1:02X}:00.0"}
 
 
 def choices(space: SearchSpace, name: str) -> tuple:
@@ -200,9 +201,33 @@ def test_shipped_cuda_baseline_is_pytorchs_defaults():
     assert sp.effective({**sp.baseline_params(), "cudnn_benchmark": True}).cudnn_benchmark is True
 
 
-def test_cuda_space_bf16_needs_one_ampere_gpu_among_several():
-    sp = load_space(CUDA_YAML, hardware=fake_hw(gpus=(gpu("7.0"), gpu("8.6", index=1))), device="cuda")
-    assert "bf16" in choices(sp, "amp")
+VOLTA_AMPERE = (gpu("7.0"), gpu("8.6", index=1))
+
+
+@pytest.mark.parametrize("device, visible, order, has_bf16", [
+    ("cuda", None, "PCI_BUS_ID", False),                  # cuda is gpu 0, the Volta: an Ampere beside it is no help
+    ("cuda:1", None, "PCI_BUS_ID", True),
+    ("cuda", "1", "PCI_BUS_ID", True),                    # the Ampere is the only GPU the trial sees
+    ("cuda", "1,0", "PCI_BUS_ID", True),                  # reordered
+    ("cuda:1", "1,0", "PCI_BUS_ID", False),
+    ("cuda", "GPU-00000001", None, True),                 # by UUID prefix: exact whatever CUDA_DEVICE_ORDER says
+    ("cuda", "GPU-00000000-fake,GPU-00000001-fake", None, False),
+    ("cuda", "1", None, False),                           # fastest first on mixed GPUs: either one; both must have it
+    ("cuda:1", "0", "PCI_BUS_ID", False),                 # no such device
+    ("cuda", "", None, False),                            # no GPU visible at all
+])
+def test_cuda_space_keeps_bf16_by_the_gpu_the_trial_runs_on(device, visible, order, has_bf16):
+    hw = fake_hw(gpus=VOLTA_AMPERE, visible=visible, order=order)
+    sp = load_space(CUDA_YAML, hardware=hw, device=device)
+    assert ("bf16" in choices(sp, "amp")) is has_bf16
+    if not has_bf16:
+        note = next(n for n in sp.notes if "amp=bf16 dropped" in n)
+        assert f"on {device}" in note
+
+
+def test_cuda_space_bf16_note_names_the_gpu():
+    sp = load_space(CUDA_YAML, hardware=fake_hw(gpus=VOLTA_AMPERE, order="PCI_BUS_ID"), device="cuda")
+    assert any("on cuda, gpu 0 (Fake GPU cc7.0, compute 7.0)" in n for n in sp.notes), sp.notes
 
 
 def test_cuda_space_without_compiler_keeps_only_eager():
