@@ -1,19 +1,22 @@
 """The device seam: every line that differs between CPU and CUDA lives here, and nowhere else.
 
 ``get_device(name)`` returns a small object with the handful of operations a trial needs (autocast, the fp16
-GradScaler, synchronisation, peak memory, cudnn.benchmark). ``nvml_gpus()`` lists NVIDIA GPUs through pynvml.
+GradScaler, synchronisation, peak memory, cudnn.benchmark). ``nvml_gpus()`` lists NVIDIA GPUs through pynvml;
+``cuda_device_gpus()`` says which of them a torch device name (``cuda:N``) is, as CUDA numbers them.
 Nothing here imports torch at module import time, so the CLI and the parent process stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name"]
+__all__ = ["CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name",
+           "cuda_device_gpus"]
 
 
 def autocast_dtype_name(device_type: str, amp: str) -> str | None:
@@ -138,6 +141,8 @@ class GPUInfo:
     memory_total_mb: float
     driver: str
     compute_capability: str | None
+    uuid: str | None = None  # "GPU-8932f937-...": CUDA_VISIBLE_DEVICES may name a GPU by it
+    pci_bus_id: str | None = None  # "00000000:3B:00.0": CUDA_DEVICE_ORDER=PCI_BUS_ID numbers GPUs by it
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -173,7 +178,9 @@ def nvml_gpus(nvml: Any = None) -> tuple[list[GPUInfo], str]:
                 cc = f"{major}.{minor}"
             except Exception:
                 cc = None
-            gpus.append(GPUInfo(i, _text(nvml.nvmlDeviceGetName(h)), mem.total / 2**20, driver, cc))
+            gpus.append(GPUInfo(i, _text(nvml.nvmlDeviceGetName(h)), mem.total / 2**20, driver, cc,
+                                uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
+                                pci_bus_id=_optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId).upper())))
         return gpus, "ok"
     except Exception as exc:  # a GPU in a bad state (Xid errors, lost device): report it, never crash `env`
         return [], f"NVML error while listing GPUs ({_text(exc) or type(exc).__name__})"
@@ -181,3 +188,68 @@ def nvml_gpus(nvml: Any = None) -> tuple[list[GPUInfo], str]:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
 
+
+
+def _optional(read) -> str | None:
+    try:
+        return read() or None
+    except Exception:  # NVMLError_NotSupported, or an older pynvml without the call
+        return None
+
+
+def cuda_device_gpus(device: str, gpus: Sequence[dict], *, visible: str | None = None,
+                     order: str | None = None) -> list[dict]:
+    """The GPUs (rows of ``Hardware.gpus``, as NVML lists them) that torch's ``device`` may run on: one when
+    CUDA's numbering can be told, every GPU it could be when it cannot, none when there is no such device.
+
+    CUDA numbers GPUs its own way. ``visible`` (CUDA_VISIBLE_DEVICES; None when unset) hides and reorders
+    them: a comma-separated list of indices or UUIDs (``GPU-...``, a unique prefix is enough), read up to the
+    first entry that names no GPU; ``cuda:N`` is the N-th GPU of that list (``cuda`` is ``cuda:0``, the
+    current device of a fresh process). Indices follow ``order`` (CUDA_DEVICE_ORDER): PCI_BUS_ID numbers
+    GPUs by bus id; the default, FASTEST_FIRST, is that same order only when every GPU is the same model (ties
+    go by bus id), so on a mixed machine an index could be any GPU. A MIG slice (``MIG-...``) could be on any.
+
+    >>> a100 = {"index": 0, "name": "A100", "compute_capability": "8.0", "uuid": "GPU-aa", "pci_bus_id": "1"}
+    >>> t4 = {"index": 1, "name": "T4", "compute_capability": "7.5", "uuid": "GPU-bb", "pci_bus_id": "2"}
+    >>> [g["name"] for g in cuda_device_gpus("cuda", [a100, t4], visible="GPU-bb")]
+    ['T4']
+    >>> [g["name"] for g in cuda_device_gpus("cuda:1", [a100, t4], visible="1,0", order="PCI_BUS_ID")]
+    ['A100']
+    >>> [g["name"] for g in cuda_device_gpus("cuda", [a100, t4], visible="1")]  # fastest first: A100 or T4
+    ['A100', 'T4']
+    """
+    name, _, ordinal_text = device.partition(":")
+    if name != "cuda" or not (ordinal_text == "" or ordinal_text.isdigit()):
+        raise ConfigError(f"device={device!r} is not a CUDA device; use cuda or cuda:N")
+    ordinal = int(ordinal_text or 0)
+    gpus = list(gpus)
+    if all(g.get("pci_bus_id") for g in gpus):  # NVML's own order carries no promise; the bus id does
+        by_bus = sorted(gpus, key=lambda g: g["pci_bus_id"])
+    else:
+        by_bus = sorted(gpus, key=lambda g: g["index"])
+    one_model = len({(g.get("name"), g.get("compute_capability")) for g in gpus}) <= 1
+    cuda_order: list[dict] | None = by_bus if (order or "").strip() == "PCI_BUS_ID" or one_model else None
+    # CUDA's device list: a known GPU, or None where CUDA's numbering cannot be told from NVML
+    seen: list[dict | None]
+    if visible is None:
+        seen = list(cuda_order) if cuda_order is not None else [None] * len(gpus)
+    else:
+        seen = []
+        for entry in (e.strip() for e in visible.split(",")):
+            if entry.isdigit() and int(entry) < len(gpus):
+                gpu = cuda_order[int(entry)] if cuda_order is not None else None
+            elif entry.startswith("GPU-") and all(g.get("uuid") for g in gpus):
+                hits = [g for g in gpus if g["uuid"].startswith(entry)]
+                if len(hits) != 1:
+                    break  # names no GPU (or several): CUDA stops reading the list here
+                gpu = hits[0]
+            elif entry.startswith(("GPU-", "MIG-")):
+                gpu = None  # a UUID NVML did not give us, or a MIG slice: some GPU, we cannot tell which
+            else:
+                break  # "-1", "", a typo: CUDA ignores it and every entry after it
+            if gpu is not None and any(g is gpu for g in seen):
+                break  # a GPU listed twice: not a second device
+            seen.append(gpu)
+    if ordinal >= len(seen):
+        return []
+    return [seen[ordinal]] if seen[ordinal] is not None else gpus

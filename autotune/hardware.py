@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ._device import nvml_gpus
+from ._device import cuda_device_gpus, nvml_gpus
 from ._malloc import thp_mode
 
 __all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb"]
@@ -122,6 +122,10 @@ class Hardware:
     compiler: str | None
     libc: str | None = None  # "glibc 2.36": the malloc knob needs glibc
     thp: str | None = None  # transparent huge pages: always / madvise / never (malloc=hugepages needs one of the first two)
+    # How CUDA numbers the GPUs for this process and the trials it starts (they inherit the environment); None
+    # when unset. Kept with the snapshot so a Ray node's Hardware answers for that node's worker, not ours.
+    cuda_visible_devices: str | None = None
+    cuda_device_order: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -129,10 +133,23 @@ class Hardware:
         """The CPU computes bf16 natively (AVX512-BF16, AMX or Arm's BF16): bf16 autocast is worth trying."""
         return any(f in self.cpu_flags for f in ("avx512_bf16", "amx_bf16", "bf16"))
 
+    def gpus_for(self, device: str = "cuda") -> tuple[dict, ...]:
+        """The GPU a trial on ``device`` (``cuda``, ``cuda:N``) runs on, after CUDA_VISIBLE_DEVICES and
+        CUDA_DEVICE_ORDER renumbered them: one, or every GPU it could be when NVML cannot tell, or none when
+        there is no such device (``autotune._device.cuda_device_gpus``)."""
+        return tuple(cuda_device_gpus(device, self.gpus, visible=self.cuda_visible_devices,
+                                      order=self.cuda_device_order))
+
+    def gpu_bf16(self, device: str = "cuda") -> bool:
+        """The GPU ``device`` runs on has compute capability >= 8.0 (Ampere or newer), where bf16 runs on
+        tensor cores. Where that GPU cannot be told, every GPU it could be must have it."""
+        gpus = self.gpus_for(device)
+        return bool(gpus) and all(int((g.get("compute_capability") or "0").split(".")[0]) >= 8 for g in gpus)
+
     @property
     def gpu_has_bf16(self) -> bool:
-        """Some GPU has compute capability >= 8.0 (Ampere or newer), where bf16 runs on tensor cores."""
-        return any(int((g.get("compute_capability") or "0").split(".")[0]) >= 8 for g in self.gpus)
+        """The GPU a plain ``cuda`` device runs on has native bf16 (see ``gpu_bf16``)."""
+        return self.gpu_bf16("cuda")
 
     @property
     def has_bf16(self) -> bool:
@@ -197,6 +214,14 @@ class Hardware:
                                                   f"driver {g['driver']}, compute {g['compute_capability']}"))
         else:
             rows.append(("gpu", f"none ({self.gpu_status})"))
+        for var, value in (("CUDA_VISIBLE_DEVICES", self.cuda_visible_devices),
+                           ("CUDA_DEVICE_ORDER", self.cuda_device_order)):
+            if value is not None:
+                rows.append((var, value))
+        if self.gpus and (self.cuda_visible_devices is not None or self.cuda_device_order is not None):
+            cuda = [str(g["index"]) for g in self.gpus_for("cuda")]
+            rows.append(("cuda is", "no GPU (none visible)" if not cuda else f"gpu {cuda[0]}" if len(cuda) == 1
+                         else f"one of gpu {', '.join(cuda)} (CUDA_DEVICE_ORDER=PCI_BUS_ID would tell which)"))
         rows += [
             ("os", f"{self.os}, {self.libc or 'C library unknown'}, transparent huge pages "
                    f"{self.thp or 'unknown'}"),
@@ -272,4 +297,6 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         os=f"{platform.system()} {platform.release()}", python=platform.python_version(),
         torch=torch_v, torchvision=tv_v, cuda=cuda_v, cudnn=cudnn_v, torch_cpu_capability=cap,
         compiler=compiler, libc=" ".join(platform.libc_ver()).strip() or None, thp=thp_mode(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"),
     )

@@ -227,6 +227,8 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
     cores = max(1, int(hardware.usable_cores))
     space_device = str(doc.get("device", device))
     is_cpu = space_device == "cpu"
+    # bf16 is kept where the GPU the trials will run on has it: cuda:N names it, a plain cuda space means cuda
+    trial_device = "cpu" if is_cpu else device if device.startswith("cuda") else "cuda"
     notes: list[str] = []
     params: list[Param] = []
     seen: dict[str, Param] = {}
@@ -298,7 +300,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             except Exception as exc:  # ConfigError
                 raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}") from None
         choices = _trim(name, choices, hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
-                        oversubscribe=bool(doc.get("oversubscribe", False)))
+                        oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
         if not choices:
             raise SpaceError(f"{where}: no choice is usable on this machine ({'; '.join(notes[-1:])})")
         p = Param(name, ptype, tuple(choices), when)
@@ -313,7 +315,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
         v = _parse_scalar(v, cores)
         kept = _trim(k, [v], hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
-                     oversubscribe=bool(doc.get("oversubscribe", False)))
+                     oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
         if not kept:
             raise SpaceError(f"{src}: fixed.{k}={v!r} cannot run on this machine: {notes[-1]}")
         fixed[k] = kept[0]  # pin_memory on a CPU becomes false (with a note)
@@ -352,15 +354,16 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
 
 
 def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes: list[str],
-          oversubscribe: bool) -> list:
+          oversubscribe: bool, device: str = "cpu") -> list:
     kept = list(choices)
     if name == "amp":
         if is_cpu and "fp16" in kept:
             kept.remove("fp16")
             notes.append("amp=fp16 dropped: fp16 autocast is slower than fp32 on CPUs and needs a GPU's GradScaler")
-        if "bf16" in kept and not (hardware.cpu_has_bf16 if is_cpu else hardware.gpu_has_bf16):
+        if "bf16" in kept and not (hardware.cpu_has_bf16 if is_cpu else hardware.gpu_bf16(device)):
             kept.remove("bf16")
-            notes.append("amp=bf16 dropped: no native bf16 on this hardware (AVX512-BF16/AMX or GPU compute >= 8.0)")
+            notes.append("amp=bf16 dropped: no native bf16 on this hardware (AVX512-BF16/AMX or GPU compute >= 8.0)"
+                         + ("" if is_cpu else f" on {device}, {_gpu_label(hardware, device)}"))
     elif name == "compile_mode":
         if not hardware.can_compile:
             dropped = [c for c in kept if c != "none"]
@@ -395,3 +398,10 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
                    if limit < cores else f"more than the {cores} usable cores")
             notes.append(f"{name} {over} dropped: {why}")
     return kept
+
+
+def _gpu_label(hardware, device: str) -> str:
+    gpus = hardware.gpus_for(device)
+    if not gpus:
+        return "which names no visible GPU (CUDA_VISIBLE_DEVICES)"
+    return " or ".join(f"gpu {g['index']} ({g['name']}, compute {g['compute_capability']})" for g in gpus)

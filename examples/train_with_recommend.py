@@ -8,7 +8,8 @@ image size and storage answer from the stored recommendation at once.
         --storage sqlite:///trials/autotune.db
 
 The training loop below is ordinary PyTorch; autotune only supplies the DataLoader keyword arguments and,
-through ``rec.apply()``, the threads, channels_last, torch.compile and autocast settings.
+through ``rec.apply()``, the threads, cudnn.benchmark, channels_last, torch.compile, autocast and (for fp16) the
+GradScaler. The README's usage loop is this one.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def main() -> None:
                                             image_size=(3, args.image_size, args.image_size),
                                             num_classes=10, transform=transform)
     loader = DataLoader(dataset, shuffle=True, drop_last=True, **loader_kwargs)
+    # two held-out batches to predict on after training (other images: a different random offset)
+    held_out = torchvision.datasets.FakeData(size=2 * batch_size, image_size=(3, args.image_size, args.image_size),
+                                             num_classes=10, transform=transform, random_offset=len(dataset))
+    eval_loader = DataLoader(held_out, **loader_kwargs)
     model = torchvision.models.get_model(args.model, weights=None, num_classes=10)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -87,7 +92,7 @@ def main() -> None:
         loss = torch.tensor(float("nan"))
         t0 = time.perf_counter()
         for images, labels in loader:
-            images, labels = run.prepare_input(images), run.prepare_input(labels)  # to the device
+            images, labels = run.prepare_input(images), run.prepare_input(labels)  # inputs AND targets to the device
             optimizer.zero_grad(set_to_none=True)
             with run.autocast():
                 loss = loss_fn(model(images), labels)
@@ -100,8 +105,19 @@ def main() -> None:
                 optimizer.step()
         elapsed = time.perf_counter() - t0
 
+        # 4. Predict: eval mode (batch norm uses its running statistics, dropout is off) and no autograd, under
+        # the same autocast. Tuning with task="infer" (--task infer) measures exactly this loop.
+        model.eval()
+        correct = seen = 0
+        with torch.inference_mode(), run.autocast():
+            for images, labels in eval_loader:
+                images, labels = run.prepare_input(images), run.prepare_input(labels)
+                correct += int((model(images).argmax(dim=1) == labels).sum())
+                seen += len(labels)
+
     print(f"final loss {loss.item():.4f} after {args.steps} steps; "
           f"{args.steps / elapsed:.2f} steps/s ({args.steps * batch_size / elapsed:.1f} samples/s)")
+    print(f"eval: {correct}/{seen} held-out images right (model.eval(), torch.inference_mode())")
 
 
 if __name__ == "__main__":

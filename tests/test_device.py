@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from autotune import hardware
-from autotune._device import CPUDevice, CUDADevice, GPUInfo, autocast_dtype_name, get_device, nvml_gpus
+from autotune._device import (CPUDevice, CUDADevice, GPUInfo, autocast_dtype_name, cuda_device_gpus, get_device,
+                              nvml_gpus)
 from autotune.errors import ConfigError
 
 NO_CUDA = not torch.cuda.is_available()
@@ -112,8 +113,10 @@ class _NVMLError(Exception):
     pass
 
 
-def fake_nvml(gpus=(("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)),), *, driver=b"550.54.15", init_error=None):
-    """A stand-in for pynvml: ``gpus`` is a sequence of (name, total bytes, (major, minor) or None)."""
+def fake_nvml(gpus=(("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)),), *, driver=b"550.54.15", init_error=None,
+              ids=None):
+    """A stand-in for pynvml: ``gpus`` is a sequence of (name, total bytes, (major, minor) or None); ``ids``,
+    when given, one (uuid, PCI bus id) per GPU (without it the fake is an old pynvml with neither call)."""
     calls = {"init": 0, "shutdown": 0}
 
     def nvmlInit():
@@ -140,6 +143,9 @@ def fake_nvml(gpus=(("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)),), *, driver=b
         nvmlDeviceGetName=lambda h: gpus[h][0],
         nvmlDeviceGetCudaComputeCapability=cc,
     )
+    if ids is not None:
+        ns.nvmlDeviceGetUUID = lambda h: ids[h][0]
+        ns.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=ids[h][1])
     ns.calls = calls
     return ns
 
@@ -154,7 +160,17 @@ def test_nvml_gpus_with_fake():
     ]
     assert fake.calls == {"init": 1, "shutdown": 1}
     assert gpus[0].to_dict() == {"index": 0, "name": "NVIDIA A100-SXM4-40GB", "memory_total_mb": 40960.0,
-                                 "driver": "550.54.15", "compute_capability": "8.0"}
+                                 "driver": "550.54.15", "compute_capability": "8.0", "uuid": None,
+                                 "pci_bus_id": None}
+
+
+def test_nvml_gpus_reads_uuid_and_bus_id():
+    fake = fake_nvml([("A100", 40 * 2**30, (8, 0)), ("T4", 15 * 2**30, (7, 5))],
+                     ids=[(b"GPU-aaaa-1111", b"00000000:3b:00.0"), ("GPU-bbbb-2222", "00000000:AF:00.0")])
+    gpus, status = nvml_gpus(fake)
+    assert status == "ok"
+    assert [(g.uuid, g.pci_bus_id) for g in gpus] == [("GPU-aaaa-1111", "00000000:3B:00.0"),
+                                                      ("GPU-bbbb-2222", "00000000:AF:00.0")]
 
 
 def test_nvml_gpus_unknown_compute_capability():
@@ -214,7 +230,8 @@ def test_detect_with_fake_gpu():
     ((6, 1), False),
     (None, False),
 ])
-def test_has_bf16_from_gpu_compute_capability(cc, expected):
+def test_has_bf16_from_gpu_compute_capability(cc, expected, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the one fake GPU is the one trials see
     hw = hardware.detect(with_torch=False, nvml=fake_nvml([("GPU", 8 * 2**30, cc)]))
     hw = dataclasses.replace(hw, cpu_flags=())  # this CPU may have native bf16: look at the GPU only
     assert hw.has_bf16 is expected
@@ -237,3 +254,107 @@ def test_nvml_error_while_listing_is_reported_not_raised():
     gpus, status = nvml_gpus(fake)
     assert gpus == [] and "Unknown Error" in status
     assert fake.calls["shutdown"] == 1
+
+
+# --- which GPU a cuda device is --------------------------------------------------------------------------------
+# NVML lists every GPU; CUDA numbers only the ones CUDA_VISIBLE_DEVICES shows, in its order. Fake rows as
+# Hardware.gpus holds them: NVML lists the T4 first here, but the A100 sits on the lower PCI bus.
+
+T4 = {"index": 0, "name": "Tesla T4", "memory_total_mb": 15360.0, "driver": "550.54.15",
+      "compute_capability": "7.5", "uuid": "GPU-7a1b0000-0000-0000-0000-000000000001", "pci_bus_id": "00000000:AF:00.0"}
+A100 = {"index": 1, "name": "NVIDIA A100-SXM4-40GB", "memory_total_mb": 40960.0, "driver": "550.54.15",
+        "compute_capability": "8.0", "uuid": "GPU-a1000000-0000-0000-0000-000000000002",
+        "pci_bus_id": "00000000:3B:00.0"}
+TWO = [T4, A100]
+
+
+def names(gpus) -> list[str]:
+    return [g["name"] for g in gpus]
+
+
+@pytest.mark.parametrize("device, visible, expected", [
+    ("cuda", None, ["NVIDIA A100-SXM4-40GB"]),        # CUDA's 0 is the lowest bus id, not NVML's first row
+    ("cuda:0", None, ["NVIDIA A100-SXM4-40GB"]),
+    ("cuda:1", None, ["Tesla T4"]),
+    ("cuda:2", None, []),
+    ("cuda", "1", ["Tesla T4"]),                      # CUDA index 1 = the T4 (bus order)
+    ("cuda", "1,0", ["Tesla T4"]),
+    ("cuda:1", "1,0", ["NVIDIA A100-SXM4-40GB"]),
+    ("cuda:1", "1", []),                              # hidden
+    ("cuda", "", []),                                 # nothing visible
+    ("cuda", "GPU-7a1b", ["Tesla T4"]),               # a unique UUID prefix is enough
+    ("cuda:1", "GPU-a1000000-0000-0000-0000-000000000002,GPU-7a1b", ["Tesla T4"]),
+    ("cuda", "GPU-", []),                             # a prefix of both: names no one GPU, the list ends
+    ("cuda", "GPU-ffff", []),                         # no such GPU
+    ("cuda:1", "0,-1,1", []),                         # CUDA reads up to the first invalid entry: only 0
+    ("cuda:1", "0,7,1", []),
+    ("cuda:1", "0,0", []),                            # a GPU listed twice is not a second device
+    ("cuda", " 1 ", ["Tesla T4"]),
+    ("cuda", "MIG-0c9f", ["Tesla T4", "NVIDIA A100-SXM4-40GB"]),  # a MIG slice: of some GPU, we cannot tell which
+])
+def test_cuda_device_gpus_in_bus_order(device, visible, expected):
+    assert names(cuda_device_gpus(device, TWO, visible=visible, order="PCI_BUS_ID")) == expected
+
+
+def test_cuda_device_gpus_fastest_first_on_mixed_gpus_cannot_tell_an_index():
+    # CUDA's default order ranks by speed with a heuristic NVML does not expose: an index could be either GPU
+    for device, visible in (("cuda", None), ("cuda:1", None), ("cuda", "1"), ("cuda", "0,1")):
+        assert names(cuda_device_gpus(device, TWO, visible=visible)) == names(TWO), (device, visible)
+    assert names(cuda_device_gpus("cuda:2", TWO)) == []
+    assert names(cuda_device_gpus("cuda", TWO, visible="GPU-a100")) == ["NVIDIA A100-SXM4-40GB"]  # a UUID is exact
+    assert names(cuda_device_gpus("cuda", TWO, visible="FASTEST_FIRST".lower())) == []  # not an entry at all
+
+
+def test_cuda_device_gpus_of_one_model_are_in_bus_order_whatever_the_order():
+    a, b = dict(A100, index=0, pci_bus_id="00000000:AF:00.0"), dict(A100, index=1, uuid="GPU-b",
+                                                                     pci_bus_id="00000000:3B:00.0")
+    assert cuda_device_gpus("cuda", [a, b]) == [b]
+    assert cuda_device_gpus("cuda", [a, b], visible="1", order="FASTEST_FIRST") == [a]
+
+
+def test_cuda_device_gpus_without_uuid_or_bus_id():
+    # an older pynvml (or a stored Hardware from before these were kept): NVML's order, UUIDs unknown
+    old = [{k: v for k, v in g.items() if k not in ("uuid", "pci_bus_id")} for g in TWO]
+    assert names(cuda_device_gpus("cuda", old, order="PCI_BUS_ID")) == ["Tesla T4"]
+    assert names(cuda_device_gpus("cuda", old, visible="GPU-7a1b", order="PCI_BUS_ID")) == names(TWO)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:x", "cuda:-1", "gpu:0"])
+def test_cuda_device_gpus_refuses_a_non_cuda_name(device):
+    with pytest.raises(ConfigError, match="use cuda or cuda:N"):
+        cuda_device_gpus(device, TWO)
+
+
+def test_detect_follows_cuda_visible_devices(monkeypatch):
+    """bf16 is judged on the GPU the trials will see, not on any GPU NVML lists."""
+    fake = fake_nvml([("Tesla T4", 15 * 2**30, (7, 5)), ("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0))],
+                     ids=[(T4["uuid"], T4["pci_bus_id"]), (A100["uuid"], A100["pci_bus_id"])])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA's index 1 in bus order: the T4 (NVML's row 0)
+    hw = hardware.detect(with_torch=False, nvml=fake)
+    assert (hw.cuda_visible_devices, hw.cuda_device_order) == ("1", "PCI_BUS_ID")
+    assert names(hw.gpus_for("cuda")) == ["Tesla T4"] and hw.gpus_for("cuda:1") == ()
+    assert hw.gpu_has_bf16 is False and hw.gpu_bf16("cuda:0") is False
+    assert "CUDA_VISIBLE_DEVICES  1" in hw.describe() and "gpu 0" in hw.describe()
+    assert any(row.startswith("cuda is") and row.endswith("gpu 0") for row in hw.describe().splitlines())
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", A100["uuid"])
+    hw = hardware.detect(with_torch=False, nvml=fake)
+    assert names(hw.gpus_for()) == ["NVIDIA A100-SXM4-40GB"] and hw.gpu_has_bf16 is True
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")
+    hw = hardware.detect(with_torch=False, nvml=fake)
+    assert hw.cuda_visible_devices is None and hw.cuda_device_order is None
+    assert names(hw.gpus_for()) == names(TWO)  # mixed GPUs, fastest first: either; bf16 only if both have it
+    assert hw.gpu_has_bf16 is False
+    assert "CUDA_VISIBLE_DEVICES" not in hw.describe()
+
+
+def test_hardware_round_trip_keeps_cuda_numbering():
+    hw = dataclasses.replace(hardware.detect(with_torch=False, nvml=fake_nvml([])), gpus=(T4, A100),
+                             cuda_visible_devices="GPU-a100", cuda_device_order=None)
+    back = hardware.Hardware.from_dict(hw.to_dict())
+    assert back == hw and names(back.gpus_for("cuda")) == ["NVIDIA A100-SXM4-40GB"]
+    old = {k: v for k, v in hw.to_dict().items() if k not in ("cuda_visible_devices", "cuda_device_order")}
+    assert hardware.Hardware.from_dict(old).cuda_visible_devices is None  # a Hardware stored before these fields

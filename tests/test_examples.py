@@ -25,6 +25,7 @@ from tests.conftest import REPO_ROOT, run_cli
 
 EXAMPLE = REPO_ROOT / "examples" / "train_with_recommend.py"
 FINAL_LOSS = re.compile(r"final loss (\d+\.\d+|nan) after (\d+) steps; [\d.]+ steps/s")
+EVAL = re.compile(r"eval: (\d+)/(\d+) held-out images right \(model\.eval\(\), torch\.inference_mode\(\)\)")
 
 
 def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -103,6 +104,8 @@ def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     assert "not fully applied" not in r.stderr, r.stderr[-2000:]
     m = FINAL_LOSS.search(r.stdout)
     assert m and m.group(2) == "3", r.stdout
+    m = EVAL.search(r.stdout)  # and then predicted in eval mode without autograd: two held-out batches of 4
+    assert m and m.group(2) == "8" and 0 <= int(m.group(1)) <= 8, r.stdout
     assert n_trials(url) == 0
 
 
@@ -131,7 +134,7 @@ def test_train_example_tunes_then_answers_from_the_cache(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recommendation freshly measured" in r.stdout
     assert "recommended: bs=" in r.stdout
-    assert FINAL_LOSS.search(r.stdout), r.stdout
+    assert FINAL_LOSS.search(r.stdout) and EVAL.search(r.stdout), r.stdout
     before = n_trials(url)
     assert before >= 2
 

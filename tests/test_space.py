@@ -29,14 +29,15 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def fake_hw(cores: int = 4, flags: tuple[str, ...] = ("avx2", "fma"), compiler: str | None = "/usr/bin/g++",
-            gpus: tuple[dict, ...] = ()):
+            gpus: tuple[dict, ...] = (), visible: str | None = None, order: str | None = None):
     return dataclasses.replace(_REAL, usable_cores=cores, affinity_cores=cores, logical_cores=cores,
-                               cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus))
+                               cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus),
+                               cuda_visible_devices=visible, cuda_device_order=order)
 
 
 def gpu(cc: str, index: int = 0) -> dict:
     return {"index": index, "name": f"Fake GPU cc{cc}", "memory_total_mb": 16384.0, "driver": "550.54",
-            "compute_capability": cc}
+            "compute_capability": cc, "uuid": f"GPU-{index:08x}-fake", "pci_bus_id": f"00000000:{index + 1:02X}:00.0"}
 
 
 def choices(space: SearchSpace, name: str) -> tuple:
@@ -67,6 +68,11 @@ def small_doc(**over) -> dict:
 # --- the shipped spaces --------------------------------------------------------------------------------------
 
 def test_default_space_path_finds_the_shipped_files():
+    shipped = default_space_path("cpu").parent
+    assert default_space_path("cuda:1") == default_space_path("cuda") == shipped / "cuda.yaml"
+    if shipped.resolve() != CPU_YAML.parent.resolve():
+        # autotune.search_spaces comes from the editable install's checkout, whatever autotune/ is imported from
+        pytest.skip(f"autotune.search_spaces is installed from {shipped}, another checkout than this one")
     assert default_space_path("cpu").read_text() == CPU_YAML.read_text()
     assert default_space_path("cuda:1").read_text() == CUDA_YAML.read_text()
 
@@ -175,14 +181,53 @@ def test_shipped_cuda_space_keeps_fp16_and_bf16_only_from_ampere(cc, has_bf16):
     assert any("amp=bf16 dropped" in n for n in sp.notes) is (not has_bf16)
     assert "reduce-overhead" in choices(sp, "compile_mode")  # CUDA graphs exist on a GPU
     assert choices(sp, "pin_memory") == (False, True)
-    assert sp.fixed == {"cudnn_benchmark": True, "inter_op_threads": 1}
+    assert choices(sp, "cudnn_benchmark") == (False, True)  # searched: a fixed knob would bind the baseline too
+    assert sp.fixed == {}
     base = sp.baseline_config()
     assert base.amp == "off" and base.pin_memory is False and base.intra_op_threads == 8
 
 
-def test_cuda_space_bf16_needs_one_ampere_gpu_among_several():
-    sp = load_space(CUDA_YAML, hardware=fake_hw(gpus=(gpu("7.0"), gpu("8.6", index=1))), device="cuda")
-    assert "bf16" in choices(sp, "amp")
+def test_shipped_cuda_baseline_is_pytorchs_defaults():
+    """"Speedup vs defaults" means vs PyTorch's: every knob of the CUDA baseline but the batch size is
+    TrialConfig's default, which is PyTorch's (cudnn.benchmark off, inter-op threads left to torch), except
+    intra_op_threads: the space searches it from 1 to the usable cores, so the baseline takes "cores"."""
+    sp = load_space(CUDA_YAML, hardware=fake_hw(cores=8, gpus=(gpu("8.0"),)), device="cuda")
+    base = sp.baseline_config()
+    assert base == TrialConfig(batch_size=base.batch_size, intra_op_threads=8)
+    assert base.cudnn_benchmark is False and base.inter_op_threads is None
+    # the baseline trial is queued as Optuna params and runs what effective() makes of them: the same config
+    assert sp.effective(sp.baseline_params()) == base
+    # searched configs still get cudnn.benchmark where the sampler picks it
+    assert sp.effective({**sp.baseline_params(), "cudnn_benchmark": True}).cudnn_benchmark is True
+
+
+VOLTA_AMPERE = (gpu("7.0"), gpu("8.6", index=1))
+
+
+@pytest.mark.parametrize("device, visible, order, has_bf16", [
+    ("cuda", None, "PCI_BUS_ID", False),                  # cuda is gpu 0, the Volta: an Ampere beside it is no help
+    ("cuda:1", None, "PCI_BUS_ID", True),
+    ("cuda", "1", "PCI_BUS_ID", True),                    # the Ampere is the only GPU the trial sees
+    ("cuda", "1,0", "PCI_BUS_ID", True),                  # reordered
+    ("cuda:1", "1,0", "PCI_BUS_ID", False),
+    ("cuda", "GPU-00000001", None, True),                 # by UUID prefix: exact whatever CUDA_DEVICE_ORDER says
+    ("cuda", "GPU-00000000-fake,GPU-00000001-fake", None, False),
+    ("cuda", "1", None, False),                           # fastest first on mixed GPUs: either one; both must have it
+    ("cuda:1", "0", "PCI_BUS_ID", False),                 # no such device
+    ("cuda", "", None, False),                            # no GPU visible at all
+])
+def test_cuda_space_keeps_bf16_by_the_gpu_the_trial_runs_on(device, visible, order, has_bf16):
+    hw = fake_hw(gpus=VOLTA_AMPERE, visible=visible, order=order)
+    sp = load_space(CUDA_YAML, hardware=hw, device=device)
+    assert ("bf16" in choices(sp, "amp")) is has_bf16
+    if not has_bf16:
+        note = next(n for n in sp.notes if "amp=bf16 dropped" in n)
+        assert f"on {device}" in note
+
+
+def test_cuda_space_bf16_note_names_the_gpu():
+    sp = load_space(CUDA_YAML, hardware=fake_hw(gpus=VOLTA_AMPERE, order="PCI_BUS_ID"), device="cuda")
+    assert any("on cuda, gpu 0 (Fake GPU cc7.0, compute 7.0)" in n for n in sp.notes), sp.notes
 
 
 def test_cuda_space_without_compiler_keeps_only_eager():
