@@ -43,7 +43,7 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
-    sp = load_space(space, hardware=hw, device=workload.device_family)
+    sp = load_space(space, hardware=hw, device=workload.device)
     tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
                   progress=progress)
     if not rerun:

@@ -41,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
     if args.trials is None and timeout_s is None:
         raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
-    space = load_space(args.space, hardware=hw, device=workload.device_family)
+    space = load_space(args.space, hardware=hw, device=workload.device)
     check(workload)
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,

@@ -57,7 +57,7 @@ class Tuner:
             from .runner import run_trial as runner
         self.workload = workload
         self.hardware = hardware or detect()
-        self.space = space or load_space(hardware=self.hardware, device=workload.device_family)
+        self.space = space or load_space(hardware=self.hardware, device=workload.device)
         measure = measure or MeasureSpec()
         if measure.memory_cap_mb is None:
             measure = measure.replace(memory_cap_mb=default_memory_cap_mb(self.hardware))
@@ -136,7 +136,7 @@ class Tuner:
             self.study_name = study_name_for(self.workload, hardware.fingerprint)
         source = self.space.source
         if source and Path(source).is_file():
-            self.space = load_space(source, hardware=hardware, device=self.workload.device_family)
+            self.space = load_space(source, hardware=hardware, device=self.workload.device)
 
     def prepare(self, study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
