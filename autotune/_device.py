@@ -1,14 +1,16 @@
 """The device seam: every line that differs between CPU and CUDA lives here, and nowhere else.
 
 ``get_device(name)`` returns a small object with the handful of operations a trial needs (autocast, the fp16
-GradScaler, synchronisation, peak memory, cudnn.benchmark). ``nvml_gpus()`` lists NVIDIA GPUs through pynvml;
-``cuda_device_gpus()`` says which of them a torch device name (``cuda:N``) is, as CUDA numbers them.
+GradScaler, synchronisation, a step timer, peak memory, cudnn.benchmark). ``nvml_gpus()`` lists NVIDIA GPUs
+through pynvml; ``cuda_device_gpus()`` says which of them a torch device name (``cuda:N``) is, as CUDA numbers
+them.
 Nothing here imports torch at module import time, so the CLI and the parent process stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = ["CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name",
-           "cuda_device_gpus"]
+           "cuda_device_gpus", "HostStepTimer", "EventStepTimer"]
 
 
 def autocast_dtype_name(device_type: str, amp: str) -> str | None:
@@ -61,6 +63,10 @@ class CPUDevice:
     def synchronize(self) -> None:
         """CPU kernels are synchronous: a step's end time is already honest."""
 
+    def step_timer(self) -> HostStepTimer:
+        """Times the data wait and compute of the steps of a window (see ``HostStepTimer``)."""
+        return HostStepTimer(self)
+
     def reset_peak_memory(self) -> None:
         pass
 
@@ -104,6 +110,15 @@ class CUDADevice(CPUDevice):
 
         torch.cuda.synchronize(self.torch_device())  # kernels are async: time only after they finish
 
+    def step_timer(self) -> HostStepTimer:
+        return EventStepTimer(self)
+
+    def new_event(self):
+        """A timing event on the current stream (a fake device returns its own)."""
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
     def reset_peak_memory(self) -> None:
         import torch
 
@@ -119,6 +134,76 @@ class CUDADevice(CPUDevice):
 
         fmt = torch.channels_last if channels_last and tensor.dim() == 4 else torch.contiguous_format
         return tensor.to(self.torch_device(), non_blocking=non_blocking, memory_format=fmt)
+
+
+class HostStepTimer:
+    """Splits the steps between ``start()`` and ``finish()`` into waiting for data and computing, by the host's clock.
+
+    Honest where kernels run synchronously (the CPU): a step's host time is its cost. The step calls
+    ``fetched()`` once the batch is in hand and ``done()`` once its work is issued; the time from the previous
+    ``done()`` (or ``start()``) to ``fetched()`` is waiting, from ``fetched()`` to ``done()`` computing.
+    ``finish()`` synchronises the device once and returns the totals in seconds.
+
+    >>> t = HostStepTimer(CPUDevice()); t.start(); t.fetched(); t.done()
+    >>> [x >= 0 for x in t.finish()]
+    [True, True]
+    """
+
+    def __init__(self, device: CPUDevice) -> None:
+        self._device = device
+        self._wait = self._compute = 0.0
+        self._last = time.perf_counter()
+
+    def start(self) -> None:
+        self._wait = self._compute = 0.0
+        self._last = time.perf_counter()
+
+    def fetched(self) -> None:
+        now = time.perf_counter()
+        self._wait += now - self._last
+        self._last = now
+
+    def done(self) -> None:
+        now = time.perf_counter()
+        self._compute += now - self._last
+        self._last = now
+
+    def finish(self) -> tuple[float, float]:
+        self._device.synchronize()
+        return self._wait, self._compute
+
+
+class EventStepTimer(HostStepTimer):
+    """The same split by the device's clock: an event is recorded at ``start()``, ``fetched()`` and ``done()``,
+    and ``finish()`` synchronises once and reads the gaps between them.
+
+    Kernels run asynchronously: while the host waits for the next batch, the device may still be running the
+    previous step, and that wait costs nothing. On the device's timeline, the gap from the previous step's
+    last kernel to the point the next batch was in hand is the time the device really sat waiting for data;
+    from there to the step's last kernel is its compute. The two add up to the window's device time, so no
+    step needs a synchronisation of its own.
+    """
+
+    def __init__(self, device: CPUDevice) -> None:
+        self._device = device
+        self._events: list = []
+
+    def _mark(self) -> None:
+        event = self._device.new_event()
+        event.record()
+        self._events.append(event)
+
+    def start(self) -> None:
+        self._events = []
+        self._mark()
+
+    fetched = done = _mark
+
+    def finish(self) -> tuple[float, float]:
+        self._device.synchronize()
+        ev = self._events
+        gaps = [a.elapsed_time(b) / 1e3 for a, b in zip(ev, ev[1:])]  # elapsed_time is in ms
+        return sum(gaps[0::2]), sum(gaps[1::2])
 
 
 def get_device(name: str) -> CPUDevice:

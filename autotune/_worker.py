@@ -2,6 +2,8 @@
 
 It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the
 trial log): ``started``, ``built``, ``warmup``, one ``window`` per measured window, then ``done`` or ``failed``.
+Step times come from the device's step timer; the device is synchronised once per measured window, never per
+step (warm-up steps are synchronised one by one, to see when they settle).
 Thread settings are applied before torch is imported; everything else happens in ``run``.
 """
 
@@ -49,7 +51,11 @@ def _split_batch(batch: Any) -> tuple[Any, Any]:
     return batch, None
 
 
-def run(payload: dict, send: Send) -> dict:
+def run(payload: dict, send: Send, *, device: Any = None) -> dict:
+    """Build the workload, warm up, measure the windows; return the ``done`` event's fields.
+
+    ``device`` stands in for ``get_device(workload.device)`` (tests pass a fake one to count synchronisations).
+    """
     from .config import MeasureSpec, TrialConfig, Workload
 
     workload = Workload.from_dict(payload["workload"])
@@ -64,7 +70,7 @@ def run(payload: dict, send: Send) -> dict:
     from ._device import get_device
     from .workloads import build
 
-    dev = get_device(workload.device)
+    dev = device if device is not None else get_device(workload.device)
     dev.prepare(config)
     built = build(workload, seed=spec.seed)
     model = built.model.to(dev.torch_device())
@@ -87,16 +93,17 @@ def run(payload: dict, send: Send) -> dict:
     it = iter(loader)
     last_loss: list[Any] = [None]
 
-    def step() -> tuple[int, float, float]:
-        """One step; returns (samples, seconds waiting for data, seconds computing)."""
+    def step(timer: Any = None) -> int:
+        """One step; returns its samples. ``timer`` (the device's step timer) is told when the batch is in hand
+        and when the step's work is issued; the step itself never synchronises."""
         nonlocal it
-        t0 = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:  # an epoch ended: a new iterator (and, without persistent workers, new workers)
             it = iter(loader)
             batch = next(it)
-        t1 = time.perf_counter()
+        if timer is not None:
+            timer.fetched()
         x, y = _split_batch(batch)
         non_blocking = config.pin_memory
         x = dev.to_device(x, non_blocking=non_blocking, channels_last=config.channels_last)
@@ -119,9 +126,17 @@ def run(payload: dict, send: Send) -> dict:
             with torch.inference_mode(), dev.autocast(config.amp):
                 out = step_model(x)
                 last_loss[0] = built.loss_fn(out, y).detach() if (built.loss_fn and y is not None) else None
-        dev.synchronize()
-        t2 = time.perf_counter()
-        return len(x), t1 - t0, t2 - t1
+        if timer is not None:
+            timer.done()
+        return len(x)
+
+    timer = dev.step_timer()
+
+    def timed_step() -> float:
+        """One step, synchronised at its end: its whole time (warm-up only; a window synchronises once)."""
+        timer.start()
+        step(timer)
+        return sum(timer.finish())
 
     def check_loss() -> float | None:
         if last_loss[0] is None:
@@ -133,44 +148,55 @@ def run(payload: dict, send: Send) -> dict:
             )
         return value
 
-    # --- warm-up: until step times settle -------------------------------------------------------------
+    # --- warm-up: the first step, then until step times settle --------------------------------------------
+    # The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
+    # its own (its excess over a settled step is compile_s when compiling), and the warm-up's clock, for
+    # warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
     dev.reset_peak_memory()
     t_warm = time.perf_counter()
+    first_s = timed_step()
+    check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
+    t_settle = time.perf_counter()
     times: list[float] = []
-    # Settled = the median of the last k step times is within tolerance of the k before them.
+    # Settled = the median of the last k step times is within tolerance of the k before them. The limit ends
+    # a warm-up that never settles, but only after 2k steps beyond the first, so "settled" has a meaning.
     k = max(1, min(3, spec.warmup_min_steps // 2))
     while True:
-        _, wait, comp = step()
-        times.append(wait + comp)
-        check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
+        times.append(timed_step())
+        check_loss()
         n = len(times)
-        if time.perf_counter() - t_warm > spec.warmup_max_s:
+        if n < 2 * k:
+            continue
+        since = time.perf_counter() - t_settle
+        if since > spec.warmup_max_s:
             break
-        if n >= max(spec.warmup_min_steps, 2 * k) and time.perf_counter() - t_warm >= spec.warmup_min_s:
+        if since >= spec.warmup_min_s and 1 + n >= spec.warmup_min_steps:
             recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
             if abs(recent - before) <= spec.settle_tolerance * before:
                 break
     warmup_s = time.perf_counter() - t_warm
     steady = statistics.median(times[-k:])
-    compile_s = max(0.0, times[0] - steady) if config.compile_mode != "none" else None
+    compile_s = max(0.0, first_s - steady) if config.compile_mode != "none" else None
     check_loss()
-    send("warmup", warmup_s=warmup_s, warmup_steps=len(times), compile_s=compile_s, step_s=steady)
+    send("warmup", warmup_s=warmup_s, warmup_steps=1 + len(times), compile_s=compile_s, step_s=steady,
+         first_step_s=first_s)
 
     # --- measurement windows, streamed as they finish --------------------------------------------------
+    # The device is synchronised once per window, at its end: within it the host runs ahead of the device as a
+    # real training loop does, so host work that overlaps the device's is not charged to the step. The data
+    # wait / compute split comes from the step timer (host clock on the CPU, device events on CUDA).
     waits: list[float] = []
     comps: list[float] = []
     measured_steps = 0
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
     for w in range(spec.windows):
         samples = steps = 0
-        w_wait = w_comp = 0.0
+        timer.start()
         start = time.perf_counter()
         while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
-            k, wait, comp = step()
-            samples += k
+            samples += step(timer)
             steps += 1
-            w_wait += wait
-            w_comp += comp
+        w_wait, w_comp = timer.finish()
         elapsed = time.perf_counter() - start
         measured_steps += steps
         waits.append(w_wait / steps)

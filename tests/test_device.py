@@ -1,8 +1,10 @@
-"""The device seam without a GPU: dtype mapping, GradScaler, get_device, and NVML through a fake module."""
+"""The device seam without a GPU: dtype mapping, GradScaler, step timers (CUDA's through fake events), get_device,
+and NVML through a fake module."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import types
 import warnings
 
@@ -10,8 +12,8 @@ import pytest
 import torch
 
 from autotune import hardware
-from autotune._device import (CPUDevice, CUDADevice, GPUInfo, autocast_dtype_name, cuda_device_gpus, get_device,
-                              nvml_gpus)
+from autotune._device import (CPUDevice, CUDADevice, EventStepTimer, GPUInfo, HostStepTimer, autocast_dtype_name,
+                              cuda_device_gpus, get_device, nvml_gpus)
 from autotune.errors import ConfigError
 
 NO_CUDA = not torch.cuda.is_available()
@@ -84,6 +86,74 @@ def test_cpu_device_basics():
     assert torch.equal(x, y)
     flat = torch.arange(6)
     assert dev.to_device(flat, channels_last=True) is flat  # not 4-D: untouched
+
+
+# --- step timers -------------------------------------------------------------------------------------------
+
+class _Clock:
+    """A device clock the test sets by hand; its events read it when recorded, as CUDA events are stamped."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+
+class _Event:
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def record(self) -> None:
+        self.t = self.clock.now
+
+    def elapsed_time(self, end: "_Event") -> float:
+        return (end.t - self.t) * 1e3  # ms, like torch.cuda.Event
+
+
+class _FakeCUDA(CUDADevice):
+    """CUDADevice's timer on fake events; counts synchronisations."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__("cuda")
+        self.clock, self.syncs = clock, 0
+
+    def new_event(self):
+        return _Event(self.clock)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+
+def test_each_device_has_its_timer():
+    assert type(CPUDevice().step_timer()) is HostStepTimer
+    assert type(CUDADevice("cuda").step_timer()) is EventStepTimer  # no GPU needed to build it
+
+
+def test_event_timer_splits_by_the_device_timeline_and_synchronises_once():
+    clock = _Clock()
+    dev = _FakeCUDA(clock)
+    timer = dev.step_timer()
+    timer.start()                       # device idle at t=0
+    clock.now = 0.010; timer.fetched()  # first batch in hand: the device sat 10 ms waiting for it
+    clock.now = 0.050; timer.done()     # its kernels end at 50 ms
+    clock.now = 0.052; timer.fetched()  # next batch fetched while they ran: only 2 ms of idle device
+    clock.now = 0.090; timer.done()
+    assert dev.syncs == 0               # nothing synchronises inside the window
+    wait, compute = timer.finish()
+    assert dev.syncs == 1
+    assert wait == pytest.approx(0.012) and compute == pytest.approx(0.078)
+    timer.start()                       # a new window starts afresh
+    clock.now = 0.1; timer.fetched(); timer.done()
+    assert timer.finish() == pytest.approx((0.010, 0.0)) and dev.syncs == 2
+
+
+def test_host_timer_chains_the_steps():
+    timer = HostStepTimer(CPUDevice())
+    timer.start()
+    time.sleep(0.02)
+    timer.fetched()
+    time.sleep(0.03)
+    timer.done()
+    wait, compute = timer.finish()
+    assert 0.02 <= wait < 0.03 <= compute < 0.2
 
 
 # --- get_device ---------------------------------------------------------------------------------------------

@@ -17,8 +17,10 @@ import time
 
 import psutil
 import pytest
+import torch
 
-from autotune import runner
+from autotune import _worker, runner
+from autotune._device import CPUDevice, CUDADevice
 from autotune._malloc import thp_mode
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.errors import ConfigError
@@ -128,6 +130,37 @@ def test_over_memory():
     assert r.wall_s < 90
 
 
+def test_a_spike_shorter_than_a_sample_is_in_the_peak():
+    """One step maps 300 MiB, faults every page in and frees it again, resident at full size for a few ms: the
+    kernel's high-water marks keep it; a sampler (0.1 s RSS, 1 s PSS) almost always missed it."""
+    plain = run_trial(wl("spike_none"), TrialConfig(batch_size=8), SPEC)
+    spiked = run_trial(wl("spike_300mib"), TrialConfig(batch_size=8), SPEC)
+    assert plain.ok and spiked.ok, (plain.reason, spiked.reason)
+    assert spiked.peak_host_mb - plain.peak_host_mb > 280, (spiked.peak_host_mb, plain.peak_host_mb)
+
+
+def test_a_slow_first_step_does_not_end_the_warm_up():
+    """The first step (0.5 s here, as compiling would be) is timed on its own; the warm-up limit (0.05 s) starts
+    after it, and the warm-up still runs the steps that show it settled."""
+    events = []
+    spec = SPEC.replace(warmup_max_s=0.05)
+    r = run_trial(wl("slow_first_step"), TrialConfig(batch_size=8), spec, on_event=events.append)
+    assert r.ok, (r.reason, r.traceback)
+    warm = next(e for e in events if e["event"] == "warmup")
+    assert r.warmup_steps == warm["warmup_steps"] >= 3  # the first step and 2k = 2 settled ones at least
+    assert warm["first_step_s"] >= 0.5 > 0.1 > warm["step_s"]
+    assert r.warmup_s >= 0.5 and r.compile_s is None  # not compiling: the first step's excess is not compile_s
+
+
+@pytest.mark.slow
+def test_compile_time_is_the_first_steps_excess_even_past_the_warm_up_limit():
+    """torch.compile's first step (~20 s on CPU here) is far past a 0.05 s warm-up limit: it is still compile_s."""
+    spec = SPEC.replace(warmup_max_s=0.05)
+    r = run_trial(wl("tiny"), TrialConfig(batch_size=8, compile_mode="default"), spec)
+    assert r.ok, (r.reason, r.traceback)
+    assert r.compile_s > 1.0 and r.warmup_steps >= 3 and r.warmup_s > r.compile_s
+
+
 def test_oom():
     r = run_trial(wl("alloc_oom"), TrialConfig(batch_size=4), SPEC)
     assert r.status == "oom", (r.status, r.reason, r.traceback)
@@ -177,6 +210,66 @@ def test_pruned_after_the_first_window():
     assert len(r.samples_per_s) == 1
     assert len(calls) == 1 and calls[0][0] == 0 and calls[0][1] == r.samples_per_s[0]
     assert "1 window" in r.reason
+
+
+# =============================================================================================================
+# The worker's timing through the device seam, in this process: CUDA's code paths without a GPU
+# =============================================================================================================
+
+class _HostEvent:
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3
+
+
+class _CountingCUDA(CUDADevice):
+    """A CUDADevice whose tensors stay on the CPU and whose events read the host clock; counts synchronisations."""
+
+    def __init__(self) -> None:
+        super().__init__("cuda")
+        self.syncs = 0
+
+    def torch_device(self):
+        return torch.device("cpu")
+
+    def prepare(self, config) -> None:
+        pass
+
+    def to_device(self, tensor, **kw):
+        return CPUDevice.to_device(self, tensor, **kw)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def new_event(self):
+        return _HostEvent()
+
+    def reset_peak_memory(self) -> None:
+        pass
+
+    def peak_memory_mb(self) -> float | None:
+        return None
+
+
+def test_a_cuda_window_synchronises_once_not_per_step():
+    dev = _CountingCUDA()
+    seen = []
+    payload = {"workload": wl("tiny").to_dict(), "config": TrialConfig(batch_size=8).to_dict(),
+               "measure": SPEC.replace(windows=3).to_dict(), "spawned_at": time.time()}
+    out = _worker.run(payload, lambda event, **f: seen.append((event, dev.syncs, f)), device=dev)
+    warm = next(f for e, _, f in seen if e == "warmup")
+    syncs = [n for e, n, _ in seen if e in ("warmup", "window")]
+    assert syncs[0] == warm["warmup_steps"]  # warm-up: one per step, to see the step times settle
+    assert [b - a for a, b in zip(syncs, syncs[1:])] == [1, 1, 1]  # then one per window
+    windows = [f for e, _, f in seen if e == "window"]
+    assert all(w["steps"] >= 2 for w in windows)
+    for w in windows:  # the events' split adds up to the window's time
+        step_s = 8 / w["samples_per_s"]
+        assert 0.9 * step_s <= w["data_wait_s"] + w["compute_s"] <= step_s
+        assert w["data_wait_s"] > 0 and w["compute_s"] > 0
+    assert out["compute_s_per_step"] > 0
 
 
 # =============================================================================================================

@@ -151,3 +151,58 @@ def _churn_big() -> None:
 
 def churn_big(image_size: int = 32):
     return _misbehaving(_churn_big, image_size)
+
+
+def _spike(mib: int) -> None:
+    """Map ``mib`` MiB with every page faulted in by the kernel (MAP_POPULATE), then unmap it at once.
+
+    Here 300 MiB takes ~105 ms to fault in (the resident size climbing all the while) and ~20 ms to unmap, so the
+    block is resident at more than 250 MiB for about 40 ms and at its full size for a few ms: shorter than a
+    0.1 s memory sample, let alone the once-a-second PSS reading the parent used to report."""
+    import mmap
+
+    mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE).close()
+
+
+class _SpikeOnce(nn.Module):
+    """A linear classifier whose 5th forward maps, fills and frees a ``mib`` MiB block: one short spike."""
+
+    def __init__(self, mib: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+        self.mib = mib
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 5 and self.mib:
+            _spike(self.mib)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def spike_300mib(image_size: int = 32):
+    return _SpikeOnce(300), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def spike_none(image_size: int = 32):
+    """``spike_300mib`` without the spike: the same process, to measure the spike against."""
+    return _SpikeOnce(0), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+class _SlowFirst(nn.Module):
+    """A linear classifier whose first forward sleeps 0.5 s: a start-up cost, as compiling is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.5)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def slow_first_step(image_size: int = 32):
+    return _SlowFirst(), _images(image_size, n=64), nn.CrossEntropyLoss()
