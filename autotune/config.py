@@ -265,8 +265,10 @@ def knob_summary(config: TrialConfig) -> str:
 class MeasureSpec(Record):
     """How a trial is warmed up and measured, and the limits the parent enforces.
 
-    Warm-up runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three step times moves by
-    less than ``settle_tolerance`` (or ``warmup_max_s`` passes). Then ``windows`` windows of at least
+    The first step (start-up, and compilation with ``torch.compile``) is timed on its own. After it, warm-up
+    runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three
+    step times moves by less than ``settle_tolerance`` (or ``warmup_max_s`` passes, counted from after the first
+    step). Then ``windows`` windows of at least
     ``window_s`` seconds each (and at least ``min_window_steps`` steps) are measured and streamed.
     The parent kills a trial over ``memory_cap_mb``; a config counts as feasible only with ``memory_margin``
     of the cap to spare (its peak under cap x (1 - margin)), so it still fits when the real run's memory
