@@ -112,11 +112,12 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
 @dataclass
 class Evidence:
     """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
-    host memory over them, and each round it did not finish ok ("round 2: over_memory (killed at ...)")."""
+    host and device memory over them, and each round it did not finish ok ("round 2: over_memory (...)")."""
 
     rounds: dict[tuple, list[list[float]]]
     peaks: dict[tuple, float]
     failures: dict[tuple, list[str]]
+    device_peaks: dict[tuple, float | None]
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -125,7 +126,8 @@ class Evidence:
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
               log: Callable[[str], None]) -> Evidence:
     """Run every config once a round, rotating the order each round."""
-    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs})
+    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
+                  {c.key(): None for c in configs})
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
     for r in range(rounds):
@@ -135,6 +137,8 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
             if res.ok:
                 ev.rounds[c.key()].append(list(res.samples_per_s))
                 ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
+                if res.peak_device_mb is not None:
+                    ev.device_peaks[c.key()] = max(ev.device_peaks[c.key()] or 0.0, res.peak_device_mb)
             else:
                 ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
@@ -169,20 +173,26 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float =
 def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial) -> Recommendation | None:
     """The recommendation from the finalists' rounds (None if none of them finished every round ok).
 
-    A finalist that failed any round (out of memory, over the cap, timed out, crashed) is out, whatever its
-    other rounds measured, and the recommendation's notes say so. The fastest by median wins, unless another
-    is within noise of it and lighter on memory (then on threads): "within noise" means the 95% interval of
+    A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
+    whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
+    unless another is within noise of it and lighter on memory (device memory first, then host, then
+    threads): "within noise" means the 95% interval of
     the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
     windows spread widely."""
     from ._units import format_mb
 
     notes: list[str] = []
     scored, out = [], []
-    usable = tuner.limit.usable_mb
+    limit = tuner.limit
+    usable = limit.usable_mb
     for c, t in zip(configs, trials):
         if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
             ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
-                                        f"{100 * tuner.limit.margin:.0f}% margin leaves of the cap")
+                                        f"{100 * limit.margin:.0f}% margin leaves of the cap")
+        if (limit.device_constraint(ev.device_peaks[c.key()]) or 0.0) > 0:
+            ev.failures[c.key()].append(f"device peak {format_mb(ev.device_peaks[c.key()])} and the CUDA context "
+                                        f"over the {100 * (1 - limit.margin):.0f}% of the GPU's "
+                                        f"{format_mb(limit.device_mb)} the margin leaves")
         if ev.failures[c.key()]:
             out.append((c, t))
             notes.append(f"{c.short()} (trial {t.number}) is out: it did not finish every finalist round "
@@ -196,7 +206,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     rounds = {c.key(): ev.rounds[c.key()] for c, *_ in scored}
     # configs within noise of the top: prefer less memory, then fewer cores busy
     close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
-    chosen = min(close, key=lambda x: (round(x[3] / 64), (x[0].intra_op_threads or 99) + x[0].num_workers))
+    chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
+                                       (x[0].intra_op_threads or 99) + x[0].num_workers))
     if chosen is not best:
         _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
@@ -227,7 +238,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
         speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
         peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
-        memory_margin=tuner.limit.margin,
+        memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
+        device_memory_mb=limit.device_mb,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
@@ -265,7 +277,8 @@ def provisional(study, *, storage: str = "") -> Recommendation:
         config=config, workload=workload, median_samples_per_s=round(s.median, 3),
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
         speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
-        memory_cap_mb=cap, memory_margin=limit.margin, margin_vs_runner_up=None, noisy=s.noisy,
+        memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
+        device_memory_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
         study_name=study.study_name, storage=storage, trial_number=best.number,

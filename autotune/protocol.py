@@ -116,6 +116,9 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
         raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
     if twin.user_attrs.get(keys.STATUS) == "ok":
         trial.set_constraint("memory", limit.constraint(twin.user_attrs.get(keys.PEAK)))
+        device = limit.device_constraint(twin.user_attrs.get(keys.PEAK_DEVICE))
+        if device is not None:
+            trial.set_constraint("device_memory", device)
     else:
         for k, v in twin.constraints.items():
             trial.set_constraint(k, v)
@@ -139,9 +142,11 @@ def record(trial, result: TrialResult, *, limit: MemoryLimit) -> float:
                                                   memory_cap_mb=limit.cap_mb).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
-    o = outcome(result, limit.cap_mb, limit.margin)
+    o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb)
     if o.state == "complete":
         trial.set_constraint("memory", o.memory_constraint)
+        if o.device_memory_constraint is not None:
+            trial.set_constraint("device_memory", o.device_memory_constraint)
         return o.value  # type: ignore[return-value]
     if o.state == "pruned":
         raise optuna.TrialPruned(result.reason)

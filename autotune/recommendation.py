@@ -86,6 +86,9 @@ class Recommendation:
     margin_interval: tuple[float, float] | None = None
     # the share of the cap a feasible config keeps free (MeasureSpec.memory_margin); None in older exports
     memory_margin: float | None = None
+    # on a GPU: the device peak PyTorch reserved, and the GPU's total memory
+    peak_device_mb: float | None = None
+    device_memory_mb: float | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +105,7 @@ class Recommendation:
                 "margin_interval": None if self.margin_interval is None else list(self.margin_interval),
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
                 "memory_margin": self.memory_margin,
+                "peak_device_mb": self.peak_device_mb, "device_memory_mb": self.device_memory_mb,
                 # derived (not read back): what the peak leaves free of the cap less the margin
                 "headroom_mb": self.headroom_mb(),
             },
@@ -142,7 +146,8 @@ class Recommendation:
                 speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
-                memory_margin=m.get("memory_margin"),
+                memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
+                device_memory_mb=m.get("device_memory_mb"),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
                 storage=str(p.get("storage", "")), trial_number=p.get("trial"),

@@ -78,8 +78,18 @@ class Tuner:
     # --- the study -----------------------------------------------------------------------------------
     @property
     def limit(self) -> MemoryLimit:
-        """The memory a config may use in this run: the cap less the margin (``MeasureSpec.memory_margin``)."""
-        return MemoryLimit.of(self.measure)
+        """The memory a config may use in this run: the cap less the margin (``MeasureSpec.memory_margin``),
+        and on a GPU its memory less the same margin."""
+        return MemoryLimit.of(self.measure, self.device_memory_mb)
+
+    @property
+    def device_memory_mb(self) -> float | None:
+        """The total memory of the GPU the trials run on (the smallest, where NVML cannot tell which); None on
+        the CPU."""
+        if self.workload.device == "cpu":
+            return None
+        gpus = self.hardware.gpus_for(self.workload.device)
+        return min((g["memory_total_mb"] for g in gpus), default=None)
 
     @property
     def artifacts_dir(self) -> Path:
@@ -117,7 +127,8 @@ class Tuner:
                     "its own study)")
             meta = {keys.STUDY_WORKLOAD: self.workload.to_dict(), keys.STUDY_FINGERPRINT: self.hardware.fingerprint,
                     keys.STUDY_HARDWARE: self.hardware.summary_line(), keys.STUDY_SPACE: self.space.to_dict(),
-                    keys.STUDY_MEMORY_CAP: self.measure.memory_cap_mb, keys.STUDY_MEASURE: self.measure.to_dict()}
+                    keys.STUDY_MEMORY_CAP: self.measure.memory_cap_mb, keys.STUDY_MEASURE: self.measure.to_dict(),
+                    keys.STUDY_DEVICE_MEMORY: self.device_memory_mb}
             for k, v in meta.items():
                 if study.user_attrs.get(k) != v:
                     study.set_user_attr(k, v)
@@ -131,6 +142,7 @@ class Tuner:
 
         derived = self.study_name == study_name_for(self.workload, self.hardware.fingerprint)
         self.hardware = hardware
+        self.pruner.limit = self.limit  # the nodes' GPU, if any
         self._study = None
         if derived:
             self.study_name = study_name_for(self.workload, hardware.fingerprint)

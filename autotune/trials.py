@@ -28,6 +28,7 @@ STATUS = "status"                # TrialResult.status, or "interrupted"
 REASON = "reason"                # one line a person reads
 WALL_S = "wall_s"
 PEAK = "peak_host_mb"            # the trial's measured peak (a figure of TrialResult)
+PEAK_DEVICE = "peak_device_mb"   # its device peak (reserved by PyTorch's caching allocator), on CUDA
 TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap may change between runs)
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
 LIKELY_WINNER = "likely_winner"
@@ -50,6 +51,7 @@ STUDY_HARDWARE = "hardware"
 STUDY_WORKLOAD = "workload"
 STUDY_SPACE = "space"
 STUDY_MEMORY_CAP = "memory_cap_mb"
+STUDY_DEVICE_MEMORY = "device_memory_mb"  # the total memory of the GPU the study's trials run on
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
 WALK_ANCHOR = "batch_walk_anchor"
@@ -64,9 +66,15 @@ OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, DUPLICATE_OF, WAITED_FOR, 
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
 
 
+# What a CUDA context (the driver, cuBLAS and cuDNN handles and their workspaces) holds on the device beside the
+# tensors PyTorch reserves: 300-600 MiB on current drivers; counted against the device's memory with the peak.
+CUDA_CONTEXT_MB = 512.0
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
-    """The memory a config may use: the cap trials are killed at, less the share a recommendation keeps free.
+    """The memory a config may use: the cap trials are killed at, less the share a recommendation keeps free;
+    on a GPU also its total memory, less the same share, for the reserved peak plus the CUDA context.
 
     Feasibility is worked out from each trial's stored peak against this limit whenever a decision is made,
     not read from the constraint stored when the trial was recorded: a resumed study may run under another
@@ -76,16 +84,17 @@ class MemoryLimit:
 
     cap_mb: float | None
     margin: float = 0.0
+    device_mb: float | None = None  # the GPU's total memory; None on the CPU
 
     @classmethod
-    def of(cls, measure) -> "MemoryLimit":
-        return cls(measure.memory_cap_mb, measure.memory_margin)
+    def of(cls, measure, device_mb: float | None = None) -> "MemoryLimit":
+        return cls(measure.memory_cap_mb, measure.memory_margin, device_mb)
 
     @classmethod
     def of_study(cls, study) -> "MemoryLimit":
         """The limit of the study's latest run (for readers without a tuner: show, export, report)."""
         margin = (study.user_attrs.get(STUDY_MEASURE) or {}).get("memory_margin", 0.0)
-        return cls(study.user_attrs.get(STUDY_MEMORY_CAP), margin)
+        return cls(study.user_attrs.get(STUDY_MEMORY_CAP), margin, study.user_attrs.get(STUDY_DEVICE_MEMORY))
 
     @property
     def usable_mb(self) -> float | None:
@@ -94,6 +103,18 @@ class MemoryLimit:
     def constraint(self, peak_mb: float | None) -> float:
         """Optuna's memory constraint for a peak: <= 0 fits with the margin, > 0 does not."""
         return peak_mb / self.usable_mb - 1.0 if (peak_mb and self.usable_mb) else -1.0
+
+    def device_constraint(self, peak_device_mb: float | None) -> float | None:
+        """Optuna's device-memory constraint (reserved peak + CUDA context against the GPU's memory less the
+        margin; <= 0 fits), or None off a GPU or without a device peak."""
+        if not self.device_mb or peak_device_mb is None:
+            return None
+        return (peak_device_mb + CUDA_CONTEXT_MB) / (self.device_mb * (1 - self.margin)) - 1.0
+
+    def fits(self, peak_mb: float | None, peak_device_mb: float | None = None) -> bool:
+        """The host peak, and the device peak where there is one, fit with the margin to spare."""
+        device = self.device_constraint(peak_device_mb)
+        return self.constraint(peak_mb) <= 0 and (device is None or device <= 0)
 
     def binds(self, trial) -> bool:
         """A trial that ran out of memory or was killed over the cap still says the config does not fit: an
@@ -111,20 +132,24 @@ class Outcome:
     state: str  # "complete" | "pruned" | "fail"
     value: float | None = None
     memory_constraint: float | None = None  # <= 0 feasible
+    device_memory_constraint: float | None = None  # <= 0 feasible; None off a GPU
 
 
-def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.0) -> Outcome:
+def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.0,
+            device_mb: float | None = None) -> Outcome:
     """Map a TrialResult to what Optuna records: decided here, once.
 
     ok -> COMPLETE, value = median samples/s, memory constraint = peak / (cap x (1 - margin)) - 1 (<= 0,
-    feasible: it fits with the margin to spare).
+    feasible: it fits with the margin to spare); on a GPU (``device_mb``, its total memory) also a device
+    constraint, ``device_memory_constraint``.
     oom / over_memory / skipped -> COMPLETE but infeasible (constraint > 0): the sampler learns the boundary
     and does not propose it again (a FAIL would be ignored and re-proposed). pruned / timeout -> PRUNED.
     crashed / error -> FAIL, with the reason kept in the trial's attributes.
     """
-    limit = MemoryLimit(memory_cap_mb, margin)
+    limit = MemoryLimit(memory_cap_mb, margin, device_mb)
     if result.status == "ok":
-        return Outcome("complete", float(result.median_samples_per_s or 0.0), limit.constraint(result.peak_host_mb))
+        return Outcome("complete", float(result.median_samples_per_s or 0.0), limit.constraint(result.peak_host_mb),
+                       limit.device_constraint(result.peak_device_mb))
     if result.status in MEMORY_STATUSES or result.status == "skipped":
         over = limit.constraint(result.peak_host_mb) if result.peak_host_mb else 0.0
         return Outcome("complete", 0.0, max(over, 1.0 if over <= 0 else over))
@@ -141,7 +166,7 @@ def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
         return all(c <= 0 for c in trial.constraints.values())
     if trial.user_attrs.get(STATUS) != "ok":
         return False
-    return limit.constraint(trial.user_attrs.get(PEAK)) <= 0
+    return limit.fits(trial.user_attrs.get(PEAK), trial.user_attrs.get(PEAK_DEVICE))
 
 
 def config_of(trial, space=None) -> TrialConfig | None:

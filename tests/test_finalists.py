@@ -115,3 +115,48 @@ def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(t
     again = [t for t in study.trials if t.params == killed[0].params and t.user_attrs.get("status") == "ok"]
     assert again and "duplicate_of" not in again[0].user_attrs  # measured, not copied from the kill
     assert rec.config.batch_size == 16
+
+
+# --- device memory on a GPU (through the seam: a fake GPU row and a fake runner) --------------------------
+
+def test_device_memory_is_a_constraint_with_the_cuda_context_and_the_margin():
+    from autotune.trials import CUDA_CONTEXT_MB, outcome
+
+    ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=6000.0)
+    o = outcome(ok, 1000.0, 0.10, device_mb=8192.0)
+    assert o.device_memory_constraint == (6000.0 + CUDA_CONTEXT_MB) / (8192.0 * 0.9) - 1 < 0
+    over = outcome(ok.replace(peak_device_mb=7000.0), 1000.0, 0.10, device_mb=8192.0)
+    assert over.device_memory_constraint > 0  # 7000 + 512 > 90% of 8 GiB: no room
+    assert outcome(ok, 1000.0, 0.10).device_memory_constraint is None  # on the CPU there is none
+
+
+def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
+    import dataclasses
+
+    from autotune import Workload
+    from autotune.hardware import detect
+    from autotune.study import Tuner
+    from tests.test_study import tiny_space
+
+    gpu = {"index": 0, "name": "Fake 8G", "memory_total_mb": 8192.0, "compute_capability": "8.0",
+           "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0", "driver": "999"}
+    hw = dataclasses.replace(detect(), gpus=(gpu,))
+    speed = {(8, False): 50.0, (8, True): 99.0, (16, False): 100.0, (16, True): 120.0}
+    device_peak = {(8, False): 1000.0, (8, True): 1500.0, (16, False): 3000.0, (16, True): 7400.0}
+
+    def fake(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        windows = (1.0, 1.0, 1.0) if measure.window_s == QUICK.window_s else SPREAD
+        return TrialResult(status="ok", samples_per_s=tuple(speed[k] * f for f in windows), wall_s=1.0, peak_host_mb=500.0,
+                           peak_device_mb=device_peak[k], batch_size=config.batch_size)
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=tiny_space(),
+                  measure=QUICK.replace(memory_cap_mb=8000.0), storage=f"sqlite:///{tmp_path}/g.db", hardware=hw,
+                  progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake)
+    rec = tuner.run(trials=4)
+    # bs=16 with channels_last is fastest but 7400 MiB + the context is over 90% of 8 GiB: not a candidate.
+    # bs=16 and bs=8+cl are within noise (100 vs 99, windows 8% apart): the one with less device memory wins
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)
+    assert rec.peak_device_mb == 1500.0 and rec.device_memory_mb == 8192.0
+    fastest = [t for t in tuner.study().trials if t.params == {"batch_size": 16, "channels_last": True}]
+    assert fastest and fastest[0].constraints["device_memory"] > 0
