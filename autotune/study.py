@@ -150,6 +150,12 @@ class Tuner:
         if source and Path(source).is_file():
             self.space = load_space(source, hardware=hardware, device=self.workload.device)
 
+    def set_memory_cap(self, cap_mb: float) -> None:
+        """Run the trials under another cap (e.g. a Ray node's share): what the child is killed at, and what
+        every later decision counts as feasible."""
+        self.measure = self.measure.replace(memory_cap_mb=cap_mb)
+        self.pruner.limit = self.limit
+
     def prepare(self, study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
         the baseline, the likely winner and the first batch-walk steps (``study_queue.queue_first_trials``)."""

@@ -62,3 +62,22 @@ def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monk
     search = [b for w, b in ran if w == tuner.measure.window_s]
     assert search[:2] == [8, 8] and len(search) == 3
     assert len(ran) > 3 and rec is not None and rec.config.batch_size == 16  # finalists re-measured by the tuner
+
+
+def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
+    """The cap is the node's (not the driver's) and is divided among the trials a node runs at once; a GPU
+    trial reserves the cores its threads and workers use."""
+    import dataclasses
+
+    from autotune.backends.ray.cluster import gpu_trial, node_memory_cap_mb
+    from autotune.hardware import detect
+    from autotune.limits import default_memory_cap_mb
+
+    node = dataclasses.replace(detect(with_torch=False), ram_available_mb=64_000.0, ram_total_mb=65_536.0,
+                               gpus=({"index": 0}, {"index": 1}, {"index": 2}, {"index": 3}))
+    whole = default_memory_cap_mb(node)
+    assert node_memory_cap_mb(node, "cpu", None) == (whole, 1)
+    assert node_memory_cap_mb(node, "cuda", None) == (whole / 4, 4)  # four GPU trials at once
+    assert node_memory_cap_mb(node, "cuda", 5000.0) == (5000.0, 4)  # the user's smaller cap stands
+    assert gpu_trial({"intra_op_threads": 4, "num_workers": 2}) == {"CPU": 6.0, "GPU": 1.0}
+    assert gpu_trial({"intra_op_threads": None, "num_workers": 0}) == {"CPU": 1.0, "GPU": 1.0}

@@ -45,7 +45,7 @@ from typing import Iterator
 from ...errors import WorkloadError
 from ..base import SearchBackend
 from .actor import make_trainable
-from .cluster import connect, import_ray, probe, remote_runner, resources_for, trial_shape
+from .cluster import connect, import_ray, node_memory_cap_mb, probe, remote_runner, resources_for, trial_shape
 from .search import make_scheduler, make_search
 
 __all__ = ["RayBackend"]
@@ -68,6 +68,11 @@ class RayBackend(SearchBackend):
         try:
             self._base, self._capacity = trial_shape(ray, tuner.workload)
             hw, node = probe(ray, self._base)
+            cap, per_node = node_memory_cap_mb(hw, tuner.workload.device, tuner.measure.memory_cap_mb)
+            if cap < (tuner.measure.memory_cap_mb or float("inf")):
+                tuner.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
+                          + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
+                tuner.set_memory_cap(cap)
             if hw.fingerprint == tuner.hardware.fingerprint:
                 yield None
                 return

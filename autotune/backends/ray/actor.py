@@ -3,6 +3,7 @@ at the cap or the time limit) in a thread, one Tune result per measured window."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -34,11 +35,13 @@ def make_trainable(tune):
             if plan.get("shortcut"):
                 self._events.put(("shortcut", None))
                 return
-            # Ray sets OMP_NUM_THREADS to the actor's CPUs; the child must see what a local run sees.
-            if omp is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = omp
+            # Ray sets OMP_NUM_THREADS to the actor's CPUs. A CPU trial holds the whole node: the child must
+            # see what a local run sees. GPU trials share a node: Ray's value bounds torch's default threads.
+            if workload["device"] == "cpu":
+                if omp is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = omp
             args = (Workload.from_dict(workload), TrialConfig.from_dict(plan["config"]), MeasureSpec.from_dict(measure))
             log = Path(self.logdir or ".") / f"trial-{plan.get('number')}.log"
             self._thread = threading.Thread(target=self._run, args=(*args, log), daemon=True)
@@ -55,7 +58,10 @@ def make_trainable(tune):
                         self._events.put(("window", {k: ev.get(k) for k in
                                                      ("index", "samples_per_s", "steps", "data_wait_s", "compute_s")}))
 
-                with machine_lock(f"a Ray trial ({log.name})"):  # one trial per node, whoever started it
+                # a CPU trial holds the node, whoever started it; GPU trials share it, one per GPU (Ray's job)
+                here = (machine_lock(f"a Ray trial ({log.name})") if workload.device == "cpu"
+                        else contextlib.nullcontext())
+                with here:
                     result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
                                        on_event=on_event, log_path=log)
                 self._events.put(("done", (result, detect(with_torch=False).fingerprint)))

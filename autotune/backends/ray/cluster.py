@@ -3,13 +3,15 @@ running one trial on a chosen node (the finalists)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from ...config import MeasureSpec, TrialConfig, TrialResult, Workload
 from ...errors import AutotuneError
 
-__all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "PLAN_KEY"]
+__all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "node_memory_cap_mb",
+           "gpu_trial", "PLAN_KEY"]
 
 INSTALL = 'pip install "ray[tune]"'
 # The one key of a Tune trial's config: {"config": {...}, "number": n, "shortcut": bool}
@@ -66,9 +68,23 @@ def trial_shape(ray, workload: Workload) -> tuple[dict[str, float], int]:
     return {"CPU": 1.0, "GPU": 1.0}, gpus
 
 
-def _gpu_trial(num_workers: int) -> dict[str, float]:
-    """A CUDA trial: one GPU, one core for the main process and one per DataLoader worker."""
-    return {"CPU": 1.0 + num_workers, "GPU": 1.0}
+def gpu_trial(config: dict) -> dict[str, float]:
+    """A CUDA trial's reservation (trials share a node): one GPU, the main process's intra-op threads (one
+    when torch's default is left: the actor then keeps Ray's OMP_NUM_THREADS, the reservation) and one core
+    per DataLoader worker."""
+    threads = int(config.get("intra_op_threads") or 1)
+    return {"CPU": float(threads + int(config.get("num_workers") or 0)), "GPU": 1.0}
+
+
+def node_memory_cap_mb(hardware, device: str, requested_mb: float | None) -> tuple[float, int]:
+    """``(cap per trial, trials at once on one node)`` for trials on a node of ``hardware``: the node's default
+    cap (a share of its available memory) divided among the trials it runs at once (one per node on the CPU,
+    one per GPU), and no more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
+    from ...limits import default_memory_cap_mb
+
+    per_node = 1 if device == "cpu" else max(1, len(hardware.gpus))
+    cap = default_memory_cap_mb(hardware) / per_node
+    return (min(cap, requested_mb) if requested_mb else cap), per_node
 
 
 def resources_for(base: dict[str, float], device: str):
@@ -81,7 +97,7 @@ def resources_for(base: dict[str, float], device: str):
             return PlacementGroupFactory([{"CPU": 0.01}])
         if device == "cpu":
             return PlacementGroupFactory([dict(base)])
-        return PlacementGroupFactory([_gpu_trial(int((plan.get("config") or {}).get("num_workers") or 0))])
+        return PlacementGroupFactory([gpu_trial(plan.get("config") or {})])
 
     return resources
 
@@ -115,13 +131,15 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
         from autotune.runner import run_trial
         from autotune.storage import machine_lock
 
-        os.environ.pop("OMP_NUM_THREADS", None)
-        with machine_lock("a Ray finalist"):
+        cpu = workload["device"] == "cpu"
+        if cpu:  # a whole node: torch's defaults as locally (GPU trials keep Ray's bound)
+            os.environ.pop("OMP_NUM_THREADS", None)
+        with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
             return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
                              MeasureSpec.from_dict(measure)).to_dict()
 
     def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
-        res = base if device == "cpu" else _gpu_trial(config.num_workers)
+        res = base if device == "cpu" else gpu_trial(config.to_dict())
         ref = remote.options(num_cpus=res.get("CPU", 1.0), num_gpus=res.get("GPU", 0.0),
                              scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
                              ).remote(workload.to_dict(), config.to_dict(), measure.to_dict())
