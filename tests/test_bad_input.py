@@ -26,6 +26,9 @@ def _rows(tmp_path):
         (RUN + ["--storage", f"sqlite:///{not_a_dir}/a.db"], "cannot create"),
         (RUN + ["--backend", "spark"], "invalid choice: 'spark'"),
         (RUN + ["--trials", "-1"], "--trials -1"),
+        (RUN + ["--memory-margin", "95%"], "must be from 0% to under 90%"),
+        (RUN + ["--memory-margin", "lots"], "does not parse"),
+        (RUN + ["--backend", "local", "--address", "auto"], "use it with --backend ray"),
     ]
 
 
