@@ -39,13 +39,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 from ._records import Record, check, is_int, is_num
 from .config import TrialConfig, Workload
 from .runner import child_env
 
-__all__ = ["ParityResult", "parity_check", "needs_parity", "reference_config", "divergence",
+__all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
            "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR"]
 
 DEFAULT_STEPS = 30
@@ -96,6 +96,11 @@ class ParityResult(Record):
         check(self.compared in ("loss", "output"), "compared", self.compared, "loss or output")
         for name in ("losses_reference", "losses_candidate", "rel_diffs"):
             object.__setattr__(self, name, tuple(math.nan if v is None else float(v) for v in getattr(self, name)))
+
+    def note(self, who: str) -> str:
+        """One line for a recommendation's notes: ``who`` (e.g. "b64 bf16 cl (trial 12)") and the verdict."""
+        verdict = "passes the numerics check" if self.ok else "is not recommended"
+        return f"{who} {verdict}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -229,6 +234,22 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
                                 reason=f"the parity check of {label} failed: {why}")
     raw["seconds"] = seconds
     return judge(raw, steps=steps, tolerance=tolerance, label=label)
+
+
+def first_passing(ranked: Sequence[TrialConfig], workload: Workload, *,
+                  check: Callable[..., ParityResult] | None = None,
+                  **kwargs: Any) -> tuple[int | None, list[tuple[TrialConfig, ParityResult]]]:
+    """Check ``ranked`` configs (best first) in turn until one passes; return its index (None if none did) and
+    every config checked with its result. fp32 eager configs pass without a child. ``kwargs`` go to ``check``
+    (``parity_check`` unless a test passes another)."""
+    run = check or parity_check
+    checked: list[tuple[TrialConfig, ParityResult]] = []
+    for i, config in enumerate(ranked):
+        result = run(workload, config, **kwargs)
+        checked.append((config, result))
+        if result.ok:
+            return i, checked
+    return None, checked
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

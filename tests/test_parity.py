@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig, Workload
-from autotune.parity import (DEFAULT_TOLERANCE, ParityResult, divergence, judge, needs_parity, parity_check,
-                             reference_config)
+from autotune.parity import (DEFAULT_TOLERANCE, ParityResult, divergence, first_passing, judge, needs_parity,
+                             parity_check, reference_config)
 
 from .conftest import TINY
 
@@ -121,3 +121,19 @@ def test_a_child_that_hangs_is_killed_at_the_timeout():
     r = parity_check(_workload("tests.workloads_fixtures:hang"), TrialConfig(batch_size=8, amp="bf16"),
                      steps=2, timeout_s=3)
     assert not r.ok and "did not finish in 3 s" in r.reason
+
+
+def test_first_passing_takes_the_next_candidate_and_keeps_every_verdict():
+    seen = []
+
+    def fake(workload, config, **kw):
+        seen.append((config.amp, kw))
+        ok = config.amp != "bf16"
+        return ParityResult(ok=ok, steps=kw["steps"], reason="fine" if ok else "numerics diverge: x")
+
+    ranked = [TrialConfig(amp="bf16"), TrialConfig(channels_last=True), TrialConfig()]
+    index, checked = first_passing(ranked, _workload(), check=fake, steps=5)
+    assert index == 1 and [c for c, _ in checked] == ranked[:2]
+    assert seen == [("bf16", {"steps": 5}), ("off", {"steps": 5})]
+    assert checked[0][1].note("b64 bf16 (trial 3)") == "b64 bf16 (trial 3) is not recommended: numerics diverge: x"
+    assert first_passing(ranked[:1], _workload(), check=fake, steps=5)[0] is None
