@@ -24,13 +24,13 @@ from typing import Any
 from ._worker import apply_threads, die_with_parent, make_step
 
 
-def _rng_streams(torch: Any, seed: int, cuda_index: int | None) -> tuple[dict, dict]:
-    """Two equal random-generator states (CPU, and the CUDA device's), one per run."""
+def _rng_streams(torch: Any, seed: int, cuda_index: int | None) -> dict:
+    """A random-generator state (CPU, and the CUDA device's) for one run; every run's starts alike."""
     with torch.random.fork_rng(devices=[] if cuda_index is None else [cuda_index]):
         torch.manual_seed(seed + 1)
         state = {"cpu": torch.get_rng_state(),
                  "cuda": None if cuda_index is None else torch.cuda.get_rng_state(cuda_index)}
-    return dict(state), dict(state)
+    return state
 
 
 def _in_stream(torch: Any, state: dict, cuda_index: int | None, fn: Any) -> Any:
@@ -44,6 +44,20 @@ def _in_stream(torch: Any, state: dict, cuda_index: int | None, fn: Any) -> Any:
         if cuda_index is not None:
             state["cuda"] = torch.cuda.get_rng_state(cuda_index)
     return out
+
+
+# The control run's initial weights are the reference's times (1 + CONTROL_NOISE * N(0, 1)): a perturbation of
+# the size of fp32 rounding, so the control shows how far fp32 training drifts on its own from a nudge that small.
+CONTROL_NOISE = 1e-6
+
+
+def _nudged(torch: Any, model: Any, seed: int) -> Any:
+    g = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.mul_(1 + CONTROL_NOISE * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
 
 
 def _value(loss: Any) -> float | None:
@@ -72,13 +86,17 @@ def run(spec: dict) -> dict:
     built = build(workload, seed=seed)
     train = workload.task == "train"
     # Both copies are taken before either is touched: the same initial weights and buffers.
+    # The control (train only) is the reference from nudged weights: its drift is the noise floor.
     steppers = [make_step(copy.deepcopy(built.model), built.loss_fn, cfg, dev, train=train)
                 for cfg in (reference, candidate)]
+    if train:
+        steppers.append(make_step(_nudged(torch, copy.deepcopy(built.model), seed), built.loss_fn, reference, dev,
+                                  train=True))
     torch_dev = dev.torch_device()
     cuda_index = torch_dev.index if torch_dev.type == "cuda" else None
     if cuda_index is None and torch_dev.type == "cuda":
         cuda_index = torch.cuda.current_device()
-    streams = _rng_streams(torch, seed, cuda_index)
+    streams = [_rng_streams(torch, seed, cuda_index) for _ in steppers]
 
     loader = torch.utils.data.DataLoader(built.dataset, batch_size=candidate.batch_size, shuffle=True,
                                          drop_last=True, num_workers=0,
@@ -86,9 +104,9 @@ def run(spec: dict) -> dict:
     if len(loader) == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of "
                          f"{candidate.batch_size}")
-    curves: tuple[list, list] = ([], [])
+    curves: list[list] = [[] for _ in steppers]
     output_diffs: list[float] = []
-    finite = [True, True]
+    finite = [True for _ in steppers]
     it = iter(loader)
     for _ in range(steps):
         try:
@@ -110,9 +128,10 @@ def run(spec: dict) -> dict:
         if not train and outs[0] is not None and outs[1] is not None:
             ref, cand = outs[0].float(), outs[1].float()
             output_diffs.append(float(((cand - ref).norm() / ref.norm().clamp_min(1e-12)).item()))
-        if not all(finite):
+        if not (finite[0] and finite[1]):
             break
-    return {"losses_reference": curves[0], "losses_candidate": curves[1], "output_rel_diffs": output_diffs,
+    return {"losses_reference": curves[0], "losses_candidate": curves[1],
+            "losses_control": curves[2] if train else [], "output_rel_diffs": output_diffs,
             "compared": "loss" if train else "output", "pid": os.getpid()}
 
 

@@ -13,13 +13,20 @@ Divergence (train): each loss curve is smoothed by a trailing moving average of 
 batches' losses jitter with the batch; the trajectory is what must agree), and at every step the relative
 difference ``|cand - ref| / max(|ref|, LOSS_FLOOR)`` is taken; ``max_rel_diff`` is its largest value over the
 steps, ``final_rel_diff`` its last. Relative, because loss scales differ between workloads; the floor keeps a
-loss near zero from turning noise into a huge ratio. The config passes when every candidate loss is finite and
-``max_rel_diff <= tolerance``. Task ``infer`` has no trajectory: the outputs of each batch are compared,
+loss near zero from turning noise into a huge ratio.
+
+Training can be chaotic: on resnet18 at 32 px, batch 16, even fp32 channels_last (the same sums in another
+order) drifted 15% from fp32 eager within 30 steps. So the child trains a third copy, the *control*: fp32 eager
+from the initial weights nudged by a relative 1e-6 (rounding-sized), and its drift from the reference is the
+``noise_floor``. The config passes when every candidate loss is finite and
+``max_rel_diff <= limit = max(tolerance, FLOOR_FACTOR * noise_floor)``: precision loss is judged against what
+fp32 itself does from a nudge, never against an exact replay that unstable training cannot give. Task ``infer`` has no trajectory: the outputs of each batch are compared,
 ``||out_cand - out_ref|| / ||out_ref||``, and the same tolerance applies.
 
 The default tolerance, ``DEFAULT_TOLERANCE = 0.05``, sits with margin above what honest configs showed on a CPU
-over 30 steps (bf16 + channels_last: under 0.01 on the tiny test net and on resnet-like nets; see the report of
-issue 13, item 12) and far below what a broken config does (a NaN, or a loss that drifts by tens of percent).
+over 30 steps where training is stable (bf16 + channels_last: 0.0001 on the tiny test net, 0.006 on resnet18 at
+64 px batch 32, 0.004 on mobilenet_v3_small at 32 px; infer: 0.006 on resnet18's outputs) and far below what a
+broken config does (a NaN, or the test's biased logits: 7.1).
 
 >>> from autotune.config import TrialConfig
 >>> needs_parity(TrialConfig(amp="bf16")), needs_parity(TrialConfig(num_workers=4))
@@ -46,12 +53,13 @@ from .config import TrialConfig, Workload
 from .runner import child_env
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
-           "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR"]
+           "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
 
 DEFAULT_STEPS = 30
 DEFAULT_TOLERANCE = 0.05
 SMOOTH_STEPS = 5
 LOSS_FLOOR = 1e-3
+FLOOR_FACTOR = 3.0
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -86,6 +94,9 @@ class ParityResult(Record):
     reason: str = ""
     compared: str = "loss"
     rel_diffs: tuple = ()
+    losses_control: tuple = ()
+    noise_floor: float | None = None
+    limit: float | None = None
     seconds: float | None = None
     child_pid: int | None = None
 
@@ -94,7 +105,7 @@ class ParityResult(Record):
         check(is_int(self.steps) and self.steps >= 0, "steps", self.steps, "a whole number >= 0")
         check(is_num(self.tolerance) and self.tolerance > 0, "tolerance", self.tolerance, "a positive number")
         check(self.compared in ("loss", "output"), "compared", self.compared, "loss or output")
-        for name in ("losses_reference", "losses_candidate", "rel_diffs"):
+        for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
             object.__setattr__(self, name, tuple(math.nan if v is None else float(v) for v in getattr(self, name)))
 
     def note(self, who: str) -> str:
@@ -104,9 +115,9 @@ class ParityResult(Record):
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for name in ("losses_reference", "losses_candidate", "rel_diffs"):
+        for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
             d[name] = [v if math.isfinite(v) else None for v in d[name]]
-        for name in ("max_rel_diff", "final_rel_diff"):
+        for name in ("max_rel_diff", "final_rel_diff", "noise_floor", "limit"):
             if d[name] is not None and not math.isfinite(d[name]):
                 d[name] = None
         return d
@@ -144,8 +155,10 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
     a verdict with its reason. ``label`` names the candidate's knobs in the reason."""
     ref = tuple(math.nan if v is None else float(v) for v in raw["losses_reference"])
     cand = tuple(math.nan if v is None else float(v) for v in raw["losses_candidate"])
+    control = tuple(math.nan if v is None else float(v) for v in raw.get("losses_control") or ())
     compared = raw.get("compared", "loss")
-    common = dict(steps=steps, losses_reference=ref, losses_candidate=cand, tolerance=tolerance,
+    common = dict(steps=steps, losses_reference=ref, losses_candidate=cand, losses_control=control,
+                  tolerance=tolerance,
                   compared=compared, seconds=raw.get("seconds"), child_pid=raw.get("pid"))
     bad_ref = _first_bad(ref) if compared == "loss" else None
     if bad_ref is not None:
@@ -169,13 +182,19 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
         return ParityResult(ok=False, rel_diffs=tuple(diffs), reason=f"numerics diverge: with {label} the outputs "
                             f"became non-finite at batch {i + 1}", **common)
     worst = max(range(len(diffs)), key=diffs.__getitem__)
-    common.update(rel_diffs=tuple(diffs), max_rel_diff=diffs[worst], final_rel_diff=diffs[-1])
-    if diffs[worst] > tolerance:
+    floor = None
+    if control:  # how far fp32 drifts from a rounding-sized nudge: chaotic training earns a wider limit
+        floor = math.inf if _first_bad(control) is not None else max(divergence(list(ref), list(control)))
+    limit = tolerance if floor is None else max(tolerance, FLOOR_FACTOR * floor)
+    common.update(rel_diffs=tuple(diffs), max_rel_diff=diffs[worst], final_rel_diff=diffs[-1], noise_floor=floor,
+                  limit=limit)
+    bound = f"tolerance {tolerance:.1%}" + (f", fp32 drifts {floor:.1%} on its own" if floor else "")
+    if diffs[worst] > limit:
         return ParityResult(ok=False, reason=f"numerics diverge: with {label} {what} differs from fp32 eager by "
-                            f"{diffs[worst]:.1%} at step {worst + 1} of {len(diffs)} (tolerance {tolerance:.1%})",
+                            f"{diffs[worst]:.1%} at step {worst + 1} of {len(diffs)} (limit {limit:.1%}: {bound})",
                             **common)
     return ParityResult(ok=True, reason=f"{what} with {label} stays within {diffs[worst]:.2%} of fp32 eager over "
-                        f"{len(diffs)} steps (tolerance {tolerance:.1%})", **common)
+                        f"{len(diffs)} steps (limit {limit:.1%}: {bound})", **common)
 
 
 def _label(config: TrialConfig) -> str:
