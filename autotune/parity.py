@@ -188,7 +188,7 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
     limit = tolerance if floor is None else max(tolerance, FLOOR_FACTOR * floor)
     common.update(rel_diffs=tuple(diffs), max_rel_diff=diffs[worst], final_rel_diff=diffs[-1], noise_floor=floor,
                   limit=limit)
-    bound = f"tolerance {tolerance:.1%}" + (f", fp32 drifts {floor:.1%} on its own" if floor else "")
+    bound = f"tolerance {tolerance:.1%}" + (f", fp32 drifts {floor:.2%} on its own" if floor else "")
     if diffs[worst] > limit:
         return ParityResult(ok=False, reason=f"numerics diverge: with {label} {what} differs from fp32 eager by "
                             f"{diffs[worst]:.1%} at step {worst + 1} of {len(diffs)} (limit {limit:.1%}: {bound})",

@@ -43,6 +43,14 @@ def test_divergence_is_relative_and_smoothed():
     assert d == pytest.approx([0.0, 0.0, 0.0, 1.0])
 
 
+def test_a_chaotic_fp32_widens_the_limit():
+    ref, cand, control = [2.0] * 3, [2.0, 2.0, 2.6], [2.0, 2.0, 2.4]  # smoothed: cand +10%, fp32 +6.7%
+    r = judge({"losses_reference": ref, "losses_candidate": cand, "losses_control": control}, steps=3,
+              tolerance=0.05, label="amp=bf16")
+    assert r.ok and r.noise_floor == pytest.approx(0.4 / 6) and r.limit == pytest.approx(0.2)
+    assert "fp32 drifts 6.67% on its own" in r.reason
+
+
 def test_judge_reasons():
     nan = float("nan")
     bad = judge({"losses_reference": [2.0, 2.0], "losses_candidate": [2.0, nan]}, steps=2, tolerance=0.05,
@@ -75,6 +83,8 @@ def test_bf16_channels_last_on_tiny_passes(tmp_path):
     assert all(math.isfinite(x) for x in r.losses_candidate)
     assert 0 <= r.max_rel_diff <= DEFAULT_TOLERANCE and r.tolerance == DEFAULT_TOLERANCE
     assert r.compared == "loss" and "within" in r.reason
+    # the control (fp32 from nudged weights) barely drifts on this stable net, so the limit is the tolerance
+    assert len(r.losses_control) == STEPS and r.noise_floor < 0.01 and r.limit == DEFAULT_TOLERANCE
     assert log.exists()
 
 
