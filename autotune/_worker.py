@@ -18,12 +18,12 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 Send = Callable[..., None]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the parent dies, so a killed tuner leaves no trial running."""
     if sys.platform.startswith("linux"):
         try:
@@ -34,7 +34,8 @@ def _die_with_parent() -> None:
             pass
 
 
-def _apply_threads(config: dict) -> None:
+def apply_threads(config: dict) -> None:
+    """Set torch's intra/inter-op threads from a config dict (``TrialConfig.to_dict()``); unset means default."""
     import torch
 
     if config.get("intra_op_threads"):
@@ -43,12 +44,62 @@ def _apply_threads(config: dict) -> None:
         torch.set_num_interop_threads(int(config["inter_op_threads"]))  # only legal before any parallel work
 
 
-def _split_batch(batch: Any) -> tuple[Any, Any]:
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """(input, target) of a batch: a tuple/list's first two items, a dict's ``input``/``target``, else (batch, None)."""
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     if isinstance(batch, dict) and "input" in batch:
         return batch["input"], batch.get("target")
     return batch, None
+
+
+class StepOut(NamedTuple):
+    loss: Any  # the detached loss tensor, or None (inference without a loss or a target)
+    output: Any  # the model's detached output
+    samples: int
+
+
+def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool) -> Callable[[Any], StepOut]:
+    """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
+    grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
+    config's autocast. The step never synchronises the device. Used by the trial's worker and the parity check,
+    so both run exactly the same arithmetic.
+    """
+    import torch
+
+    model = model.to(dev.torch_device())
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train(train)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if train else None
+    scaler = dev.grad_scaler(config.amp) if train else None
+    step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
+
+    def step(batch: Any) -> StepOut:
+        x, y = split_batch(batch)
+        non_blocking = config.pin_memory
+        x = dev.to_device(x, non_blocking=non_blocking, channels_last=config.channels_last)
+        if y is not None:
+            y = dev.to_device(y, non_blocking=non_blocking)
+        if train:
+            optimizer.zero_grad(set_to_none=True)
+            with dev.autocast(config.amp):
+                out = step_model(x)
+                loss = loss_fn(out, y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            return StepOut(loss.detach(), out.detach(), len(x))
+        with torch.inference_mode(), dev.autocast(config.amp):
+            out = step_model(x)
+            loss = loss_fn(out, y).detach() if (loss_fn and y is not None) else None
+        return StepOut(loss, out, len(x))
+
+    return step
 
 
 def run(payload: dict, send: Send, *, device: Any = None) -> dict:
@@ -64,7 +115,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
 
     import torch
 
-    _apply_threads(payload["config"])
+    apply_threads(payload["config"])
     torch.manual_seed(spec.seed)
 
     from ._device import get_device
@@ -73,14 +124,8 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     dev = device if device is not None else get_device(workload.device)
     dev.prepare(config)
     built = build(workload, seed=spec.seed)
-    model = built.model.to(dev.torch_device())
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
     train = workload.task == "train"
-    model.train(train)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if train else None
-    scaler = dev.grad_scaler(config.amp) if train else None
-    step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
+    train_step = make_step(built.model, built.loss_fn, config, dev, train=train)
 
     loader = torch.utils.data.DataLoader(
         built.dataset, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(spec.seed),
@@ -104,31 +149,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             batch = next(it)
         if timer is not None:
             timer.fetched()
-        x, y = _split_batch(batch)
-        non_blocking = config.pin_memory
-        x = dev.to_device(x, non_blocking=non_blocking, channels_last=config.channels_last)
-        if y is not None:
-            y = dev.to_device(y, non_blocking=non_blocking)
-        if train:
-            optimizer.zero_grad(set_to_none=True)
-            with dev.autocast(config.amp):
-                out = step_model(x)
-                loss = built.loss_fn(out, y)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            last_loss[0] = loss.detach()
-        else:
-            with torch.inference_mode(), dev.autocast(config.amp):
-                out = step_model(x)
-                last_loss[0] = built.loss_fn(out, y).detach() if (built.loss_fn and y is not None) else None
+        result = train_step(batch)
+        last_loss[0] = result.loss
         if timer is not None:
             timer.done()
-        return len(x)
+        return result.samples
 
     timer = dev.step_timer()
 
@@ -260,7 +285,7 @@ def _profile(step: Callable[[], Any], profile_dir: str, steps: int, device: str,
 
 
 def main(argv: list[str]) -> int:
-    _die_with_parent()
+    die_with_parent()
     fd = int(argv[1])
     payload = json.loads(argv[2])
     chan = os.fdopen(fd, "w", buffering=1)

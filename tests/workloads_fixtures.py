@@ -206,3 +206,32 @@ class _SlowFirst(nn.Module):
 
 def slow_first_step(image_size: int = 32):
     return _SlowFirst(), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+class _BreaksUnderBF16(nn.Module):
+    """The tiny conv net, but under bf16 autocast its logits get a large bias on one class (or become NaN), so
+    the reduced-precision loss leaves fp32's: what a config with broken numerics looks like to a parity check."""
+
+    def __init__(self, nan: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(8, 10)
+        self.nan = nan
+
+    def forward(self, x):
+        out = self.fc(self.body(x))
+        if out.dtype == torch.bfloat16:  # only autocast makes a Linear return bf16 here
+            if self.nan:
+                return out * float("nan")
+            return out + torch.tensor([20.0] + [0.0] * 9, dtype=out.dtype)
+        return out
+
+
+def bf16_diverges(image_size: int = 32):
+    torch.manual_seed(0)
+    return _BreaksUnderBF16(nan=False), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def bf16_nan(image_size: int = 32):
+    torch.manual_seed(0)
+    return _BreaksUnderBF16(nan=True), _images(image_size, n=64), nn.CrossEntropyLoss()
