@@ -39,12 +39,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
+    if args.parity_steps < 0:
+        raise AutotuneError(f"--parity-steps {args.parity_steps} must be 0 (no check) or more")
     if args.trials is None and timeout_s is None:
         raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
     check(workload)
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
+                  parity_steps=args.parity_steps,
                   progress=not args.no_progress)
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
@@ -152,6 +155,10 @@ def add_study_commands(sub) -> None:
     g.add_argument("--finalists", type=int, default=3, metavar="K",
                    help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
     g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")
+    g.add_argument("--parity-steps", type=int, default=30, metavar="N",
+                   help="before recommending bf16/fp16, channels_last or compile, train N steps with it and with "
+                        "fp32 eager from the same weights and batches; a config whose loss diverges is not "
+                        "recommended (0: no check; default: %(default)s)"),
     add_measure_args(p)
     add_study_args(p, creates=True)
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "

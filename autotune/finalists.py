@@ -17,6 +17,7 @@ from . import trials as keys
 from .config import MeasureSpec, TrialConfig
 from .errors import AutotuneError
 from .measure import summarize
+from .parity import first_passing
 from .recommendation import Recommendation, reproduce_command, versions_of
 from .trials import baseline_value, feasible_by_config
 
@@ -176,9 +177,10 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
     unless another is within noise of it and lighter on memory (device memory first, then host, then
-    threads): "within noise" means the 95% interval of
-    the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
-    windows spread widely."""
+    threads): "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
+    (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
+    with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
+    if it does not, the next best is checked, and so on (an fp32 eager config passes without a check)."""
     from ._units import format_mb
 
     notes: list[str] = []
@@ -195,8 +197,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                                         f"{format_mb(limit.device_mb)} the margin leaves")
         if ev.failures[c.key()]:
             out.append((c, t))
-            notes.append(f"{c.short()} (trial {t.number}) is out: it did not finish every finalist round "
-                         f"({'; '.join(ev.failures[c.key()])})")
+            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
         elif ev.rounds[c.key()]:
             scored.append((c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
     if not scored:
@@ -208,7 +209,26 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
     chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
                                        (x[0].intra_op_threads or 99) + x[0].num_workers))
-    if chosen is not best:
+    tied = chosen is not best  # won a tie on memory/threads
+    parity = None
+    if tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+        ranked = [chosen] + [x for x in scored if x is not chosen]
+        index, checked = first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity,
+                                       steps=tuner.parity_steps, log_path=tuner.artifacts_dir / "parity.log")
+        for (config, result), x in zip(checked, ranked):
+            if result.steps:  # checked in a child (an fp32 eager config passes without one)
+                tuner.record_parity(x[1].number, result)
+                notes.append(result.note(f"{config.short()} (trial {x[1].number})"))
+            if not result.ok:
+                ev.failures[config.key()].append(f"numerics: {result.reason}")
+        failed = ranked[:len(checked) - 1] if index is not None else ranked
+        scored = [x for x in scored if x not in failed]
+        out += [(x[0], x[1]) for x in failed]
+        if index is None:
+            return None
+        chosen, parity = ranked[index], checked[index][1]
+        tied = tied and index == 0
+    if tied:
         _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
                      f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
@@ -251,6 +271,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                          + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
                              "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
         notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
+        parity=None if parity is None or not parity.steps else parity.to_dict(),
     )
 
 

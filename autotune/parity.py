@@ -229,6 +229,7 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:
         result_path = Path(tmp) / "result.json"
         log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         spec = {"workload": workload.to_dict(), "candidate": config.replace(num_workers=0).to_dict(),
                 "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
                 "result_path": str(result_path)}

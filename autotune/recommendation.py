@@ -89,6 +89,8 @@ class Recommendation:
     # on a GPU: the device peak PyTorch reserved, and the GPU's total memory
     peak_device_mb: float | None = None
     device_memory_mb: float | None = None
+    # the numerics check of the chosen config against fp32 eager (parity.ParityResult.to_dict()), if it was run
+    parity: dict | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +117,7 @@ class Recommendation:
                            "created": self.created, "provisional": self.provisional,
                            "reproduce": self.reproduce},
             "runners_up": list(self.runners_up),
+            "parity": self.parity,
             "notes": list(self.notes),
             # derived from config (not read back): what to export before launching the training process
             "environment": self.launch_env(),
@@ -147,7 +150,7 @@ class Recommendation:
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
-                device_memory_mb=m.get("device_memory_mb"),
+                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
                 storage=str(p.get("storage", "")), trial_number=p.get("trial"),

@@ -48,7 +48,8 @@ class Tuner:
                  storage: str | None = None, study_name: str | None = None, hardware=None,
                  finalists: int = 3, finalist_rounds: int = 2, seed: int | None = None,
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
-                 log: Callable[[str], None] | None = None, runner: Runner | None = None) -> None:
+                 log: Callable[[str], None] | None = None, runner: Runner | None = None,
+                 parity_steps: int = 30, parity: Callable | None = None) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -71,6 +72,8 @@ class Tuner:
         self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
         self.progress = progress
         self.runner: Runner = runner
+        self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
+        self.parity = parity  # the check (default ``parity.parity_check``; a test passes its own)
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._storage = None
         self._study = None
@@ -149,6 +152,14 @@ class Tuner:
         source = self.space.source
         if source and Path(source).is_file():
             self.space = load_space(source, hardware=hardware, device=self.workload.device)
+
+    def record_parity(self, trial_number: int, result) -> None:
+        """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where
+        `show` and the report find it."""
+        study = self.study()
+        checks = dict(study.user_attrs.get(keys.PARITY) or {})
+        checks[str(trial_number)] = result.to_dict()
+        study.set_user_attr(keys.PARITY, checks)
 
     def set_memory_cap(self, cap_mb: float) -> None:
         """Run the trials under another cap (e.g. a Ray node's share): what the child is killed at, and what

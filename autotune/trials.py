@@ -55,6 +55,7 @@ STUDY_DEVICE_MEMORY = "device_memory_mb"  # the total memory of the GPU the stud
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
 WALK_ANCHOR = "batch_walk_anchor"
+PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 
 # A queued trial's role in the study, kept by its retry.
 ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE)
@@ -252,6 +253,7 @@ def trial_rows(study) -> list[dict[str, Any]]:
     """One flat dict per trial (for `show`, CSV, reports), from what the trials stored; ``feasible`` under the
     study's latest memory limit."""
     limit = MemoryLimit.of_study(study)
+    parity = study.user_attrs.get(PARITY) or {}
     rows = []
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
@@ -268,7 +270,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "config": cfg.short() if cfg is not None else "-",
-            "reason": ua.get(REASON, ""),
+            "reason": ua.get(REASON, "") if (parity.get(str(t.number)) or {}).get("ok", True)
+                      else f"not recommended: {parity[str(t.number)]['reason']}",
             "wall_s": ua.get(WALL_S),
         })
     return rows

@@ -152,7 +152,8 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
 
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=tiny_space(),
                   measure=QUICK.replace(memory_cap_mb=8000.0), storage=f"sqlite:///{tmp_path}/g.db", hardware=hw,
-                  progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake)
+                  progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake,
+                  parity_steps=0)  # no GPU here for the numerics check
     rec = tuner.run(trials=4)
     # bs=16 with channels_last is fastest but 7400 MiB + the context is over 90% of 8 GiB: not a candidate.
     # bs=16 and bs=8+cl are within noise (100 vs 99, windows 8% apart): the one with less device memory wins
@@ -160,3 +161,36 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
     assert rec.peak_device_mb == 1500.0 and rec.device_memory_mb == 8192.0
     fastest = [t for t in tuner.study().trials if t.params == {"batch_size": 16, "channels_last": True}]
     assert fastest and fastest[0].constraints["device_memory"] > 0
+
+
+# --- the numerics guard ------------------------------------------------------------------------------------
+
+def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_path):
+    """bf16 is fastest but the workload's bf16 loss diverges (a real check, in a child): the next best, which
+    trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
+    from autotune.space import space_from_dict
+    from autotune.trials import trial_rows
+    from tests.test_study import HW
+
+    space = space_from_dict({"name": "amp", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [8]},
+                                            "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=HW)
+    if len(space.params) < 2:
+        import pytest
+
+        pytest.skip("this CPU has no native bf16: the space trims the knob (nothing to guard)")
+
+    def fast_bf16(workload, config, measure, **kw):
+        v = 200.0 if config.amp == "bf16" else 100.0
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=100.0, batch_size=8)
+
+    tuner = make_tuner(tmp_path, model="tests.workloads_fixtures:bf16_diverges", space=space, runner=fast_bf16,
+                       parity_steps=10)
+    rec = tuner.run(trials=2)
+    assert rec.config.amp == "off"
+    assert any("amp=bf16" in n and "not recommended" in n for n in rec.notes)
+    assert [r["out"] for r in rec.runners_up if "out" in r][0].startswith("numerics:")
+    rows = {r["trial"]: r for r in trial_rows(tuner.study())}
+    bf16 = [t.number for t in tuner.study().trials if t.params.get("amp") == "bf16"][0]
+    assert rows[bf16]["reason"].startswith("not recommended: ")

@@ -38,7 +38,8 @@ def tiny_space(**over):
 def make_tuner(tmp_path, model="tests.workloads_fixtures:tiny", space=None, measure=QUICK, **kw):
     return Tuner(Workload(model=model, image_size=16), space=space or tiny_space(), measure=measure,
                  storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=kw.pop("log", lambda m: None),
-                 finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0, **kw)
+                 finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0,
+                 parity_steps=kw.pop("parity_steps", 5), **kw)
 
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
