@@ -56,8 +56,8 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
         if existing is not None:
             rec = stored_recommendation(existing)
             stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
-            if rec is not None and cap is not None and (rec.peak_host_mb or 0) > cap * (1 - measure.memory_margin):
-                rec = None  # no room under the cap asked for now (less the margin): not an answer to this question
+            if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb):
+                rec = None  # no room under the cap of this call (less the margin): not an answer to this question
             if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
                 rec = None  # tuned over another search space: search this one
             if rec is not None:

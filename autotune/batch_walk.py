@@ -74,8 +74,8 @@ def evidence(trials: Iterable, space, limit: MemoryLimit | None = None) -> tuple
     present: set[tuple] = set()
     for t in trials:
         config = config_of(t, space)
-        if config is None:
-            continue
+        if config is None or (limit is not None and t.state.is_finished() and not limit.binds(t)):
+            continue  # killed or skipped under a lower cap than now: as if never tried
         key = config.key()
         present.add(key)
         if t.state.is_finished():

@@ -115,7 +115,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"autotune report: profiling {rec.config.short()} for a few steps in a child process "
               f"(--no-profile skips this)", file=sys.stderr, flush=True)
         workload = Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload
-        profile = profile_config(workload, rec.config, prof_dir, memory_cap_mb=study.user_attrs.get("memory_cap_mb"))
+        from .storage import machine_lock
+
+        with machine_lock(f"autotune report (profiling {rec.config.short()})"):  # a measuring child too
+            profile = profile_config(workload, rec.config, prof_dir,
+                                     memory_cap_mb=study.user_attrs.get("memory_cap_mb"))
         if profile.ok:
             print(f"autotune report: Chrome trace {profile.trace_path} (open it at ui.perfetto.dev)", file=sys.stderr)
         else:

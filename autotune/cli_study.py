@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check(workload)
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
-                  parity_steps=args.parity_steps,
+                  parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
                   progress=not args.no_progress)
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
@@ -83,8 +83,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     df = pd.DataFrame(rows)
     base = baseline_value(study)
     df["speedup"] = df["samples_per_s"].map(lambda v: round(v / base, 2) if (base and v) else None)
-    # best first: measured feasible trials by throughput, then the rest by trial number
-    df["_rank"] = df.apply(lambda r: -(r["samples_per_s"] or 0) if r["status"] == "ok" else float("inf"), axis=1)
+    # best first: measured trials that fit the memory limit by throughput, then the rest by trial number
+    df["_rank"] = df.apply(lambda r: -(r["samples_per_s"] or 0) if r["status"] == "ok" and r["feasible"] is not False
+                           else float("inf"), axis=1)
     df = df.sort_values(["_rank", "trial"]).drop(columns=["_rank"])
     if args.csv:
         from pathlib import Path

@@ -3,7 +3,9 @@ re-measurement, and the recommendation chosen from it.
 
 A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
 measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
-is picked by median. If the top two are within noise, the one with less memory (then fewer threads) wins.
+is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory (device, then
+host, then threads) wins; a winner with reduced precision, channels_last or compile must pass the numerics
+check (``parity``) first.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
 @dataclass
 class Evidence:
     """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
-    host and device memory over them, and each round it did not finish ok ("round 2: over_memory (...)")."""
+    host and device memory over them, and why it is out: each round it did not finish ok ("round 2:
+    over_memory (...)"), too little memory left under the margin, or a failed numerics check."""
 
     rounds: dict[tuple, list[list[float]]]
     peaks: dict[tuple, float]
@@ -150,8 +153,9 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
 def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
                    seed: int = 0) -> tuple[float, float, float]:
     """``(ratio, low, high)``: the ratio of the medians of ``a`` and ``b`` (windows grouped by round) and a
-    percentile-bootstrap interval of it. Windows are resampled within their round, so each resample keeps the
-    interleaving: a round that ran on a slow moment of the machine weighs on both sides as it did."""
+    percentile-bootstrap interval of it. Each resample draws rounds with replacement, the same rounds for both
+    (they ran interleaved, on the same moment of the machine), then windows within each drawn round: the
+    interval holds the drift between rounds as well as the spread within them."""
     import random
 
     def med(xs: list[float]) -> float:
@@ -160,9 +164,11 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float =
     ratio = med([x for r in a for x in r]) / med([x for r in b for x in r])
     rng = random.Random(seed)
     stats = []
+    paired = min(len(a), len(b))
     for _ in range(resamples):
-        ra = [x for r in a for x in rng.choices(r, k=len(r))]
-        rb = [x for r in b for x in rng.choices(r, k=len(r))]
+        drawn = [rng.randrange(paired) for _ in range(paired)] if paired > 1 else [0] * paired
+        ra = [x for i in drawn for x in rng.choices(a[i], k=len(a[i]))]
+        rb = [x for i in drawn for x in rng.choices(b[i], k=len(b[i]))]
         stats.append(med(ra) / med(rb))
     stats.sort()
     tail = (1 - level) / 2
@@ -171,8 +177,10 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float =
 
 # --- the choice ---------------------------------------------------------------------------------------
 
-def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial) -> Recommendation | None:
-    """The recommendation from the finalists' rounds (None if none of them finished every round ok).
+def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial, *,
+           check_numerics: bool = True) -> Recommendation | None:
+    """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
+    left too little memory, or failed the numerics check).
 
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
@@ -211,7 +219,9 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                                        (x[0].intra_op_threads or 99) + x[0].num_workers))
     tied = chosen is not best  # won a tie on memory/threads
     parity = None
-    if tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+    if tuner.parity_steps and not check_numerics:
+        notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
+    elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
         ranked = [chosen] + [x for x in scored if x is not chosen]
         index, checked = first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity,
                                        steps=tuner.parity_steps, log_path=tuner.artifacts_dir / "parity.log")
@@ -239,7 +249,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
         margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
     base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
-    base_xs = ev.samples(base_key) if base_key in rounds else None
+    base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None  # its finalist rounds, even if it is out
     if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
         base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
         why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
@@ -280,7 +290,9 @@ def provisional(study, *, storage: str = "") -> Recommendation:
     (the run was stopped before the end, or the budget left no time for them)."""
     from .config import Workload
 
-    feasible = feasible_by_config(study)
+    checks = study.user_attrs.get(keys.PARITY) or {}
+    feasible = {k: t for k, t in feasible_by_config(study).items()
+                if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
     if not feasible:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
                             "`autotune run` longer, or see `autotune show` for why trials failed")

@@ -192,7 +192,7 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
 
 # The machine-wide lock file; tests (and several simulated machines on one) point it elsewhere.
 MACHINE_LOCK_ENV = "AUTOTUNE_MACHINE_LOCK"
-_machine = {"depth": 0, "fh": None}  # re-entrant within this process: a run's trials and finalists share it
+_machine: dict[str, Any] = {"depth": 0, "thread": None}  # re-entrant in the holding thread: a run's trials and finalists
 
 
 @contextlib.contextmanager
@@ -200,28 +200,34 @@ def machine_lock(holder: str) -> Iterator[None]:
     """Hold this machine's measuring lock, or raise a one-line StorageError naming who holds it.
 
     One process measures at a time on a machine, whatever study or storage it works for (PostgreSQL workers
-    too: the database's locks are per study, this one is per machine). Taken before anything is written, so a
-    refused run leaves no trace. ``holder`` says what this process is doing, for the refusal's message. The
-    file is ``$AUTOTUNE_MACHINE_LOCK`` or ``autotune-machine.lock`` in the temp folder, shared by all users
-    (flock needs only read access, so another user's file still locks); the kernel drops the lock if the
-    holder dies."""
+    too: the database's locks are per study, this one is per machine). ``Tuner.run`` on the local backend takes
+    it before anything is written, so a refused run leaves no trace; a Ray trial on a CPU node takes it on the
+    node. ``holder`` says what this process is doing, for the refusal's message. The file is
+    ``$AUTOTUNE_MACHINE_LOCK``, else ``/tmp/autotune-machine.lock`` (not ``$TMPDIR``, which may be per user or
+    per sandbox), made readable and writable by every user (flock needs only read access, so another user's
+    file still locks); the kernel drops the lock if the holder dies."""
     import tempfile
+    import threading
 
-    if _machine["depth"]:
+    if _machine["depth"] and _machine["thread"] == threading.get_ident():
         _machine["depth"] += 1
         try:
             yield
         finally:
             _machine["depth"] -= 1
         return
-    path = Path(os.environ.get(MACHINE_LOCK_ENV) or Path(tempfile.gettempdir()) / "autotune-machine.lock")
+    shared = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    path = Path(os.environ.get(MACHINE_LOCK_ENV) or shared / "autotune-machine.lock")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            with contextlib.suppress(OSError):  # the umask narrowed it: another user must still open it
+                os.fchmod(fd, 0o666)
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise StorageError(f"cannot open the machine lock {path}: {exc.strerror}; set {MACHINE_LOCK_ENV} to a "
-                           "writable file") from None
+                           "file this user can open") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,11 +238,11 @@ def machine_lock(holder: str) -> Iterator[None]:
         with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds, the note is skipped
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()}, {holder}".encode(), 0)
-        _machine["depth"] = 1
+        _machine["depth"], _machine["thread"] = 1, threading.get_ident()
         try:
             yield
         finally:
-            _machine["depth"] = 0
+            _machine["depth"], _machine["thread"] = 0, None
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
     finally:

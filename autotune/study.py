@@ -34,7 +34,8 @@ Runner = Callable[..., TrialResult]
 
 
 class Tuner:
-    """Runs and resumes one study. ``run`` returns the Recommendation (or None when nothing ran feasibly).
+    """Runs and resumes one study. ``run`` returns the Recommendation, or None when no config qualified (none
+    ran feasibly, or every finalist failed a round or the numerics check).
 
     ``runner`` runs one trial (default ``autotune.runner.run_trial``); a test passes its own, as
     ``torch.utils.benchmark.Timer`` takes ``timer=``. (A backend that measures elsewhere, like Ray's, runs the
@@ -49,7 +50,7 @@ class Tuner:
                  finalists: int = 3, finalist_rounds: int = 2, seed: int | None = None,
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
-                 parity_steps: int = 30, parity: Callable | None = None) -> None:
+                 parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -60,6 +61,9 @@ class Tuner:
         self.hardware = hardware or detect()
         self.space = space or load_space(hardware=self.hardware, device=workload.device)
         measure = measure or MeasureSpec()
+        # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
+        # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
+        self.cap_given = measure.memory_cap_mb is not None if cap_given is None else cap_given
         if measure.memory_cap_mb is None:
             measure = measure.replace(memory_cap_mb=default_memory_cap_mb(self.hardware))
         self.measure = measure
@@ -226,7 +230,10 @@ class Tuner:
             evidence = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
                                      workload=self.workload, measure=fin.finalist_measure(self.measure),
                                      log_dir=self.artifacts_dir, log=self.log)
-        rec = fin.choose(self, configs, cands, evidence, base)
-        if rec is not None:
-            study.set_user_attr(keys.STUDY_RECOMMENDATION, rec.to_dict())
+            # the numerics check runs here too: it needs this machine (a remote node's device is not here)
+            rec = fin.choose(self, configs, cands, evidence, base, check_numerics=runner is None)
+        # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
+        study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
+        if rec is None:
+            self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")
         return rec

@@ -118,13 +118,15 @@ class MemoryLimit:
         return self.constraint(peak_mb) <= 0 and (device is None or device <= 0)
 
     def binds(self, trial) -> bool:
-        """A trial that ran out of memory or was killed over the cap still says the config does not fit: an
-        out-of-memory error always; a kill at a cap at least this limit's usable memory (a kill at a lower cap
-        says nothing about a higher one)."""
+        """A trial that ran out of memory, was killed over the cap, or was skipped as a larger batch of one
+        that was, still says the config does not fit: an out-of-memory error always; a kill (or a skip) under
+        a cap at least this limit's usable memory. A kill at a lower cap says nothing about a higher one.
+        Trials recorded before the cap was stored per trial fall back to their peak (the reading at the kill,
+        at least the cap then)."""
         ua = trial.user_attrs
-        if ua.get(STATUS) != "over_memory" or self.usable_mb is None:
+        if ua.get(STATUS) not in ("over_memory", "skipped") or self.usable_mb is None:
             return True
-        ran_under = ua.get(TRIAL_CAP)
+        ran_under = ua.get(TRIAL_CAP) or ua.get(PEAK)
         return ran_under is None or ran_under >= self.usable_mb
 
 
@@ -163,7 +165,7 @@ def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
     """The trial fits: with a ``limit``, a measured trial whose stored peak is under its usable memory (a trial
     that ran out of memory or was not measured does not fit); without one, every constraint the trial recorded
     is met (a trial with none is feasible)."""
-    if limit is None or limit.usable_mb is None or trial.user_attrs.get(STATUS) is None:
+    if limit is None or trial.user_attrs.get(STATUS) is None:
         return all(c <= 0 for c in trial.constraints.values())
     if trial.user_attrs.get(STATUS) != "ok":
         return False
@@ -219,7 +221,7 @@ def known(study, fingerprint: str, limit: MemoryLimit | None = None
             continue
         if t.user_attrs.get(FINGERPRINT, fingerprint) != fingerprint:
             continue  # measured on another kind of machine (a Ray node): not evidence about this one
-        if limit is not None and t.user_attrs.get(STATUS) in MEMORY_STATUSES and not limit.binds(t):
+        if limit is not None and not limit.binds(t):  # killed or skipped under a lower cap: measure it again
             continue
         c = TrialConfig.from_dict(cfg)
         done.setdefault(c.key(), t)
@@ -270,8 +272,17 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "config": cfg.short() if cfg is not None else "-",
-            "reason": ua.get(REASON, "") if (parity.get(str(t.number)) or {}).get("ok", True)
-                      else f"not recommended: {parity[str(t.number)]['reason']}",
+            "reason": _reason(t, limit, parity.get(str(t.number))),
             "wall_s": ua.get(WALL_S),
         })
     return rows
+
+
+def _reason(trial, limit: MemoryLimit, parity: dict | None) -> str:
+    """What `show` says of a trial: its own reason, or why a measured one is not a candidate."""
+    if parity is not None and not parity.get("ok", True):
+        return f"not recommended: {parity.get('reason', 'failed the numerics check')}"
+    ua = trial.user_attrs
+    if ua.get(STATUS) == "ok" and trial.constraints and not is_feasible(trial, limit):
+        return "no room: its peak is over the cap less the memory margin"
+    return ua.get(REASON, "")

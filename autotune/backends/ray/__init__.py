@@ -68,8 +68,9 @@ class RayBackend(SearchBackend):
         try:
             self._base, self._capacity = trial_shape(ray, tuner.workload)
             hw, node = probe(ray, self._base)
-            cap, per_node = node_memory_cap_mb(hw, tuner.workload.device, tuner.measure.memory_cap_mb)
-            if cap < (tuner.measure.memory_cap_mb or float("inf")):
+            cap, per_node = node_memory_cap_mb(hw, tuner.workload.device,
+                                               tuner.measure.memory_cap_mb if tuner.cap_given else None)
+            if cap != tuner.measure.memory_cap_mb:
                 tuner.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
                           + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
                 tuner.set_memory_cap(cap)

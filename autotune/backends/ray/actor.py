@@ -36,12 +36,15 @@ def make_trainable(tune):
                 self._events.put(("shortcut", None))
                 return
             # Ray sets OMP_NUM_THREADS to the actor's CPUs. A CPU trial holds the whole node: the child must
-            # see what a local run sees. GPU trials share a node: Ray's value bounds torch's default threads.
+            # see what a local run sees. GPU trials share a node: torch's default threads are bounded by the
+            # reservation (one core for the main process, ``gpu_trial``).
             if workload["device"] == "cpu":
                 if omp is None:
                     os.environ.pop("OMP_NUM_THREADS", None)
                 else:
                     os.environ["OMP_NUM_THREADS"] = omp
+            elif not plan["config"].get("intra_op_threads"):
+                os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
             args = (Workload.from_dict(workload), TrialConfig.from_dict(plan["config"]), MeasureSpec.from_dict(measure))
             log = Path(self.logdir or ".") / f"trial-{plan.get('number')}.log"
             self._thread = threading.Thread(target=self._run, args=(*args, log), daemon=True)

@@ -70,8 +70,8 @@ def trial_shape(ray, workload: Workload) -> tuple[dict[str, float], int]:
 
 def gpu_trial(config: dict) -> dict[str, float]:
     """A CUDA trial's reservation (trials share a node): one GPU, the main process's intra-op threads (one
-    when torch's default is left: the actor then keeps Ray's OMP_NUM_THREADS, the reservation) and one core
-    per DataLoader worker."""
+    when torch's default is left: the actor then sets OMP_NUM_THREADS=1) and one core per DataLoader
+    worker."""
     threads = int(config.get("intra_op_threads") or 1)
     return {"CPU": float(threads + int(config.get("num_workers") or 0)), "GPU": 1.0}
 
@@ -80,10 +80,10 @@ def node_memory_cap_mb(hardware, device: str, requested_mb: float | None) -> tup
     """``(cap per trial, trials at once on one node)`` for trials on a node of ``hardware``: the node's default
     cap (a share of its available memory) divided among the trials it runs at once (one per node on the CPU,
     one per GPU), and no more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
-    from ...limits import default_memory_cap_mb
+    from ...limits import MIN_MEMORY_CAP_MB, default_memory_cap_mb
 
     per_node = 1 if device == "cpu" else max(1, len(hardware.gpus))
-    cap = default_memory_cap_mb(hardware) / per_node
+    cap = max(MIN_MEMORY_CAP_MB, default_memory_cap_mb(hardware) / per_node)  # below it no trial even starts
     return (min(cap, requested_mb) if requested_mb else cap), per_node
 
 
@@ -132,8 +132,10 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
         from autotune.storage import machine_lock
 
         cpu = workload["device"] == "cpu"
-        if cpu:  # a whole node: torch's defaults as locally (GPU trials keep Ray's bound)
+        if cpu:  # a whole node: torch's defaults as locally
             os.environ.pop("OMP_NUM_THREADS", None)
+        elif not config.get("intra_op_threads"):
+            os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
         with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
             return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
                              MeasureSpec.from_dict(measure)).to_dict()
