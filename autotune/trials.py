@@ -18,7 +18,8 @@ from typing import Any
 from .config import MEMORY_STATUSES, TrialConfig, TrialResult
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial", "baseline_value",
-           "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS"]
+           "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart", "one_knob_apart",
+           "neighbours"]
 
 # --- user attributes of a trial -------------------------------------------------------------------------
 CONFIG = "config"                # the TrialConfig that ran (to_dict)
@@ -182,6 +183,45 @@ def config_of(trial, space=None) -> TrialConfig | None:
     if space is not None and fixed:
         return space.effective(fixed)
     return TrialConfig.from_dict(ua[QUEUED_CONFIG]) if ua.get(QUEUED_CONFIG) else None
+
+
+# Fields that only mean something with DataLoader workers: a change of num_workers to or from 0 moves them too
+# (TrialConfig normalises them), so that is one knob, not three.
+_WORKER_FIELDS = ("prefetch_factor", "persistent_workers")
+
+
+def knobs_apart(a: TrialConfig, b: TrialConfig) -> list[str]:
+    """The knobs (``TrialConfig`` field names) in which two configs differ, a worker count's dependants
+    folded into it when one side has no workers.
+
+    >>> knobs_apart(TrialConfig(num_workers=0), TrialConfig(num_workers=2, prefetch_factor=4))
+    ['num_workers']
+    """
+    da, db = a.to_dict(), b.to_dict()
+    apart = [k for k in da if da[k] != db[k]]
+    if "num_workers" in apart and 0 in (a.num_workers, b.num_workers):
+        apart = [k for k in apart if k not in _WORKER_FIELDS]
+    return apart
+
+
+def one_knob_apart(a: TrialConfig, b: TrialConfig) -> str | None:
+    """The one knob two configs differ in, or None when they are equal or differ in more than one."""
+    apart = knobs_apart(a, b)
+    return apart[0] if len(apart) == 1 else None
+
+
+def neighbours(trials, config: TrialConfig, *, knob: str | None = None) -> list[tuple[str, Any]]:
+    """``(knob, trial)`` for each trial among ``trials`` whose config is ``config`` with one knob changed
+    (only ``knob``, when given), in trial order. Trials without a config (queued, never run) are skipped."""
+    out = []
+    for t in trials:
+        other = t.user_attrs.get(CONFIG)
+        if not other:
+            continue
+        k = one_knob_apart(config, TrialConfig.from_dict(other))
+        if k is not None and (knob is None or k == knob):
+            out.append((k, t))
+    return out
 
 
 def feasible_by_config(study, fingerprint: str | None = None, limit: MemoryLimit | None = None) -> dict[tuple, Any]:

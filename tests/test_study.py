@@ -457,3 +457,26 @@ def test_a_run_killed_while_queuing_the_first_trials_is_completed_by_the_next(tm
     assert any("stopped while queuing its first trials" in m for m in logs)
     tuner.prepare(study)  # the next run resumes: nothing queued twice
     assert len(study.trials) == 3 and "resuming study" in logs[-1]
+
+
+def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
+    from types import SimpleNamespace
+
+    from autotune.trials import knobs_apart, neighbours, one_knob_apart
+
+    base = TrialConfig(batch_size=32, num_workers=0)
+    assert one_knob_apart(base, TrialConfig(batch_size=32, num_workers=2, prefetch_factor=4,
+                                            persistent_workers=True)) == "num_workers"
+    assert one_knob_apart(base, base) is None
+    assert knobs_apart(base, TrialConfig(batch_size=64, channels_last=True)) == ["batch_size", "channels_last"]
+    # with workers on both sides, prefetch_factor is a knob of its own
+    assert knobs_apart(TrialConfig(num_workers=2, prefetch_factor=2),
+                       TrialConfig(num_workers=4, prefetch_factor=4)) == ["num_workers", "prefetch_factor"]
+    trials = [SimpleNamespace(number=i, user_attrs={"config": c.to_dict()} if c else {})
+              for i, c in enumerate([TrialConfig(batch_size=32, amp="bf16"), None,
+                                     TrialConfig(batch_size=64, amp="bf16"), TrialConfig(batch_size=32)])]
+    # trial 1 has no config, trial 2 differs in two knobs, trial 3 is the same config
+    assert [(k, t.number) for k, t in neighbours(trials, base)] == [("amp", 0)]
+    assert [t.number for _, t in neighbours(trials, TrialConfig(batch_size=64), knob="batch_size")] == [3]
+    assert neighbours(trials, TrialConfig(batch_size=64), knob="amp") == []
+    assert [(k, t.number) for k, t in neighbours(trials, base, knob="amp")] == [("amp", 0)]
