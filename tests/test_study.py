@@ -478,5 +478,6 @@ def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
     # trial 1 has no config, trial 2 differs in two knobs, trial 3 is the same config
     assert [(k, t.number) for k, t in neighbours(trials, base)] == [("amp", 0)]
     assert [t.number for _, t in neighbours(trials, TrialConfig(batch_size=64), knob="batch_size")] == [3]
-    assert neighbours(trials, TrialConfig(batch_size=64), knob="amp") == []
+    assert [t.number for _, t in neighbours(trials, TrialConfig(batch_size=64), knob="amp")] == [2]
+    assert neighbours(trials, TrialConfig(batch_size=64), knob="channels_last") == []
     assert [(k, t.number) for k, t in neighbours(trials, base, knob="amp")] == [("amp", 0)]
