@@ -230,6 +230,8 @@ class Tuner:
             evidence = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
                                      workload=self.workload, measure=fin.finalist_measure(self.measure),
                                      log_dir=self.artifacts_dir, log=self.log)
+            if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
+                fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             rec = fin.choose(self, configs, cands, evidence, base, check_numerics=runner is None)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
