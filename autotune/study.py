@@ -19,6 +19,7 @@ from . import finalists as fin
 from . import study_queue
 from . import trials as keys
 from .config import MeasureSpec, TrialResult, Workload
+from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -123,6 +124,8 @@ class Tuner:
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
                                             sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
                                             load_if_exists=True)
+                if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
+                    study.set_metric_names([keys.OBJECTIVE])
             stored = study.user_attrs.get(keys.STUDY_FINGERPRINT)
             if stored and stored != self.hardware.fingerprint:
                 # Several machines may share one storage (and one study name), but a study holds the
@@ -206,7 +209,10 @@ class Tuner:
             deadline = time.monotonic() + timeout_s if timeout_s else None
             n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
             self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
-            return self.finalize(deadline=deadline, runner=finalist_runner)
+            rec = self.finalize(deadline=deadline, runner=finalist_runner)
+            # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
+            save_dashboard_note(study, self.log)
+            return rec
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
