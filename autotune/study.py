@@ -22,6 +22,7 @@ from . import trials as keys
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
+from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -133,6 +134,8 @@ class Tuner:
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
                                             sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
                                             load_if_exists=True)
+                if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
+                    study.set_metric_names([keys.OBJECTIVE])
             stored = study.user_attrs.get(keys.STUDY_FINGERPRINT)
             if stored and stored != self.hardware.fingerprint:
                 # Several machines may share one storage (and one study name), but a study holds the
@@ -231,7 +234,10 @@ class Tuner:
                                     else "out of time: what is left of the budget is the finalists'")
             self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
                      f"{self.stop_reason}")
-            return self.finalize(deadline=deadline, runner=finalist_runner)
+            rec = self.finalize(deadline=deadline, runner=finalist_runner)
+            # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
+            save_dashboard_note(study, self.log)
+            return rec
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
