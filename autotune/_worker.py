@@ -102,6 +102,19 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool) -
     return step
 
 
+def compile_seconds() -> float | None:
+    """Wall seconds torch.compile has spent compiling in this process so far, from dynamo's own counters
+    (``calculate_time_spent``: every frame compiled, plus the backward graphs compiled lazily at the first
+    backward); None where this torch does not keep them. Loading a graph from inductor's cache counts too,
+    at what the load cost."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return float(calculate_time_spent()["total_wall_time"])
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+
+
 def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     """Build the workload, warm up, measure the windows; return the ``done`` event's fields.
 
@@ -175,9 +188,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
 
     # --- warm-up: the first step, then until step times settle --------------------------------------------
     # The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
-    # its own (its excess over a settled step is compile_s when compiling), and the warm-up's clock, for
+    # its own (compile_s is measured by dynamo's clock, ``compile_seconds``), and the warm-up's clock, for
     # warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
     dev.reset_peak_memory()
+    compiling = config.compile_mode != "none"
+    compiled_before = compile_seconds() if compiling else None
     t_warm = time.perf_counter()
     first_s = timed_step()
     check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
@@ -201,7 +216,16 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
                 break
     warmup_s = time.perf_counter() - t_warm
     steady = statistics.median(times[-k:])
-    compile_s = max(0.0, first_s - steady) if config.compile_mode != "none" else None
+    # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
+    # any recompile); only a torch without it falls back to the first step's excess over a settled step.
+    compiled_after = compile_seconds() if compiling else None
+    if compiled_before is not None and compiled_after is not None:
+        compile_s: float | None = compiled_after - compiled_before
+    else:
+        compile_s = max(0.0, first_s - steady) if compiling else None
+        if compiling:
+            print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
+                  flush=True)
     check_loss()
     send("warmup", warmup_s=warmup_s, warmup_steps=1 + len(times), compile_s=compile_s, step_s=steady,
          first_step_s=first_s)

@@ -21,22 +21,28 @@ __all__ = ["recommend"]
 def recommend(model: str = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
               device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
               memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
-              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True
-              ) -> Recommendation:
+              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True,
+              run_length: str | float | None = None, planned_steps: int | None = None) -> Recommendation:
     """The recommended config for a workload on this machine.
 
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
     warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
     until the search converges (``autotune.convergence``; at most 8 h).
+
+    ``run_length`` (a duration like "6h") or ``planned_steps`` says how long the training this is for runs
+    (default: an hour, assumed): a ``torch.compile`` config wins only if its gain over that run pays back its
+    compile time (``autotune.payback``). A stored recommendation priced for another run length is not reused.
     """
     from ._units import parse_duration_s, parse_memory_mb
     from .hardware import detect
     from .limits import check_cap_against_machine
+    from .payback import RunLength
     from .space import load_space
     from .study import Tuner
     from .workloads import check
 
+    run = RunLength.parse(run_length, planned_steps)
     hw = detect()
     if device is None:
         device = "cuda" if hw.gpus else "cpu"
@@ -46,7 +52,7 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
     sp = load_space(space, hardware=hw, device=workload.device)
     tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
-                  progress=progress)
+                  progress=progress, run_length=run)
     if not rerun:
         import optuna
 
@@ -61,6 +67,9 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
                 rec = None  # no room under the cap of this call (less the margin): not an answer to this question
             if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
                 rec = None  # tuned over another search space: search this one
+            priced = (rec.compile or {}) if rec is not None else {}
+            if priced.get("configs") and priced.get("planned_run") != run.to_dict():
+                rec = None  # a compile config was priced over another run length: choose again for this one
             if rec is not None:
                 changed = rec.check_versions()
                 if changed:

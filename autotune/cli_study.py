@@ -16,6 +16,7 @@ examples:
   autotune run --model resnet18                                   # until the search converges (at most 8h)
   autotune run --model resnet18 --timeout 8h --memory-cap 12GiB   # overnight; Ctrl-C or a kill loses nothing
   autotune run --model resnet18 --timeout 8h                      # next night: resumes the same study
+  autotune run --model resnet18 --run-length 6h                   # compile must pay back within a 6h run
   autotune run --model mypkg.models:build --image-size 128 --trials 30
 
 How it works: trial 0 measures PyTorch's defaults (the baseline); then Optuna's TPE sampler proposes configs
@@ -36,6 +37,7 @@ noise (at least 5%) for --patience measured trials in a row (default: twice log2
 def cmd_run(args: argparse.Namespace) -> int:
     from ._units import parse_duration_s
     from .hardware import detect
+    from .payback import RunLength
     from .space import load_space
     from .study import Tuner
     from .workloads import check
@@ -49,6 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.parity_steps < 0:
         raise AutotuneError(f"--parity-steps {args.parity_steps} must be 0 (no check) or more")
     ceiling_s = parse_duration_s(args.ceiling, what="--ceiling", require_unit=True)
+    run_length = RunLength.parse(args.run_length, args.planned_steps, what=("--run-length", "--planned-steps"),
+                                 require_unit=True)
     if args.patience is not None and args.patience < 0:
         raise AutotuneError(f"--patience {args.patience} must be 0 (never stop on convergence) or more")
     if args.trials is None and timeout_s is None and args.patience == 0:
@@ -59,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
-                  progress=not args.no_progress, patience=args.patience)
+                  progress=not args.no_progress, patience=args.patience, run_length=run_length)
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
         raise KeyboardInterrupt
@@ -178,6 +182,14 @@ def add_study_commands(sub) -> None:
                    help="before recommending bf16/fp16, channels_last or compile, train N steps with it and with "
                         "fp32 eager from the same weights and batches; a config whose loss diverges is not "
                         "recommended (0: no check; default: %(default)s)"),
+    g = p.add_argument_group("the real run (torch.compile must pay back its compile time over it)")
+    r = g.add_mutually_exclusive_group()
+    r.add_argument("--run-length", default=None, metavar="DURATION",
+                   help="how long the training you tune for runs, e.g. 6h: a compile mode wins only if its "
+                        "steady-state gain over that run exceeds its measured compile time (default: 1h, assumed; "
+                        "the YAML's `compile` section says so and records the break-even)")
+    r.add_argument("--planned-steps", type=int, default=None, metavar="N",
+                   help="the same as a number of training steps (each config's own batch size)")
     add_measure_args(p)
     add_study_args(p, creates=True)
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "

@@ -10,6 +10,7 @@ check (``parity``) first.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .config import MeasureSpec, TrialConfig
 from .errors import AutotuneError
 from .measure import summarize
 from .parity import first_passing
+from .payback import Priced, price
 from .recommendation import Recommendation, reproduce_command, versions_of
 from .trials import baseline_value, feasible_by_config
 
@@ -147,6 +149,7 @@ class Evidence:
     device_peaks: dict[tuple, float | None]
     rounds_run: int = 0  # the interleaved finalist rounds that ran
     pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
+    compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -169,6 +172,8 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
                 ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
                 if res.peak_device_mb is not None:
                     ev.device_peaks[c.key()] = max(ev.device_peaks[c.key()] or 0.0, res.peak_device_mb)
+                if res.compile_s is not None:
+                    ev.compile_s.setdefault(c.key(), []).append(res.compile_s)
             else:
                 ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
@@ -242,9 +247,13 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                         "the round that picked them, so the margin is less certain than two interleaved rounds'"
                         if ev.pooled else "the choice rests on one measurement of each")
                      + "; a longer --timeout gives two")
-    scored.sort(key=lambda x: -x[2].median)
+    # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
+    pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(tuner, c, t, ev))
+                     for c, t, s, _ in scored], tuner.run_length)
+    notes += pricing.notes
+    scored.sort(key=lambda x: -x[2].median * pricing.factor[x[0].key()])
     best = scored[0]
-    rounds = {c.key(): ev.rounds[c.key()] for c, *_ in scored}
+    rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
     # configs within noise of the top: prefer less memory, then fewer cores busy
     close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
     chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
@@ -315,7 +324,27 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
+        compile={**pricing.record, "cache_dir": str(tuner.compile_cache_dir)},
     )
+
+
+def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[float | None, float | None]:
+    """``(cold, cached)`` compile seconds of a compiled finalist, (None, None) for an eager one. Cold: the
+    longest compile measured for its graph in the study (its own trial and rounds, and every trial with the
+    same compile mode, batch size, amp and channels_last, whatever its loader knobs): what a fresh process
+    pays; cached: the shortest, what a process that finds the study's inductor cache pays."""
+    if config.compile_mode == "none":
+        return None, None
+    graph = (config.compile_mode, config.batch_size, config.amp, config.channels_last)
+    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get("compile_s")]
+    for t in tuner.study().get_trials(deepcopy=False):
+        c = t.user_attrs.get(keys.CONFIG)
+        if c and (c.get("compile_mode"), c.get("batch_size"), c.get("amp"), c.get("channels_last")) == graph:
+            seen.append(t.user_attrs.get("compile_s"))
+    seen = [x for x in seen if isinstance(x, (int, float))]
+    if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
+        return 0.0, None
+    return max(seen), (min(seen) if len(seen) > 1 else None)
 
 
 def provisional(study, *, storage: str = "") -> Recommendation:

@@ -95,6 +95,10 @@ class Recommendation:
     # as a further round (only one finalist round fit); None / False in older exports and provisional ones
     finalist_rounds: int | None = None
     search_round_pooled: bool = False
+    # torch.compile priced over the planned run (``payback.price``): the run length, each compiled finalist's
+    # measured compile time, effective throughput and break-even, whether compile was dropped for not paying
+    # back, where the study's inductor cache lives; None in older exports and provisional ones
+    compile: dict | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +127,7 @@ class Recommendation:
                            "reproduce": self.reproduce},
             "runners_up": list(self.runners_up),
             "parity": self.parity,
+            "compile": self.compile,
             "notes": list(self.notes),
             # derived from config (not read back): what to export before launching the training process
             "environment": self.launch_env(),
@@ -155,7 +160,7 @@ class Recommendation:
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
-                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"),
+                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"), compile=d.get("compile"),
                 finalist_rounds=m.get("finalist_rounds"), search_round_pooled=bool(m.get("search_round_pooled")),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
@@ -272,6 +277,9 @@ class Recommendation:
             lines.append(f"  peak memory {format_mb(self.peak_host_mb)} of the {format_mb(self.memory_cap_mb)} cap: "
                          f"{format_mb(self.headroom_mb())} to spare beyond the {100 * (self.memory_margin or 0):.0f}% "
                          "margin")
+        if self.compile and self.compile.get("configs"):
+            lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
+                         + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -34,11 +34,18 @@ _MEMORY_EVERY_S = 0.1
 WindowCallback = Callable[[int, float], bool]
 
 
-def child_env(config: TrialConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
+              compile_cache_dir: str | Path | None = None) -> dict[str, str]:
     """The child's environment: OpenMP/MKL read their thread counts once, at load, and glibc its malloc
-    settings at the first allocation, so they are set here."""
+    settings at the first allocation, so they are set here. With ``compile_cache_dir`` (a study's, see
+    ``Tuner.compile_cache_dir``), inductor's caches (FX graphs, AOTAutograd, compiled kernels; Triton's on a
+    GPU) live there, so a compile config's later trials load what its first one compiled."""
     env = dict(os.environ if base is None else base)
     env.update(launch_env(config))
+    if compile_cache_dir is not None:
+        cache = Path(compile_cache_dir).resolve()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env["PYTHONUNBUFFERED"] = "1"
     # The package must be importable by the child even when the parent runs from a source checkout.
     pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -216,6 +223,7 @@ def run_trial(
     log_path: str | Path | None = None,
     python: str = sys.executable,
     profile_dir: str | Path | None = None,
+    compile_cache_dir: str | Path | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
@@ -223,6 +231,7 @@ def run_trial(
     stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr. With
     ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
     ``top_ops.json`` there (see ``autotune.profile``); the measured figures are not affected.
+    ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -251,7 +260,7 @@ def run_trial(
         proc = subprocess.Popen(
             [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
             pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=child_env(config), start_new_session=True,  # own process group: one kill reaches the workers
+            env=child_env(config, compile_cache_dir=compile_cache_dir), start_new_session=True,  # own process group: one kill reaches the workers
         )
     os.close(wfd)
     t0 = time.monotonic()

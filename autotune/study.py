@@ -24,6 +24,7 @@ from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
+from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
 from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
@@ -58,13 +59,11 @@ class Tuner:
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
-                 patience: int | None = None) -> None:
+                 patience: int | None = None, run_length: RunLength | None = None) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
 
-        if runner is None:
-            from .runner import run_trial as runner
         self.workload = workload
         self.hardware = hardware or detect()
         self.space = space or load_space(hardware=self.hardware, device=workload.device)
@@ -83,7 +82,10 @@ class Tuner:
         self.startup_trials = startup_trials
         self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
         self.progress = progress
-        self.runner: Runner = runner
+        # the default runs each trial in a child that shares this study's inductor cache (``compile_cache_dir``)
+        self.runner: Runner = runner or self._run_trial
+        # how long the user's training runs: a compile config must pay its compile back over it (``payback``)
+        self.run_length = run_length or RunLength.default()
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
         self.parity = parity  # the check (default ``parity.parity_check``; a test passes its own)
         # measured trials without a gain after which the search has converged (``convergence``); 0: never
@@ -112,6 +114,18 @@ class Tuner:
     @property
     def artifacts_dir(self) -> Path:
         return artifacts_dir(self.storage_url, self.study_name)
+
+    @property
+    def compile_cache_dir(self) -> Path:
+        """Where this study's trials keep inductor's cache (``TORCHINDUCTOR_CACHE_DIR``): beside its trial logs,
+        so a compile config's later trials and the finalists' rounds load what its first trial compiled."""
+        return self.artifacts_dir / "inductor-cache"
+
+    def _run_trial(self, workload: Workload, config, measure: MeasureSpec, **kw) -> TrialResult:
+        """``runner.run_trial`` with this study's compile cache."""
+        from .runner import run_trial
+
+        return run_trial(workload, config, measure, compile_cache_dir=self.compile_cache_dir, **kw)
 
     @property
     def storage(self):
