@@ -52,6 +52,10 @@ def test_bad_study_input_is_one_line_exit_2(tmp_path):
         (["run", "--model", "resnet18", "--patience", "-1"], "--patience -1 must be 0"),
         (["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout"),
         (["run", "--model", "resnet18", "--timeout", "5"], "has no unit: write 5s, 5m or 5h"),
+        (["run", "--model", "resnet18", "--run-length", "6"], "--run-length '6' has no unit"),
+        (["run", "--model", "resnet18", "--run-length", "a while"], "--run-length"),
+        (["run", "--model", "resnet18", "--planned-steps", "0"], "--planned-steps 0: give a whole number"),
+        (["run", "--model", "resnet18", "--run-length", "6h", "--planned-steps", "100"], "not allowed with"),
         (["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported"),
         (["run", "--model", "resnet18", "--trials", "1", "--storage", "postgresql://u@127.0.0.1:1/x"],
          "cannot open storage"),  # nothing listens on port 1: unreachable
