@@ -45,9 +45,11 @@ class Tuner:
     """Runs and resumes one study. ``run`` returns the Recommendation, or None when no config qualified (none
     ran feasibly, or every finalist failed a round or the numerics check).
 
-    ``runner`` runs one trial (default ``autotune.runner.run_trial``); a test passes its own, as
-    ``torch.utils.benchmark.Timer`` takes ``timer=``. (A backend that measures elsewhere, like Ray's, runs the
-    same ``run_trial`` there, and hands the tuner a runner for the finalists from ``connect``.)
+    ``runner`` runs one trial (default ``autotune.runner.run_trial`` with the study's inductor cache,
+    ``compile_cache_dir``); a test passes its own, as ``torch.utils.benchmark.Timer`` takes ``timer=``. (A
+    backend that measures elsewhere, like Ray's, runs the same ``run_trial`` there, and hands the tuner a runner
+    for the finalists from ``connect``.) ``run_length`` (``payback.RunLength``; default an assumed hour) is how
+    long the user's training runs: the finalists are ranked by their throughput over it, compile included.
 
     >>> tuner = Tuner(Workload(model="resnet18", image_size=64))   # doctest: +SKIP
     >>> rec = tuner.run(trials=20)                                 # doctest: +SKIP
