@@ -185,6 +185,8 @@ def price(finalists: list[Priced], run: RunLength) -> Pricing:
                                "compile_s_cached": None if p.compile_s_cached is None else round(p.compile_s_cached, 2),
                                "samples_per_s": round(p.samples_per_s, 3),
                                "effective_samples_per_s": round(p.samples_per_s * factor[p.key], 3)}
+        if not p.compile_s:
+            row["note"] = "compile time not measured (a trial from before it was): priced as free"
         if eager is not None:
             be = break_even(eager.samples_per_s, p.samples_per_s, p.compile_s, batch_size=p.batch_size)
             pays[p.key] = p.samples_per_s * factor[p.key] > eager.samples_per_s

@@ -76,6 +76,8 @@ def test_price_ranks_by_effective_throughput_and_records_the_break_even():
     assert long.dropped is None and long.record["configs"][0]["pays_back"] is True and not long.notes
     alone = price([compiled], RunLength.default())  # no eager finalist: ranked, but no break-even to state
     assert "break_even" not in alone.record["configs"][0] and alone.record["against"] is None
+    unmeasured = price([eager, Priced("old", "bs=32 compile", 110.0, 32, 0.0)], RunLength(steps=1))
+    assert unmeasured.factor["old"] == 1.0 and "not measured" in unmeasured.record["configs"][0]["note"]
 
 
 def test_run_length_values():
