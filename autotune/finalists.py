@@ -315,6 +315,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
+        user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
     )
 
 
@@ -351,4 +352,5 @@ def provisional(study, *, storage: str = "") -> Recommendation:
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
+        user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
     )

@@ -95,6 +95,9 @@ class Recommendation:
     # as a further round (only one finalist round fit); None / False in older exports and provisional ones
     finalist_rounds: int | None = None
     search_round_pooled: bool = False
+    # which parts of the training the figures ran that were the user's own (autotune.contract.PARTS: optimizer,
+    # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
+    user_parts: tuple[str, ...] = ()
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +105,7 @@ class Recommendation:
             "format_version": FORMAT_VERSION,
             "config": self.config.to_dict(),
             "workload": self.workload.to_dict(),
+            "user_parts": list(self.user_parts),
             "measured": {
                 "median_samples_per_s": self.median_samples_per_s, "iqr_samples_per_s": self.iqr_samples_per_s,
                 "samples_per_s": list(self.samples_per_s), "noisy": self.noisy,
@@ -163,6 +167,7 @@ class Recommendation:
                 runners_up=tuple(d.get("runners_up") or ()), notes=tuple(d.get("notes") or ()),
                 reproduce=str(p.get("reproduce", "")), created=str(p.get("created", "")),
                 provisional=bool(p.get("provisional", False)),
+                user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -259,6 +264,8 @@ class Recommendation:
                  f"{len(self.samples_per_s)} windows)"
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
                     f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
+        if self.user_parts:
+            lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.contract)")
         if self.margin_vs_runner_up is not None:
             lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
                          + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"

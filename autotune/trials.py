@@ -34,6 +34,7 @@ REASON = "reason"                # one line a person reads
 WALL_S = "wall_s"
 PEAK = "peak_host_mb"            # the trial's measured peak (a figure of TrialResult)
 PEAK_DEVICE = "peak_device_mb"   # its device peak (reserved by PyTorch's caching allocator), on CUDA
+USER_PARTS = "user_parts"        # the workload's own parts the trial ran (autotune.contract.PARTS)
 TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap may change between runs)
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
 LIKELY_WINNER = "likely_winner"
