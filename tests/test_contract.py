@@ -282,3 +282,14 @@ def test_adamw_peak_is_above_sgds_by_its_two_copies_of_the_weights():
     assert sgd.ok and adamw.ok, (sgd.reason, adamw.reason)
     assert sgd.user_parts == adamw.user_parts == ("optimizer",)
     assert adamw.peak_host_mb > sgd.peak_host_mb + 0.5 * 2 * param_mb, (sgd.peak_host_mb, adamw.peak_host_mb)
+
+
+@pytest.mark.slow  # one parity child, ~10 s
+def test_the_numerics_check_runs_the_users_step_on_its_dict_batches(tmp_path):
+    from autotune.parity import parity_check
+
+    r = parity_check(Workload(model="examples.adamw_dict_batches:build", image_size=16),
+                     TrialConfig(batch_size=8, amp="bf16", channels_last=True), steps=4,
+                     log_path=tmp_path / "parity.log")
+    assert r.steps == 4 and r.compared == "loss", r.reason
+    assert len(r.losses_candidate) == 4 and r.ok, r.reason
