@@ -158,6 +158,7 @@ def test_train_example_tunes_then_answers_from_the_cache(tmp_path):
 ADAMW = REPO_ROOT / "examples" / "adamw_dict_batches.py"
 
 
+@pytest.mark.slow  # a child and the CLI: 10-26 s on 2 shared cores; test_contract checks the parts in-process
 def test_adamw_example_trial_measures_the_users_parts_via_the_cli():
     r = run_cli("trial", "--model", "examples.adamw_dict_batches:build", "--image-size", "32", "--batch-size", "8",
                 "--windows", "2", "--window-seconds", "0.2", "--device", "cpu", "--format", "json", timeout=300)
