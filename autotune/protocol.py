@@ -138,8 +138,10 @@ def record(trial, result: TrialResult, *, limit: MemoryLimit) -> float:
         trial.set_user_attr(k, v)
     trial.set_user_attr(keys.TRIAL_CAP, limit.cap_mb)
     # one line on what limited this trial, stored so optuna-dashboard shows it too
+    # (given the study's trials, it does not suggest a lever the study measured near this config already)
     trial.set_user_attr(keys.BOTTLENECK, diagnose({**figures, "config": trial.user_attrs.get(keys.CONFIG)},
-                                                  memory_cap_mb=limit.cap_mb).line())
+                                                  memory_cap_mb=limit.cap_mb,
+                                                  trials=trial.study.get_trials(deepcopy=False)).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
     o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb)
