@@ -68,14 +68,30 @@ def test_pruner_compares_best_window_with_margin_against_best_feasible():
     study.tell(infeasible, 1000.0)  # infeasible trials never set the bar
     pruner = NoHopePruner(margin=0.15, min_windows=2)
     slow = study.ask()
-    slow.report(50.0, 0)
+    slow.report(79.0, 0)
     assert not pruner.prune(study, study.trials[-1])  # one window is not enough evidence
     slow.report(80.0, 1)
     assert pruner.prune(study, study.trials[-1])  # 80 * 1.15 < 100
     close = study.ask()
-    close.report(70.0, 0)
+    close.report(89.0, 0)
     close.report(90.0, 1)
     assert not pruner.prune(study, study.trials[-1])  # 90 * 1.15 >= 100: within noise, keep measuring
+
+
+def test_pruner_does_not_decide_on_windows_whose_spread_is_itself_noise():
+    """Same median (75) and best window under the bar either way: windows spread over 16% of their median (a
+    stall, a slow data batch) are no evidence, so the trial measures on; windows that agree are pruned."""
+    from autotune.measure import NOISY_REL_IQR, summarize
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=100.0))
+    pruner = NoHopePruner(margin=0.15, min_windows=2)
+    for windows, pruned in (((55.0, 75.0, 80.0), False), ((74.0, 75.0, 76.0), True)):
+        t = study.ask()
+        for i, v in enumerate(windows):
+            t.report(v, i)
+        assert (summarize(windows).rel_iqr > NOISY_REL_IQR) is not pruned
+        assert pruner.prune(study, study.trials[-1]) is pruned, windows
 
 
 # --- end to end ----------------------------------------------------------------------------------
