@@ -93,7 +93,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
     """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
     config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
     feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
-    is no answer. Returns the value (or raises TrialPruned like a run would); None means: run it."""
+    is no answer, and a pruned twin is none to a re-run of it (``requeue_of``). Returns the value (or raises
+    TrialPruned like a run would); None means: run it."""
     import optuna
 
     done, memory_failures = known(trial.study, fingerprint, limit)
@@ -105,8 +106,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
             return record(trial, result, limit=limit)
 
     twin = done.get(config.key())
-    if twin is None:
-        return None
+    if twin is None or (trial.user_attrs.get(keys.REQUEUE_OF) is not None and twin.state.name == "PRUNED"):
+        return None  # a re-run of a pruned trial measures it again
     trial.set_user_attr(keys.DUPLICATE_OF, twin.number)
     for k, v in twin.user_attrs.items():  # its figures; not its role in the study nor its history
         if k not in OWN_ATTRS:

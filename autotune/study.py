@@ -178,8 +178,10 @@ class Tuner:
                          log=self.log, where=self.storage_url)
 
     def advance_batch_walk(self, study) -> None:
-        """Queue the batch-size walk's next step where the study's results call for one (after every trial)."""
+        """Queue the batch-size walk's next step where the study's results call for one, and a re-run of a
+        trial pruned far below its neighbours (``study_queue.requeue_far_pruned``); after every trial."""
         study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
+        study_queue.requeue_far_pruned(study, self.space, storage=self.storage, log=self.log)
 
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when no further search trial may start: the finalists need the time left."""

@@ -497,3 +497,42 @@ def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
     assert [t.number for _, t in neighbours(trials, TrialConfig(batch_size=64), knob="amp")] == [2]
     assert neighbours(trials, TrialConfig(batch_size=64), knob="channels_last") == []
     assert [(k, t.number) for k, t in neighbours(trials, base, knob="amp")] == [("amp", 0)]
+
+
+def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_so(tmp_path):
+    """bs=16 with channels_last is 'pruned' at 30 samples/s (a hiccup, every time here) while the same
+    settings one batch size down and up, and without channels_last, run ~110: once two of those neighbours
+    are measured it is queued again, once, with the same config; its re-run, pruned again, is final."""
+    from autotune.study_queue import REQUEUE_BELOW
+    from autotune.trials import trial_rows
+
+    hiccup = TrialConfig(batch_size=16, channels_last=True)
+    ran: list[TrialConfig] = []
+
+    def fake(workload, config, measure, **kw):
+        if measure.window_s == QUICK.window_s:
+            ran.append(config)
+        if config == hiccup:
+            return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
+                               batch_size=16, reason="stopped after 2 window(s)")
+        v = 100.0 + config.batch_size / 4
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    logs: list[str] = []
+    space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16, 32]},
+                                   "channels_last": {"type": "bool"}})
+    tuner = make_tuner(tmp_path, space=space, runner=fake, log=logs.append, finalists=1)
+    tuner.run(trials=12)
+    trials = tuner.study().trials
+    pruned = [t for t in trials if t.user_attrs.get("config") == hiccup.to_dict() and t.state.name == "PRUNED"
+              and "duplicate_of" not in t.user_attrs]
+    reruns = [t for t in trials if t.user_attrs.get("requeue_of") is not None]
+    assert len(pruned) == 2 and len(reruns) == 1, [(t.number, t.user_attrs) for t in trials]
+    first, rerun = pruned[0], reruns[0]
+    assert rerun.user_attrs["requeue_of"] == first.number and rerun is pruned[1]  # it ran, not copied
+    assert rerun.params == first.params and ran.count(hiccup) == 2
+    assert 30.0 < REQUEUE_BELOW * 104.0 and any("re-queued once" in m for m in logs)
+    rows = {r["trial"]: r for r in trial_rows(tuner.study())}
+    assert rows[first.number]["reason"].startswith(f"re-queued as #{rerun.number}; stopped after 2")
+    assert rows[rerun.number]["reason"].startswith(f"re-run of pruned #{first.number}; stopped after 2")
