@@ -34,15 +34,21 @@ class TrialError(Exception):
     ``AutotuneError``: it is the trial's failure, not the user's mistake."""
 
 
-def make_sampler(*, seed: int | None, startup_trials: int):
+def make_sampler(*, seed: int | None, startup_trials: int, hold_back=None):
     """The study's sampler: multivariate TPE over the grouped (conditional) space, with the constant liar so
-    concurrent trials (several workers, Ray) spread apart instead of all drawing the same point."""
+    concurrent trials (several workers, Ray) spread apart instead of all drawing the same point. With
+    ``hold_back`` (a ``compile_gate.CompileGate``) it proposes no compile mode while the gate holds it back."""
     import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
-                                          group=True, constant_liar=True)
+        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
+                                         group=True, constant_liar=True)
+    if hold_back is None:
+        return tpe
+    from .compile_gate import holding_back
+
+    return holding_back(tpe, hold_back)
 
 
 def begin(trial, config: TrialConfig, *, fingerprint: str) -> None:

@@ -18,6 +18,7 @@ from typing import Callable
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .errors import AutotuneError, StorageError
 from .protocol import make_sampler
@@ -74,6 +75,9 @@ class Tuner:
         self.seed = seed
         self.startup_trials = startup_trials
         self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
+        # holds compile trials back when the time left for the search is shorter than one (compile_gate)
+        self.compile_gate = CompileGate(lambda walls, budget_s: fin.reserve_s(
+            walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s))
         self.progress = progress
         self.runner: Runner = runner
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
@@ -121,7 +125,8 @@ class Tuner:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study = optuna.create_study(storage=self._storage, study_name=self.study_name,
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
-                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
+                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials,
+                                                                 hold_back=self.compile_gate),
                                             load_if_exists=True)
             stored = study.user_attrs.get(keys.STUDY_FINGERPRINT)
             if stored and stored != self.hardware.fingerprint:

@@ -536,3 +536,46 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
     rows = {r["trial"]: r for r in trial_rows(tuner.study())}
     assert rows[first.number]["reason"].startswith(f"re-queued as #{rerun.number}; stopped after 2")
     assert rows[rerun.number]["reason"].startswith(f"re-run of pruned #{first.number}; stopped after 2")
+
+
+def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path):
+    """A 40 s budget is shorter than the 90 s a compile trial is expected to take: the sampler runs its
+    compile proposals without compile (the parameter says what ran), and `show` says why. With an hour, compile
+    trials run; once one has been measured, its wall time is the expected cost."""
+    from autotune.compile_gate import COMPILE_PRIOR_S
+    from autotune.trials import trial_rows
+
+    ran: list[TrialConfig] = []
+
+    def fake(workload, config, measure, **kw):
+        if measure.window_s == QUICK.window_s:
+            ran.append(config)
+        v = 100.0 + config.batch_size + (20 if config.compile_mode != "none" else 0)
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=250.0 if config.compile_mode != "none"
+                           else 1.0, peak_host_mb=10.0, batch_size=config.batch_size)
+
+    space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16]},
+                                   "compile_mode": {"type": "categorical", "choices": ["none", "default"]}},
+                       baseline={"batch_size": 8, "compile_mode": "none"})
+    short = make_tuner(tmp_path / "short", space=space, runner=fake, finalists=1, startup_trials=20)
+    short.run(trials=8, timeout_s=40)
+    trials = short.study().trials
+    assert ran and all(c.compile_mode == "none" for c in ran)
+    held = [t for t in trials if t.user_attrs.get("held_back")]
+    assert held and all(t.params["compile_mode"] == "none" for t in held)  # the param is the one that ran
+    assert held[0].user_attrs["held_back"].startswith(
+        f"compile held back: ~{COMPILE_PRIOR_S:.0f} s expected (no compile trial measured yet), ")
+    assert held[0].user_attrs["held_back"].endswith(" s left for the search")
+    rows = {r["trial"]: r for r in trial_rows(short.study())}
+    assert rows[held[0].number]["reason"].startswith("compile held back: ~90 s expected")
+
+    ran.clear()
+    plenty = make_tuner(tmp_path / "plenty", space=space, runner=fake, finalists=1, startup_trials=20)
+    plenty.run(trials=8, timeout_s=3600)
+    assert any(c.compile_mode == "default" for c in ran)
+    first = min(t.number for t in plenty.study().trials if t.user_attrs.get("config", {}).get("compile_mode") == "default")
+    gate = plenty.compile_gate
+    gate.start(time.monotonic() + 200.0, 200.0, [1.0])  # 200 s left: the measured 250 s compile trial does not fit
+    assert gate.reason(plenty.study()).startswith(f"compile held back: ~250 s expected (as trial {first} took), ")
+    gate.start(time.monotonic() + 400.0, 400.0, [1.0])
+    assert gate.reason(plenty.study()) is None
