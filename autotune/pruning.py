@@ -21,9 +21,11 @@ class NoHopePruner:
     its windows agree, or finishes with its median.
     """
 
-    def __init__(self, *, margin: float = 0.15, min_windows: int = 2, limit: MemoryLimit | None = None) -> None:
+    def __init__(self, *, margin: float = 0.15, min_windows: int = 2, limit: MemoryLimit | None = None,
+                 noisy_rel_iqr: float = NOISY_REL_IQR) -> None:
         self.margin = margin
         self.min_windows = min_windows
+        self.noisy_rel_iqr = noisy_rel_iqr  # windows spread wider than this are no evidence
         self.limit = limit  # which trials set the bar: those that fit this memory limit (None: as recorded)
 
     def prune(self, study, trial) -> bool:
@@ -32,7 +34,7 @@ class NoHopePruner:
         values = trial.intermediate_values
         if len(values) < self.min_windows or trial.user_attrs.get(keys.BASELINE):
             return False
-        if summarize(list(values.values())).rel_iqr > NOISY_REL_IQR:
+        if summarize(list(values.values())).rel_iqr > self.noisy_rel_iqr:
             return False
         best = None
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):

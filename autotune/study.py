@@ -51,7 +51,8 @@ class Tuner:
                  finalists: int = 3, finalist_rounds: int = 2, seed: int | None = None,
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
-                 parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None) -> None:
+                 parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
+                 pruner: NoHopePruner | None = None) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -74,7 +75,8 @@ class Tuner:
         self.finalist_rounds = finalist_rounds
         self.seed = seed
         self.startup_trials = startup_trials
-        self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
+        self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
+        self.pruner.limit = self.limit
         # holds compile trials back when the time left for the search is shorter than one (compile_gate)
         self.compile_gate = CompileGate(lambda walls, budget_s: fin.reserve_s(
             walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s))
