@@ -55,9 +55,9 @@ class CompileGate:
             ua = t.user_attrs
             if ((ua.get(keys.CONFIG) or {}).get(_KNOB, "none") != "none" and ua.get(keys.WALL_S)
                     and ua.get(keys.DUPLICATE_OF) is None):
-                return float(ua[keys.WALL_S]), f"as trial {t.number} took"
+                return float(ua[keys.WALL_S]), f"trial {t.number}'s wall time"
         typical = statistics.median(self.walls) if self.walls else 0.0
-        return max(COMPILE_PRIOR_S, typical), "no compile trial measured yet"
+        return max(COMPILE_PRIOR_S, typical), "prior: no compile trial measured yet"
 
     def reason(self, study) -> str | None:
         if self.deadline is None:
@@ -66,8 +66,8 @@ class CompileGate:
         expected, source = self.expected_s(study.get_trials(deepcopy=False))
         if expected <= left:
             return None
-        return (f"compile held back: ~{expected:.0f} s expected ({source}), {max(0.0, left):.0f} s left for the "
-                "search")
+        # the figures first: `show` cuts reasons at 60 characters
+        return f"compile held back: ~{expected:.0f} s expected, {max(0.0, left):.0f} s left for the search ({source})"
 
 
 def holding_back(inner, gate: CompileGate):

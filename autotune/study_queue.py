@@ -95,8 +95,8 @@ def recover(study, space, *, single_run: bool) -> int:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if (stale or interrupted) and t.number not in retried and t.params:
             attrs = {keys.RETRY_OF: t.number}
-            for role in ROLES:  # a retried walk step walks on
-                if t.user_attrs.get(role):
+            for role in ROLES + (keys.REQUEUE_OF,):  # a retried walk step walks on; a retried re-run re-runs
+                if t.user_attrs.get(role) is not None:
                     attrs[role] = t.user_attrs[role]
             enqueue(study, space, t.params, **attrs)
             retried.add(t.number)
