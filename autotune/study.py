@@ -19,6 +19,7 @@ from typing import Callable
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
@@ -58,7 +59,7 @@ class Tuner:
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
-                 patience: int | None = None) -> None:
+                 patience: int | None = None, pruner: NoHopePruner | None = None) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -81,7 +82,11 @@ class Tuner:
         self.finalist_rounds = finalist_rounds
         self.seed = seed
         self.startup_trials = startup_trials
-        self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
+        self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
+        self.pruner.limit = self.limit
+        # holds compile trials back when the time left for the search is shorter than one (compile_gate)
+        self.compile_gate = CompileGate(lambda walls, budget_s: fin.reserve_s(
+            walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s))
         self.progress = progress
         self.runner: Runner = runner
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
@@ -132,7 +137,8 @@ class Tuner:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study = optuna.create_study(storage=self._storage, study_name=self.study_name,
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
-                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
+                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials,
+                                                                 hold_back=self.compile_gate),
                                             load_if_exists=True)
                 if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
                     study.set_metric_names([keys.OBJECTIVE])
@@ -191,8 +197,10 @@ class Tuner:
                          log=self.log, where=self.storage_url)
 
     def advance_batch_walk(self, study) -> None:
-        """Queue the batch-size walk's next step where the study's results call for one (after every trial)."""
+        """Queue the batch-size walk's next step where the study's results call for one, and a re-run of a
+        trial pruned far below its neighbours (``study_queue.requeue_far_pruned``); after every trial."""
         study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
+        study_queue.requeue_far_pruned(study, self.space, storage=self.storage, log=self.log)
 
     def convergence(self, study) -> Convergence:
         """How far the search is from converging (``convergence``): measured trials without a gain."""

@@ -51,6 +51,7 @@ class LocalBackend(SearchBackend):
         n = 0
         free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
         walls: list[float] = []
+        tuner.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
         try:
             while trials is None or n < trials:
                 if free_in_a_row >= EXHAUSTED_AFTER:
@@ -77,6 +78,7 @@ class LocalBackend(SearchBackend):
                 bar.update(1)
                 bar.set_postfix_str(_postfix(study, last, deadline, tuner.convergence(study)), refresh=True)
         finally:
+            tuner.compile_gate.stop()
             bar.close()
         return n
 

@@ -43,7 +43,10 @@ def make_search(OptunaSearch):
             self._heartbeats: dict[str, Any] = {}
             self._configs: dict[str, TrialConfig] = {}
             self._deferred: list[tuple[str, Any, int]] = []  # (Tune trial id, Optuna trial, twin's trial id)
-            sampler = protocol.make_sampler(seed=tuner.seed, startup_trials=tuner.startup_trials)
+            # the same sampler as the local loop's, holding compile back when the time left is short
+            tuner.compile_gate.start(deadline, budget_s, self.walls)
+            sampler = protocol.make_sampler(seed=tuner.seed, startup_trials=tuner.startup_trials,
+                                            hold_back=tuner.compile_gate)
             super().__init__(space=self._define, metric=METRIC, mode="max", sampler=sampler,
                              study_name=tuner.study_name, storage=tuner.storage)
 
