@@ -26,7 +26,8 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     """The recommended config for a workload on this machine.
 
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
-    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
+    warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
+    facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``.
     """
     from ._units import parse_duration_s, parse_memory_mb
