@@ -194,8 +194,76 @@ def _mlflow_tuner(tmp_path, logger, fake):
     return make_tuner(tmp_path, finalists=1, parity_steps=0, runner=fake, on_trial=[logger])
 
 
-def test_mlflow_logs_each_trial_nested_under_one_parent_per_study_and_resumes_it(tmp_path):
-    """A sqlite: store: MLflow 3 refuses file: stores unless MLFLOW_ALLOW_FILE_STORE=true (in maintenance)."""
+def test_tuner_calls_on_trial_once_for_each_trial_the_run_finishes(tmp_path):
+    from autotune.config import TrialResult
+
+    seen = []
+
+    def fake(workload, config, measure, **kw):
+        return TrialResult(status="ok", samples_per_s=(10.0, 11.0, 9.0), wall_s=1.0, peak_host_mb=100.0,
+                           batch_size=config.batch_size)
+
+    tuner = _mlflow_tuner(tmp_path, lambda study, t: seen.append((t.number, t.state.name)), fake)
+    tuner.run(trials=2)
+    finished = [(t.number, t.state.name) for t in tuner.study().trials if t.state.is_finished()]
+    assert sorted(seen) == finished and len(finished) >= 2
+    seen.clear()
+    tuner.run(trials=1)  # a resumed run: only its own trials
+    assert seen and all(n >= len(finished) for n, _ in seen)
+
+
+def _sqlite_uri(tmp_path) -> str:
+    """MLflow 3 refuses file: stores unless MLFLOW_ALLOW_FILE_STORE=true (they are in maintenance): sqlite."""
+    return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_mlflow_logs_trials_nested_under_the_study_and_the_artifacts_on_it(tmp_path):
+    pytest.importorskip("mlflow")
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from autotune.integrations.mlflow import STUDY_TAG, TRIAL_TAG, MLflowLogger
+
+    study = optuna.create_study(study_name="tiny-study", direction="maximize")
+    study.set_user_attr("hardware", "2 cores")
+    for number, (status, value) in enumerate([("ok", 120.0), ("oom", None)]):
+        t = study.ask()
+        t.set_user_attr("config", TrialConfig(batch_size=8 * (number + 1)).to_dict())
+        t.set_user_attr("status", status)
+        t.set_user_attr("bottleneck", f"diagnosis {number}")
+        t.set_user_attr("peak_host_mb", 300.0 + number)
+        if value:
+            t.set_user_attr("median_samples_per_s", value)
+        study.tell(t, value, state=None if value else optuna.trial.TrialState.FAIL)
+    uri = _sqlite_uri(tmp_path)
+    logger = MLflowLogger(uri, experiment="exp")
+    for t in study.trials:
+        logger(study, t)
+        logger(study, t)  # twice: logged once
+    report = tmp_path / "report.html"
+    report.write_text("<html>report</html>")
+    rec = make_rec(config=TrialConfig(batch_size=8))
+    logger.finish(study, rec, report_path=report)
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exp")
+    assert exp.artifact_location == (tmp_path / "mlflow-artifacts").as_uri()
+    [parent] = client.search_runs([exp.experiment_id], filter_string=f"tags.`{STUDY_TAG}` = 'tiny-study'")
+    assert parent.info.status == "FINISHED" and parent.data.tags["recommended"] == rec.config.short()
+    assert parent.data.metrics["median_samples_per_s"] == rec.median_samples_per_s
+    assert sorted(a.path for a in client.list_artifacts(parent.info.run_id)) == ["recommendation.yaml", "report.html"]
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    by = {int(r.data.tags[TRIAL_TAG]): r for r in runs}
+    assert sorted(by) == [0, 1]
+    assert by[0].data.params["batch_size"] == "8" and by[1].data.params["batch_size"] == "16"
+    assert by[0].data.metrics["median_samples_per_s"] == 120.0 and by[0].data.metrics["peak_host_mb"] == 300.0
+    assert "median_samples_per_s" not in by[1].data.metrics and by[1].data.metrics["peak_host_mb"] == 301.0
+    assert (by[0].data.tags["status"], by[1].data.tags["status"]) == ("ok", "oom")
+    assert by[1].data.tags["diagnosis"] == "diagnosis 1" and by[1].info.status == "FAILED"
+
+
+@pytest.mark.slow  # ~15 s: two tuner runs, the finalists' collect_env stamp, MLflow's sqlite schema
+def test_mlflow_logs_each_trial_of_a_tuner_run_and_a_resumed_run_reuses_the_parent(tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
@@ -209,7 +277,7 @@ def test_mlflow_logs_each_trial_nested_under_one_parent_per_study_and_resumes_it
         return TrialResult(status="ok", samples_per_s=(v, v + 1, v - 1), wall_s=1.0, peak_host_mb=120.0 + v,
                            batch_size=config.batch_size)
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = _sqlite_uri(tmp_path)
     logger = MLflowLogger(uri)
     logger.check()
     tuner = _mlflow_tuner(tmp_path, logger, fake)
