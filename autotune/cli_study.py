@@ -68,9 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
               "run the same command again to resume", file=sys.stderr)
-        if logger is not None:
-            logger.finish(tuner.study(), None, status="KILLED")
+        _close_mlflow(logger, tuner, "KILLED")
         return 130
+    except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
+        _close_mlflow(logger, tuner, "FAILED")
+        raise
     if rec is None:
         print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
     else:
@@ -79,6 +81,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if logger is not None:
         _finish_mlflow(logger, tuner, rec)
     return 0 if rec is not None else 1
+
+
+def _close_mlflow(logger, tuner, status: str) -> None:
+    """Close the study's parent run, if this run opened one (a trial finished), with ``status``."""
+    if logger is not None and logger.opened(tuner.study_name):
+        try:
+            logger.finish(tuner.study(), None, status=status)
+        except AutotuneError as exc:
+            print(f"autotune run: {exc}", file=sys.stderr)
 
 
 def _finish_mlflow(logger, tuner, rec) -> None:

@@ -261,6 +261,16 @@ def test_mlflow_logs_trials_nested_under_the_study_and_the_artifacts_on_it(tmp_p
     assert (by[0].data.tags["status"], by[1].data.tags["status"]) == ("ok", "oom")
     assert by[1].data.tags["diagnosis"] == "diagnosis 1" and by[1].info.status == "FAILED"
 
+    # an interrupted run: the trial failed by the interrupt (no callback saw it) is logged when the parent closes
+    t = study.ask()
+    t.set_user_attr("status", "interrupted")
+    study.tell(t, None, state=optuna.trial.TrialState.FAIL)
+    assert logger.opened("tiny-study")
+    logger.finish(study, None, status="KILLED")
+    assert client.get_run(parent.info.run_id).info.status == "KILLED"
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(r.data.tags[TRIAL_TAG] for r in runs) == ["0", "1", "2"]
+
 
 @pytest.mark.slow  # ~15 s: two tuner runs, the finalists' collect_env stamp, MLflow's sqlite schema
 def test_mlflow_logs_each_trial_of_a_tuner_run_and_a_resumed_run_reuses_the_parent(tmp_path):

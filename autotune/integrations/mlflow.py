@@ -103,6 +103,10 @@ class MLflowLogger:
             return (db.parent / "mlflow-artifacts").as_uri()
         return None  # MLflow's default for the store (a server's artifact root, a file store's own folder)
 
+    def opened(self, study_name: str) -> bool:
+        """Whether this logger has opened (found or made) the parent run of ``study_name``."""
+        return study_name in self._parents
+
     def parent_run(self, study) -> str:
         """The id of the study's parent run: found by its tag, else created; opened again as RUNNING, and the
         study's finished trials not yet logged under it are logged."""
@@ -179,6 +183,9 @@ class MLflowLogger:
         from mlflow.entities import Metric
 
         run_id = self._guard(self.parent_run, study)
+        for t in study.get_trials(deepcopy=False):  # e.g. the trial an interrupt failed, after the last callback
+            if t.state.is_finished() and t.number not in self._logged[study.study_name]:
+                self._guard(self._log_trial, study, t)
         if rec is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "recommendation.yaml"
