@@ -28,7 +28,8 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
     warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
     facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
-    ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``.
+    ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
+    until the search converges (``autotune.convergence``; at most 8 h).
     """
     from ._units import parse_duration_s, parse_memory_mb
     from .hardware import detect

@@ -13,6 +13,7 @@ from .errors import AutotuneError
 
 RUN_EPILOG = """\
 examples:
+  autotune run --model resnet18                                   # until the search converges (at most 8h)
   autotune run --model resnet18 --timeout 8h --memory-cap 12GiB   # overnight; Ctrl-C or a kill loses nothing
   autotune run --model resnet18 --timeout 8h                      # next night: resumes the same study
   autotune run --model mypkg.models:build --image-size 128 --trials 30
@@ -23,6 +24,12 @@ Each trial runs in a fresh child process; one that ran out of memory teaches the
 one that cannot beat the best is stopped early. At the end the top configs and the baseline are re-measured,
 interleaved, with longer windows, and the winner by median is stored in the study (see `autotune export`).
 The study is named after the workload and this machine's hardware fingerprint, so re-running resumes it.
+
+When it stops: after --trials N trials, when --timeout leaves only the finalists' time, or when the search has
+converged, whichever comes first. Converged means the best config has not improved by more than the measured
+noise (at least 5%) for --patience measured trials in a row (default: twice log2 of the space's size, 10 to
+40; the progress bar counts them), or the sampler keeps proposing configs already measured. With no budget,
+--ceiling (default 8h) is the time budget for a search that never settles.
 """
 
 
@@ -41,8 +48,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
     if args.parity_steps < 0:
         raise AutotuneError(f"--parity-steps {args.parity_steps} must be 0 (no check) or more")
-    if args.trials is None and timeout_s is None:
-        raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
+    ceiling_s = parse_duration_s(args.ceiling, what="--ceiling", require_unit=True)
+    if args.patience is not None and args.patience < 0:
+        raise AutotuneError(f"--patience {args.patience} must be 0 (never stop on convergence) or more")
+    if args.trials is None and timeout_s is None and args.patience == 0:
+        raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
+                            "--timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
     check(workload)
     logger = None
@@ -55,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
-                  progress=not args.no_progress, on_trial=[logger] if logger else ())
+                  progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else ())
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
         raise KeyboardInterrupt
@@ -64,7 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{hw.summary_line()}\n{space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
     try:
-        rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address)
+        rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
+                        ceiling_s=ceiling_s)
     except KeyboardInterrupt:
         print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
               "run the same command again to resume", file=sys.stderr)
@@ -191,6 +203,12 @@ def add_study_commands(sub) -> None:
     g.add_argument("--trials", type=int, default=None, metavar="N", help="run N more trials")
     g.add_argument("--timeout", default=None, metavar="DURATION",
                    help="stop searching in time for the finalists to finish by then, e.g. 20m, 8h")
+    g.add_argument("--patience", type=int, default=None, metavar="K",
+                   help="stop the search once K measured trials in a row did not beat the best by more than the "
+                        "noise (default: from the space's size, 10 to 40; 0: never, then a budget is needed)")
+    g.add_argument("--ceiling", default="8h", metavar="DURATION",
+                   help="with neither --trials nor --timeout: the time budget of a search that does not converge "
+                        "(default: %(default)s)")
     g.add_argument("--finalists", type=int, default=3, metavar="K",
                    help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
     g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")

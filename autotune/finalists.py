@@ -25,7 +25,7 @@ from .recommendation import Recommendation, reproduce_command, versions_of
 from .trials import baseline_value, feasible_by_config
 
 __all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
-           "remeasure", "ratio_interval", "choose", "provisional"]
+           "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -77,9 +77,12 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
     With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
     estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
 
-    When the budget is short, shrink in this order: fewer finalists (down to the top two), then the baseline
-    is not re-measured (its search figure stands in), then only the top one and the baseline; then fewer
-    rounds. Comparing the top two is what re-measuring is most for."""
+    One round is not a comparison (each config measured once, the very luck re-measuring exists to remove),
+    so two rounds come first: the most finalists for which two rounds fit, shrinking in this order: fewer
+    finalists (down to the top two), then the baseline is not re-measured (its search figure stands in),
+    then only the top one and the baseline. Only when no two rounds fit does one round run (of the most
+    finalists it fits), and ``choose`` then pools each finalist's search trial as a second round
+    (``pool_search_round``) and says so."""
     base_key = TrialConfig.from_dict(base.user_attrs[keys.CONFIG]).key() if base is not None else None
 
     def candidates(k: int, with_base: bool = True) -> list:
@@ -99,7 +102,10 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
     options = [candidates(k) for k in range(len(top), 1, -1)]
     options += [candidates(2, with_base=False)] if len(top) >= 2 else []
     options += [candidates(1)]
-    cands = next((c for c in options if round_s(c) <= left_s), options[-1])
+    wanted = min(rounds, 2)
+    cands = next((c for c in options if wanted * round_s(c) <= left_s), None)
+    if cands is None:  # not two rounds of any of them: one round, of the most that fit
+        cands = next((c for c in options if round_s(c) <= left_s), options[-1])
     fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
     if fit < 1:
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
@@ -107,8 +113,25 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
         return None
     if cands != options[0] or fit < rounds:
         log(f"the time budget leaves room for {len(cands)} finalist(s) "
-            f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of {rounds} round(s)")
+            f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of {rounds} round(s)"
+            + ("; their search trials count as a second round" if min(fit, rounds) == 1 and len(cands) > 1 else ""))
     return cands, min(rounds, fit)
+
+
+def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) -> bool:
+    """With only one finalist round, count each finalist's search trial (the same config, measured earlier)
+    as a round before it, so the choice rests on two measurements of each and ``ratio_interval`` has two
+    rounds to resample. A second-best stand-in: the search round is not interleaved, and it is the round
+    that put these configs among the finalists (its luck favours them), hence only when no second
+    finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
+    windows)."""
+    done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
+    if len(done) < 2 or not all(t.user_attrs.get("samples_per_s") for _, t in done):
+        return False
+    for c, t in done:
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs["samples_per_s"]])
+    ev.pooled = True
+    return True
 
 
 # --- the re-measurement -------------------------------------------------------------------------------
@@ -123,6 +146,8 @@ class Evidence:
     peaks: dict[tuple, float]
     failures: dict[tuple, list[str]]
     device_peaks: dict[tuple, float | None]
+    rounds_run: int = 0  # the interleaved finalist rounds that ran
+    pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -133,6 +158,7 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     """Run every config once a round, rotating the order each round."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
+    ev.rounds_run = rounds
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
     for r in range(rounds):
@@ -211,6 +237,12 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
             scored.append((c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
     if not scored:
         return None
+    if ev.rounds_run == 1 and len(configs) > 1:
+        notes.append("one finalist round only (the time budget or --rounds left no second): "
+                     + ("each finalist's search trial counts as a second round; it was not interleaved and it is "
+                        "the round that picked them, so the margin is less certain than two interleaved rounds'"
+                        if ev.pooled else "the choice rests on one measurement of each")
+                     + "; a longer --timeout gives two")
     scored.sort(key=lambda x: -x[2].median)
     best = scored[0]
     rounds = {c.key(): ev.rounds[c.key()] for c, *_ in scored}
@@ -284,6 +316,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                              "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
         notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
+        finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
     )
 
 

@@ -91,6 +91,10 @@ class Recommendation:
     device_memory_mb: float | None = None
     # the numerics check of the chosen config against fp32 eager (parity.ParityResult.to_dict()), if it was run
     parity: dict | None = None
+    # the interleaved finalist rounds the choice rests on, and whether each finalist's search trial was pooled
+    # as a further round (only one finalist round fit); None / False in older exports and provisional ones
+    finalist_rounds: int | None = None
+    search_round_pooled: bool = False
     # the facts `python -m torch.utils.collect_env` reports where it was measured (envstamp.collect_env_stamp)
     env_stamp: dict | None = None
 
@@ -110,6 +114,7 @@ class Recommendation:
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
                 "memory_margin": self.memory_margin,
                 "peak_device_mb": self.peak_device_mb, "device_memory_mb": self.device_memory_mb,
+                "finalist_rounds": self.finalist_rounds, "search_round_pooled": self.search_round_pooled,
                 # derived (not read back): what the peak leaves free of the cap less the margin
                 "headroom_mb": self.headroom_mb(),
             },
@@ -154,6 +159,7 @@ class Recommendation:
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
                 device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"), env_stamp=d.get("collect_env"),
+                finalist_rounds=m.get("finalist_rounds"), search_round_pooled=bool(m.get("search_round_pooled")),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
                 storage=str(p.get("storage", "")), trial_number=p.get("trial"),
@@ -290,7 +296,10 @@ class Recommendation:
         if self.margin_vs_runner_up is not None:
             lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
                          + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"
-                            if self.margin_interval else ""))
+                            if self.margin_interval else "")
+                         + (f", over {self.finalist_rounds} interleaved finalist round(s)"
+                            + (" and the search trials" if self.search_round_pooled else "")
+                            if self.finalist_rounds else ""))
         if self.headroom_mb() is not None:
             from ._units import format_mb
 

@@ -4,8 +4,10 @@ One file, openable offline: plotly.js is embedded once, inline, and every chart 
 ``optuna.visualization`` where it has the plot, ``plotly.graph_objects`` otherwise). Sections:
 
 * optimisation history, with the baseline's throughput as a line;
-* throughput vs peak memory, with the memory cap drawn;
-* parameter importances (Optuna's fANOVA);
+* throughput vs peak memory, the axis fitted to the trials, with the memory cap drawn (named at the right
+  edge when it is far beyond them);
+* parameter importances (Optuna's fANOVA), only from enough measured trials (``effects.importances_trusted``),
+  and beside them what one knob did: measured pairs of trials that differ in that knob only (``effects``);
 * step-time breakdown (waiting for data vs computing) of the baseline and the recommendation;
 * the top configs with their bottleneck (``autotune.diagnose``), and one line per trial;
 * the top operators of the recommendation's profiler run (``autotune.profile``), when there is one.
@@ -41,7 +43,7 @@ PLOTS = {
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;
 padding:0 1em}
-h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+h1{font-size:1.5em} h3{font-size:1em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .6em;
 text-align:left;vertical-align:top} th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
 code,pre{background:#f6f6f6;padding:.1em .3em} .muted{color:#777} .label{font-weight:600}
@@ -129,19 +131,36 @@ def _memory(rows: list[dict], cap: float | None, base_n: int | None, rec_n: int 
             fig.add_trace(go.Scatter(x=[r["peak_host_mb"]], y=[r["samples_per_s"] or 0], mode="markers", name=name,
                                      marker={"symbol": symbol, "size": 16, "line": {"width": 1, "color": "#000"},
                                              "color": "rgba(0,0,0,0)"}, text=[f"#{r['trial']} {r['config']}"]))
-    if cap:
+    # the x axis spans the data, padded; a cap up to a quarter beyond the highest peak is drawn as a line (how
+    # close the trials came to it), a farther one (the default cap is a share of the machine's memory) would
+    # squeeze every trial into a corner: it is named at the right edge, with an arrow pointing off the chart
+    lo, hi = min(r["peak_host_mb"] for r in pts), max(r["peak_host_mb"] for r in pts)
+    near = bool(cap) and cap <= 1.25 * hi  # type: ignore[operator]
+    if near:
+        lo, hi = min(lo, cap), max(hi, cap)  # type: ignore[type-var]
+    pad = max(0.08 * (hi - lo), 0.03 * hi, 1.0)
+    fig.update_xaxes(range=[max(0.0, lo - pad), hi + pad])
+    if cap and near:
         fig.add_vline(x=cap, line_dash="dash", line_color="#d62728",
                       annotation_text=f"memory cap {cap:.0f} MiB", annotation_position="top left")
-        fig.update_xaxes(range=[0, max(cap, max(r["peak_host_mb"] for r in pts)) * 1.08])
+    elif cap:
+        fig.add_annotation(text=f"memory cap {cap:.0f} MiB \u2192", x=1, y=1, xref="paper", yref="paper",
+                           xanchor="right", yanchor="bottom", showarrow=False, font={"color": "#d62728"},
+                           name="memory-cap-off-chart")
     fig.update_xaxes(title_text="peak host memory, MiB (trial + DataLoader workers, PSS)")
     fig.update_yaxes(title_text="median samples/s")
     return _titled(fig, title)
 
 
-def _importances(study):
+def _importances(study, trusted: tuple[bool, int, int]):
     import optuna
 
     title = PLOTS["plot-importances"]
+    enough, n, needed = trusted
+    if not enough:  # said beside the frame too (_importances_note); a short frame, the table below matters more
+        fig = _empty(title, f"not shown: {n} measured trials, importances need at least {needed}")
+        fig.update_layout(height=160)
+        return fig
     done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     if len(done) < 2 or len({tuple(sorted(t.params.items())) for t in done}) < 2:
         return _empty(title, "needs at least two finished trials with different parameters")
@@ -177,6 +196,36 @@ def _breakdown(bars: list[tuple[str, dict]]):
 
 
 # --- tables -------------------------------------------------------------------------------------------
+
+def _importances_note(trusted: tuple[bool, int, int]) -> str:
+    from .effects import MIN_TRIALS, TRIALS_PER_KNOB
+
+    enough, n, needed = trusted
+    if enough:
+        return ""
+    return (f"<p id='importances-note'><strong>Too few trials for parameter importances:</strong> {n} measured "
+            f"trials, and importances need at least {needed} here ({TRIALS_PER_KNOB} per knob varied, "
+            f"{MIN_TRIALS} at least). Below that they rank noise, so they are not shown; optuna-dashboard "
+            "draws them anyway. What one knob did, from trials that differ in it only, is in the table below.</p>")
+
+
+def _effects_table(study) -> str:
+    from .effects import by_change, one_knob_effects
+
+    changes = by_change(one_knob_effects(study.get_trials(deepcopy=False)))
+    intro = ("<h3>One knob changed, same everything else</h3><p class='muted'>Measured trials whose configs "
+             "differ in one knob only; the ratio is the median samples/s with the <em>to</em> value over that "
+             "with the <em>from</em> value, everything else the same (several pairs of one change: their "
+             "median; trials from \u2192 to).</p>")
+    if not changes:
+        return intro + "<p class='muted' id='one-knob'>No two measured trials differ in one knob only yet.</p>"
+    head = "<tr><th>knob</th><th>from</th><th>to</th><th>ratio</th><th>pairs</th><th>trials</th></tr>"
+    body = "".join(
+        f"<tr><td><code>{_e(c.knob)}</code></td><td>{_e(c.from_value)}</td><td>{_e(c.to_value)}</td>"
+        f"<td class=num>{c.median:.2f}x</td><td class=num>{len(c.effects)}</td><td>{_e(c.trials)}</td></tr>"
+        for c in changes)
+    return f"{intro}<table id='one-knob'>{head}{body}</table>"
+
 
 def _rows(study) -> list[dict]:
     from .trials import trial_rows
@@ -254,6 +303,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    from .effects import importances_trusted
     from .trials import baseline_trial, baseline_value
 
     ua = study.user_attrs
@@ -270,16 +320,19 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
         bars.append((f"baseline #{base_t.number}", base_t.user_attrs))
     if rec_t is not None:
         bars.append((f"recommended #{rec_t.number}", rec_t.user_attrs))
+    trusted = importances_trusted(study)
     figures = {
         "plot-history": _history(study, base),
         "plot-memory": _memory(rows, cap, base_t.number if base_t else None, rec_t.number if rec_t else None),
-        "plot-importances": _importances(study),
+        "plot-importances": _importances(study, trusted),
         "plot-breakdown": _breakdown(bars),
     }
+    before = {"plot-importances": _importances_note(trusted)}
+    after = {"plot-importances": _effects_table(study)}
     plots = "".join(
-        f"<h2>{_e(PLOTS[div])}</h2>"
+        f"<h2>{_e(PLOTS[div])}</h2>" + before.get(div, "")
         + pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div,
-                      config={"displaylogo": False, "responsive": True})
+                      config={"displaylogo": False, "responsive": True}) + after.get(div, "")
         for div, fig in figures.items())
 
     states: dict[str, int] = {}

@@ -9,6 +9,7 @@ where trials run (``backends``), and the finalists and the choice (``finalists``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 import warnings
@@ -19,6 +20,9 @@ from . import finalists as fin
 from . import study_queue
 from . import trials as keys
 from .config import MeasureSpec, TrialResult, Workload
+from .convergence import Convergence, convergence
+from .convergence import patience as patience_for
+from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -26,7 +30,10 @@ from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage
                       study_name_for)
 from .trials import MemoryLimit, baseline_trial, feasible_by_config
 
-__all__ = ["Tuner", "Runner"]
+__all__ = ["Tuner", "Runner", "CEILING_S"]
+
+# The time budget of a run given none: it stops when the search converges, and at the latest after this.
+CEILING_S = 8 * 3600.0
 
 # What runs one trial: ``runner(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult``
 # (``autotune.runner.run_trial``: a fresh child process, watched by this one).
@@ -57,7 +64,7 @@ class Tuner:
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
-                 on_trial: Sequence[TrialCallback] = ()) -> None:
+                 patience: int | None = None, on_trial: Sequence[TrialCallback] = ()) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -85,6 +92,9 @@ class Tuner:
         self.runner: Runner = runner
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
         self.parity = parity  # the check (default ``parity.parity_check``; a test passes its own)
+        # measured trials without a gain after which the search has converged (``convergence``); 0: never
+        self.patience = patience_for(self.space.size()) if patience is None else patience
+        self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.on_trial = tuple(on_trial)  # called with (study, FrozenTrial) for each trial this run finishes
         self._reported: set[int] = set()
@@ -132,6 +142,8 @@ class Tuner:
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
                                             sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
                                             load_if_exists=True)
+                if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
+                    study.set_metric_names([keys.OBJECTIVE])
             stored = study.user_attrs.get(keys.STUDY_FINGERPRINT)
             if stored and stored != self.hardware.fingerprint:
                 # Several machines may share one storage (and one study name), but a study holds the
@@ -202,6 +214,10 @@ class Tuner:
         """Queue the batch-size walk's next step where the study's results call for one (after every trial)."""
         study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
 
+    def convergence(self, study) -> Convergence:
+        """How far the search is from converging (``convergence``): measured trials without a gain."""
+        return convergence(study, patience_k=self.patience, fingerprint=self.hardware.fingerprint, limit=self.limit)
+
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when no further search trial may start: the finalists need the time left."""
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
@@ -209,8 +225,11 @@ class Tuner:
 
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",
-            address: str | None = None):
-        """Search until ``trials`` more trials ran or ``timeout_s`` passed, then re-measure the finalists.
+            address: str | None = None, ceiling_s: float = CEILING_S):
+        """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search converged (``patience``
+        measured trials in a row without a gain over the noise, or the space exhausted), whichever comes
+        first, then re-measure the finalists. With neither ``trials`` nor ``timeout_s``, ``ceiling_s`` (8 h)
+        is the time budget, against a search that never settles.
 
         The time budget covers the finalists too: the search stops early enough to leave them room.
         A KeyboardInterrupt (the CLI turns SIGTERM into one) stops at once; every finished trial is in the
@@ -219,16 +238,27 @@ class Tuner:
         from .backends import load_backend
 
         if trials is None and timeout_s is None:
-            raise AutotuneError("give a budget: --trials N and/or --timeout DURATION (e.g. --timeout 8h)")
+            if not self.patience:
+                raise AutotuneError("give a budget (--trials N and/or --timeout DURATION) or leave --patience "
+                                    "on: with --patience 0 and no budget the search would only stop at the ceiling")
+            timeout_s = ceiling_s
         searcher = load_backend(backend, address=address)
+        self.stop_reason = ""
         with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name):
             study = self.study()  # opens (and checks) the storage once this run may write to it
             self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
             self.prepare(study)
             deadline = time.monotonic() + timeout_s if timeout_s else None
             n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
-            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study")
-            return self.finalize(deadline=deadline, runner=finalist_runner)
+            if not self.stop_reason:
+                self.stop_reason = (f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
+                                    else "out of time: what is left of the budget is the finalists'")
+            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
+                     f"{self.stop_reason}")
+            rec = self.finalize(deadline=deadline, runner=finalist_runner)
+            # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
+            save_dashboard_note(study, self.log)
+            return rec
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
@@ -252,8 +282,12 @@ class Tuner:
             evidence = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
                                      workload=self.workload, measure=fin.finalist_measure(self.measure),
                                      log_dir=self.artifacts_dir, log=self.log)
+            if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
+                fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             rec = fin.choose(self, configs, cands, evidence, base, check_numerics=runner is None)
+        if rec is not None and self.stop_reason:
+            rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         if rec is None:

@@ -47,7 +47,9 @@ def test_bad_study_input_is_one_line_exit_2(tmp_path):
     rows = _bad_spaces(tmp_path) + [
         (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "4TiB"], "larger than this machine"),
         (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "200MiB"], "below"),
-        (["run", "--model", "resnet18"], "give a budget"),
+        (["run", "--model", "resnet18", "--patience", "0"], "give a budget"),
+        (["run", "--model", "resnet18", "--ceiling", "5"], "--ceiling"),
+        (["run", "--model", "resnet18", "--patience", "-1"], "--patience -1 must be 0"),
         (["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout"),
         (["run", "--model", "resnet18", "--timeout", "5"], "has no unit: write 5s, 5m or 5h"),
         (["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported"),

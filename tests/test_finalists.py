@@ -194,3 +194,59 @@ def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_p
     rows = {r["trial"]: r for r in trial_rows(tuner.study())}
     bf16 = [t.number for t in tuner.study().trials if t.params.get("amp") == "bf16"][0]
     assert rows[bf16]["reason"].startswith("not recommended: ")
+
+
+# --- the plan: two rounds before more finalists ---------------------------------------------------------------
+
+def _trial(number: int, batch_size: int, wall_s: float):
+    from types import SimpleNamespace
+
+    from autotune.config import TrialConfig
+
+    return SimpleNamespace(number=number, user_attrs={"config": TrialConfig(batch_size=batch_size).to_dict(),
+                                                      "wall_s": wall_s})
+
+
+def test_a_short_budget_buys_two_rounds_of_fewer_finalists_before_one_round_of_more():
+    """Four candidates (three finalists and the baseline) at ~10 s a run: 45 s holds one round of all four
+    (the old plan: four, once each) but two rounds only of two; 25 s holds no two rounds of anything."""
+    from autotune.finalists import plan
+
+    top, base = [_trial(1, 64, 10.0), _trial(2, 32, 10.0), _trial(3, 16, 10.0)], _trial(0, 8, 10.0)
+    measure = QUICK.replace(windows=1, window_s=0.001)  # next to no extra time for a finalist's longer windows
+    said: list[str] = []
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=45.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 2  # the top two, twice (with the baseline: 60 s)
+    cands, rounds = plan(top, base, measure=measure, rounds=3, left_s=65.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2, 0] and rounds == 2  # two rounds of three fit; three rounds of none
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=25.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 1
+    assert "their search trials count as a second round" in said[-1]
+    assert plan(top, base, measure=measure, rounds=2, left_s=5.0, log=said.append) is None
+    assert plan(top, base, measure=measure, rounds=2, left_s=None, log=said.append) == (top + [base], 2)
+
+
+def test_one_finalist_round_pools_the_search_trials_and_says_so(tmp_path):
+    """With one finalist round, each finalist's search trial counts as a round before it: the choice and the
+    margin's interval rest on two measurements of each, and the YAML and summary say how they were made."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.finalist_rounds == 1 and rec.search_round_pooled
+    assert len(rec.samples_per_s) == 3 + len(SPREAD)  # the search trial's 3 windows, then the finalist round's
+    assert any(n.startswith("one finalist round only") and "search trial counts as a second round" in n
+               for n in rec.notes)
+    assert "over 1 interleaved finalist round(s) and the search trials" in rec.summary()
+    back = type(rec).from_yaml(tmp_path / "r.yaml") if rec.to_yaml(tmp_path / "r.yaml") else None
+    assert back.finalist_rounds == 1 and back.search_round_pooled
+
+
+def test_two_finalist_rounds_do_not_pool_the_search_trials(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, {k: 200.0 for k in speed}))
+    rec = tuner.run(trials=4)
+    assert rec.finalist_rounds == 2 and not rec.search_round_pooled
+    assert len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert not any("one finalist round only" in n for n in rec.notes)

@@ -232,8 +232,9 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
     assert calls == [] and rec.provisional and rec.config == full.config
     assert any("provisional" in n for n in rec.notes)
 
-    rec = tuner.finalize(deadline=time.monotonic() + 45)  # one round fits, not two
-    assert len(calls) == cands and not rec.provisional
+    rec = tuner.finalize(deadline=time.monotonic() + 45)  # one round of the three fits, or two of the top two
+    assert len(calls) == 4 and len(set(c.key() for c in calls)) == 2 and not rec.provisional
+    assert TrialConfig(batch_size=8) not in calls and rec.finalist_rounds == 2
 
     calls.clear()
     rec = tuner.finalize(deadline=time.monotonic() + 25)  # the top two fit a round, not with the baseline

@@ -54,8 +54,12 @@ class LocalBackend(SearchBackend):
         try:
             while trials is None or n < trials:
                 if free_in_a_row >= EXHAUSTED_AFTER:
-                    tuner.log(f"the sampler proposed {free_in_a_row} configs in a row that the study already "
-                              "answered: the space looks exhausted; stopping the search")
+                    tuner.stop_reason = (f"the space looks exhausted: the sampler proposed {free_in_a_row} configs "
+                                         "in a row that the study had already answered")
+                    break
+                conv = tuner.convergence(study)
+                if conv.converged:
+                    tuner.stop_reason = conv.why()
                     break
                 if tuner.out_of_time(walls, deadline, budget_s):
                     break
@@ -71,7 +75,7 @@ class LocalBackend(SearchBackend):
                 walls.append(time.monotonic() - t0)
                 n += 1
                 bar.update(1)
-                bar.set_postfix_str(_postfix(study, last, deadline), refresh=True)
+                bar.set_postfix_str(_postfix(study, last, deadline, tuner.convergence(study)), refresh=True)
         finally:
             bar.close()
         return n
@@ -137,7 +141,7 @@ class _Objective:
                 return  # ``answer_from_study`` finds it among the finished trials
 
 
-def _postfix(study, last, deadline) -> str:
+def _postfix(study, last, deadline, conv) -> str:
     parts = [f"last #{last.number} {last.user_attrs.get(keys.STATUS, last.state.name.lower())}"]
     base = baseline_value(study)
     try:
@@ -147,6 +151,8 @@ def _postfix(study, last, deadline) -> str:
             parts.append(f"x{best.value / base:.2f} vs baseline")
     except ValueError:
         pass
+    if conv.patience:
+        parts.append(conv.progress())
     if deadline is not None:
         parts.append(f"{max(0, deadline - time.monotonic()) / 60:.0f} min left")
     return ", ".join(parts)

@@ -71,6 +71,10 @@ def make_search(OptunaSearch):
             self._resolve_deferred()
             if self.abort is not None or self.tuner.out_of_time(self.walls, self.deadline, self.budget_s):
                 return self.FINISHED
+            conv = self.tuner.convergence(self._ot_study)
+            if conv.converged:
+                self.tuner.stop_reason = conv.why()
+                return self.FINISHED
             storage = self._ot_study._storage
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # heartbeats outside Study.optimize, experimental APIs
