@@ -68,7 +68,7 @@ class LocalBackend(SearchBackend):
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
                 # the trial just run (the highest number may be a queued one still waiting)
                 last = next(t for t in study.get_trials(deepcopy=False) if t.number == objective.number)
-                tuner.advance_batch_walk(study)
+                tuner.after_trial(study)  # the batch walk's next step, the on_trial callbacks
                 if objective.answered:  # in no time, from earlier trials: does not use up the budget
                     free_in_a_row += 1
                     continue

@@ -209,7 +209,7 @@ def make_search(OptunaSearch):
             self._handled.add(trial_id)
             self._ot_study.tell(trial, value, state=state, skip_if_finished=True)
             self.told += 1
-            self.tuner.advance_batch_walk(self._ot_study)  # every finished trial, however it was answered
+            self.tuner.after_trial(self._ot_study)  # every finished trial, however it was answered
 
         def close(self, *, wait: bool = True) -> None:
             """At the end: wait for deferred twins (``wait``), and fail whatever Tune never finished (so a
