@@ -14,13 +14,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 __all__ = [
-    "recommend", "Recommendation", "Tuner", "run_trial", "detect_hardware", "load_space", "SearchSpace",
+    "recommend", "tune", "Recommendation", "Tuner", "run_trial", "detect_hardware", "load_space", "SearchSpace",
     "TrialConfig", "TrialResult", "Workload", "MeasureSpec", "AutotuneError", "ConfigError", "WorkloadError",
     "SpaceError", "StorageError", "is_oom", "__version__",
 ]
 
 _LAZY = {
     "recommend": ("api", "recommend"),
+    "tune": ("api", "tune"),
     "Recommendation": ("recommendation", "Recommendation"),
     "Tuner": ("study", "Tuner"),
     "run_trial": ("runner", "run_trial"),

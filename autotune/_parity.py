@@ -87,21 +87,24 @@ def run(spec: dict) -> dict:
     train = workload.task == "train"
     # Both copies are taken before either is touched: the same initial weights and buffers.
     # The control (train only) is the reference from nudged weights: its drift is the noise floor.
-    steppers = [make_step(copy.deepcopy(built.model), built.loss_fn, cfg, dev, train=train)
+    # The workload's own optimizer, step and count (autotune.contract) are what was measured: they are checked.
+    steppers = [make_step(copy.deepcopy(built.model), built.loss_fn, cfg, dev, train=train, parts=built)
                 for cfg in (reference, candidate)]
     if train:
         steppers.append(make_step(_nudged(torch, copy.deepcopy(built.model), seed), built.loss_fn, reference, dev,
-                                  train=True))
+                                  train=True, parts=built))
     torch_dev = dev.torch_device()
     cuda_index = torch_dev.index if torch_dev.type == "cuda" else None
     if cuda_index is None and torch_dev.type == "cuda":
         cuda_index = torch.cuda.current_device()
     streams = [_rng_streams(torch, seed, cuda_index) for _ in steppers]
 
-    loader = torch.utils.data.DataLoader(built.dataset, batch_size=candidate.batch_size, shuffle=True,
-                                         drop_last=True, num_workers=0,
-                                         generator=torch.Generator().manual_seed(seed))
-    if len(loader) == 0:
+    from .contract import loader_kwargs, steps_per_epoch
+
+    kw = {k: v for k, v in loader_kwargs(built, candidate, seed).items()
+          if k not in ("persistent_workers", "prefetch_factor", "pin_memory")}
+    loader = torch.utils.data.DataLoader(built.dataset, **{**kw, "num_workers": 0})
+    if steps_per_epoch(loader) == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of "
                          f"{candidate.batch_size}")
     curves: list[list] = [[] for _ in steppers]

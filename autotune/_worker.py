@@ -18,7 +18,9 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
+
+from .contract import StepOut, split_batch
 
 Send = Callable[..., None]
 
@@ -44,43 +46,40 @@ def apply_threads(config: dict) -> None:
         torch.set_num_interop_threads(int(config["inter_op_threads"]))  # only legal before any parallel work
 
 
-def split_batch(batch: Any) -> tuple[Any, Any]:
-    """(input, target) of a batch: a tuple/list's first two items, a dict's ``input``/``target``, else (batch, None)."""
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    if isinstance(batch, dict) and "input" in batch:
-        return batch["input"], batch.get("target")
-    return batch, None
-
-
-class StepOut(NamedTuple):
-    loss: Any  # the detached loss tensor, or None (inference without a loss or a target)
-    output: Any  # the model's detached output
-    samples: int
-
-
-def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool) -> Callable[[Any], StepOut]:
+def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
+              parts: Any = None) -> Callable[[Any], StepOut]:
     """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
     grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
     config's autocast. The step never synchronises the device. Used by the trial's worker and the parity check,
     so both run exactly the same arithmetic.
+
+    ``parts`` (a ``workloads.Built``) brings the user's own optimizer, step and count (``autotune.contract``);
+    without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
     """
     import torch
+
+    from .contract import StepContext, count_batch, default_count, make_optimizer, move, user_step
 
     model = model.to(dev.torch_device())
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train(train)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if train else None
+    optimizer = make_optimizer(getattr(parts, "optimizer", None), model) if train else None
     scaler = dev.grad_scaler(config.amp) if train else None
     step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
+    count = getattr(parts, "count", None)
+    if getattr(parts, "step", None) is not None:
+        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train)
+        return user_step(parts.step, count, step_model, optimizer, ctx)
 
     def step(batch: Any) -> StepOut:
+        counted = count_batch(count, batch) if count is not None else None  # on the host, as loaded
         x, y = split_batch(batch)
         non_blocking = config.pin_memory
-        x = dev.to_device(x, non_blocking=non_blocking, channels_last=config.channels_last)
+        x = move(x, dev, non_blocking=non_blocking, channels_last=config.channels_last)
         if y is not None:
-            y = dev.to_device(y, non_blocking=non_blocking)
+            y = move(y, dev, non_blocking=non_blocking)
+        n = counted or (default_count(batch), None)
         if train:
             optimizer.zero_grad(set_to_none=True)
             with dev.autocast(config.amp):
@@ -93,11 +92,11 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool) -
             else:
                 loss.backward()
                 optimizer.step()
-            return StepOut(loss.detach(), out.detach(), len(x))
+            return StepOut(loss.detach(), out.detach(), *n)
         with torch.inference_mode(), dev.autocast(config.amp):
             out = step_model(x)
             loss = loss_fn(out, y).detach() if (loss_fn and y is not None) else None
-        return StepOut(loss, out, len(x))
+        return StepOut(loss, out, *n)
 
     return step
 
@@ -132,24 +131,27 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     torch.manual_seed(spec.seed)
 
     from ._device import get_device
+    from .errors import WorkloadError
     from .workloads import build
 
     dev = device if device is not None else get_device(workload.device)
     dev.prepare(config)
     built = build(workload, seed=spec.seed)
     train = workload.task == "train"
-    train_step = make_step(built.model, built.loss_fn, config, dev, train=train)
+    train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built)
 
-    loader = torch.utils.data.DataLoader(
-        built.dataset, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(spec.seed),
-        **config.dataloader_kwargs(),
-    )
-    if len(loader) == 0:
+    from .contract import loader_kwargs, steps_per_epoch
+
+    loader = torch.utils.data.DataLoader(built.dataset, **loader_kwargs(built, config, spec.seed))
+    per_epoch = steps_per_epoch(loader)
+    if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
-    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=len(loader))
+    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
+         user_parts=list(built.user_parts))
 
     it = iter(loader)
     last_loss: list[Any] = [None]
+    tokens = [0, False]  # tokens counted by the workload's count so far; whether it counts any
 
     def step(timer: Any = None) -> int:
         """One step; returns its samples. ``timer`` (the device's step timer) is told when the batch is in hand
@@ -159,11 +161,16 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             batch = next(it)
         except StopIteration:  # an epoch ended: a new iterator (and, without persistent workers, new workers)
             it = iter(loader)
-            batch = next(it)
+            batch = next(it, None)
+            if batch is None:
+                raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)")
         if timer is not None:
             timer.fetched()
         result = train_step(batch)
         last_loss[0] = result.loss
+        if result.tokens is not None:
+            tokens[0] += result.tokens
+            tokens[1] = True
         if timer is not None:
             timer.done()
         return result.samples
@@ -236,10 +243,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     # wait / compute split comes from the step timer (host clock on the CPU, device events on CUDA).
     waits: list[float] = []
     comps: list[float] = []
-    measured_steps = 0
+    measured_steps = measured_samples = 0
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
     for w in range(spec.windows):
         samples = steps = 0
+        tokens0 = tokens[0]
         timer.start()
         start = time.perf_counter()
         while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
@@ -248,10 +256,12 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         w_wait, w_comp = timer.finish()
         elapsed = time.perf_counter() - start
         measured_steps += steps
+        measured_samples += samples
         waits.append(w_wait / steps)
         comps.append(w_comp / steps)
+        counted = {"tokens_per_s": (tokens[0] - tokens0) / elapsed} if tokens[1] else {}
         send("window", index=w, samples_per_s=samples / elapsed, steps=steps,
-             data_wait_s=w_wait / steps, compute_s=w_comp / steps)
+             data_wait_s=w_wait / steps, compute_s=w_comp / steps, **counted)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     final_loss = check_loss()
@@ -264,6 +274,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         "data_wait_s_per_step": statistics.median(waits),
         "compute_s_per_step": statistics.median(comps),
         "peak_device_mb": dev.peak_memory_mb(),
+        "samples_per_step": measured_samples / max(1, measured_steps),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
         out["profile"] = _profile(step, payload["profile_dir"], _PROFILE_STEPS,

@@ -1,32 +1,40 @@
-"""The library's front door: ``recommend()``, the recommended config for a workload on this machine.
+"""The library's front door: ``recommend()``, the recommended config for a workload on this machine, and
+``tune()``, the same for the user's own training (a workload function: ``autotune.contract``).
 
->>> from autotune import recommend                                   # doctest: +SKIP
+>>> from autotune import recommend, tune                             # doctest: +SKIP
 >>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
+>>> rec = tune(mymodule.build, image_size=64, budget="10m")          # doctest: +SKIP
 >>> loader = DataLoader(ds, **rec.dataloader_kwargs())               # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable
 
 from . import trials as keys
 from .config import MeasureSpec, Workload
-from .errors import AutotuneError
+from .errors import AutotuneError, WorkloadError
 from .recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
 from .storage import open_storage
 
-__all__ = ["recommend"]
+__all__ = ["recommend", "tune"]
 
 
-def recommend(model: str = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
+def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
               device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
               memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
               study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True,
               run_length: str | float | None = None, planned_steps: int | None = None) -> Recommendation:
     """The recommended config for a workload on this machine.
 
+    ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
+    ``autotune.contract``: it may return its own optimizer, step, collate_fn, sampler and count); a function
+    must be importable by reference: a lambda or a nested function is refused with a ``WorkloadError``.
+
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
-    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
+    warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
+    facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
     until the search converges (``autotune.convergence``; at most 8 h).
 
@@ -40,9 +48,11 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
     from .payback import RunLength
     from .space import load_space
     from .study import Tuner
+    from .contract import reference
     from .workloads import check
 
     run = RunLength.parse(run_length, planned_steps)
+    model = reference(model)
     hw = detect()
     if device is None:
         device = "cuda" if hw.gpus else "cpu"
@@ -83,3 +93,22 @@ def recommend(model: str = "resnet18", *, task: str = "train", image_size: int =
         raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
                             "budget or memory cap, and see `autotune show` for why trials failed")
     return rec
+
+
+def tune(workload: str | Callable[..., Any], **kwargs: Any) -> Recommendation:
+    """The recommended config for the user's own training: ``workload`` is a function at a module's top level
+    (or its ``"package.module:function"`` name) that returns the model, the data and, as it likes, its own
+    optimizer, step, collate_fn, sampler and count (the workload contract: ``autotune.contract``). The keyword
+    arguments are ``recommend()``'s.
+
+    >>> rec = tune(mymodule.build, image_size=64, budget="10m")     # doctest: +SKIP
+    >>> rec.user_parts                                               # doctest: +SKIP
+    ('optimizer', 'collate_fn', 'step', 'count')
+    """
+    from .contract import reference
+
+    ref = reference(workload)
+    if ":" not in ref:
+        raise WorkloadError(f"tune() takes your workload function (or 'package.module:function'), not {ref!r}; "
+                            "for a torchvision model by name use recommend()")
+    return recommend(ref, **kwargs)

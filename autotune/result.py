@@ -48,11 +48,16 @@ class TrialResult(Record):
     traceback: str | None = None
     batch_size: int | None = None
     user_error: bool = False  # the workload itself is wrong (e.g. a callable returning the wrong things)
+    samples_per_step: float | None = None  # as the workload counts them (autotune.contract), over the windows
+    tokens_per_s: tuple[float, ...] = ()  # per window, when the workload's count gives tokens
+    user_parts: tuple[str, ...] = ()  # the workload's own parts the trial ran (optimizer, step, count...)
 
     def __post_init__(self) -> None:
         check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
         object.__setattr__(self, "samples_per_s", tuple(float(x) for x in self.samples_per_s))
         object.__setattr__(self, "window_steps", tuple(int(x) for x in self.window_steps))
+        object.__setattr__(self, "tokens_per_s", tuple(float(x) for x in self.tokens_per_s))
+        object.__setattr__(self, "user_parts", tuple(str(x) for x in self.user_parts))
 
     # --- derived figures -------------------------------------------------------------------------
     @property
@@ -87,6 +92,8 @@ class TrialResult(Record):
         d = super().to_dict()
         d["samples_per_s"] = list(self.samples_per_s)
         d["window_steps"] = list(self.window_steps)
+        d["tokens_per_s"] = list(self.tokens_per_s)
+        d["user_parts"] = list(self.user_parts)
         return d
 
     def figures(self) -> dict[str, Any]:
@@ -111,7 +118,11 @@ class TrialResult(Record):
             "compile_s": self.compile_s,
             "wall_s": self.wall_s,
             "final_loss": self.final_loss,
+            "samples_per_step": self.samples_per_step,
+            "user_parts": list(self.user_parts),
         }
+        if self.tokens_per_s:
+            out["tokens_per_s"] = [round(x, 3) for x in self.tokens_per_s]
         if s is not None and s.warnings:
             out["warnings"] = list(s.warnings)
         return out
@@ -126,6 +137,8 @@ class TrialResult(Record):
             lines.append(f"throughput    {s.median:.1f} samples/s median, IQR {s.iqr:.1f} "
                          f"({100 * s.rel_iqr:.1f}%), {s.n} windows")
             lines.append("windows       " + ", ".join(f"{x:.1f}" for x in self.samples_per_s))
+            if self.tokens_per_s:
+                lines.append(f"tokens        {summarize(self.tokens_per_s).median:.1f} tokens/s median")
             for w in s.warnings:
                 lines.append(f"warning       {w}")
         if self.data_wait_share is not None:
@@ -146,6 +159,8 @@ class TrialResult(Record):
             if self.compile_s:
                 t += f", of which compile {self.compile_s:.1f} s"
             lines.append(t)
+        if self.user_parts:
+            lines.append(f"user's parts  {', '.join(self.user_parts)} (the rest is autotune's; see autotune.contract)")
         if self.final_loss is not None:
             lines.append(f"final loss    {self.final_loss:.4f}")
         if self.wall_s is not None:

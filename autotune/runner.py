@@ -377,6 +377,9 @@ def run_trial(
         traceback=traceback_text,
         batch_size=config.batch_size,
         user_error=user_error,
+        samples_per_step=done.get("samples_per_step"),
+        tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
+        user_parts=tuple(built.get("user_parts") or ()),
     )
 
 

@@ -1,9 +1,10 @@
 """Build a workload by name: model, dataset and loss.
 
 * any torchvision classification model (``resnet18``, ``mobilenet_v3_small``...), always ``weights=None``;
-* or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys.
-  It is called with the keyword arguments it accepts among ``image_size``, ``task``, ``num_classes``.
-  This runs the user's code by design: only name callables you trust.
+* or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys and,
+  optionally, its own ``optimizer``, ``collate_fn``, ``sampler``, ``step`` and ``count``: the workload contract,
+  documented in one place, ``autotune.contract``. It is called with the keyword arguments it accepts among
+  ``image_size``, ``task``, ``num_classes``. This runs the user's code by design: only name callables you trust.
 
 Data is either a folder of real images (``torchvision.datasets.ImageFolder``) or synthetic JPEGs that go through
 a real PIL decode and the standard transforms, so data loading costs what it costs in real training.
@@ -161,9 +162,45 @@ class SyntheticJPEGDataset:
 
 @dataclass
 class Built:
+    """A built workload: the model, data and loss, and the user's own parts (None: autotune's; see
+    ``autotune.contract``)."""
+
     model: Any
     dataset: Any
     loss_fn: Callable[..., Any] | None
+    optimizer: Callable[[Any], Any] | None = None
+    collate_fn: Callable[[list], Any] | None = None
+    sampler: Any = None
+    step: Callable[..., Any] | None = None
+    count: Callable[[Any], Any] | None = None
+
+    @property
+    def user_parts(self) -> tuple[str, ...]:
+        from .contract import user_parts
+
+        return user_parts(self)
+
+
+_KEYS = ("model", "dataset", "loss_fn", "loss", "optimizer", "collate_fn", "sampler", "step", "count")
+
+
+def _parts(out: dict, name: str) -> dict[str, Any]:
+    """The optional parts of a workload's dict, checked: callables where callables are due, no misspelt keys."""
+    import difflib
+
+    for key in out:
+        close = difflib.get_close_matches(str(key), _KEYS, n=1, cutoff=0.75)
+        if key not in _KEYS and close:
+            raise WorkloadError(f"{name} returned key {key!r}: did you mean {close[0]!r}? (see autotune.contract)")
+    parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count")}
+    for k, v in parts.items():
+        if v is not None and not callable(v):
+            raise WorkloadError(f"{name} returned a {k} of type {type(v).__name__}, not a callable "
+                                "(see autotune.contract)")
+    sampler = out.get("sampler")
+    if sampler is not None and not hasattr(sampler, "__iter__"):
+        raise WorkloadError(f"{name} returned a sampler of type {type(sampler).__name__}, not an iterable of indices")
+    return {**parts, "sampler": sampler}
 
 
 def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
@@ -175,11 +212,13 @@ def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
     except (TypeError, ValueError):
         kwargs = {}
     out = fn(**kwargs)
+    parts: dict[str, Any] = {}
     if isinstance(out, dict):
         missing = {"model", "dataset"} - set(out)
         if missing:
             raise WorkloadError(f"{workload.model} returned a dict without {', '.join(sorted(missing))}")
         model, dataset, loss_fn = out["model"], out["dataset"], out.get("loss_fn", out.get("loss"))
+        parts = _parts(out, workload.model)
     elif isinstance(out, (tuple, list)) and len(out) in (2, 3):
         model, dataset, loss_fn = (*out, None) if len(out) == 2 else out
     else:
@@ -191,11 +230,16 @@ def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
 
     if not isinstance(model, torch.nn.Module):
         raise WorkloadError(f"{workload.model} returned a model of type {type(model).__name__}, not torch.nn.Module")
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
-        raise WorkloadError(f"{workload.model} returned a dataset that is empty or has no __len__/__getitem__")
-    if workload.task == "train" and not callable(loss_fn):
-        raise WorkloadError(f"{workload.model} returned no callable loss_fn; task=train needs one")
-    return Built(model, dataset, loss_fn)
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        if parts.get("sampler") is not None:
+            raise WorkloadError(f"{workload.model} returned a sampler with an IterableDataset; an IterableDataset "
+                                "orders its own items: drop the sampler")
+    elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
+        raise WorkloadError(f"{workload.model} returned a dataset that is empty or has no __len__/__getitem__ "
+                            "(nor is it an IterableDataset)")
+    if workload.task == "train" and not callable(loss_fn) and parts.get("step") is None:
+        raise WorkloadError(f"{workload.model} returned no callable loss_fn; task=train needs one (or a step)")
+    return Built(model, dataset, loss_fn, **parts)
 
 
 def build(workload: Workload, *, seed: int = 0) -> Built:

@@ -2,7 +2,10 @@
 
 * ``examples/custom_workload.py`` through the real CLI (``autotune trial`` in a subprocess);
 * ``examples/train_with_recommend.py`` answering from a seeded study (fast, always run), and end to end: a
-  real tiny study, then a second run that must answer from the stored recommendation (slow: > 60 s).
+  real tiny study, then a second run that must answer from the stored recommendation (slow: > 60 s);
+* ``examples/adamw_dict_batches.py`` (the user's own AdamW step, dict batches, collate and count): one trial
+  through the CLI, and tuned end to end through ``autotune.tune()`` (slow). That AdamW's peak is above SGD's
+  and that the count is what the throughput counts is asserted in ``test_contract.py``.
 """
 
 from __future__ import annotations
@@ -148,3 +151,64 @@ def test_train_example_tunes_then_answers_from_the_cache(tmp_path):
     # same recommendation both times
     assert r.stdout.splitlines()[1] == r2.stdout.splitlines()[1]
     assert took < 120, took
+
+
+# --- adamw_dict_batches --------------------------------------------------------------------------------------
+
+ADAMW = REPO_ROOT / "examples" / "adamw_dict_batches.py"
+
+
+@pytest.mark.slow  # a child and the CLI: 10-26 s on 2 shared cores; test_contract checks the parts in-process
+def test_adamw_example_trial_measures_the_users_parts_via_the_cli():
+    r = run_cli("trial", "--model", "examples.adamw_dict_batches:build", "--image-size", "32", "--batch-size", "8",
+                "--windows", "2", "--window-seconds", "0.2", "--device", "cpu", "--format", "json", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)["result"]
+    assert result["status"] == "ok", result.get("reason")
+    assert result["user_parts"] == ["optimizer", "collate_fn", "step", "count"]
+    assert result["samples_per_step"] == 8  # the example's count: the labels in a batch
+    assert result["final_loss"] is not None
+
+
+@pytest.mark.slow  # a child and the CLI, ~10 s
+def test_a_bad_part_is_a_one_line_usage_error_in_the_cli():
+    r = run_cli("trial", "--model", "tests.workloads_fixtures:step_returns_none", "--image-size", "32",
+                "--batch-size", "8", "--windows", "1", "--window-seconds", "0.2", "--device", "cpu", timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert "step returned NoneType, not a tensor" in last and "Traceback" not in r.stderr
+
+
+ADAMW_SPACE = """\
+    name: tiny
+    device: cpu
+    parameters:
+      batch_size: {type: int, choices: [8, 16]}
+      num_workers: {type: int, low: 0, high: 0}
+      amp: {type: categorical, choices: ["off"]}
+    baseline:
+      batch_size: 8
+    """
+
+
+@pytest.mark.slow  # a tiny study (2 trials and the finalists' rounds): 40-90 s on 2 shared cores
+def test_adamw_example_tunes_its_own_step_through_tune(tmp_path):
+    from autotune.recommendation import stored_recommendation
+
+    space = tmp_path / "tiny.yaml"
+    space.write_text(textwrap.dedent(ADAMW_SPACE))
+    url = f"sqlite:///{tmp_path}/adamw.db"
+    r = subprocess.run([sys.executable, str(ADAMW), "--trials", "2", "--steps", "3", "--storage", url,
+                        "--space", str(space), "--quick"], cwd=str(REPO_ROOT), env=dict(os.environ),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "user parts: optimizer, collate_fn, step, count" in r.stdout
+    assert "measured with the workload's own optimizer, collate_fn, step, count" in r.stdout
+    assert re.search(r"final loss \d+\.\d+ after 3 steps", r.stdout), r.stdout
+    names = optuna.study.get_all_study_names(url)
+    study = optuna.load_study(study_name=names[0], storage=url)
+    rec = stored_recommendation(study)
+    assert rec.workload.model == "examples.adamw_dict_batches:build"  # named by reference from __main__
+    assert rec.user_parts == ("optimizer", "collate_fn", "step", "count")
+    measured = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert measured and all(t.user_attrs["user_parts"] == list(rec.user_parts) for t in measured)

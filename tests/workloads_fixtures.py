@@ -235,3 +235,92 @@ def bf16_diverges(image_size: int = 32):
 def bf16_nan(image_size: int = 32):
     torch.manual_seed(0)
     return _BreaksUnderBF16(nan=True), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+# --- the workload contract's optional parts (autotune.contract) -------------------------------------------
+
+def _wide(optimizer):
+    """A ~42 MB linear stack (10.5 M float32 parameters) on 32 px images: its optimizer state shows in the peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                          nn.Linear(2048, 10))
+    return {"model": model, "dataset": _images(32, n=64), "loss_fn": nn.CrossEntropyLoss(), "optimizer": optimizer}
+
+
+def wide_sgd(image_size: int = 32):
+    """Plain SGD: no state beyond the gradients."""
+    return _wide(lambda params: torch.optim.SGD(params, lr=0.01))
+
+
+def wide_adamw(image_size: int = 32):
+    """AdamW: two more copies of the weights (exp_avg, exp_avg_sq)."""
+    return _wide(lambda params: torch.optim.AdamW(params, lr=1e-3))
+
+
+def tiny_half_count(image_size: int = 32):
+    """autotune's step, but the workload counts half of each batch as samples and 7 tokens per sample."""
+    model, dataset, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss_fn,
+            "count": lambda batch: (len(batch[0]) // 2, 7 * (len(batch[0]) // 2))}
+
+
+def _step_returning(value):
+    def step(model, batch, optimizer, ctx):
+        with ctx.autocast():
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+        ctx.backward(loss)
+        ctx.optimizer_step(optimizer)
+        return value(loss)
+    return step
+
+
+def step_returns_none(image_size: int = 32):
+    model, dataset, _ = tiny(image_size)
+    return {"model": model, "dataset": dataset, "step": _step_returning(lambda loss: None)}
+
+
+def step_returns_vector(image_size: int = 32):
+    model, dataset, _ = tiny(image_size)
+    return {"model": model, "dataset": dataset, "step": _step_returning(lambda loss: loss.expand(3))}
+
+
+def count_too_many(image_size: int = 32):
+    model, dataset, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss_fn, "count": lambda batch: 2 * len(batch[0])}
+
+
+def _no_optimizer(params):
+    raise ValueError("lr must be positive")
+
+
+def optimizer_raises(image_size: int = 32):
+    model, dataset, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss_fn, "optimizer": _no_optimizer}
+
+
+def misspelt_part(image_size: int = 32):
+    model, dataset, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss_fn, "optimiser": _no_optimizer}
+
+
+def step_not_callable(image_size: int = 32):
+    model, dataset, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss_fn, "step": "train"}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """An endless-free stream of 40 random images (an IterableDataset has no length)."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for i in range(40):
+            yield torch.randn(3, 32, 32, generator=g), i % 10
+
+
+def iterable(image_size: int = 32):
+    model, _, loss_fn = tiny(image_size)
+    return {"model": model, "dataset": _Stream(), "loss_fn": loss_fn}
+
+
+def iterable_with_sampler(image_size: int = 32):
+    return {**iterable(image_size), "sampler": range(10)}
