@@ -22,6 +22,7 @@ from typing import Callable
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
+from .forkserver import ForkServers, default_servers, forkable
 from .limits import MIN_MEMORY_CAP_MB, check_min_cap
 from .measure import median_or_none
 
@@ -82,8 +83,9 @@ class _Memory:
         peak_mb = max over samples of  sum over live p of  VmHWM_p - shared_p
         shared_p = (RssAnon_p - Pss_Anon_p) + (RssShmem_p - Pss_Shmem_p) + (RssFile_p, workers only)
 
-    PSS splits a shared page among its sharers. For anonymous pages they are all in the tree (the child was
-    started afresh with exec, so its anonymous pages are shared only with its forks), and shared-memory pages
+    PSS splits a shared page among its sharers. For anonymous pages they are all in the tree (a cold child was
+    started afresh with exec, so its anonymous pages are shared only with its forks; a child forked by a fork
+    server shares torch's imported heap with the server too, and the server's part is added: ``_lent``), and shared-memory pages
     are the batches workers hand to the main process. File pages (torch's libraries: hundreds of MiB) are
     shared with every process on the machine that loaded them, so PSS would charge a share that moves with
     whatever else runs (up to 400 MiB here); instead the main process is charged its own in full, as when it
@@ -107,8 +109,10 @@ class _Memory:
 
     _PSS_EVERY_S = 1.0
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, lender: int | None = None) -> None:
         self.root = pid
+        self.lender = lender  # a fork server the root was forked from: what it shares with the tree is the tree's
+        self._lent_kb = 0
         self.peak_mb = 0.0
         self.peak_rss_mb = 0.0
         self._live: dict[int, list] = {pid: [0, {}, 0, -1e9]}  # pid -> [VmHWM, status, shared (kB), read at]
@@ -150,8 +154,27 @@ class _Memory:
                 if rollup is None:  # exited since its status was read (or Linux < 4.14): keep what we had
                     continue
                 rec[2], rec[3] = self._shared_kb(rec[1], rollup, root=pid == self.root), now
+                if pid == self.root and self.lender is not None:
+                    self._lent_kb = self._lent(self.lender, rec[1])
         self.peak_rss_mb = max(self.peak_rss_mb, sum(r[0] for r in self._live.values()) / 1024)
-        return sum(max(0, r[0] - r[2]) for r in self._live.values()) / 1024
+        return (sum(max(0, r[0] - r[2]) for r in self._live.values()) + self._lent_kb) / 1024
+
+    @staticmethod
+    def _lent(server: int, root_status: dict) -> int:
+        """What a fork server holds for the trial it forked: charged to the tree, the peak is what the trial would
+        have held cold, having imported torch itself (tiny model here: 685 MiB cold, 418 forked without this).
+
+        Anonymous: a cold child owns torch's imported heap (~0.4 GiB here); a forked one shares it with the
+        server, so PSS charges the tree only part of each such page. The server's part is its ``Pss_Anon`` less
+        its private pages (``Private_Dirty``: its anonymous pages are dirty, and those the child copied on
+        write are the server's alone). Files: a cold child maps every library page the import touched (~0.3
+        GiB); a forked one only those it touches itself, so the root is charged at least the server's file
+        pages (a lower bound on the pages the import and the trial touch together)."""
+        rollup, status = _kb(f"/proc/{server}/smaps_rollup"), _kb(f"/proc/{server}/status")
+        if not rollup or not status or b"Pss_Anon" not in rollup:  # gone, or Linux < 5.8: nothing added
+            return 0
+        anon = max(0, rollup[b"Pss_Anon"] - rollup.get(b"Private_Dirty", 0))
+        return anon + max(0, status.get(b"RssFile", 0) - root_status.get(b"RssFile", 0))
 
     @staticmethod
     def _shared_kb(status: dict, rollup: dict, *, root: bool) -> int:
@@ -216,6 +239,7 @@ def run_trial(
     log_path: str | Path | None = None,
     python: str = sys.executable,
     profile_dir: str | Path | None = None,
+    servers: ForkServers | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
@@ -223,6 +247,8 @@ def run_trial(
     stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr. With
     ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
     ``top_ops.json`` there (see ``autotune.profile``); the measured figures are not affected.
+    ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
+    process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -247,15 +273,19 @@ def run_trial(
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
     rfd, wfd = os.pipe()
+    env = child_env(config)
+    servers = default_servers() if servers is None else servers
+    t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
-            pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=child_env(config), start_new_session=True,  # own process group: one kill reaches the workers
-        )
+        proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
+        if proc is None:  # the cold path: a fresh interpreter
+            proc = subprocess.Popen(
+                [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
+                pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,  # own process group: one kill reaches the workers
+            )
     os.close(wfd)
-    t0 = time.monotonic()
-    memory = _Memory(proc.pid)
+    memory = _Memory(proc.pid, lender=getattr(proc, "server_pid", None))
     events: list[dict] = []
     windows: list[dict] = []
     buf = b""
