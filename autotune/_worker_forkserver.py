@@ -31,16 +31,15 @@ IDLE_EXIT_S = 900.0  # an idle server holds ~0.7 GiB (torch imported): a forgott
 
 def _preload() -> None:
     """Import what every trial imports, without running anything that starts threads or touches a device."""
-    import torch  # noqa: F401
-    import torch.utils.data  # noqa: F401
+    import importlib
 
-    try:
-        import PIL.Image  # noqa: F401
-        import torchvision  # noqa: F401
-        import torchvision.transforms  # noqa: F401
-    except ImportError:  # a workload without torchvision imports only what it needs
-        pass
-    from . import _device, _worker, config, errors, oom, workloads  # noqa: F401
+    for name in ("torch", "torch.utils.data", "PIL.Image", "torchvision", "torchvision.transforms",
+                 "autotune._device", "autotune._worker", "autotune.config", "autotune.errors", "autotune.oom",
+                 "autotune.workloads"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a workload without torchvision imports only what it needs
+            pass
 
 
 def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int) -> None:
