@@ -65,7 +65,7 @@ def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
         server_rss = psutil.Process(server).memory_info().rss
         crashed = run_trial(wl("abort"), TrialConfig(batch_size=4), SPEC, servers=servers, on_event=seen)
         oom = run_trial(wl("alloc_oom"), TrialConfig(batch_size=4), SPEC, servers=servers, on_event=seen)
-        hung = run_trial(wl("hang"), TrialConfig(batch_size=4), SPEC.replace(timeout_s=4), servers=servers,
+        hung = run_trial(wl("hang"), TrialConfig(batch_size=4), SPEC.replace(timeout_s=3), servers=servers,
                          on_event=seen)
         after = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers, on_event=seen)
         assert servers.pids() == [server]  # one server served them all: every trial was forked
@@ -74,7 +74,7 @@ def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
     assert crashed.status == "crashed" and crashed.signal == "SIGABRT", (crashed.status, crashed.reason)
     assert oom.status == "oom" and "DefaultCPUAllocator" in oom.reason, (oom.status, oom.reason)
     assert oom.traceback and "_alloc" in oom.traceback
-    assert hung.status == "timeout" and "4 s" in hung.reason, (hung.status, hung.reason)
+    assert hung.status == "timeout" and "3 s" in hung.reason, (hung.status, hung.reason)
     assert after.ok, (after.reason, after.traceback)
     for t in seen.trials:  # each trial was a child of the server, leading its own process group
         assert t["ppid"] == server and t["pgid"] == t["pid"], t
@@ -102,6 +102,7 @@ def test_a_trial_killed_over_the_cap_leaves_the_next_trial_untouched():
     assert abs(after.peak_host_mb - before.peak_host_mb) < 0.05 * before.peak_host_mb
 
 
+@pytest.mark.slow
 def test_a_forked_trial_is_charged_the_memory_it_would_hold_cold():
     """A forked child shares torch's imported heap with the server and maps only the library pages it touches:
     without the server's part (runner._Memory._lent) its peak read ~0.6x the cold one's on the tiny model."""
@@ -114,6 +115,7 @@ def test_a_forked_trial_is_charged_the_memory_it_would_hold_cold():
     assert 0.85 * cold.peak_host_mb < forked.peak_host_mb < 1.3 * cold.peak_host_mb
 
 
+@pytest.mark.slow
 def test_the_server_and_its_trial_die_with_the_parent(tmp_path):
     """SIGKILL the process that runs a (hanging) forked trial: the server and the trial go by themselves."""
     pids = tmp_path / "pids"
