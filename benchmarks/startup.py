@@ -8,6 +8,7 @@ The first forked trial also starts the server (one torch import): it is shown ap
 
     python benchmarks/startup.py                       # resnet18, 64 px, batch 32, 2 threads, 4 trials a mode
     python benchmarks/startup.py --trials 6 --image-size 128
+    python benchmarks/startup.py --batch-size 64 --threads 1 --amp bf16 --channels-last
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--amp", default="off", choices=("off", "bf16"))
+    p.add_argument("--channels-last", action="store_true")
     p.add_argument("--trials", type=int, default=4, help="per mode (default %(default)s)")
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-seconds", type=float, default=2.0)
@@ -48,7 +51,8 @@ def main(argv=None) -> int:
     spec = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1,
                        warmup_min_steps=a.warmup_steps, timeout_s=600)
     workload = Workload(model=a.model, image_size=a.image_size, dataset_size=2048)
-    config = TrialConfig(batch_size=a.batch_size, intra_op_threads=a.threads, inter_op_threads=1)
+    config = TrialConfig(batch_size=a.batch_size, intra_op_threads=a.threads, inter_op_threads=1, amp=a.amp,
+                         channels_last=a.channels_last)
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else "?"
     print(f"# {workload.label()} {config.short()}  loadavg at start {' '.join(load)}")
     rows: dict[str, list[dict]] = {"cold": [], "fork": []}
