@@ -169,7 +169,8 @@ class _Memory:
         its private pages (``Private_Dirty``: its anonymous pages are dirty, and those the child copied on
         write are the server's alone). Files: a cold child maps every library page the import touched (~0.3
         GiB); a forked one only those it touches itself, so the root is charged at least the server's file
-        pages (a lower bound on the pages the import and the trial touch together)."""
+        pages (a lower bound on the pages the import and the trial touch together). ``peak_rss_mb``, the plain
+        sum kept as a diagnostic, is not corrected: forked it reads lower than cold (418 vs 685 MiB, tiny)."""
         rollup, status = _kb(f"/proc/{server}/smaps_rollup"), _kb(f"/proc/{server}/status")
         if not rollup or not status or b"Pss_Anon" not in rollup:  # gone, or Linux < 5.8: nothing added
             return 0
