@@ -1,7 +1,7 @@
 """The parent side of one trial: start a fresh child, watch it, contain it, and turn what happened into a result.
 
 The child (``_worker.py``) measures; the parent only watches: it reads the child's streamed events, reads the
-kernel's memory high-water marks of the child and its DataLoader workers (``_Memory``), and kills the whole
+kernel's memory high-water marks of the child and its DataLoader workers (``memwatch.MemoryWatch``), and kills the whole
 process group at the memory cap, at the time limit, or when ``on_window`` asks to stop (pruning). The parent
 never times anything itself.
 """
@@ -22,8 +22,10 @@ from typing import Callable
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
+from .forkserver import ForkServers, default_servers, forkable
 from .limits import MIN_MEMORY_CAP_MB, check_min_cap
 from .measure import median_or_none
+from .memwatch import MemoryWatch
 
 __all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
 
@@ -51,131 +53,6 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-def _kb(path: str) -> dict[bytes, int] | None:
-    """The ``kB`` fields of a /proc file (status, smaps_rollup) by name; None when the process is gone."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(b":")
-        if rest.endswith(b" kB"):
-            fields[key] = int(rest.split()[0])
-    return fields
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])  # the name in parentheses may hold spaces
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class _Memory:
-    """The peak host memory of a process tree (the child and its DataLoader workers) as a bound that a peak
-    shorter than a sample cannot slip under, and the memory cap's check. Linux: read from /proc.
-
-    A sampler misses any peak shorter than its interval; the kernel's high-water mark of each process (``VmHWM``
-    in /proc/PID/status, the most memory it ever had resident) misses none. But forked DataLoader workers map
-    the main process's pages copy-on-write, so a plain sum of VmHWM over the tree (``peak_rss_mb``) counts
-    those pages once per worker. So each process ``p`` is charged its high-water mark less the part of its
-    resident memory that others in the tree are charged for:
-
-        peak_mb = max over samples of  sum over live p of  VmHWM_p - shared_p
-        shared_p = (RssAnon_p - Pss_Anon_p) + (RssShmem_p - Pss_Shmem_p) + (RssFile_p, workers only)
-
-    PSS splits a shared page among its sharers. For anonymous pages they are all in the tree (the child was
-    started afresh with exec, so its anonymous pages are shared only with its forks), and shared-memory pages
-    are the batches workers hand to the main process. File pages (torch's libraries: hundreds of MiB) are
-    shared with every process on the machine that loaded them, so PSS would charge a share that moves with
-    whatever else runs (up to 400 MiB here); instead the main process is charged its own in full, as when it
-    runs alone, and a worker's are taken to be the main process's libraries and not charged again.
-
-    Why it bounds the true peak: memory a process frees after a peak leaves its RSS but not its VmHWM, so a
-    step that touches 300 MiB for a few ms adds 300 MiB, and the sum at the next sample is at least what the
-    tree held at any instant since the sample before: each process's part then was at most its VmHWM less its
-    shared part then, and the shared part hardly grows in between. It grows at a fork, when the new process
-    is charged its share of what it now shares; it moves at an exit; both make every process be read again.
-    Otherwise it shrinks page by page as copy-on-write breaks, so a PSS reading up to a second old stands in.
-    The tree is re-listed at every sample (0.1 s; /proc's pid list costs 0.1 ms, only new pids are read), so a
-    worker started since is counted from the next sample on; one that exits stays counted in the samples it
-    was alive for, through its last reading.
-
-    Where it can read low: a spike in a worker's last 0.1 s before it exits; a process that starts and ends
-    between two samples; a file a worker alone maps. Where it reads high: peaks of different processes at
-    different times are added as if they were simultaneous. The cap is checked against the same bound at
-    every sample, with every process's PSS read afresh before a kill.
-    """
-
-    _PSS_EVERY_S = 1.0
-
-    def __init__(self, pid: int) -> None:
-        self.root = pid
-        self.peak_mb = 0.0
-        self.peak_rss_mb = 0.0
-        self._live: dict[int, list] = {pid: [0, {}, 0, -1e9]}  # pid -> [VmHWM, status, shared (kB), read at]
-        self._outside: set[int] = set()  # pids seen that are not in the tree
-
-    def _relist(self) -> bool:
-        """Bring the tree up to date; True when a process joined or left it."""
-        try:
-            pids = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-        except OSError:
-            return False
-        self._outside &= pids  # a pid that ended may come back as someone else: it is looked at afresh
-        changed = False
-        new = sorted(pids - self._outside - self._live.keys())
-        while new:
-            joined = [p for p in new if _ppid(p) in self._live]
-            for p in joined:
-                self._live[p] = [0, {}, 0, -1e9]
-            changed = changed or bool(joined)
-            if not joined:
-                self._outside.update(new)
-                break
-            new = [p for p in new if p not in self._live]  # children of the newly joined, if any
-        return changed
-
-    def _read(self, *, pss: bool) -> float:
-        """Read the tree; with ``pss``, every process's shared part afresh. Returns the bound now, in MiB."""
-        for pid in list(self._live):
-            status = _kb(f"/proc/{pid}/status")
-            if not status or b"VmHWM" not in status:  # exited (or a zombie): counted while it lived
-                del self._live[pid]
-                pss = True  # what it shared is now another process's alone
-            else:
-                self._live[pid][:2] = status[b"VmHWM"], status
-        now = time.monotonic()
-        for pid, rec in list(self._live.items()):
-            if pss or now - rec[3] >= self._PSS_EVERY_S:
-                rollup = _kb(f"/proc/{pid}/smaps_rollup")
-                if rollup is None:  # exited since its status was read (or Linux < 4.14): keep what we had
-                    continue
-                rec[2], rec[3] = self._shared_kb(rec[1], rollup, root=pid == self.root), now
-        self.peak_rss_mb = max(self.peak_rss_mb, sum(r[0] for r in self._live.values()) / 1024)
-        return sum(max(0, r[0] - r[2]) for r in self._live.values()) / 1024
-
-    @staticmethod
-    def _shared_kb(status: dict, rollup: dict, *, root: bool) -> int:
-        """The part of a process's resident memory charged to others in the tree (see the class docstring)."""
-        if b"Pss_Anon" not in rollup:  # before Linux 5.8: PSS over all kinds, file pages split machine-wide
-            return max(0, rollup.get(b"Rss", 0) - rollup.get(b"Pss", 0))
-        shared = max(0, status.get(b"RssAnon", 0) - rollup[b"Pss_Anon"])
-        shared += max(0, status.get(b"RssShmem", 0) - rollup.get(b"Pss_Shmem", 0))
-        return shared + (0 if root else status.get(b"RssFile", 0))
-
-    def sample(self, cap_mb: float | None) -> float | None:
-        """Update the peak; return the bound when it is over ``cap_mb`` (confirmed with fresh PSS), else None."""
-        mb = self._read(pss=self._relist())
-        if cap_mb is not None and mb > cap_mb:
-            mb = self._read(pss=True)
-        self.peak_mb = max(self.peak_mb, mb)
-        return mb if cap_mb is not None and mb > cap_mb else None
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -224,6 +101,7 @@ def run_trial(
     python: str = sys.executable,
     profile_dir: str | Path | None = None,
     compile_cache_dir: str | Path | None = None,
+    servers: ForkServers | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
@@ -232,6 +110,8 @@ def run_trial(
     ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
     ``top_ops.json`` there (see ``autotune.profile``); the measured figures are not affected.
     ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
+    ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
+    process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -256,15 +136,19 @@ def run_trial(
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
     rfd, wfd = os.pipe()
+    env = child_env(config, compile_cache_dir=compile_cache_dir)
+    servers = default_servers() if servers is None else servers
+    t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
-            pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=child_env(config, compile_cache_dir=compile_cache_dir), start_new_session=True,  # own process group: one kill reaches the workers
-        )
+        proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
+        if proc is None:  # the cold path: a fresh interpreter
+            proc = subprocess.Popen(
+                [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
+                pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,  # own process group: one kill reaches the workers
+            )
     os.close(wfd)
-    t0 = time.monotonic()
-    memory = _Memory(proc.pid)
+    memory = MemoryWatch(proc.pid, lender=getattr(proc, "server_pid", None))
     events: list[dict] = []
     windows: list[dict] = []
     buf = b""

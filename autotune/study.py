@@ -261,6 +261,7 @@ class Tuner:
         storage, the one running is marked interrupted, and a re-run resumes and retries it.
         """
         from .backends import load_backend
+        from .forkserver import closing_default
 
         if trials is None and timeout_s is None:
             if not self.patience:
@@ -269,7 +270,8 @@ class Tuner:
             timeout_s = ceiling_s
         searcher = load_backend(backend, address=address)
         self.stop_reason = ""
-        with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name):
+        with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name), \
+                closing_default():  # the run's fork servers (autotune.forkserver) end with it
             study = self.study()  # opens (and checks) the storage once this run may write to it
             self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
             self.prepare(study)

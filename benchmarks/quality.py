@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny space and windows (smoke test)")
+    p.add_argument("--cold", action="store_true",
+                   help="every trial in a fresh interpreter (no fork server: AUTOTUNE_FORK_SERVER=0), the old start-up")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-<time>.json)")
     p.add_argument("--grid-from", default=None, metavar="JSON",
                    help="reuse the grid of an earlier run (its JSON, or the .grid.json written as the grid runs) "
@@ -121,6 +124,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if a.cold:
+        os.environ["AUTOTUNE_FORK_SERVER"] = "0"
     partial = out.with_suffix(".grid.json")
 
     hw = detect()
@@ -152,7 +157,8 @@ def main(argv=None) -> int:
         r = run_trial(workload, c, measure)
         grid_rows.append({"config": c.to_dict(), "short": c.short(), "status": r.status,
                           "median": r.median_samples_per_s, "samples": list(r.samples_per_s), "wall_s": r.wall_s,
-                          "fixed_s": (r.startup_s or 0) + (r.warmup_s or 0)})
+                          "fixed_s": (r.startup_s or 0) + (r.warmup_s or 0), "startup_s": r.startup_s,
+                          "warmup_s": r.warmup_s})
         print(f"grid {i + 1}/{len(grid)} {c.short():<36} {r.status:<6} "
               f"{(r.median_samples_per_s or 0):8.1f}/s  {r.wall_s:5.1f}s", flush=True)
         # written as it goes: a killed run keeps its grid for --grid-from
@@ -216,7 +222,10 @@ def main(argv=None) -> int:
          f"{reached_fair['trials']} ({reached_fair['seconds']:.0f} s)" if reached_fair else "not reached", ""),
         ("grid best: grid figure / re-measured median", f"{grid_best['median'] / med['grid best']:.2f}", ""),
         ("share of the grid's time used", f"{tune_wall / grid_wall:.1%}", "<= 15%"),
-        ("per-trial fixed cost share (spawn+import+build+warm-up)", f"{fixed_share:.0%}", ""),
+        ("per-trial fixed cost share (spawn+import+build+warm-up)", f"{fixed_share:.0%}", "<= 25%"),
+        ("per-trial start-up / warm-up / wall, median s" + (" (cold: no fork server)" if a.cold else ""),
+         " / ".join(f"{statistics.median(g[k] or 0 for g in ok):.2f}" if all(k in g for g in ok) else "n/a"
+                    for k in ("startup_s", "warmup_s", "wall_s")), ""),
         ("achieved GFLOP/s (recommendation)", f"{achieved / 1e9:.1f}", ""),
         ("matmul peak GFLOP/s fp32 / bf16", f"{peak['fp32'] / 1e9:.0f} / {peak['bf16'] / 1e9:.0f}", ""),
         ("achieved / peak (of the recommendation's dtype)",

@@ -1,0 +1,179 @@
+"""Fork servers: a trial forked from a server that imported torch once is as isolated as a cold one.
+
+Each test that forks starts its own server (one torch import, a few seconds) and closes it; the figures it
+prints (timings) are for a reader, never asserted: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.forkserver import ENV_SWITCH, ForkServerError, ForkServers, default_servers, forkable
+from autotune.runner import run_trial
+
+SPEC = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, warmup_max_s=5, timeout_s=120)
+
+
+def wl(name: str) -> Workload:
+    return Workload(model=f"tests.workloads_fixtures:{name}", image_size=32, num_classes=10)
+
+
+def _group_alive(pgid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.info["pid"]) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.info["pid"])
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+class _Seen:
+    """Per trial: the child's pid, its parent and process group while it ran."""
+
+    def __init__(self) -> None:
+        self.trials: list[dict] = []
+
+    def __call__(self, ev: dict) -> None:
+        if ev["event"] == "started":
+            pid = ev["pid"]
+            self.trials.append({"pid": pid, "ppid": psutil.Process(pid).ppid(), "pgid": os.getpgid(pid)})
+
+
+def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
+    seen = _Seen()
+    with ForkServers() as servers:
+        before = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers, on_event=seen)
+        assert before.ok, (before.reason, before.traceback)
+        [server] = servers.pids()
+        threads = _threads(server)
+        server_rss = psutil.Process(server).memory_info().rss
+        crashed = run_trial(wl("abort"), TrialConfig(batch_size=4), SPEC, servers=servers, on_event=seen)
+        oom = run_trial(wl("alloc_oom"), TrialConfig(batch_size=4), SPEC, servers=servers, on_event=seen)
+        hung = run_trial(wl("hang"), TrialConfig(batch_size=4), SPEC.replace(timeout_s=3), servers=servers,
+                         on_event=seen)
+        after = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers, on_event=seen)
+        assert servers.pids() == [server]  # one server served them all: every trial was forked
+        assert _threads(server) == threads  # it started no thread pool for its children
+        server_rss_after = psutil.Process(server).memory_info().rss
+    assert crashed.status == "crashed" and crashed.signal == "SIGABRT", (crashed.status, crashed.reason)
+    assert oom.status == "oom" and "DefaultCPUAllocator" in oom.reason, (oom.status, oom.reason)
+    assert oom.traceback and "_alloc" in oom.traceback
+    assert hung.status == "timeout" and "3 s" in hung.reason, (hung.status, hung.reason)
+    assert after.ok, (after.reason, after.traceback)
+    for t in seen.trials:  # each trial was a child of the server, leading its own process group
+        assert t["ppid"] == server and t["pgid"] == t["pid"], t
+        assert _group_alive(t["pgid"]) == []  # and nothing of it is left to take memory or cores
+    assert len({t["pid"] for t in seen.trials}) == 5
+    # memory: the server did not grow, the next trial's peak is the first's (timings: printed, not asserted)
+    assert abs(server_rss_after - server_rss) < 16 * 2**20, (server_rss, server_rss_after)
+    assert abs(after.peak_host_mb - before.peak_host_mb) < 0.05 * before.peak_host_mb, (before.peak_host_mb,
+                                                                                        after.peak_host_mb)
+    print(f"before: {before.median_samples_per_s:.0f}/s {before.peak_host_mb:.0f} MiB; "
+          f"after: {after.median_samples_per_s:.0f}/s {after.peak_host_mb:.0f} MiB")
+
+
+@pytest.mark.slow
+def test_a_trial_killed_over_the_cap_leaves_the_next_trial_untouched():
+    with ForkServers() as servers:
+        before = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers)
+        [server] = servers.pids()
+        hog = run_trial(wl("memory_hog"), TrialConfig(batch_size=4), SPEC.replace(memory_cap_mb=1536.0),
+                        servers=servers)
+        after = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers)
+        assert servers.pids() == [server]
+    assert hog.status == "over_memory" and hog.peak_host_mb > 1536, (hog.status, hog.reason)
+    assert before.ok and after.ok
+    assert abs(after.peak_host_mb - before.peak_host_mb) < 0.05 * before.peak_host_mb
+
+
+@pytest.mark.slow
+def test_a_forked_trial_is_charged_the_memory_it_would_hold_cold():
+    """A forked child shares torch's imported heap with the server and maps only the library pages it touches:
+    without the server's part (memwatch.MemoryWatch._lent) its peak read ~0.6x the cold one's on the tiny model."""
+    with ForkServers() as servers:
+        forked = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers)
+    cold = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=ForkServers(enabled=False))
+    assert forked.ok and cold.ok
+    print(f"peak forked {forked.peak_host_mb:.0f} MiB, cold {cold.peak_host_mb:.0f} MiB; start-up forked "
+          f"{forked.startup_s:.2f} s, cold {cold.startup_s:.2f} s")
+    assert 0.85 * cold.peak_host_mb < forked.peak_host_mb < 1.3 * cold.peak_host_mb
+
+
+@pytest.mark.slow
+def test_the_server_and_its_trial_die_with_the_parent(tmp_path):
+    """SIGKILL the process that runs a (hanging) forked trial: the server and the trial go by themselves."""
+    pids = tmp_path / "pids"
+    code = textwrap.dedent(f"""
+        import json, sys
+        from autotune.config import MeasureSpec, TrialConfig, Workload
+        from autotune.forkserver import ForkServers
+        from autotune.runner import run_trial
+        servers = ForkServers()
+        def on_event(ev):
+            if ev["event"] == "built":
+                open({str(pids)!r}, "w").write(json.dumps([servers.pids()[0], ev.get("pid") or 0]))
+        run_trial(Workload(model="tests.workloads_fixtures:hang", image_size=32, num_classes=10),
+                  TrialConfig(batch_size=4), MeasureSpec(warmup_min_s=0.0, timeout_s=300), servers=servers,
+                  on_event=on_event)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=str(tmp_path))
+    deadline = time.monotonic() + 120
+    while not pids.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert pids.exists(), "the trial did not start"
+    time.sleep(0.2)
+    server, _ = json.loads(pids.read_text())
+    trial = [c.pid for c in psutil.Process(server).children()]
+    assert trial, "no trial child under the server"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in [server, *trial]], timeout=10)
+    assert not alive, f"outlived their parent: {alive}"
+
+
+def test_off_by_the_environment_switch(monkeypatch):
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    assert default_servers().enabled is False
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    assert default_servers().enabled is True
+
+
+def test_only_cpu_trials_of_this_interpreter_are_forked():
+    assert forkable("cpu", sys.executable)
+    assert not forkable("cuda", sys.executable) and not forkable("cuda:1", sys.executable)
+    assert not forkable("cpu", "/tmp/fake-child.py")  # the runner tests' scripted children run cold
+
+
+class _BrokenStart:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, python, env):
+        self.calls += 1
+        raise ForkServerError("no server here")
+
+
+def test_a_server_that_does_not_start_sends_its_environment_down_the_cold_path():
+    start = _BrokenStart()
+    servers = ForkServers(start=start)
+    for _ in range(3):
+        assert servers.launch({"A": "1"}, sys.executable, {}, 1, 2) is None
+    assert start.calls == 1  # not retried for every trial
+    assert ForkServers(enabled=False, start=start).launch({}, sys.executable, {}, 1, 2) is None
+    assert start.calls == 1
