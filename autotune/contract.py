@@ -323,13 +323,18 @@ class StepContext:
 
 def user_step(step_fn: Callable[..., Any], count: Callable[[Any], Any] | None, model: Any, optimizer: Any,
               ctx: StepContext) -> Callable[[Any], StepOut]:
-    """``step(batch) -> StepOut`` around the workload's own step: count on the host, prepare, call, check."""
+    """``step(batch) -> StepOut`` around the workload's own step: count on the host, prepare, call, check.
+    Each call is one micro-batch: ``ctx.micro_batch`` counts 0 .. ``ctx.accumulation_steps`` - 1 and around."""
     import torch
+
+    calls = [0]
 
     def step(batch: Any) -> StepOut:
         samples, tokens = count_batch(count, batch) if count is not None else (default_count(batch), None)
         prepared = ctx.prepare(batch)
         if ctx.train:
+            ctx.micro_batch = calls[0] % ctx.accumulation_steps
+            calls[0] += 1
             loss = step_fn(model, prepared, optimizer, ctx)
         else:
             with torch.inference_mode():
