@@ -33,7 +33,8 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     must be importable by reference: a lambda or a nested function is refused with a ``WorkloadError``.
 
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
-    warns with ``VersionMismatchWarning`` if torch/CUDA/driver versions changed since. Otherwise (or with
+    warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
+    facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
     until the search converges (``autotune.convergence``; at most 8 h).
 

@@ -55,11 +55,15 @@ def _fmt() -> type[argparse.HelpFormatter]:
 def cmd_env(args: argparse.Namespace) -> int:
     from .hardware import detect
 
+    from .envstamp import collect_env_stamp, describe_stamp
+
     hw = detect()
+    stamp = collect_env_stamp()  # what `python -m torch.utils.collect_env` says (a recommendation keeps it too)
     if args.format == "json":
-        print(json.dumps(hw.to_dict(), indent=2))
+        print(json.dumps({**hw.to_dict(), "collect_env": stamp}, indent=2))
     else:
         print(hw.describe())
+        print(describe_stamp(stamp))
     return EXIT_OK
 
 
@@ -145,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env", help="print the detected hardware and software (for bug reports)",
                        description="Print what autotune detected: CPU model and flags, usable cores (affinity and "
-                       "cgroup quota), memory (cgroup aware), NVIDIA GPUs via pynvml, torch/CUDA versions, and the "
-                       "hardware fingerprint that names studies.", formatter_class=_fmt())
+                       "cgroup quota), memory (cgroup aware), NVIDIA GPUs via pynvml, torch/CUDA versions, the "
+                       "hardware fingerprint that names studies, and what `python -m torch.utils.collect_env` "
+                       "reports (compiler, OS, libc, cuDNN, torch-related packages).", formatter_class=_fmt())
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_env)
 

@@ -56,10 +56,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "--timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
     check(workload)
+    logger = None
+    if args.mlflow:  # reached now, not after hours of trials
+        from .integrations.mlflow import MLflowLogger
+
+        logger = MLflowLogger(args.mlflow, experiment=args.mlflow_experiment,
+                              log=lambda msg: print(f"autotune run: {msg}", file=sys.stderr, flush=True))
+        logger.check()
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
-                  progress=not args.no_progress, patience=args.patience)
+                  progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else ())
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
         raise KeyboardInterrupt
@@ -73,13 +80,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
               "run the same command again to resume", file=sys.stderr)
+        _close_mlflow(logger, tuner, "KILLED")
         return 130
+    except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
+        _close_mlflow(logger, tuner, "FAILED")
+        raise
     if rec is None:
         print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
-        return 1
-    print(rec.summary())
-    print(f"export it with: autotune export --study-name {tuner.study_name} -o best.yaml")
-    return 0
+    else:
+        print(rec.summary())
+        print(f"export it with: autotune export --study-name {tuner.study_name} -o best.yaml")
+    if logger is not None:
+        _finish_mlflow(logger, tuner, rec)
+    return 0 if rec is not None else 1
+
+
+def _close_mlflow(logger, tuner, status: str) -> None:
+    """Close the study's parent run, if this run opened one (a trial finished), with ``status``."""
+    if logger is not None and logger.opened(tuner.study_name):
+        try:
+            logger.finish(tuner.study(), None, status=status)
+        except AutotuneError as exc:
+            print(f"autotune run: {exc}", file=sys.stderr)
+
+
+def _finish_mlflow(logger, tuner, rec) -> None:
+    """The study's parent run gets the recommendation YAML and the HTML report (without the profiler run that
+    `autotune report` adds) as artifacts, and is closed."""
+    from .report import build_report, write_report
+
+    study = tuner.study()
+    out = tuner.artifacts_dir / "report.html"
+    html = build_report(study, storage_url=tuner.storage_url,
+                        profile_note="Not profiled: `autotune run --mlflow` logs the report without a profiler run; "
+                                     "`autotune report` adds one.", report_path=out)
+    write_report(out, html)
+    logger.finish(study, rec, report_path=out)
+    print(f"autotune run: logged to MLflow at {logger.tracking_uri} (experiment {logger.experiment}, run "
+          f"{study.study_name})", file=sys.stderr)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -189,6 +227,13 @@ def add_study_commands(sub) -> None:
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="with --backend ray: the cluster to join (e.g. auto); default: start a local Ray")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    g = p.add_argument_group("MLflow (pip install \"autotune[mlflow]\")")
+    g.add_argument("--mlflow", default=None, metavar="URI",
+                   help="log each finished trial as a run nested under one parent run per study (resumed with "
+                        "it), and the recommendation YAML and the HTML report as its artifacts, e.g. "
+                        "sqlite:///mlflow.db or http://host:5000")
+    g.add_argument("--mlflow-experiment", default="autotune", metavar="NAME",
+                   help="the MLflow experiment (default: %(default)s)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("show", help="table of a study's trials, best first (--csv FILE too)",

@@ -6,7 +6,7 @@ and exits with code 2. Anything else escaping the library is a bug and keeps its
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "ConfigError", "WorkloadError", "StorageError", "SpaceError"]
+__all__ = ["AutotuneError", "ConfigError", "WorkloadError", "StorageError", "SpaceError", "MissingExtraError"]
 
 
 class AutotuneError(Exception):
@@ -28,3 +28,7 @@ class SpaceError(AutotuneError, ValueError):
 class StorageError(AutotuneError):
     """The study storage (SQLite file, database URL) cannot be used."""
 
+
+
+class MissingExtraError(AutotuneError, ImportError):
+    """An integration was used without the optional package it needs; the message names the install command."""

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from . import trials as keys
 from .config import MeasureSpec, TrialConfig
+from .envstamp import collect_env_stamp
 from .errors import AutotuneError
 from .measure import summarize
 from .parity import first_passing
@@ -305,7 +306,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
-        fingerprint=hw.fingerprint, versions=versions_of(hw), study_name=tuner.study_name,
+        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
+        study_name=tuner.study_name,
         storage=tuner.storage_url, trial_number=chosen[1].number,
         runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
                            "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
@@ -348,6 +350,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
         device_memory_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
+        env_stamp=collect_env_stamp(),
         study_name=study.study_name, storage=storage, trial_number=best.number,
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),

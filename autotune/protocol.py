@@ -34,15 +34,21 @@ class TrialError(Exception):
     ``AutotuneError``: it is the trial's failure, not the user's mistake."""
 
 
-def make_sampler(*, seed: int | None, startup_trials: int):
+def make_sampler(*, seed: int | None, startup_trials: int, hold_back=None):
     """The study's sampler: multivariate TPE over the grouped (conditional) space, with the constant liar so
-    concurrent trials (several workers, Ray) spread apart instead of all drawing the same point."""
+    concurrent trials (several workers, Ray) spread apart instead of all drawing the same point. With
+    ``hold_back`` (a ``compile_gate.CompileGate``) it proposes no compile mode while the gate holds it back."""
     import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
-                                          group=True, constant_liar=True)
+        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
+                                         group=True, constant_liar=True)
+    if hold_back is None:
+        return tpe
+    from .compile_gate import holding_back
+
+    return holding_back(tpe, hold_back)
 
 
 def begin(trial, config: TrialConfig, *, fingerprint: str) -> None:
@@ -93,7 +99,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
     """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
     config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
     feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
-    is no answer. Returns the value (or raises TrialPruned like a run would); None means: run it."""
+    is no answer, and a pruned twin is none to a re-run of it (``requeue_of``). Returns the value (or raises
+    TrialPruned like a run would); None means: run it."""
     import optuna
 
     done, memory_failures = known(trial.study, fingerprint, limit)
@@ -105,8 +112,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
             return record(trial, result, limit=limit)
 
     twin = done.get(config.key())
-    if twin is None:
-        return None
+    if twin is None or (trial.user_attrs.get(keys.REQUEUE_OF) is not None and twin.state.name == "PRUNED"):
+        return None  # a re-run of a pruned trial measures it again
     trial.set_user_attr(keys.DUPLICATE_OF, twin.number)
     for k, v in twin.user_attrs.items():  # its figures; not its role in the study nor its history
         if k not in OWN_ATTRS:
@@ -138,8 +145,10 @@ def record(trial, result: TrialResult, *, limit: MemoryLimit) -> float:
         trial.set_user_attr(k, v)
     trial.set_user_attr(keys.TRIAL_CAP, limit.cap_mb)
     # one line on what limited this trial, stored so optuna-dashboard shows it too
+    # (given the study's trials, it does not suggest a lever the study measured near this config already)
     trial.set_user_attr(keys.BOTTLENECK, diagnose({**figures, "config": trial.user_attrs.get(keys.CONFIG)},
-                                                  memory_cap_mb=limit.cap_mb).line())
+                                                  memory_cap_mb=limit.cap_mb,
+                                                  trials=trial.study.get_trials(deepcopy=False)).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
     o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb)

@@ -100,6 +100,8 @@ class Recommendation:
     # which parts of the training the figures ran that were the user's own (autotune.contract.PARTS: optimizer,
     # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
     user_parts: tuple[str, ...] = ()
+    # the facts `python -m torch.utils.collect_env` reports where it was measured (envstamp.collect_env_stamp)
+    env_stamp: dict | None = None
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -124,6 +126,7 @@ class Recommendation:
             },
             "hardware": {**self.hardware, "fingerprint": self.fingerprint},
             "versions": self.versions,
+            "collect_env": self.env_stamp,
             "provenance": {"study_name": self.study_name, "storage": self.storage, "trial": self.trial_number,
                            "created": self.created, "provisional": self.provisional,
                            "reproduce": self.reproduce},
@@ -165,7 +168,7 @@ class Recommendation:
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
-                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"),
+                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"), env_stamp=d.get("collect_env"),
                 finalist_rounds=m.get("finalist_rounds"), search_round_pooled=bool(m.get("search_round_pooled")),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
@@ -271,12 +274,43 @@ class Recommendation:
             torch.backends.cudnn.benchmark = old_bench
 
     def check_versions(self) -> list[str]:
-        """Differences between the versions this was measured with and the running ones (empty if none)."""
+        """Differences between the versions this was measured with and the running ones (empty if none):
+        torch, torchvision, CUDA and the driver, then the other facts of its collect_env stamp that changed
+        (compiler, OS, libc, cuDNN, the torch-related packages...; see ``envstamp.stamp_changes``)."""
         from .hardware import detect
 
         now = versions_of(detect(with_torch=False))
-        return [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
-                if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
+        changed = [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
+                   if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
+        if self.env_stamp:
+            from .envstamp import collect_env_stamp, stamp_changes
+
+            changed += stamp_changes(self.env_stamp, collect_env_stamp())
+        return changed
+
+    # --- where users train ---------------------------------------------------------------------------
+    def lightning(self):
+        """What to pass to Lightning: ``.trainer_kwargs`` (precision, accumulation, device),
+        ``.dataloader_kwargs`` for the DataModule and ``.callback`` (``AutotuneCallback``: threads,
+        cudnn.benchmark, channels_last and compile for the fit). Needs ``pip install "autotune[lightning]"``.
+
+        >>> lt = rec.lightning()                                                            # doctest: +SKIP
+        >>> trainer = L.Trainer(max_epochs=3, **lt.trainer_kwargs, callbacks=[lt.callback])  # doctest: +SKIP
+        """
+        from .integrations.lightning import settings
+
+        return settings(self)
+
+    def training_arguments(self, *, strict: bool = True) -> dict[str, Any]:
+        """The Hugging Face ``TrainingArguments`` fields this maps to; ``strict``: refuse (one line, with the
+        fixes) a knob that has no field there, unless this process already runs with it; ``strict=False``
+        warns instead. Needs ``pip install "autotune[hf]"``.
+
+        >>> args = TrainingArguments(output_dir="out", **rec.training_arguments())   # doctest: +SKIP
+        """
+        from .integrations.hf import training_arguments
+
+        return training_arguments(self, strict=strict)
 
     def summary(self) -> str:
         lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",

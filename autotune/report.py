@@ -246,7 +246,7 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
     measured = measured_values(study)
     for i, r in enumerate(top[:TOP_CONFIGS], 1):
         t = by_n[r["trial"]]
-        d = diagnose(t.user_attrs, memory_cap_mb=cap,
+        d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(by_n.values()),
                      allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
         iqr, wait, peak = finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]), finite_or_none(r["peak_host_mb"])
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
@@ -357,7 +357,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     limits = []
     for name, t in (("baseline", base_t), ("recommended", rec_t)):
         if t is not None:
-            d = diagnose(t.user_attrs, memory_cap_mb=cap,
+            d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(trials.values()),
                          allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value))
             limits.append(f"<li>{name} (trial {t.number}): <span class=label>{_e(d.label)}</span>: "
                           f"{_e(d.explanation)}</li>")

@@ -14,11 +14,12 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
@@ -38,6 +39,8 @@ CEILING_S = 8 * 3600.0
 # What runs one trial: ``runner(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult``
 # (``autotune.runner.run_trial``: a fresh child process, watched by this one).
 Runner = Callable[..., TrialResult]
+# What ``Tuner(on_trial=...)`` calls after each finished trial: ``callback(study, frozen_trial)``, as Optuna's.
+TrialCallback = Callable[..., None]
 
 
 class Tuner:
@@ -47,6 +50,10 @@ class Tuner:
     ``runner`` runs one trial (default ``autotune.runner.run_trial``); a test passes its own, as
     ``torch.utils.benchmark.Timer`` takes ``timer=``. (A backend that measures elsewhere, like Ray's, runs the
     same ``run_trial`` there, and hands the tuner a runner for the finalists from ``connect``.)
+
+    ``on_trial``: callbacks ``(study, trial)`` called, like Optuna's ``study.optimize(callbacks=...)``, once for
+    each trial that finishes during ``run`` (measured, answered from the study, pruned or failed), whatever the
+    backend (e.g. ``autotune.integrations.mlflow.MLflowLogger``).
 
     >>> tuner = Tuner(Workload(model="resnet18", image_size=64))   # doctest: +SKIP
     >>> rec = tuner.run(trials=20)                                 # doctest: +SKIP
@@ -58,7 +65,8 @@ class Tuner:
                  startup_trials: int = 5, prune_margin: float = 0.15, progress: bool = True,
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
-                 patience: int | None = None) -> None:
+                 patience: int | None = None, pruner: NoHopePruner | None = None,
+                 on_trial: Sequence[TrialCallback] = ()) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -85,7 +93,11 @@ class Tuner:
         self.finalist_rounds = finalist_rounds
         self.seed = seed
         self.startup_trials = startup_trials
-        self.pruner = NoHopePruner(margin=prune_margin, limit=self.limit)
+        self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
+        self.pruner.limit = self.limit
+        # holds compile trials back when the time left for the search is shorter than one (compile_gate)
+        self.compile_gate = CompileGate(lambda walls, budget_s: fin.reserve_s(
+            walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s))
         self.progress = progress
         self.runner: Runner = runner
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
@@ -94,6 +106,8 @@ class Tuner:
         self.patience = patience_for(self.space.size()) if patience is None else patience
         self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.on_trial = tuple(on_trial)  # called with (study, FrozenTrial) for each trial this run finishes
+        self._reported: set[int] = set()
         self._storage = None
         self._study = None
 
@@ -136,7 +150,8 @@ class Tuner:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study = optuna.create_study(storage=self._storage, study_name=self.study_name,
                                             direction="maximize", pruner=as_optuna_pruner(self.pruner),
-                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials),
+                                            sampler=make_sampler(seed=self.seed, startup_trials=self.startup_trials,
+                                                                 hold_back=self.compile_gate),
                                             load_if_exists=True)
                 if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
                     study.set_metric_names([keys.OBJECTIVE])
@@ -197,9 +212,23 @@ class Tuner:
         study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
                          log=self.log, where=self.storage_url)
 
+    def after_trial(self, study) -> None:
+        """What follows every finished trial (each backend calls it): the batch walk's next step, then the
+        ``on_trial`` callbacks for each trial finished since the last call."""
+        self.advance_batch_walk(study)
+        if not self.on_trial:
+            return
+        for t in study.get_trials(deepcopy=False):
+            if t.state.is_finished() and t.number not in self._reported:
+                self._reported.add(t.number)
+                for callback in self.on_trial:
+                    callback(study, t)
+
     def advance_batch_walk(self, study) -> None:
-        """Queue the batch-size walk's next step where the study's results call for one (after every trial)."""
+        """Queue the batch-size walk's next step where the study's results call for one, and a re-run of a
+        trial pruned far below its neighbours (``study_queue.requeue_far_pruned``); after every trial."""
         study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
+        study_queue.requeue_far_pruned(study, self.space, storage=self.storage, log=self.log)
 
     def convergence(self, study) -> Convergence:
         """How far the search is from converging (``convergence``): measured trials without a gain."""
@@ -233,6 +262,7 @@ class Tuner:
         self.stop_reason = ""
         with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name):
             study = self.study()  # opens (and checks) the storage once this run may write to it
+            self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
             self.prepare(study)
             deadline = time.monotonic() + timeout_s if timeout_s else None
             n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)

@@ -1,17 +1,30 @@
-"""What a study queues for itself: the first trials of a new study, the retries of interrupted ones, and the
-steps of the batch-size walk. Each is queued exactly once even when several workers of one PostgreSQL/MySQL
+"""What a study queues for itself: the first trials of a new study, the retries of interrupted ones, the
+steps of the batch-size walk, and one re-run of a trial pruned far below its neighbours. Each is queued exactly once even when several workers of one PostgreSQL/MySQL
 study do this at the same moment (under the study's server-side lock)."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Callable
 
 from . import trials as keys
 from .batch_walk import evidence, next_steps
 from .storage import server_lock
-from .trials import ROLES, MemoryLimit, baseline_trial_any
+from .config import TrialConfig
+from .trials import ROLES, MemoryLimit, baseline_trial_any, neighbours
 
-__all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk"]
+__all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk", "requeue_far_pruned", "REQUEUE_BELOW",
+           "REQUEUE_NEIGHBOURS"]
+
+# A pruned trial is re-queued once when the median of the windows it ran is below this share of the median of
+# its measured neighbours (the same config with one knob changed, status ok). A hiccup of the machine (a stall,
+# another program) sank the windows, not the config: a well-chosen knob seldom costs 40% next to configs that
+# are otherwise the same, and the case seen (0.59x the baseline between neighbours at 1.6-1.7x) is at 0.36.
+REQUEUE_BELOW = 0.6
+# ... and only with at least this many measured neighbours: one knob alone may well cost that much (batch 2
+# next to batch 64); two neighbours on either side of it (a batch size down and up), both far faster, say the
+# config is in the middle of fast ones.
+REQUEUE_NEIGHBOURS = 2
 
 
 def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
@@ -82,8 +95,8 @@ def recover(study, space, *, single_run: bool) -> int:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if (stale or interrupted) and t.number not in retried and t.params:
             attrs = {keys.RETRY_OF: t.number}
-            for role in ROLES:  # a retried walk step walks on
-                if t.user_attrs.get(role):
+            for role in ROLES + (keys.REQUEUE_OF,):  # a retried walk step walks on; a retried re-run re-runs
+                if t.user_attrs.get(role) is not None:
                     attrs[role] = t.user_attrs[role]
             enqueue(study, space, t.params, **attrs)
             retried.add(t.number)
@@ -103,3 +116,35 @@ def advance_batch_walk(study, space, *, storage, limit: MemoryLimit | None = Non
         for step in next_steps(anchor, space, measured, present):
             enqueue(study, space, step.params, **{keys.BATCH_LINE: step.direction})
             log(step.why())
+
+
+def requeue_far_pruned(study, space, *, storage, log: Callable[[str], None]) -> list[int]:
+    """Queue once, to run next, each pruned trial whose windows were far below its measured neighbours
+    (``REQUEUE_BELOW``, ``REQUEUE_NEIGHBOURS``); the new trial carries ``requeue_of`` and is never re-queued
+    itself (its verdict is final). Returns the numbers of the pruned trials re-queued. Called after every
+    finished trial: a prune is looked at again once its neighbours have been measured."""
+    from optuna.trial import TrialState
+
+    queued = []
+    with server_lock(storage, study.study_name):
+        trials = study.get_trials(deepcopy=False)
+        done = {t.user_attrs.get(keys.REQUEUE_OF) for t in trials} - {None}
+        for t in trials:
+            ua = t.user_attrs
+            if (t.state != TrialState.PRUNED or ua.get(keys.STATUS) != "pruned" or not ua.get(keys.CONFIG)
+                    or not t.params or t.number in done or ua.get(keys.REQUEUE_OF) is not None
+                    or ua.get(keys.DUPLICATE_OF) is not None):
+                continue
+            ran = ua.get("median_samples_per_s") or statistics.median(t.intermediate_values.values() or [0.0])
+            near = [n.user_attrs.get("median_samples_per_s") for _, n in
+                    neighbours(trials, TrialConfig.from_dict(ua[keys.CONFIG]))
+                    if n.user_attrs.get(keys.STATUS) == "ok" and n.user_attrs.get(keys.DUPLICATE_OF) is None]
+            near = [v for v in near if v]
+            if len(near) < REQUEUE_NEIGHBOURS or ran >= REQUEUE_BELOW * statistics.median(near):
+                continue
+            enqueue(study, space, dict(t.params), **{keys.REQUEUE_OF: t.number})
+            queued.append(t.number)
+            log(f"trial {t.number} was pruned at {ran:.1f} samples/s, under {100 * REQUEUE_BELOW:.0f}% of the "
+                f"{statistics.median(near):.1f} its {len(near)} measured neighbours (one knob apart) ran: "
+                "re-queued once, in case the machine hiccupped")
+    return queued

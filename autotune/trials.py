@@ -40,6 +40,8 @@ BASELINE = "baseline"            # roles a trial is queued with, kept by its ret
 LIKELY_WINNER = "likely_winner"
 BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down / up
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
+REQUEUE_OF = "requeue_of"        # the number of the pruned trial this one re-runs (study_queue.requeue_far_pruned)
+HELD_BACK = "held_back"          # why the sampler ran this trial without the compile it proposed (compile_gate)
 DUPLICATE_OF = "duplicate_of"    # the number of the trial whose figures this one copies
 WAITED_FOR = "waited_for"        # the number of the trial (another worker's) this one waited for
 BOTTLENECK = "bottleneck"
@@ -67,7 +69,8 @@ PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks
 ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE)
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
-OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, DUPLICATE_OF, WAITED_FOR, REASON, WALL_S)
+OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
+                     WALL_S)
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
@@ -253,7 +256,8 @@ def feasible_by_config(study, fingerprint: str | None = None, limit: MemoryLimit
 
 def known(study, fingerprint: str, limit: MemoryLimit | None = None
           ) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
-    """Finished (complete or pruned) measured trials of this hardware by config key, and the memory failures
+    """Finished (complete or pruned) measured trials of this hardware by config key (the first; a completed one
+    over a pruned one, as a re-queued prune's re-run is), and the memory failures
     among them as (config, trial number). Copies and other machines' trials are not evidence, and neither is
     a kill over a lower cap than ``limit``'s (``MemoryLimit.binds``): that config is measured again."""
     from optuna.trial import TrialState
@@ -269,7 +273,8 @@ def known(study, fingerprint: str, limit: MemoryLimit | None = None
         if limit is not None and not limit.binds(t):  # killed or skipped under a lower cap: measure it again
             continue
         c = TrialConfig.from_dict(cfg)
-        done.setdefault(c.key(), t)
+        if c.key() not in done or (done[c.key()].state == TrialState.PRUNED and t.state == TrialState.COMPLETE):
+            done[c.key()] = t  # a re-run of a pruned trial that completed is the answer
         if t.user_attrs.get(STATUS) in MEMORY_STATUSES:
             memory_failures.append((c, t.number))
     return done, memory_failures
@@ -302,7 +307,9 @@ def trial_rows(study) -> list[dict[str, Any]]:
     limit = MemoryLimit.of_study(study)
     parity = study.user_attrs.get(PARITY) or {}
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    requeued_as = {t.user_attrs[REQUEUE_OF]: t.number for t in trials if t.user_attrs.get(REQUEUE_OF) is not None}
+    for t in trials:
         ua = t.user_attrs
         cfg = config_of(t)
         rows.append({
@@ -317,17 +324,22 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "config": cfg.short() if cfg is not None else "-",
-            "reason": _reason(t, limit, parity.get(str(t.number))),
+            "reason": _reason(t, limit, parity.get(str(t.number)), requeued_as.get(t.number)),
             "wall_s": ua.get(WALL_S),
         })
     return rows
 
 
-def _reason(trial, limit: MemoryLimit, parity: dict | None) -> str:
-    """What `show` says of a trial: its own reason, or why a measured one is not a candidate."""
-    if parity is not None and not parity.get("ok", True):
-        return f"not recommended: {parity.get('reason', 'failed the numerics check')}"
+def _reason(trial, limit: MemoryLimit, parity: dict | None, requeued_as: int | None = None) -> str:
+    """What `show` says of a trial: its own reason, or why a measured one is not a candidate; first, that it
+    was re-queued (a prune far below its neighbours) or is such a re-run, or ran with compile held back."""
     ua = trial.user_attrs
-    if ua.get(STATUS) == "ok" and trial.constraints and not is_feasible(trial, limit):
-        return "no room: its peak is over the cap less the memory margin"
-    return ua.get(REASON, "")
+    marks = [f"re-queued as #{requeued_as}" if requeued_as is not None else "",
+             f"re-run of pruned #{ua[REQUEUE_OF]}" if ua.get(REQUEUE_OF) is not None else "", ua.get(HELD_BACK) or ""]
+    if parity is not None and not parity.get("ok", True):
+        own = f"not recommended: {parity.get('reason', 'failed the numerics check')}"
+    elif ua.get(STATUS) == "ok" and trial.constraints and not is_feasible(trial, limit):
+        own = "no room: its peak is over the cap less the memory margin"
+    else:
+        own = ua.get(REASON, "")
+    return "; ".join(m for m in marks + [own] if m)

@@ -148,7 +148,70 @@ def test_levers_outside_the_space_or_measured_slower_are_not_suggested(tmp_path)
         study.tell(t, value)
     first, second = dg.explain_study(study)
     assert first.startswith("#0    compute-bound:")
-    assert "bf16" not in first and "channels_last" not in first and "torch.compile" not in first
+    assert "bf16" not in first and "torch.compile" not in first
     assert "more intra-op threads" not in first  # 2 is the space's most
-    assert "every compute knob of the search space is in use or measured slower" in first
+    # channels_last was measured (slower) with everything else equal: said, not suggested
+    assert first.endswith("no untried compute knob of the search space left "
+                          "(channels_last measured in trial 1 (0.90x): no gain here)"), first
     assert "bf16" not in second and "channels_last" not in second  # it has channels_last; no bf16 in the space
+
+
+def _add(study, number_config_value_status):
+    """Add finished trials to ``study`` as the tuner stores them (config, status, figures as user attributes)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    for config, value, status in number_config_value_status:
+        attrs = {"config": config, "status": status, "data_wait_share": 0.02}
+        if value is not None:
+            attrs["median_samples_per_s"] = value
+        state = {"ok": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED}[status]
+        study.add_trial(optuna.trial.create_trial(
+            state=state, value=value if status == "ok" else None, user_attrs=attrs,
+            params={"compile_mode": config["compile_mode"]},
+            distributions={"compile_mode": CategoricalDistribution(["none", "default", "max-autotune"])},
+            intermediate_values={0: 40.0} if status == "pruned" else None))
+
+
+def test_a_lever_the_study_measured_near_the_config_is_not_suggested_but_reported():
+    """The recommended config's diagnosis does not say torch.compile when the same study measured compile
+    (default: slower; max-autotune: pruned) with everything else equal; it names those trials instead."""
+    import optuna
+
+    from autotune.config import TrialConfig
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    rec = TrialConfig(batch_size=32, channels_last=True).to_dict()
+    far = TrialConfig(batch_size=64, compile_mode="default").to_dict()  # two knobs apart: not evidence
+    _add(study, [(rec, 100.0, "ok"), ({**rec, "compile_mode": "default"}, 80.0, "ok"),
+                 ({**rec, "compile_mode": "max-autotune"}, None, "pruned"), (far, 150.0, "ok")])
+    plain = diagnose(study.trials[0].user_attrs)  # without the study: the old advice
+    assert "torch.compile" in plain.explanation
+    line = dg.explain_study(study, [0])[0]
+    assert line.startswith("#0    compute-bound:") and "bf16 AMP" in line
+    assert ("torch.compile measured in trials 1 (0.80x) and 2 (pruned as slow): no gain here" in line), line
+    assert "or torch.compile" not in line and "channels_last" not in line
+    # the figure a trial stores when it is recorded takes the same evidence
+    d = diagnose(study.trials[0].user_attrs, trials=study.trials)
+    assert "torch.compile measured in trials 1" in d.explanation and ", torch.compile" not in d.explanation
+
+    # measured faster but not the answer (e.g. it failed the numerics check): says so, with the trial
+    faster = optuna.create_study(direction="maximize")
+    _add(faster, [(rec, 100.0, "ok"), ({**rec, "compile_mode": "max-autotune"}, 130.0, "ok")])
+    d = diagnose(faster.trials[0].user_attrs, trials=faster.trials)
+    assert d.explanation.endswith("(torch.compile measured 1.3x faster in trial 1)"), d.explanation
+    # an input-bound trial whose extra workers were measured: no gain, so the lever left is the transforms
+    slow_in = {**rec, "num_workers": 0}
+    d = diagnose({"status": "ok", "median_samples_per_s": 100.0, "data_wait_share": 0.5, "config": slow_in},
+                 trials=[_frozen(TrialConfig(batch_size=32, channels_last=True, num_workers=4).to_dict(), 7, 98.0)])
+    assert d.label == "input-bound"
+    assert d.explanation.endswith("lighter transforms (more DataLoader workers measured in trial 7 (0.98x): "
+                                  "no gain here)"), d.explanation
+
+
+def _frozen(config, number, value):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(number=number, constraints={}, user_attrs={
+        "config": config, "status": "ok", "median_samples_per_s": value})

@@ -207,3 +207,23 @@ def test_a_global_batch_no_candidate_divides_is_one_line_exit_2(tmp_path):
         assert "Traceback" not in out.stderr, args
         last = out.stderr.strip().splitlines()[-1]
         assert "global batch" in last and ("10" in last if args[0] == "run" else "batch_size=5" in last), last
+
+
+# --- the integrations accumulate as measured ------------------------------------------------------------------------
+
+def _rec_with_global_batch():
+    from tests.test_recommend import make_rec
+
+    rec = make_rec(config=TrialConfig(batch_size=16), workload=Workload(global_batch=64))
+    assert rec.accumulation_steps == 4
+    return rec
+
+
+def test_lightning_accumulates_as_measured():
+    pytest.importorskip("lightning")
+    assert _rec_with_global_batch().lightning().trainer_kwargs["accumulate_grad_batches"] == 4
+
+
+def test_hf_training_arguments_accumulate_as_measured():
+    pytest.importorskip("transformers")
+    assert _rec_with_global_batch().training_arguments()["gradient_accumulation_steps"] == 4

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import optuna
 import pytest
 import yaml
 
 from autotune.hardware import detect
+from autotune.pruning import NoHopePruner
 
 from .conftest import TINY, run_cli
 
@@ -63,10 +66,12 @@ def test_ray_prunes_through_the_scheduler_and_kills_the_trial_child(tmp_path):
     space = space_from_dict({"name": "tiny", "device": "cpu",
                              "parameters": {"batch_size": {"type": "int", "choices": [2, 64]}},
                              "baseline": {"batch_size": 64}}, hardware=hw)
+    # a 20 ms sleep's windows spread widely on a loaded machine, which the default pruner takes as no evidence;
+    # this test is about the scheduler's kill, so its pruner decides on any windows
     tuner = Tuner(Workload(model="tests.study_fixtures:sleepy", image_size=16), space=space, hardware=hw,
                   measure=MeasureSpec(windows=5, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0),
                   storage=f"sqlite:///{tmp_path}/p.db", progress=False, log=lambda m: None, finalists=1,
-                  finalist_rounds=1, seed=0)
+                  finalist_rounds=1, seed=0, pruner=NoHopePruner(noisy_rel_iqr=math.inf))
     tuner.run(trials=1, backend="ray")
     study = tuner.study()
     study.enqueue_trial({"batch_size": 2})  # 32x slower per sample than the baseline

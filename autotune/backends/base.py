@@ -36,7 +36,7 @@ class SearchBackend(abc.ABC):
 
         Must: record every trial through ``autotune.protocol`` (``begin``; ``claim`` where several trials of
         the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child process (``tuner.runner`` locally, or the
-        same runner on another machine), call ``tuner.advance_batch_walk(study)`` after each finished trial,
+        same runner on another machine), call ``tuner.after_trial(study)`` after each finished trial,
         start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the finalists need the
         time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt`` included):
         an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says

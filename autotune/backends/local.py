@@ -51,6 +51,7 @@ class LocalBackend(SearchBackend):
         n = 0
         free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
         walls: list[float] = []
+        tuner.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
         try:
             while trials is None or n < trials:
                 if free_in_a_row >= EXHAUSTED_AFTER:
@@ -67,7 +68,7 @@ class LocalBackend(SearchBackend):
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
                 # the trial just run (the highest number may be a queued one still waiting)
                 last = next(t for t in study.get_trials(deepcopy=False) if t.number == objective.number)
-                tuner.advance_batch_walk(study)
+                tuner.after_trial(study)  # the batch walk's next step, the on_trial callbacks
                 if objective.answered:  # in no time, from earlier trials: does not use up the budget
                     free_in_a_row += 1
                     continue
@@ -77,6 +78,7 @@ class LocalBackend(SearchBackend):
                 bar.update(1)
                 bar.set_postfix_str(_postfix(study, last, deadline, tuner.convergence(study)), refresh=True)
         finally:
+            tuner.compile_gate.stop()
             bar.close()
         return n
 

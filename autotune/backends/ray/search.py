@@ -43,7 +43,10 @@ def make_search(OptunaSearch):
             self._heartbeats: dict[str, Any] = {}
             self._configs: dict[str, TrialConfig] = {}
             self._deferred: list[tuple[str, Any, int]] = []  # (Tune trial id, Optuna trial, twin's trial id)
-            sampler = protocol.make_sampler(seed=tuner.seed, startup_trials=tuner.startup_trials)
+            # the same sampler as the local loop's, holding compile back when the time left is short
+            tuner.compile_gate.start(deadline, budget_s, self.walls)
+            sampler = protocol.make_sampler(seed=tuner.seed, startup_trials=tuner.startup_trials,
+                                            hold_back=tuner.compile_gate)
             super().__init__(space=self._define, metric=METRIC, mode="max", sampler=sampler,
                              study_name=tuner.study_name, storage=tuner.storage)
 
@@ -206,7 +209,7 @@ def make_search(OptunaSearch):
             self._handled.add(trial_id)
             self._ot_study.tell(trial, value, state=state, skip_if_finished=True)
             self.told += 1
-            self.tuner.advance_batch_walk(self._ot_study)  # every finished trial, however it was answered
+            self.tuner.after_trial(self._ot_study)  # every finished trial, however it was answered
 
         def close(self, *, wait: bool = True) -> None:
             """At the end: wait for deferred twins (``wait``), and fail whatever Tune never finished (so a

@@ -1,0 +1,112 @@
+"""Lightning: what a recommendation gives ``Trainer`` and the DataModule's DataLoaders, and ``AutotuneCallback``,
+which applies the process-wide settings for the length of a fit.
+
+Needs ``lightning`` (or the older ``pytorch_lightning``): ``pip install "autotune[lightning]"``. Reached through
+``Recommendation.lightning()``, which imports this module only when called.
+
+>>> lt = rec.lightning()                                                     # doctest: +SKIP
+>>> trainer = L.Trainer(max_epochs=3, **lt.trainer_kwargs, callbacks=[lt.callback])   # doctest: +SKIP
+>>> train_loader = DataLoader(train_ds, shuffle=True, **lt.dataloader_kwargs)  # in the DataModule  # doctest: +SKIP
+>>> trainer.fit(model, train_loader)                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from . import require
+
+__all__ = ["LightningSettings", "AutotuneCallback", "settings", "trainer_kwargs", "PRECISION"]
+
+
+def _lightning():
+    """``lightning.pytorch``, else ``pytorch_lightning`` (the same Trainer under its older name)."""
+    try:
+        import lightning.pytorch as pl
+
+        return pl
+    except ImportError:
+        return require("pytorch_lightning", "lightning", what="lightning")
+
+
+pl = _lightning()
+
+# the recommendation's autocast mode -> Lightning's precision string
+PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+def trainer_kwargs(rec) -> dict[str, Any]:
+    """``Trainer(**trainer_kwargs(rec))``: the device it was measured on, the precision, and the gradient
+    accumulation (``rec.accumulation_steps``: global batch / batch size when tuned with a global batch, else 1)."""
+    device = rec.workload.device
+    if device == "cpu":
+        accelerator, devices = "cpu", 1
+    else:
+        accelerator, devices = "gpu", [int(device.split(":", 1)[1])] if ":" in device else 1
+    return {"accelerator": accelerator, "devices": devices, "precision": PRECISION[rec.config.amp],
+            "accumulate_grad_batches": rec.accumulation_steps}
+
+
+class AutotuneCallback(pl.Callback):
+    """Applies a recommendation's process-wide settings when a fit starts and restores them when it ends
+    (``teardown``: also after an exception).
+
+    At ``on_fit_start`` (the module is on its device by then): ``Recommendation.apply()`` (intra-/inter-op
+    threads, cudnn.benchmark on a GPU, the malloc mode), channels_last on the module's weights, and
+    ``LightningModule.compile(mode=...)`` in place (only its ``forward``, through ``__call__``, is compiled).
+    Inputs stay as the DataLoader gives them: convolutions follow the weights' channels_last layout.
+    Thread counts the OpenMP runtime read at start-up are set by the launch environment, not here
+    (``rec.launch_env()``).
+    """
+
+    def __init__(self, rec) -> None:
+        self.rec = rec
+        self._undo: contextlib.ExitStack | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        import torch
+
+        undo = contextlib.ExitStack()
+        undo.enter_context(self.rec.apply())
+        config = self.rec.config
+        if config.channels_last:
+            pl_module.to(memory_format=torch.channels_last)
+            undo.callback(pl_module.to, memory_format=torch.contiguous_format)
+        if config.compile_mode != "none":
+            pl_module.compile(mode=config.compile_mode)
+            undo.callback(_uncompile, pl_module)
+        self._undo = undo
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._undo is not None:
+            undo, self._undo = self._undo, None
+            undo.close()
+
+
+def _uncompile(module) -> None:
+    # nn.Module.compile() keeps the compiled call in _compiled_call_impl and torch has no public way back;
+    # clearing it makes __call__ run the eager forward again.
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        module._compiled_call_impl = None
+
+
+@dataclass(frozen=True)
+class LightningSettings:
+    """What to pass where: ``Trainer(**trainer_kwargs, callbacks=[callback])`` and
+    ``DataLoader(dataset, **dataloader_kwargs)`` in the DataModule's ``*_dataloader`` methods."""
+
+    trainer_kwargs: dict[str, Any]
+    dataloader_kwargs: dict[str, Any]
+    callback: AutotuneCallback
+
+    @property
+    def callbacks(self) -> list:
+        return [self.callback]
+
+
+def settings(rec) -> LightningSettings:
+    """The Lightning settings of a recommendation (``Recommendation.lightning()``)."""
+    return LightningSettings(trainer_kwargs=trainer_kwargs(rec), dataloader_kwargs=rec.dataloader_kwargs(),
+                             callback=AutotuneCallback(rec))
