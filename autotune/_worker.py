@@ -47,7 +47,7 @@ def apply_threads(config: dict) -> None:
 
 
 def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
-              parts: Any = None) -> Callable[[Any], StepOut]:
+              parts: Any = None, accumulation_steps: int = 1) -> Callable[[Any], StepOut]:
     """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
     grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
     config's autocast. The step never synchronises the device. Used by the trial's worker and the parity check,
@@ -55,6 +55,8 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
 
     ``parts`` (a ``workloads.Built``) brings the user's own optimizer, step and count (``autotune.contract``);
     without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
+    With ``accumulation_steps`` > 1 (a global batch) each call is one micro-batch and the optimizer steps on
+    every ``accumulation_steps``-th (``autotune.global_batch.default_step`` for autotune's own step).
     """
     import torch
 
@@ -68,9 +70,12 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     scaler = dev.grad_scaler(config.amp) if train else None
     step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
     count = getattr(parts, "count", None)
-    if getattr(parts, "step", None) is not None:
-        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train)
-        return user_step(parts.step, count, step_model, optimizer, ctx)
+    own_step = getattr(parts, "step", None)
+    if own_step is not None or accumulation_steps > 1:
+        from .global_batch import default_step
+
+        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train, accumulation_steps=accumulation_steps)
+        return user_step(own_step or default_step, count, step_model, optimizer, ctx)
 
     def step(batch: Any) -> StepOut:
         counted = count_batch(count, batch) if count is not None else None  # on the host, as loaded
@@ -138,7 +143,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     dev.prepare(config)
     built = build(workload, seed=spec.seed)
     train = workload.task == "train"
-    train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built)
+    from .global_batch import accumulation_steps
+
+    accumulation = accumulation_steps(workload.global_batch, config.batch_size)  # 1 without a global batch
+    train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built,
+                           accumulation_steps=accumulation)
 
     from .contract import loader_kwargs, steps_per_epoch
 
@@ -146,7 +155,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
-    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
+    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch, accumulation_steps=accumulation,
          user_parts=list(built.user_parts))
 
     it = iter(loader)
@@ -154,7 +163,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     tokens = [0, False]  # tokens counted by the workload's count so far; whether it counts any
 
     def step(timer: Any = None) -> int:
-        """One step; returns its samples. ``timer`` (the device's step timer) is told when the batch is in hand
+        """One optimizer step (``accumulation`` micro-batches with a global batch); returns its samples."""
+        return sum(micro_step(timer) for _ in range(accumulation))
+
+    def micro_step(timer: Any = None) -> int:
+        """One batch; returns its samples. ``timer`` (the device's step timer) is told when the batch is in hand
         and when the step's work is issued; the step itself never synchronises."""
         nonlocal it
         try:

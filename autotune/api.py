@@ -25,7 +25,8 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
               device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
               memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
               study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True,
-              run_length: str | float | None = None, planned_steps: int | None = None) -> Recommendation:
+              run_length: str | float | None = None, planned_steps: int | None = None,
+              global_batch: int | None = None) -> Recommendation:
     """The recommended config for a workload on this machine.
 
     ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
@@ -41,6 +42,10 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     ``run_length`` (a duration like "6h") or ``planned_steps`` says how long the training this is for runs
     (default: an hour, assumed): a ``torch.compile`` config wins only if its gain over that run pays back its
     compile time (``autotune.payback``). A stored recommendation priced for another run length is not reused.
+
+    ``global_batch`` keeps N samples per optimizer step: only the batch sizes that divide N are searched, as
+    micro-batches with N / micro-batch gradient accumulation steps (``autotune.global_batch``); the
+    recommendation's ``accumulation_steps`` and ``apply().accumulation_steps`` say how many.
     """
     from ._units import parse_duration_s, parse_memory_mb
     from .hardware import detect
@@ -56,7 +61,8 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     hw = detect()
     if device is None:
         device = "cuda" if hw.gpus else "cpu"
-    workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device)
+    workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device,
+                        global_batch=global_batch)
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
@@ -75,7 +81,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
             stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
             if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb):
                 rec = None  # no room under the cap of this call (less the margin): not an answer to this question
-            if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
+            if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
                 rec = None  # tuned over another search space: search this one
             priced = (rec.compile or {}) if rec is not None else {}
             if priced.get("configs") and priced.get("planned_run") != run.to_dict():

@@ -87,6 +87,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from ._device import autocast_dtype_name
 
     autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
+    from .global_batch import accumulation_steps
+
+    accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
     check(workload)
     quiet = args.format == "json"
 

@@ -28,6 +28,13 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data", metavar="DIR", default=None,
                    help="ImageFolder of real images (DIR/<class>/<img>); default: synthetic JPEGs decoded by PIL")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if a GPU is visible, else cpu)")
+    _add_global_batch(g)
+
+
+def _add_global_batch(g) -> None:
+    g.add_argument("--global-batch", type=int, default=None, metavar="N",
+                   help="keep N samples per optimizer step (training): the batch size is a micro-batch dividing "
+                        "N, with N / batch size gradient accumulation steps (default: no accumulation)")
 
 
 def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: float = 3.0,
@@ -77,6 +84,7 @@ def add_study_selector_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image-size", type=int, default=224)
     g.add_argument("--data", default=None)
     g.add_argument("--device", default=None)
+    _add_global_batch(g)
 
 
 # --- arguments -> records ---------------------------------------------------------------------------------
@@ -92,7 +100,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         device = "cuda" if gpus else "cpu"
     elif device.startswith("cuda") and not gpus:
         raise ConfigError(f"--device {device} but no NVIDIA GPU was detected (see `autotune env`); use --device cpu")
-    return Workload(model=args.model, task=args.task, image_size=args.image_size, data_dir=args.data, device=device)
+    return Workload(model=args.model, task=args.task, image_size=args.image_size, data_dir=args.data, device=device,
+                    global_batch=getattr(args, "global_batch", None))
 
 
 def measure_from_args(args: argparse.Namespace, *, hardware=None) -> MeasureSpec:

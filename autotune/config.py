@@ -35,6 +35,8 @@ class Workload(Record):
 
     ``model`` is a torchvision classification model name (``resnet18``) or ``package.module:callable``.
     ``data_dir`` is an ImageFolder of real images; ``None`` means synthetic JPEGs decoded by PIL.
+    ``global_batch`` (training only) keeps the user's samples per optimizer step: the batch size is then a
+    micro-batch that divides it, with gradient accumulation (``autotune.global_batch``); None: no accumulation.
     """
 
     _kind: ClassVar[str] = "workload"
@@ -46,6 +48,7 @@ class Workload(Record):
     device: str = "cpu"
     num_classes: int = 1000
     dataset_size: int = 50_000
+    global_batch: int | None = None
 
     def __post_init__(self) -> None:
         check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
@@ -59,6 +62,10 @@ class Workload(Record):
                "an integer >= 2")
         check(is_int(self.dataset_size) and self.dataset_size >= 1, "dataset_size", self.dataset_size,
                "an integer >= 1")
+        check(self.global_batch is None or (is_int(self.global_batch) and self.global_batch >= 1), "global_batch",
+              self.global_batch, "None or a whole number of samples per optimizer step >= 1")
+        check(self.global_batch is None or self.task == "train", "global_batch", self.global_batch,
+              "only with task=train (inference has no optimizer step to accumulate for)", "drop --global-batch")
 
     @property
     def is_callable(self) -> bool:
@@ -71,7 +78,8 @@ class Workload(Record):
 
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
-        return f"{self.model}/{self.task}/{self.image_size}px/{data}{self.device}"
+        gb = f"/gb{self.global_batch}" if self.global_batch else ""
+        return f"{self.model}/{self.task}/{self.image_size}px/{data}{self.device}{gb}"
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ where the step runs under ``torch.inference_mode()`` and may return ``None``) an
 * ``ctx.unscale_(optimizer)``: unscale the gradients before clipping them (nothing without a scaler);
 * ``ctx.optimizer_step(optimizer)``: ``optimizer.step()`` (``scaler.step`` + ``update`` under fp16), then
   ``optimizer.zero_grad(set_to_none=True)``. Let it zero the gradients rather than calling ``zero_grad``
-  yourself: with gradient accumulation (``ctx.accumulation_steps`` > 1) the step is called once per
-  micro-batch, ``backward`` divides the loss and ``optimizer_step`` steps on the last micro-batch only;
+  yourself: with gradient accumulation (``ctx.accumulation_steps`` > 1: a global batch, ``--global-batch N``,
+  see ``autotune.global_batch``) the step is called once per micro-batch (``ctx.micro_batch`` says which),
+  ``backward`` divides the loss and ``optimizer_step`` steps on the last micro-batch only;
 * ``ctx.scaler`` (a ``GradScaler`` or ``None``), ``ctx.prepare(obj)`` (the recursive move, for tensors a step
   makes itself), ``ctx.loss_fn`` (the workload's ``loss_fn`` or None), ``ctx.device``, ``ctx.train``.
 
@@ -323,13 +324,18 @@ class StepContext:
 
 def user_step(step_fn: Callable[..., Any], count: Callable[[Any], Any] | None, model: Any, optimizer: Any,
               ctx: StepContext) -> Callable[[Any], StepOut]:
-    """``step(batch) -> StepOut`` around the workload's own step: count on the host, prepare, call, check."""
+    """``step(batch) -> StepOut`` around the workload's own step: count on the host, prepare, call, check.
+    Each call is one micro-batch: ``ctx.micro_batch`` counts 0 .. ``ctx.accumulation_steps`` - 1 and around."""
     import torch
+
+    calls = [0]
 
     def step(batch: Any) -> StepOut:
         samples, tokens = count_batch(count, batch) if count is not None else (default_count(batch), None)
         prepared = ctx.prepare(batch)
         if ctx.train:
+            ctx.micro_batch = calls[0] % ctx.accumulation_steps
+            calls[0] += 1
             loss = step_fn(model, prepared, optimizer, ctx)
         else:
             with torch.inference_mode():

@@ -50,6 +50,8 @@ def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | N
             "--image-size", str(workload.image_size), "--device", workload.device]
     if workload.data_dir:
         args += ["--data", workload.data_dir]
+    if workload.global_batch:
+        args += ["--global-batch", str(workload.global_batch)]
     args += knob_args(config)
     if cap_mb:
         args += ["--memory-cap", f"{int(cap_mb)}MiB"]
@@ -138,6 +140,10 @@ class Recommendation:
             "notes": list(self.notes),
             # derived from config (not read back): what to export before launching the training process
             "environment": self.launch_env(),
+            # derived (not read back): the micro-batch and how many make one optimizer step; the global batch
+            # itself is the workload's (workload.global_batch)
+            "batch": {"micro_batch": self.config.batch_size, "accumulation_steps": self.accumulation_steps,
+                      "global_batch": self.global_batch},
         }
 
     @classmethod
@@ -220,8 +226,21 @@ class Recommendation:
             return None
         return round(self.memory_cap_mb * (1 - (self.memory_margin or 0.0)) - self.peak_host_mb, 1)
 
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step the study kept fixed (``Workload.global_batch``); None: no accumulation."""
+        return self.workload.global_batch
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches (of ``config.batch_size``) per optimizer step: global batch / batch size, else 1."""
+        from .global_batch import accumulation_steps
+
+        return accumulation_steps(self.global_batch, self.config.batch_size)
+
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size, workers, prefetch, pinning."""
+        """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size (the micro-batch with a global batch),
+        workers, prefetch, pinning."""
         return self.config.dataloader_kwargs()
 
     @contextlib.contextmanager
@@ -231,7 +250,8 @@ class Recommendation:
         ``malloc: hugepages`` also needs ``THP_MEM_ALLOC_ENABLE=1`` from the launch environment (warned if absent).
 
         Yields an ``Applied`` with the per-call helpers: ``prepare_model`` (channels_last, torch.compile),
-        ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``. The inter-op thread count can
+        ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``, and ``accumulation_steps``: the
+        micro-batches per optimizer step (1 without a global batch). The inter-op thread count can
         only be set before torch's first parallel work; if that moment has passed it is left as is, with a note.
         """
         import torch
@@ -254,7 +274,7 @@ class Recommendation:
             warnings.warn(f"malloc={self.config.malloc} not fully applied: {why}; start the training process "
                           f"with {env} in its environment (`autotune export` lists it)", stacklevel=3)
         try:
-            yield Applied(self.config, self.workload.device)
+            yield Applied(self.config, self.workload.device, accumulation_steps=self.accumulation_steps)
         finally:
             torch.set_num_threads(old_threads)
             torch.backends.cudnn.benchmark = old_bench
@@ -304,6 +324,11 @@ class Recommendation:
                  f"{len(self.samples_per_s)} windows)"
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
                     f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
+        if self.global_batch:
+            from .global_batch import describe
+
+            lines.append(f"  {describe(self.config.batch_size, self.global_batch)} (an optimizer step every "
+                         f"{self.global_batch} samples, as measured)")
         if self.user_parts:
             lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.contract)")
         if self.margin_vs_runner_up is not None:
@@ -329,10 +354,13 @@ class Recommendation:
 class Applied:
     """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
 
-    def __init__(self, config: TrialConfig, device: str) -> None:
+    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1) -> None:
         from ._device import CPUDevice, CUDADevice
 
         self.config = config
+        # micro-batches per optimizer step: backward each (the loss divided by this), step and zero_grad after
+        # the last one
+        self.accumulation_steps = accumulation_steps
         self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
 
     def prepare_model(self, model):

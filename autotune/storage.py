@@ -26,13 +26,16 @@ DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
 
 def study_name_for(workload: Workload, fingerprint: str) -> str:
-    """``resnet18-train-224px-synthetic-cpu-<fingerprint>``: one study per workload and hardware."""
+    """``resnet18-train-224px-synthetic-cpu-<fingerprint>``: one study per workload and hardware; a global
+    batch is part of the workload (``...-cpu-gb256-<fingerprint>``)."""
     model = re.sub(r"[^A-Za-z0-9_.]+", ".", workload.model)
     if workload.data_dir is not None:
         data = "-data." + re.sub(r"[^A-Za-z0-9_]+", "_", Path(workload.data_dir).name)
     else:
         data = "" if workload.is_callable else "-synthetic"
-    return f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}-{fingerprint}"
+    gb = f"-gb{workload.global_batch}" if workload.global_batch else ""
+    return (f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}{gb}"
+            f"-{fingerprint}")
 
 
 def sqlite_path(url: str) -> Path | None:

@@ -76,7 +76,11 @@ class Tuner:
 
         self.workload = workload
         self.hardware = hardware or detect()
-        self.space = space or load_space(hardware=self.hardware, device=workload.device)
+        from .global_batch import restrict_space
+
+        # with a global batch only the batch sizes that divide it are searched (a one-line error if none does)
+        self.space = restrict_space(space or load_space(hardware=self.hardware, device=workload.device),
+                                    workload.global_batch)
         measure = measure or MeasureSpec()
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
@@ -199,7 +203,10 @@ class Tuner:
             self.study_name = study_name_for(self.workload, hardware.fingerprint)
         source = self.space.source
         if source and Path(source).is_file():
-            self.space = load_space(source, hardware=hardware, device=self.workload.device)
+            from .global_batch import restrict_space
+
+            self.space = restrict_space(load_space(source, hardware=hardware, device=self.workload.device),
+                                        self.workload.global_batch)
 
     def record_parity(self, trial_number: int, result) -> None:
         """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where

@@ -5,7 +5,9 @@
   real tiny study, then a second run that must answer from the stored recommendation (slow: > 60 s);
 * ``examples/adamw_dict_batches.py`` (the user's own AdamW step, dict batches, collate and count): one trial
   through the CLI, and tuned end to end through ``autotune.tune()`` (slow). That AdamW's peak is above SGD's
-  and that the count is what the throughput counts is asserted in ``test_contract.py``.
+  and that the count is what the throughput counts is asserted in ``test_contract.py``;
+* a global batch: ``train_with_recommend.py --global-batch`` accumulating from a seeded study (fast), and
+  ``examples/custom_workload.py`` measured with ``--global-batch 16 --batch-size 4`` through the CLI (slow).
 """
 
 from __future__ import annotations
@@ -212,3 +214,49 @@ def test_adamw_example_tunes_its_own_step_through_tune(tmp_path):
     assert rec.user_parts == ("optimizer", "collate_fn", "step", "count")
     measured = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert measured and all(t.user_attrs["user_parts"] == list(rec.user_parts) for t in measured)
+
+
+# --- a global batch (issue 14 item 3) -------------------------------------------------------------------------
+
+@pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
+def test_train_example_accumulates_to_the_global_batch(tmp_path):
+    """A stored recommendation for global batch 32 with micro-batch 16 (the shipped space's smallest): the
+    example's loop takes an optimizer step every run.accumulation_steps (2) micro-batches."""
+    from autotune.recommendation import Recommendation, reproduce_command, versions_of
+    from autotune.storage import open_storage, study_name_for
+
+    workload = Workload(model="resnet18", image_size=32, device="cpu", global_batch=32)
+    config = TrialConfig(batch_size=16)
+    hw = detect()
+    rec = Recommendation(
+        config=config, workload=workload, median_samples_per_s=100.0, iqr_samples_per_s=1.0,
+        samples_per_s=(100.0,), baseline_samples_per_s=None, speedup_vs_baseline=None, peak_host_mb=900.0,
+        memory_cap_mb=4096.0, margin_vs_runner_up=None, noisy=False, hardware={"summary": hw.summary_line()},
+        fingerprint=hw.fingerprint, versions={k: None if v is None else str(v) for k, v in versions_of(None).items()},
+        study_name=study_name_for(workload, hw.fingerprint), storage="", trial_number=0,
+        reproduce=reproduce_command(workload, config, 4096.0), created="2025-01-01T00:00:00+00:00")
+    url = f"sqlite:///{tmp_path}/seeded.db"
+    study = optuna.create_study(study_name=rec.study_name, storage=open_storage(url), direction="maximize")
+    study.set_user_attr("recommendation", rec.to_dict())
+
+    r = run_example("--model", "resnet18", "--image-size", "32", "--steps", "3", "--global-batch", "32",
+                    "--storage", url, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recommendation from cache (no new trials)" in r.stdout
+    assert "micro-batch 16 \u00d7 2 accumulation steps = global batch 32" in r.stdout
+    assert "3 optimizer steps of 2 micro-batches of 16 = 32 samples each" in r.stdout
+    m = FINAL_LOSS.search(r.stdout)
+    assert m and m.group(2) == "3", r.stdout
+    assert n_trials(url) == 0
+
+
+@pytest.mark.slow  # a child and the CLI: 10-30 s on 2 shared cores; test_global_batch runs a real trial in-process
+def test_custom_workload_global_batch_trial_via_the_cli():
+    r = run_cli("trial", "--model", "examples.custom_workload:build", "--image-size", "32", "--batch-size", "4",
+                "--global-batch", "16", "--windows", "2", "--window-seconds", "0.2", "--device", "cpu",
+                "--format", "json", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["workload"]["global_batch"] == 16
+    assert out["result"]["status"] == "ok", out["result"].get("reason")
+    assert out["result"]["samples_per_step"] == 16  # a step is an optimizer step: 4 micro-batches of 4

@@ -324,3 +324,44 @@ def iterable(image_size: int = 32):
 
 def iterable_with_sampler(image_size: int = 32):
     return {**iterable(image_size), "sampler": range(10)}
+
+
+# --- a global batch: counting micro-batches, optimizer steps and zero_grad calls -----------------------------
+
+class _CountingSGD(torch.optim.SGD):
+    """SGD that counts its steps and zero_grad calls into ``counts``, and writes them as JSON to the file
+    ``$AUTOTUNE_TEST_COUNTS`` (if set) after every step, where the parent of a trial's child reads them."""
+
+    def __init__(self, params, counts: dict) -> None:
+        super().__init__(params, lr=0.01)
+        self.counts = counts
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.counts["zero_grads"] += 1
+        super().zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        self.counts["optimizer_steps"] += 1
+        path = os.environ.get("AUTOTUNE_TEST_COUNTS")
+        if path:
+            import json
+
+            with open(path, "w") as f:
+                json.dump(self.counts, f)
+        return out
+
+
+def counted(image_size: int = 32):
+    """tiny with autotune's own step, whose loss counts the micro-batches and whose optimizer counts its steps
+    and zero_grad calls (``_CountingSGD``): a global batch must step once per ``accumulation_steps`` batches."""
+    counts = {"micro_batches": 0, "optimizer_steps": 0, "zero_grads": 0}
+    ce = nn.CrossEntropyLoss()
+
+    def loss_fn(out, y):
+        counts["micro_batches"] += 1
+        return ce(out, y)
+
+    model, data, _ = tiny(image_size)
+    return {"model": model, "dataset": data, "loss_fn": loss_fn,
+            "optimizer": lambda params: _CountingSGD(params, counts)}

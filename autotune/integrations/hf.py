@@ -5,7 +5,8 @@ which imports this module only when called.
 
 >>> args = TrainingArguments(output_dir="out", **rec.training_arguments())      # doctest: +SKIP
 
-Mapped: the batch size (``per_device_train_batch_size``; ``gradient_accumulation_steps`` 1), the DataLoader
+Mapped: the batch size (``per_device_train_batch_size``; ``gradient_accumulation_steps``: the recommendation's
+``accumulation_steps``, global batch / batch size when tuned with a global batch, else 1), the DataLoader
 knobs (``dataloader_*``), autocast (``bf16``/``fp16``), torch.compile (``torch_compile``, ``torch_compile_mode``)
 and the CPU device (``use_cpu``). Not mapped, because ``TrainingArguments`` has no field for them: thread
 counts, channels_last, cudnn.benchmark and the malloc mode. Each is left out only when this process already
@@ -34,7 +35,7 @@ FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloa
 
 def _fields(rec) -> dict[str, Any]:
     c = rec.config
-    out: dict[str, Any] = {"per_device_train_batch_size": c.batch_size, "gradient_accumulation_steps": 1,
+    out: dict[str, Any] = {"per_device_train_batch_size": c.batch_size, "gradient_accumulation_steps": rec.accumulation_steps,
                            "dataloader_num_workers": c.num_workers, "dataloader_pin_memory": c.pin_memory}
     if c.num_workers > 0:  # TrainingArguments refuses a prefetch factor without workers
         out["dataloader_persistent_workers"] = c.persistent_workers

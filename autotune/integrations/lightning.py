@@ -39,14 +39,14 @@ PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 def trainer_kwargs(rec) -> dict[str, Any]:
     """``Trainer(**trainer_kwargs(rec))``: the device it was measured on, the precision, and the gradient
-    accumulation (1: a recommendation's batch is one optimizer step; autotune does not tune accumulation)."""
+    accumulation (``rec.accumulation_steps``: global batch / batch size when tuned with a global batch, else 1)."""
     device = rec.workload.device
     if device == "cpu":
         accelerator, devices = "cpu", 1
     else:
         accelerator, devices = "gpu", [int(device.split(":", 1)[1])] if ":" in device else 1
     return {"accelerator": accelerator, "devices": devices, "precision": PRECISION[rec.config.amp],
-            "accumulate_grad_batches": 1}
+            "accumulate_grad_batches": rec.accumulation_steps}
 
 
 class AutotuneCallback(pl.Callback):
