@@ -333,12 +333,17 @@ def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
     'warm start: resnet18-train-64px-synthetic-cpu #7, retry of #9'
     """
     ua = user_attrs
-    line = ua.get(BATCH_LINE)
-    source = str(ua.get(WARM_START) or "")
-    if fingerprint:
-        source = source.replace(f"-{fingerprint} #", " #")
-    what = ("baseline" if ua.get(BASELINE) else "likely winner" if ua.get(LIKELY_WINNER)
-            else f"batch walk {'up' if line > 0 else 'down'}" if line else f"warm start: {source}" if source else "")
+    if ua.get(BASELINE):
+        what = "baseline"
+    elif ua.get(LIKELY_WINNER):
+        what = "likely winner"
+    elif ua.get(BATCH_LINE):
+        what = f"batch walk {'up' if ua[BATCH_LINE] > 0 else 'down'}"
+    elif ua.get(WARM_START):
+        source = str(ua[WARM_START])
+        what = "warm start: " + (source.replace(f"-{fingerprint} #", " #") if fingerprint else source)
+    else:
+        what = ""
     if ua.get(RETRY_OF) is not None:
         what += (", " if what else "") + f"retry of #{ua[RETRY_OF]}"
     return what
