@@ -39,6 +39,7 @@ from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.errors import StorageError  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
+from autotune.recommendation import stored_recommendation  # noqa: E402
 from autotune.runner import run_trial  # noqa: E402
 from autotune.space import space_from_dict  # noqa: E402
 from autotune.storage import machine_lock  # noqa: E402
@@ -95,14 +96,19 @@ def history(study) -> list[dict]:
     out, best, elapsed = [], 0.0, 0.0
     for t in study.trials:
         ua = t.user_attrs
-        if ua.get("duplicate_of") is not None or not ua.get("status"):
-            continue
+        if ua.get("duplicate_of") is not None or ua.get("status") in (None, "interrupted"):
+            continue  # a copy costs nothing; a killed trial is measured again by its retry
         elapsed += ua.get("wall_s") or 0.0
         if ua.get("status") == "ok" and t.value and all(c <= 0 for c in t.constraints.values()):
             best = max(best, t.value)
         out.append({"trial": t.number, "n": len(out) + 1, "best_so_far": best, "elapsed_s": round(elapsed, 1),
                     "value": t.value, "config": ua.get("config"), "warm_start_from": ua.get("warm_start_from")})
     return out
+
+
+def measured(study) -> int:
+    """How many trials of the study were measured (what a resumed run still owes of its budget)."""
+    return len(history(study))
 
 
 def reached(hist: list[dict], bar: float) -> int | None:
@@ -132,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-seconds", type=float, default=1.0)
     p.add_argument("--quick", action="store_true", help="a tiny model and space (smoke run)")
+    p.add_argument("--workdir", default=None, metavar="DIR",
+                   help="keep the storages here (default: a temporary folder, removed at the end); the folder of "
+                        "a killed run resumes it: A and the B runs that finished are not measured again")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/warm-start-<time>.json)")
     a = p.parse_args(argv)
     out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"warm-start-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -151,7 +160,8 @@ def main(argv=None) -> int:
           f"(1/5/15 min) at the start\n# A: {wa.label()}, {a.trials_a} trials; B: {wb.label()}, {a.trials_b} "
           f"trials x seeds {a.seeds}", flush=True)
     space = space_from_dict(space_doc(a.quick), hardware=hw)
-    tmp = Path(tempfile.mkdtemp(prefix="autotune-warm-"))
+    tmp = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="autotune-warm-"))
+    print(f"# storages in {tmp} (--workdir {tmp} resumes a killed run)", flush=True)
 
     def tuner(workload, db: Path, seed: int, warm: bool, tag: str, cls=Tuner) -> Tuner:
         return cls(workload, space=space, measure=measure, storage=f"sqlite:///{db}", hardware=hw, progress=False,
@@ -162,7 +172,9 @@ def main(argv=None) -> int:
     a_db = tmp / "a" / "autotune.db"
     ta = tuner(wa, a_db, 0, False, "A")
     t0 = time.monotonic()
-    rec_a = locked("warm-start benchmark, workload A", ta.run, trials=a.trials_a)
+    rec_a = stored_recommendation(ta.study()) if a_db.exists() else None
+    if rec_a is None:
+        rec_a = locked("warm-start benchmark, workload A", ta.run, trials=max(1, a.trials_a - measured(ta.study())))
     print(f"A: {rec_a.config.short()} {rec_a.median_samples_per_s:.1f} samples/s ({time.monotonic() - t0:.0f} s)",
           flush=True)
 
@@ -172,12 +184,15 @@ def main(argv=None) -> int:
         order = (True, False) if i % 2 == 0 else (False, True)
         for warm in order:
             db = tmp / f"b-{seed}-{'warm' if warm else 'cold'}" / "autotune.db"
-            db.parent.mkdir(parents=True)
-            shutil.copy(a_db, db)  # the same storage either way: only the switch differs
+            if not db.exists():
+                db.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(a_db, db)  # the same storage either way: only the switch differs
             tag = f"B seed {seed} {'warm' if warm else 'cold'}"
             tb = tuner(wb, db, seed, warm, tag, SearchOnly)
             t0 = time.monotonic()
-            locked(f"warm-start benchmark, {tag}", tb.run, trials=a.trials_b)
+            left = a.trials_b - measured(tb.study())
+            if left > 0:
+                locked(f"warm-start benchmark, {tag}", tb.run, trials=left)
             hist = history(tb.study())
             runs.append({"seed": seed, "warm": warm, "history": hist, "wall_s": time.monotonic() - t0})
             print(f"{tag}: best-so-far " + " ".join(f"{h['best_so_far']:.0f}" for h in hist), flush=True)
@@ -198,12 +213,15 @@ def main(argv=None) -> int:
             print(f"re-measure round {rnd + 1} {n:<44} {res.status:<6} {(res.median_samples_per_s or 0):8.1f}/s",
                   flush=True)
     med = {n: summarize(xs).median for n, xs in samples.items() if xs}
-    best_ref = max(med.values())
+    best_ref = max(med.values(), default=None)
     best_search = max(h["best_so_far"] for r in runs for h in r["history"])
 
     # 4. figures
     lines = []
-    for label, bar in (("the best re-measured median", best_ref), ("the best single search figure", best_search)):
+    bars = [("the best single search figure", best_search)]
+    if best_ref is not None:
+        bars.insert(0, ("the best re-measured median", best_ref))
+    for label, bar in bars:
         lines.append(f"trials to 95% of {label} ({bar:.1f} samples/s, bar {0.95 * bar:.1f}):")
         for warm in (True, False):
             xs = [reached(r["history"], 0.95 * bar) for r in runs if r["warm"] == warm]
@@ -222,7 +240,8 @@ def main(argv=None) -> int:
                                "remeasured": samples, "medians": med, "best_remeasured": best_ref,
                                "best_search": best_search, "summary": lines}, indent=1))
     print(f"\nraw results: {out}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not a.workdir:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
