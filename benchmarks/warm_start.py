@@ -226,6 +226,14 @@ def main(argv=None) -> int:
         for warm in (True, False):
             xs = [reached(r["history"], 0.95 * bar) for r in runs if r["warm"] == warm]
             lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: {describe(xs, a.trials_b)}")
+    if med:  # judged by each config's re-measured median where it has one: drift between runs cancels
+        lines.append("trials until a config within 95% of the best re-measured median was measured (a config's "
+                     "re-measured median where it has one, else its search figure):")
+        for warm in (True, False):
+            xs = [next((h["n"] for h in r["history"] if h["config"] and h["value"] and
+                        med.get(TrialConfig.from_dict(h["config"]).short(), h["value"]) >= 0.95 * best_ref), None)
+                  for r in runs if r["warm"] == warm]
+            lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: {describe(xs, a.trials_b)}")
     warm_cfgs = sorted({h["config"] and TrialConfig.from_dict(h["config"]).short() for r in runs
                         for h in r["history"] if h["warm_start_from"]})
     load_end = Path("/proc/loadavg").read_text().split()[:3]
