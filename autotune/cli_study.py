@@ -25,6 +25,8 @@ Each trial runs in a fresh child process; one that ran out of memory teaches the
 one that cannot beat the best is stopped early. At the end the top configs and the baseline are re-measured,
 interleaved, with longer windows, and the winner by median is stored in the study (see `autotune export`).
 The study is named after the workload and this machine's hardware fingerprint, so re-running resumes it.
+A new study also measures, right after trial 1, the winners of up to 3 earlier studies in the same storage on
+this hardware (another model, image size or task), mapped to its space (--no-warm-start: not).
 
 When it stops: after --trials N trials, when --timeout leaves only the finalists' time, or when the search has
 converged, whichever comes first. Converged means the best config has not improved by more than the measured
@@ -71,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
                   progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
-                  run_length=run_length)
+                  run_length=run_length, warm_start=not args.no_warm_start)
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
         raise KeyboardInterrupt
@@ -150,7 +152,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
     view = df[["trial", "status", "samples_per_s", "speedup", "rel_iqr", "peak_host_mb", "data_wait_share",
-               "config", "reason"]].copy()
+               "config", "role", "reason"]].copy()
     view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
     view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
     view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
@@ -234,6 +236,9 @@ def add_study_commands(sub) -> None:
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
                    "for the device, trimmed to this machine)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="a new study does not measure the winners of earlier studies in the storage on this "
+                        "hardware (another model, size or task) among its first trials")
     p.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="local: trials one at a time on this machine; ray: trials spread over a Ray cluster "
                         "through Ray Tune (default: %(default)s)")

@@ -31,6 +31,7 @@ from .pruning import NoHopePruner, as_optuna_pruner
 from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
                       study_name_for)
 from .trials import MemoryLimit, baseline_trial, feasible_by_config
+from .warm_start import queue_warm_start
 
 __all__ = ["Tuner", "Runner", "CEILING_S"]
 
@@ -69,7 +70,8 @@ class Tuner:
                  log: Callable[[str], None] | None = None, runner: Runner | None = None,
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
                  patience: int | None = None, pruner: NoHopePruner | None = None,
-                 on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None) -> None:
+                 on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None,
+                 warm_start: bool = True) -> None:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
@@ -108,6 +110,8 @@ class Tuner:
         self.parity = parity  # the check (default ``parity.parity_check``; a test passes its own)
         # measured trials without a gain after which the search has converged (``convergence``); 0: never
         self.patience = patience_for(self.space.size()) if patience is None else patience
+        # a new study measures the winners of earlier studies on this hardware among its first trials
+        self.warm_start = warm_start
         self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
         self.log: Callable[[str], None] = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.on_trial = tuple(on_trial)  # called with (study, FrozenTrial) for each trial this run finishes
@@ -224,9 +228,15 @@ class Tuner:
 
     def prepare(self, study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
-        the baseline, the likely winner and the first batch-walk steps (``study_queue.queue_first_trials``)."""
+        the baseline, the likely winner, the winners of earlier studies on this hardware (unless
+        ``warm_start=False``, ``warm_start.queue_warm_start``) and the first batch-walk steps
+        (``study_queue.queue_first_trials``)."""
+        def warm() -> int:
+            return queue_warm_start(study, self.space, storage=self.storage, fingerprint=self.hardware.fingerprint,
+                                    device=self.workload.device, enqueue=study_queue.enqueue, log=self.log)
+
         study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
-                         log=self.log, where=self.storage_url)
+                         log=self.log, where=self.storage_url, warm_start=warm if self.warm_start else None)
 
     def after_trial(self, study) -> None:
         """What follows every finished trial (each backend calls it): the batch walk's next step, then the

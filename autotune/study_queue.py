@@ -34,9 +34,11 @@ def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
                         skip_if_exists=False)
 
 
-def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str) -> None:
-    """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and the first steps
-    of the batch walk. ``single_run``: the storage is SQLite, so this run holds the study alone.
+def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str,
+                       warm_start: Callable[[], Any] | None = None) -> None:
+    """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner, ``warm_start()``'s
+    trials (earlier studies' winners, ``warm_start.queue_warm_start``) and the first steps of the batch walk.
+    ``single_run``: the storage is SQLite, so this run holds the study alone.
 
     Each of the first trials is queued unless the study has it already, and the walk's anchor is stored last:
     a run killed half-way through this leaves a study that the next run completes, not one that lacks its
@@ -58,6 +60,9 @@ def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable
         if likely is not None and not any(t.user_attrs.get(keys.LIKELY_WINNER) for t in trials):
             enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
             log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()})")
+        if warm_start is not None:  # itself skips what is queued already
+            warm_start()
+            trials = study.get_trials(deepcopy=False)
         # the walk (batch_walk.py) goes from the likely winner, else the baseline, one choice down and up first
         anchor = likely if likely is not None else space.baseline_params()
         _, present = evidence(trials, space)

@@ -19,7 +19,7 @@ from .config import MEMORY_STATUSES, TrialConfig, TrialResult
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial", "baseline_value",
            "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart", "one_knob_apart",
-           "neighbours", "OBJECTIVE"]
+           "neighbours", "OBJECTIVE", "role"]
 
 # What the study maximises, named on the study (``Study.set_metric_names``) so optuna-dashboard, the optuna CLI
 # and ``trials_dataframe`` (column ``value_samples/s``) say it instead of "Objective 0" / ``value``.
@@ -39,6 +39,7 @@ TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap 
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
 LIKELY_WINNER = "likely_winner"
 BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down / up
+WARM_START = "warm_start_from"   # "<study name> #<trial>": an earlier study's winner (warm_start.py)
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
 REQUEUE_OF = "requeue_of"        # the number of the pruned trial this one re-runs (study_queue.requeue_far_pruned)
 HELD_BACK = "held_back"          # why the sampler ran this trial without the compile it proposed (compile_gate)
@@ -66,7 +67,7 @@ WALK_ANCHOR = "batch_walk_anchor"
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 
 # A queued trial's role in the study, kept by its retry.
-ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE)
+ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START)
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
@@ -323,11 +324,37 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "data_wait_share": ua.get("data_wait_share"),
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
+            "role": role(ua, study.user_attrs.get(STUDY_FINGERPRINT)),
             "config": cfg.short() if cfg is not None else "-",
             "reason": _reason(t, limit, parity.get(str(t.number)), requeued_as.get(t.number)),
             "wall_s": ua.get(WALL_S),
         })
     return rows
+
+
+def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
+    """Why a trial was queued, for `show`: baseline, likely winner, batch walk down/up, or the earlier study's
+    winner it warm-starts from (its name without the ``fingerprint`` every source shares); "" for the sampler's
+    own; a retry says so.
+
+    >>> role({"warm_start_from": "resnet18-train-64px-synthetic-cpu-ab12 #7", "retry_of": 9}, "ab12")
+    'warm start: resnet18-train-64px-synthetic-cpu #7, retry of #9'
+    """
+    ua = user_attrs
+    if ua.get(BASELINE):
+        what = "baseline"
+    elif ua.get(LIKELY_WINNER):
+        what = "likely winner"
+    elif ua.get(BATCH_LINE):
+        what = f"batch walk {'up' if ua[BATCH_LINE] > 0 else 'down'}"
+    elif ua.get(WARM_START):
+        source = str(ua[WARM_START])
+        what = "warm start: " + (source.replace(f"-{fingerprint} #", " #") if fingerprint else source)
+    else:
+        what = ""
+    if ua.get(RETRY_OF) is not None:
+        what += (", " if what else "") + f"retry of #{ua[RETRY_OF]}"
+    return what
 
 
 def _reason(trial, limit: MemoryLimit, parity: dict | None, requeued_as: int | None = None) -> str:
