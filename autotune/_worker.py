@@ -123,7 +123,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
 
     dev = device if device is not None else get_device(workload.device)
     dev.prepare(config)
-    built = build(workload, seed=spec.seed)
+    built = build(workload, seed=spec.seed, config=config)
     train = workload.task == "train"
     train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built)
 

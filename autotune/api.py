@@ -68,7 +68,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
             stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
             if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb):
                 rec = None  # no room under the cap of this call (less the margin): not an answer to this question
-            if rec is not None and stored_space is not None and stored_space != sp.to_dict()["parameters"]:
+            if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
                 rec = None  # tuned over another search space: search this one
             if rec is not None:
                 changed = rec.check_versions()

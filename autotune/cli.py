@@ -74,6 +74,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from .hardware import detect
     from .runner import run_trial
     from .storage import machine_lock
+    from .text import check_config
     from .workloads import check
 
     hw = detect(with_torch=False)
@@ -84,6 +85,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
     check(workload)
+    check_config(workload, config)  # --channels-last for text, --bucket-by-length for images: refused here
     quiet = args.format == "json"
 
     def on_event(ev: dict[str, Any]) -> None:

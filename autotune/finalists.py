@@ -20,7 +20,7 @@ from .config import MeasureSpec, TrialConfig
 from .errors import AutotuneError
 from .measure import summarize
 from .parity import first_passing
-from .recommendation import Recommendation, reproduce_command, versions_of
+from .recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from .trials import baseline_value, feasible_by_config
 
 __all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
@@ -316,6 +316,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
         user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
+        tokens_per_sample=tokens_per_sample(chosen[1].user_attrs),
     )
 
 
@@ -353,4 +354,5 @@ def provisional(study, *, storage: str = "") -> Recommendation:
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
         user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
+        tokens_per_sample=tokens_per_sample(ua),
     )

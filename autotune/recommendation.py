@@ -30,7 +30,7 @@ from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
 from .errors import ConfigError
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
-           "stored_recommendation"]
+           "stored_recommendation", "tokens_per_sample"]
 
 FORMAT_VERSION = 1
 
@@ -46,8 +46,11 @@ def _now() -> str:
 def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
     """The `autotune trial` command that measures this config again: the workload's flags, then the knobs'
     (``config.knob_args``), then the memory cap."""
+    from .text import is_text
+
+    size_flag = "--seq-len" if is_text(workload.model) else "--image-size"  # the same flag, spelled for text
     args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
-            "--image-size", str(workload.image_size), "--device", workload.device]
+            size_flag, str(workload.image_size), "--device", workload.device]
     if workload.data_dir:
         args += ["--data", workload.data_dir]
     args += knob_args(config)
@@ -98,6 +101,16 @@ class Recommendation:
     # which parts of the training the figures ran that were the user's own (autotune.contract.PARTS: optimizer,
     # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
     user_parts: tuple[str, ...] = ()
+    # real tokens per sample as the workload counted them (text: autotune.text); None when it counts no tokens
+    tokens_per_sample: float | None = None
+
+    @property
+    def median_tokens_per_s(self) -> float | None:
+        """Tokens/s at the median samples/s: the finalists' samples/s times the tokens per sample the chosen
+        trial counted (a property of the data, not of the config); None when the workload counts no tokens."""
+        if self.tokens_per_sample is None:
+            return None
+        return round(self.median_samples_per_s * self.tokens_per_sample, 1)
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +130,8 @@ class Recommendation:
                 "memory_margin": self.memory_margin,
                 "peak_device_mb": self.peak_device_mb, "device_memory_mb": self.device_memory_mb,
                 "finalist_rounds": self.finalist_rounds, "search_round_pooled": self.search_round_pooled,
+                "tokens_per_sample": self.tokens_per_sample,
+                "median_tokens_per_s": self.median_tokens_per_s,  # derived (not read back)
                 # derived (not read back): what the peak leaves free of the cap less the margin
                 "headroom_mb": self.headroom_mb(),
             },
@@ -168,6 +183,7 @@ class Recommendation:
                 reproduce=str(p.get("reproduce", "")), created=str(p.get("created", "")),
                 provisional=bool(p.get("provisional", False)),
                 user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
+                tokens_per_sample=m.get("tokens_per_sample"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -264,6 +280,9 @@ class Recommendation:
                  f"{len(self.samples_per_s)} windows)"
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
                     f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
+        if self.tokens_per_sample is not None:
+            lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "
+                         "per sample, as the workload counts them)")
         if self.user_parts:
             lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.contract)")
         if self.margin_vs_runner_up is not None:
@@ -331,6 +350,15 @@ def versions_of(hw) -> dict[str, Any]:
     gpus = hw.gpus if hw is not None else ()
     out["driver"] = gpus[0]["driver"] if gpus else None
     return out
+
+
+def tokens_per_sample(user_attrs: dict) -> float | None:
+    """Tokens per sample from a trial's stored windows (``tokens_per_s`` over ``samples_per_s``), or None when
+    its workload counted no tokens."""
+    tokens, samples = user_attrs.get("tokens_per_s") or [], user_attrs.get("samples_per_s") or []
+    if not tokens or len(tokens) != len(samples) or not sum(samples):
+        return None
+    return round(sum(tokens) / sum(samples), 3)
 
 
 def stored_recommendation(study) -> Recommendation | None:

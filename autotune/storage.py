@@ -32,7 +32,7 @@ def study_name_for(workload: Workload, fingerprint: str) -> str:
         data = "-data." + re.sub(r"[^A-Za-z0-9_]+", "_", Path(workload.data_dir).name)
     else:
         data = "" if workload.is_callable else "-synthetic"
-    return f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}-{fingerprint}"
+    return f"{model}-{workload.task}-{workload.size_label}{data}-{workload.device.replace(':', '')}-{fingerprint}"
 
 
 def sqlite_path(url: str) -> Path | None:

@@ -62,12 +62,14 @@ class Tuner:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
+        from .text import fit_space
 
         if runner is None:
             from .runner import run_trial as runner
         self.workload = workload
         self.hardware = hardware or detect()
-        self.space = space or load_space(hardware=self.hardware, device=workload.device)
+        # the workload's own knobs: no channels_last for text, no length bucketing for images (autotune.text)
+        self.space = fit_space(space or load_space(hardware=self.hardware, device=workload.device), workload)
         measure = measure or MeasureSpec()
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
@@ -159,6 +161,7 @@ class Tuner:
         """Trials run on other machines than this one (a laptop driving a Ray cluster): the study is theirs,
         named after their fingerprint (unless named explicitly) and over the space trimmed to them."""
         from .space import load_space
+        from .text import fit_space
 
         derived = self.study_name == study_name_for(self.workload, self.hardware.fingerprint)
         self.hardware = hardware
@@ -168,7 +171,7 @@ class Tuner:
             self.study_name = study_name_for(self.workload, hardware.fingerprint)
         source = self.space.source
         if source and Path(source).is_file():
-            self.space = load_space(source, hardware=hardware, device=self.workload.device)
+            self.space = fit_space(load_space(source, hardware=hardware, device=self.workload.device), self.workload)
 
     def record_parity(self, trial_number: int, result) -> None:
         """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where

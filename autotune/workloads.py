@@ -250,14 +250,15 @@ def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
     return Built(model, dataset, loss_fn, **parts)
 
 
-def build(workload: Workload, *, seed: int = 0) -> Built:
-    """Build model, dataset and loss in this process (the trial's child)."""
+def build(workload: Workload, *, seed: int = 0, config: Any = None) -> Built:
+    """Build model, dataset and loss in this process (the trial's child); ``config`` (the trial's
+    ``TrialConfig``) gives the text workload its batch size and length bucketing."""
     if workload.is_callable:
         return _call_user(_load_callable(workload.model), workload)
     from . import text
 
     if text.is_text(workload.model):
-        return Built(**text.build(workload, seed=seed))
+        return Built(**text.build(workload, seed=seed, config=config))
     import torch
     import torchvision
 
