@@ -25,7 +25,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                         "dataset, loss_fn); default: %(default)s")
     g.add_argument("--task", choices=("train", "infer"), default="train",
                    help="train = forward+backward+optimizer step; infer = inference_mode forward (default: %(default)s)")
-    g.add_argument("--image-size", "--seq-len", type=int, default=224, metavar="PX",
+    g.add_argument("--image-size", "--seq-len", type=int, default=224, metavar="SIZE",
                    help="square crop size; for a text model (transformer) the maximum sequence length in tokens, "
                         "for which --seq-len is the same flag (default: %(default)s)")
     g.add_argument("--data", metavar="DIR", default=None,

@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    print(f"{hw.summary_line()}\n{space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
+    print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,

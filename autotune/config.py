@@ -15,11 +15,12 @@ from ._malloc import MALLOC_MODES, env_for
 from ._records import Record, check, finite_or_none, is_int, is_num
 from .result import MEMORY_STATUSES, STATUSES, TrialResult
 
-__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
+__all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
            "COMPILE_MODES", "finite_or_none",
            "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "launch_env", "THREAD_ENV_VARS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
+TEXT_MODELS = ("transformer", "transformer_tiny")  # the built-in text workload's names (sizes: autotune.text)
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 TASKS = ("train", "infer")
 
@@ -75,9 +76,7 @@ class Workload(Record):
     def size_label(self) -> str:
         """``224px``; for the built-in text workload (``autotune.text``, where image_size is the maximum sequence
         length) ``len128``."""
-        from .text import is_text
-
-        return f"len{self.image_size}" if is_text(self.model) else f"{self.image_size}px"
+        return f"len{self.image_size}" if self.model in TEXT_MODELS else f"{self.image_size}px"
 
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"

@@ -43,7 +43,7 @@ __all__ = ["TEXT_MODELS", "PAD", "is_text", "check", "build", "pad_collate", "co
 PAD = 0
 MIN_LEN = 8
 # name -> (vocabulary, d_model, layers, heads, feed-forward width)
-TEXT_MODELS: dict[str, tuple[int, int, int, int, int]] = {
+TEXT_MODELS: dict[str, tuple[int, int, int, int, int]] = {  # keys: config.TEXT_MODELS
     "transformer": (8000, 128, 2, 4, 512),  # small (BERT-tiny-like): a trial must finish on 2 shared cores
     "transformer_tiny": (1000, 32, 1, 2, 64),
 }
@@ -205,15 +205,24 @@ def build(workload: Any, *, seed: int = 0, config: Any = None) -> dict[str, Any]
 
 
 def fit_space(space: Any, workload: Any) -> Any:
-    """``space`` for this workload: a text workload does not search channels_last (it has no 4-D image tensors),
-    any other does not search bucket_by_length (only the text workload's sequences have lengths to group); the
-    knob is fixed false, with a note. A space that already leaves it alone is returned as it is."""
+    """``space`` for this workload. A text workload does not search channels_last (it has no 4-D image tensors)
+    and does search ``bucket_by_length`` (off in the baseline) unless the space says otherwise (lists or fixes
+    it); any other workload does not search ``bucket_by_length`` (only the text workload's sequences have lengths
+    to group). A knob taken out is fixed false, with a note; a space with nothing to change is returned as is."""
+    from .space import Param
+
     text = is_text(workload.model)
-    knob = "channels_last" if text else "bucket_by_length"
-    if not any(p.name == knob for p in space.params) and not space.fixed.get(knob) and not space.baseline.get(knob):
+    drop = "channels_last" if text else "bucket_by_length"
+    params, fixed, baseline, notes = list(space.params), dict(space.fixed), dict(space.baseline), list(space.notes)
+    if any(p.name == drop for p in params) or fixed.get(drop) or baseline.get(drop):
+        params = [p for p in params if p.name != drop]
+        fixed[drop] = baseline[drop] = False
+        notes.append(f"{drop} dropped: " + (f"the text workload {workload.model} has no 4-D image tensors" if text
+                     else f"it groups text sequences by length; {workload.model} is not a text workload"))
+    if text and "bucket_by_length" not in fixed and all(p.name != "bucket_by_length" for p in params):
+        params.append(Param("bucket_by_length", "bool", (False, True)))
+        baseline["bucket_by_length"] = False
+        notes.append("bucket_by_length added: batches of similar lengths pad less (autotune.text)")
+    if params == space.params and fixed == space.fixed:
         return space
-    why = (f"the text workload {workload.model} has no 4-D image tensors" if text
-           else f"it groups the text workload's sequences by length; {workload.model} is not a text workload")
-    return dataclasses.replace(
-        space, params=[p for p in space.params if p.name != knob], fixed={**space.fixed, knob: False},
-        baseline={**space.baseline, knob: False}, notes=[*space.notes, f"{knob} dropped: {why}"])
+    return dataclasses.replace(space, params=params, fixed=fixed, baseline=baseline, notes=notes)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -12,7 +13,7 @@ from autotune import text
 from autotune._device import CPUDevice
 from autotune._worker import make_step
 from autotune.cli import main as cli_main
-from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.config import TEXT_MODELS, MeasureSpec, TrialConfig, Workload
 from autotune.contract import count_batch, loader_kwargs
 from autotune.errors import WorkloadError
 from autotune.recommendation import tokens_per_sample
@@ -121,18 +122,27 @@ def test_text_models_are_listed_checked_and_named_by_their_length():
         check(Workload(model="transformer", data_dir="/tmp"))
 
 
-def test_the_space_for_text_has_no_channels_last_and_images_have_no_bucketing():
+def test_the_space_for_text_has_no_channels_last_and_searches_bucketing():
     sp = load_space(hardware=fake_hw(cores=4), device="cpu")
-    assert {"channels_last", "bucket_by_length"} <= set(names(sp))
+    assert "channels_last" in names(sp) and "bucket_by_length" not in names(sp)  # the shipped space: images
     for_text = text.fit_space(sp, Workload(model="transformer"))
     assert "channels_last" not in names(for_text) and "bucket_by_length" in names(for_text)
     assert for_text.fixed["channels_last"] is False and for_text.baseline_config().channels_last is False
+    assert for_text.baseline_config().bucket_by_length is False  # the baseline stays PyTorch's plain loader
     assert any("channels_last dropped" in n for n in for_text.notes)
     assert for_text.likely_params()["bucket_by_length"] is True
-    for_image = text.fit_space(sp, Workload(model="resnet18"))
-    assert "bucket_by_length" not in names(for_image) and "channels_last" in names(for_image)
-    assert for_image.baseline_config().bucket_by_length is False
-    assert text.fit_space(for_image, Workload(model="resnet18")) is for_image  # fitting twice changes nothing
+    assert text.fit_space(for_text, Workload(model="transformer")) is for_text  # fitting twice changes nothing
+    assert text.fit_space(sp, Workload(model="resnet18")) is sp  # an image workload's space as it was
+
+
+def test_a_space_that_names_bucketing_is_respected_and_images_never_search_it():
+    sp = load_space(hardware=fake_hw(cores=4), device="cpu")
+    pinned = dataclasses.replace(sp, fixed={**sp.fixed, "bucket_by_length": True})
+    assert "bucket_by_length" not in names(text.fit_space(pinned, Workload(model="transformer")))
+    assert text.fit_space(pinned, Workload(model="transformer")).baseline_config().bucket_by_length is True
+    for_image = text.fit_space(pinned, Workload(model="resnet18"))
+    assert for_image.fixed["bucket_by_length"] is False and any("not a text workload" in n for n in for_image.notes)
+    assert tuple(text.TEXT_MODELS) == TEXT_MODELS  # the names config.py knows are the sizes text.py builds
 
 
 def test_a_tuner_searches_the_fitted_space(tmp_path):
