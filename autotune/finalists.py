@@ -316,7 +316,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
         user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
-        tokens_per_sample=tokens_per_sample(chosen[1].user_attrs),
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
 
 
@@ -354,5 +354,5 @@ def provisional(study, *, storage: str = "") -> Recommendation:
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
         user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
-        tokens_per_sample=tokens_per_sample(ua),
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),
     )

@@ -101,13 +101,14 @@ class Recommendation:
     # which parts of the training the figures ran that were the user's own (autotune.contract.PARTS: optimizer,
     # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
     user_parts: tuple[str, ...] = ()
-    # real tokens per sample as the workload counted them (text: autotune.text); None when it counts no tokens
+    # real tokens per sample as the workload counted them (text: autotune.text), over the finalists' search
+    # trials (a property of the data, not of the config); None when it counts no tokens
     tokens_per_sample: float | None = None
 
     @property
     def median_tokens_per_s(self) -> float | None:
-        """Tokens/s at the median samples/s: the finalists' samples/s times the tokens per sample the chosen
-        trial counted (a property of the data, not of the config); None when the workload counts no tokens."""
+        """Tokens/s at the median samples/s: the finalists' samples/s times ``tokens_per_sample``; None when the
+        workload counts no tokens."""
         if self.tokens_per_sample is None:
             return None
         return round(self.median_samples_per_s * self.tokens_per_sample, 1)
@@ -352,13 +353,16 @@ def versions_of(hw) -> dict[str, Any]:
     return out
 
 
-def tokens_per_sample(user_attrs: dict) -> float | None:
-    """Tokens per sample from a trial's stored windows (``tokens_per_s`` over ``samples_per_s``), or None when
-    its workload counted no tokens."""
-    tokens, samples = user_attrs.get("tokens_per_s") or [], user_attrs.get("samples_per_s") or []
-    if not tokens or len(tokens) != len(samples) or not sum(samples):
-        return None
-    return round(sum(tokens) / sum(samples), 3)
+def tokens_per_sample(*user_attrs: dict) -> float | None:
+    """Tokens per sample from trials' stored windows (``tokens_per_s`` over ``samples_per_s``, pooled over the
+    trials given), or None when their workload counted no tokens. Pooled, because one short trial's few windows
+    may hold mostly short or long sequences (with length bucketing, whole batches of them)."""
+    tokens = samples = 0.0
+    for ua in user_attrs:
+        t, s = ua.get("tokens_per_s") or [], ua.get("samples_per_s") or []
+        if t and len(t) == len(s):
+            tokens, samples = tokens + sum(t), samples + sum(s)
+    return round(tokens / samples, 3) if samples else None
 
 
 def stored_recommendation(study) -> Recommendation | None:

@@ -170,6 +170,8 @@ def test_the_cli_refuses_a_bad_text_option_in_one_line(argv, says, capsys):
 def test_the_recommendation_gives_tokens_per_second_beside_samples():
     assert tokens_per_sample({"samples_per_s": [10.0, 20.0], "tokens_per_s": [400.0, 800.0]}) == 40.0
     assert tokens_per_sample({"samples_per_s": [10.0]}) is None
+    assert tokens_per_sample({"samples_per_s": [10.0], "tokens_per_s": [100.0]},
+                             {"samples_per_s": [30.0], "tokens_per_s": [500.0]}, {"samples_per_s": [5.0]}) == 15.0
     rec = make_rec(config=TrialConfig(batch_size=32, bucket_by_length=True),
                    workload=Workload(model="transformer", image_size=128), tokens_per_sample=40.0)
     assert rec.median_tokens_per_s == round(120.5 * 40, 1)
@@ -202,3 +204,24 @@ def test_a_real_text_trial_reports_tokens_per_second_from_the_counted_tokens():
         assert text.MIN_LEN <= per_sample <= TINY.image_size
         assert per_sample == pytest.approx(mean_len, rel=0.35)
     assert result.figures()["tokens_per_s"]
+
+
+@pytest.mark.slow  # one child through the CLI: ~15 s on 2 shared cores
+def test_the_cli_trial_of_the_text_workload_with_bucketing_counts_its_tokens():
+    import json
+
+    from tests.conftest import run_cli
+
+    proc = run_cli("trial", "--model", "transformer_tiny", "--seq-len", "32", "--batch-size", "8",
+                   "--bucket-by-length", "--threads", "1", "--windows", "3", "--window-seconds", "0.3",
+                   "--device", "cpu", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["config"]["bucket_by_length"] is True
+    figures = out["figures"]
+    assert figures["samples_per_step"] == 8
+    assert set(figures["user_parts"]) == {"optimizer", "collate_fn", "sampler", "count"}
+    assert len(figures["tokens_per_s"]) == len(figures["samples_per_s"]) == 3
+    mean_len = float(text.sequence_lengths(Workload().dataset_size, 32, seed=0).mean())
+    per_sample = sum(figures["tokens_per_s"]) / sum(figures["samples_per_s"])  # counted tokens, not a timing
+    assert per_sample == pytest.approx(mean_len, rel=0.35)
