@@ -18,9 +18,10 @@ tokenised corpus costs. The workload brings its own parts:
 
 Channels-last means nothing here (no 4-D image tensors): ``fit_space`` takes it out of the search space. The
 text workload's own knob is ``bucket_by_length`` (``--bucket-by-length``): a ``LengthBuckets`` sampler makes
-batches of similar lengths, so 2-4% of a batch is padding instead of ~69% (``--seq-len 128``). On 2 shared,
-loaded EPYC cores, over 5 interleaved rounds at batch 64, it gave 0.93-2.44x (median 1.53x) the real tokens/s,
-while padding to a multiple of 64 gave 0.67-1.26x (median 0.99x): the one knob is searched, the other is not
+batches of similar lengths, so 2-4% of a batch is padding instead of ~69% (``--seq-len 128``). On 2 EPYC cores,
+over 5 interleaved rounds at batch 64, it gave 3.15-4.01x (median 3.74x) the real tokens/s with the machine
+quiet (load ~1), 0.93-2.44x (median 1.53x) with it loaded (load 8-10); padding to a multiple of 64 gave
+0.82-1.08x and 0.67-1.26x (medians 0.99x): the one knob is searched, the other is not
 (``benchmarks/text_padding.py``; figures in ``benchmarks/results/text-padding-2026-11-23*.txt``). Bucketing
 changes which sequences share a batch (not the data), as Hugging Face's ``group_by_length`` does: the tuner
 measures it, the recommendation says it (``bucket`` in its config), and applying it is the user's call.
