@@ -83,7 +83,7 @@ def run(spec: dict) -> dict:
 
     dev = get_device(workload.device)
     dev.prepare(candidate)  # cudnn.benchmark and the current device: the same for both runs
-    built = build(workload, seed=seed)
+    built = build(workload, seed=seed, config=candidate)
     train = workload.task == "train"
     # Both copies are taken before either is touched: the same initial weights and buffers.
     # The control (train only) is the reference from nudged weights: its drift is the noise floor.

@@ -141,7 +141,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
 
     dev = device if device is not None else get_device(workload.device)
     dev.prepare(config)
-    built = build(workload, seed=spec.seed)
+    built = build(workload, seed=spec.seed, config=config)
     train = workload.task == "train"
     from .global_batch import accumulation_steps
 

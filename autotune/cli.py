@@ -78,6 +78,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from .hardware import detect
     from .runner import run_trial
     from .storage import machine_lock
+    from .text import check_config
     from .workloads import check
 
     hw = detect(with_torch=False)
@@ -91,6 +92,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
     check(workload)
+    check_config(workload, config)  # --channels-last for text, --bucket-by-length for images: refused here
     quiet = args.format == "json"
 
     def on_event(ev: dict[str, Any]) -> None:

@@ -20,11 +20,14 @@ __all__ = ["add_workload_args", "add_measure_args", "add_knob_args", "add_study_
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload (what is measured)")
     g.add_argument("--model", default="resnet18",
-                   help="torchvision classification model (weights=None, nothing downloaded) or "
-                        "package.module:callable returning (model, dataset, loss_fn); default: %(default)s")
+                   help="torchvision classification model (weights=None, nothing downloaded), transformer (the "
+                        "built-in text workload, autotune.text) or package.module:callable returning (model, "
+                        "dataset, loss_fn); default: %(default)s")
     g.add_argument("--task", choices=("train", "infer"), default="train",
                    help="train = forward+backward+optimizer step; infer = inference_mode forward (default: %(default)s)")
-    g.add_argument("--image-size", type=int, default=224, metavar="PX", help="square crop size (default: %(default)s)")
+    g.add_argument("--image-size", "--seq-len", type=int, default=224, metavar="SIZE",
+                   help="square crop size; for a text model (transformer) the maximum sequence length in tokens, "
+                        "for which --seq-len is the same flag (default: %(default)s)")
     g.add_argument("--data", metavar="DIR", default=None,
                    help="ImageFolder of real images (DIR/<class>/<img>); default: synthetic JPEGs decoded by PIL")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if a GPU is visible, else cpu)")
@@ -81,7 +84,7 @@ def add_study_selector_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("which study (default: the only one in the storage)")
     g.add_argument("--model", default=None, help="the study of this model (with --task/--image-size/--device)")
     g.add_argument("--task", default="train", choices=("train", "infer"))
-    g.add_argument("--image-size", type=int, default=224)
+    g.add_argument("--image-size", "--seq-len", type=int, default=224)
     g.add_argument("--data", default=None)
     g.add_argument("--device", default=None)
     _add_global_batch(g)

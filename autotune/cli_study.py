@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    print(f"{hw.summary_line()}\n{space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
+    print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
@@ -151,13 +151,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
-    view = df[["trial", "status", "samples_per_s", "speedup", "rel_iqr", "peak_host_mb", "data_wait_share",
-               "config", "role", "reason"]].copy()
+    tokens = ["tokens_per_s"] if df["tokens_per_s"].notna().any() else []  # a text workload's real tokens/s
+    view = df[["trial", "status", "samples_per_s", *tokens, "speedup", "rel_iqr", "peak_host_mb",
+               "data_wait_share", "config", "role", "reason"]].copy()
+    if tokens:
+        view["tokens_per_s"] = view["tokens_per_s"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
     view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
     view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
     view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
     view["reason"] = view["reason"].fillna("").map(lambda s: s if len(s) <= 60 else s[:57] + "...")
-    view = view.rename(columns={"samples_per_s": "samples/s", "rel_iqr": "IQR", "peak_host_mb": "peak MiB",
+    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "rel_iqr": "IQR", "peak_host_mb": "peak MiB",
                                 "data_wait_share": "data wait"})
     if args.limit:
         view = view.head(args.limit)
@@ -168,7 +171,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         m = rec["measured"]
         print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "
               f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
-              f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}")
+              f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}"
+              + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
     if args.explain:  # what limited each trial, one line each, in the table's order

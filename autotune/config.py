@@ -15,11 +15,12 @@ from ._malloc import MALLOC_MODES, env_for
 from ._records import Record, check, finite_or_none, is_int, is_num
 from .result import MEMORY_STATUSES, STATUSES, TrialResult
 
-__all__ = ["Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
+__all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
            "COMPILE_MODES", "finite_or_none",
            "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "launch_env", "THREAD_ENV_VARS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
+TEXT_MODELS = ("transformer", "transformer_tiny")  # the built-in text workload's names (sizes: autotune.text)
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 TASKS = ("train", "infer")
 
@@ -33,8 +34,10 @@ def device_family(device: str) -> str:
 class Workload(Record):
     """What is measured: a model by name, its data, the task and the device.
 
-    ``model`` is a torchvision classification model name (``resnet18``) or ``package.module:callable``.
-    ``data_dir`` is an ImageFolder of real images; ``None`` means synthetic JPEGs decoded by PIL.
+    ``model`` is a torchvision classification model name (``resnet18``), the built-in text workload
+    (``transformer``, ``autotune.text``: ``image_size`` is then the maximum sequence length) or
+    ``package.module:callable``. ``data_dir`` is an ImageFolder of real images; ``None`` means synthetic JPEGs
+    decoded by PIL (synthetic token sequences for text).
     ``global_batch`` (training only) keeps the user's samples per optimizer step: the batch size is then a
     micro-batch that divides it, with gradient accumulation (``autotune.global_batch``); None: no accumulation.
     """
@@ -55,7 +58,7 @@ class Workload(Record):
                "a torchvision model name or package.module:callable")
         check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
         check(is_int(self.image_size) and 16 <= self.image_size <= 4096, "image_size", self.image_size,
-               "an integer from 16 to 4096 pixels")
+               "an integer from 16 to 4096 (pixels; tokens for a text model's --seq-len)")
         check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
                "cpu, cuda or cuda:N")
         check(is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
@@ -76,10 +79,16 @@ class Workload(Record):
         """``"cpu"`` or ``"cuda"`` (for ``cuda`` and ``cuda:N``)."""
         return device_family(self.device)
 
+    @property
+    def size_label(self) -> str:
+        """``224px``; for the built-in text workload (``autotune.text``, where image_size is the maximum sequence
+        length) ``len128``."""
+        return f"len{self.image_size}" if self.model in TEXT_MODELS else f"{self.image_size}px"
+
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
         gb = f"/gb{self.global_batch}" if self.global_batch else ""
-        return f"{self.model}/{self.task}/{self.image_size}px/{data}{self.device}{gb}"
+        return f"{self.model}/{self.task}/{self.size_label}/{data}{self.device}{gb}"
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ class TrialConfig(Record):
     inter_op_threads: int | None = None
     cudnn_benchmark: bool = False
     malloc: str = "default"
+    bucket_by_length: bool = False  # text workloads: batches of similar lengths (autotune.text)
 
     def __post_init__(self) -> None:
         check(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
@@ -116,7 +126,7 @@ class TrialConfig(Record):
                "a whole number >= 0 (0 loads data in the training process)")
         check(self.prefetch_factor is None or (is_int(self.prefetch_factor) and self.prefetch_factor >= 1),
                "prefetch_factor", self.prefetch_factor, "None or a whole number >= 1")
-        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark"):
+        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "bucket_by_length"):
             check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         check(self.amp in AMP_MODES, "amp", self.amp, f"one of {', '.join(AMP_MODES)}")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
@@ -221,6 +231,8 @@ KNOBS: tuple[Knob, ...] = (
          "retain: glibc keeps freed memory for reuse instead of page-faulting it in again each step; hugepages: "
          "retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages (THP_MEM_ALLOC_ENABLE=1) "
          "(default: %(default)s)", choices=MALLOC_MODES, label="malloc"),
+    Knob("bucket_by_length", "--bucket-by-length", "switch",
+         "text workloads: batches of sequences of similar length, so less padding (autotune.text)", label="bucket"),
 )
 _KNOB = {k.field: k for k in KNOBS}
 _THREADS = ("intra_op_threads", "inter_op_threads")
@@ -228,7 +240,7 @@ _THREADS = ("intra_op_threads", "inter_op_threads")
 # (short lines are stored in recommendations); short() writes both thread counts as one part, t=intra/inter.
 _SHORT_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                         "pin_memory", "amp", "channels_last", "compile_mode", "malloc",
-                                        "intra_op_threads"))
+                                        "intra_op_threads", "bucket_by_length"))
 _SUMMARY_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                           "pin_memory", "amp", "channels_last", "compile_mode", "intra_op_threads",
                                           "inter_op_threads", "malloc"))

@@ -23,7 +23,7 @@ from .errors import AutotuneError
 from .measure import summarize
 from .parity import first_passing
 from .payback import Priced, price
-from .recommendation import Recommendation, reproduce_command, versions_of
+from .recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from .trials import baseline_value, feasible_by_config
 
 __all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
@@ -328,6 +328,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
         user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
         compile={**pricing.record, "cache_dir": str(tuner.compile_cache_dir)},
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
 
 
@@ -385,4 +386,5 @@ def provisional(study, *, storage: str = "") -> Recommendation:
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
         user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),
     )

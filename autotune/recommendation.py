@@ -26,11 +26,12 @@ from typing import Any, Iterator
 import yaml
 
 from ._malloc import apply_in_process, env_for
+from .applied import Applied
 from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
 from .errors import ConfigError
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
-           "stored_recommendation"]
+           "stored_recommendation", "tokens_per_sample"]
 
 FORMAT_VERSION = 1
 
@@ -46,8 +47,11 @@ def _now() -> str:
 def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
     """The `autotune trial` command that measures this config again: the workload's flags, then the knobs'
     (``config.knob_args``), then the memory cap."""
+    from .text import is_text
+
+    size_flag = "--seq-len" if is_text(workload.model) else "--image-size"  # the same flag, spelled for text
     args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
-            "--image-size", str(workload.image_size), "--device", workload.device]
+            size_flag, str(workload.image_size), "--device", workload.device]
     if workload.data_dir:
         args += ["--data", workload.data_dir]
     if workload.global_batch:
@@ -106,6 +110,17 @@ class Recommendation:
     # measured compile time, effective throughput and break-even, whether compile was dropped for not paying
     # back, where the study's inductor cache lives; None in older exports and provisional ones
     compile: dict | None = None
+    # real tokens per sample as the workload counted them (text: autotune.text), over the finalists' search
+    # trials (a property of the data, not of the config); None when it counts no tokens
+    tokens_per_sample: float | None = None
+
+    @property
+    def median_tokens_per_s(self) -> float | None:
+        """Tokens/s at the median samples/s: the finalists' samples/s times ``tokens_per_sample``; None when the
+        workload counts no tokens."""
+        if self.tokens_per_sample is None:
+            return None
+        return round(self.median_samples_per_s * self.tokens_per_sample, 1)
 
     # --- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +140,8 @@ class Recommendation:
                 "memory_margin": self.memory_margin,
                 "peak_device_mb": self.peak_device_mb, "device_memory_mb": self.device_memory_mb,
                 "finalist_rounds": self.finalist_rounds, "search_round_pooled": self.search_round_pooled,
+                "tokens_per_sample": self.tokens_per_sample,
+                "median_tokens_per_s": self.median_tokens_per_s,  # derived (not read back)
                 # derived (not read back): what the peak leaves free of the cap less the margin
                 "headroom_mb": self.headroom_mb(),
             },
@@ -183,6 +200,7 @@ class Recommendation:
                 reproduce=str(p.get("reproduce", "")), created=str(p.get("created", "")),
                 provisional=bool(p.get("provisional", False)),
                 user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
+                tokens_per_sample=m.get("tokens_per_sample"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -329,6 +347,9 @@ class Recommendation:
 
             lines.append(f"  {describe(self.config.batch_size, self.global_batch)} (an optimizer step every "
                          f"{self.global_batch} samples, as measured)")
+        if self.tokens_per_sample is not None:
+            lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "
+                         "per sample, as the workload counts them)")
         if self.user_parts:
             lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.contract)")
         if self.margin_vs_runner_up is not None:
@@ -351,39 +372,6 @@ class Recommendation:
         return "\n".join(lines)
 
 
-class Applied:
-    """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
-
-    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1) -> None:
-        from ._device import CPUDevice, CUDADevice
-
-        self.config = config
-        # micro-batches per optimizer step: backward each (the loss divided by this), step and zero_grad after
-        # the last one
-        self.accumulation_steps = accumulation_steps
-        self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
-
-    def prepare_model(self, model):
-        import torch
-
-        model = model.to(self._dev.torch_device())
-        if self.config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        if self.config.compile_mode != "none":
-            model = torch.compile(model, mode=self.config.compile_mode)
-        return model
-
-    def prepare_input(self, x, *, non_blocking: bool | None = None):
-        nb = self.config.pin_memory if non_blocking is None else non_blocking
-        return self._dev.to_device(x, non_blocking=nb, channels_last=self.config.channels_last)
-
-    def autocast(self):
-        return self._dev.autocast(self.config.amp)
-
-    def grad_scaler(self):
-        return self._dev.grad_scaler(self.config.amp)
-
-
 def versions_of(hw) -> dict[str, Any]:
     import platform
 
@@ -402,6 +390,18 @@ def versions_of(hw) -> dict[str, Any]:
     gpus = hw.gpus if hw is not None else ()
     out["driver"] = gpus[0]["driver"] if gpus else None
     return out
+
+
+def tokens_per_sample(*user_attrs: dict) -> float | None:
+    """Tokens per sample from trials' stored windows (``tokens_per_s`` over ``samples_per_s``, pooled over the
+    trials given), or None when their workload counted no tokens. Pooled, because one short trial's few windows
+    may hold mostly short or long sequences (with length bucketing, whole batches of them)."""
+    tokens = samples = 0.0
+    for ua in user_attrs:
+        t, s = ua.get("tokens_per_s") or [], ua.get("samples_per_s") or []
+        if t and len(t) == len(s):
+            tokens, samples = tokens + sum(t), samples + sum(s)
+    return round(tokens / samples, 3) if samples else None
 
 
 def stored_recommendation(study) -> Recommendation | None:

@@ -96,10 +96,10 @@ class SearchSpace:
     # and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
     # buffers (hugepages was as fast with more memory, so it is left to the search; autotune/_malloc.py).
     # On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
-    # PyTorch's default). Measured like any trial.
+    # PyTorch's default). Length bucketing (text only) cut padding from ~65% to ~4% of the tokens. Measured like any trial.
     # In order of preference per knob: the first one the trimmed space offers is taken.
     LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
-                      "cudnn_benchmark": (True,)}
+                      "cudnn_benchmark": (True,), "bucket_by_length": (True,)}
 
     def likely_params(self) -> dict[str, Any] | None:
         """The baseline with the usual winners this space offers switched on (Optuna params), or None when

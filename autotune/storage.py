@@ -34,7 +34,7 @@ def study_name_for(workload: Workload, fingerprint: str) -> str:
     else:
         data = "" if workload.is_callable else "-synthetic"
     gb = f"-gb{workload.global_batch}" if workload.global_batch else ""
-    return (f"{model}-{workload.task}-{workload.image_size}px{data}-{workload.device.replace(':', '')}{gb}"
+    return (f"{model}-{workload.task}-{workload.size_label}{data}-{workload.device.replace(':', '')}{gb}"
             f"-{fingerprint}")
 
 

@@ -75,14 +75,16 @@ class Tuner:
         from .hardware import detect
         from .limits import default_memory_cap_mb
         from .space import load_space
+        from .text import fit_space
 
         self.workload = workload
         self.hardware = hardware or detect()
         from .global_batch import restrict_space
 
+        # the workload's own knobs: no channels_last for text, no length bucketing for images (autotune.text);
         # with a global batch only the batch sizes that divide it are searched (a one-line error if none does)
-        self.space = restrict_space(space or load_space(hardware=self.hardware, device=workload.device),
-                                    workload.global_batch)
+        self.space = restrict_space(fit_space(space or load_space(hardware=self.hardware, device=workload.device),
+                                              workload), workload.global_batch)
         measure = measure or MeasureSpec()
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
@@ -198,6 +200,7 @@ class Tuner:
         """Trials run on other machines than this one (a laptop driving a Ray cluster): the study is theirs,
         named after their fingerprint (unless named explicitly) and over the space trimmed to them."""
         from .space import load_space
+        from .text import fit_space
 
         derived = self.study_name == study_name_for(self.workload, self.hardware.fingerprint)
         self.hardware = hardware
@@ -209,8 +212,8 @@ class Tuner:
         if source and Path(source).is_file():
             from .global_batch import restrict_space
 
-            self.space = restrict_space(load_space(source, hardware=hardware, device=self.workload.device),
-                                        self.workload.global_batch)
+            self.space = restrict_space(fit_space(load_space(source, hardware=hardware, device=self.workload.device),
+                                                  self.workload), self.workload.global_batch)
 
     def record_parity(self, trial_number: int, result) -> None:
         """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where

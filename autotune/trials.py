@@ -12,6 +12,7 @@ a FAIL would be ignored and re-proposed); pruned or timed out -> PRUNED; anythin
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,6 +320,8 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "status": (f"copy of #{ua[DUPLICATE_OF]}" if ua.get(DUPLICATE_OF) is not None
                        else ua.get(STATUS, _UNFINISHED.get(t.state.name, "-"))),
             "samples_per_s": ua.get("median_samples_per_s"),
+            # when the workload counts tokens (text): the median of the windows' tokens/s
+            "tokens_per_s": statistics.median(ua["tokens_per_s"]) if ua.get("tokens_per_s") else None,
             "rel_iqr": ua.get("rel_iqr"),
             "peak_host_mb": ua.get("peak_host_mb"),
             "data_wait_share": ua.get("data_wait_share"),

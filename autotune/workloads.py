@@ -1,6 +1,7 @@
 """Build a workload by name: model, dataset and loss.
 
 * any torchvision classification model (``resnet18``, ``mobilenet_v3_small``...), always ``weights=None``;
+* the built-in text workload (``transformer``, ``transformer_tiny``: ``autotune.text``), synthetic token sequences;
 * or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys and,
   optionally, its own ``optimizer``, ``collate_fn``, ``sampler``, ``step`` and ``count``: the workload contract,
   documented in one place, ``autotune.contract``. It is called with the keyword arguments it accepts among
@@ -33,10 +34,13 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 def list_models() -> list[str]:
-    """torchvision's classification models (the names ``--model`` accepts besides ``module:callable``)."""
+    """torchvision's classification models and the built-in text ones (``autotune.text``): the names ``--model``
+    accepts besides ``module:callable``."""
     import torchvision
 
-    return sorted(torchvision.models.list_models(module=torchvision.models))
+    from .text import TEXT_MODELS
+
+    return sorted([*torchvision.models.list_models(module=torchvision.models), *TEXT_MODELS])
 
 
 def _load_callable(spec: str) -> Callable[..., Any]:
@@ -82,8 +86,12 @@ def _image_files(root: Path) -> tuple[list[str], int, list[str]]:
 
 def check(workload: Workload) -> None:
     """Refuse a workload that cannot be built, with a one-line WorkloadError that names the fix."""
+    from . import text
+
     if workload.is_callable:
         _load_callable(workload.model)
+    elif text.is_text(workload.model):
+        return text.check(workload)
     else:
         names = list_models()
         if workload.model not in names:
@@ -92,8 +100,8 @@ def check(workload: Workload) -> None:
             close = difflib.get_close_matches(workload.model, names, n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise WorkloadError(
-                f"unknown model {workload.model!r}: {hint}use a torchvision classification model "
-                "(`autotune models` lists them) or package.module:callable"
+                f"unknown model {workload.model!r}: {hint}use a torchvision classification model, transformer "
+                "(text), or package.module:callable (`autotune models` lists the names)"
             )
     if workload.data_dir is not None:
         root = Path(workload.data_dir)
@@ -242,10 +250,15 @@ def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
     return Built(model, dataset, loss_fn, **parts)
 
 
-def build(workload: Workload, *, seed: int = 0) -> Built:
-    """Build model, dataset and loss in this process (the trial's child)."""
+def build(workload: Workload, *, seed: int = 0, config: Any = None) -> Built:
+    """Build model, dataset and loss in this process (the trial's child); ``config`` (the trial's
+    ``TrialConfig``) gives the text workload its batch size and length bucketing."""
     if workload.is_callable:
         return _call_user(_load_callable(workload.model), workload)
+    from . import text
+
+    if text.is_text(workload.model):
+        return Built(**text.build(workload, seed=seed, config=config))
     import torch
     import torchvision
 
