@@ -65,7 +65,10 @@ def _cmd(url: str, name: str, space, *, model: str = TINY, window_s: float = 0.2
          windows: int = 2) -> list[str]:
     return [sys.executable, "-m", "autotune.cli", "run", "--model", model, "--image-size", "16", "--device", "cpu",
             "--space", str(space), "--storage", url, "--study-name", name, "--windows", str(windows),
-            "--window-seconds", str(window_s), "--finalists", "1", "--rounds", "1", "--no-progress"]
+            "--window-seconds", str(window_s), "--finalists", "1", "--rounds", "1", "--no-progress",
+            # the database holds the other tests' studies of this machine: no warm start from them, so each
+            # test's first trials are the ones it counts on (test_warm_start.py tests the warm start)
+            "--no-warm-start"]
 
 
 def _study(url: str, name: str):
