@@ -89,15 +89,18 @@ def test_two_workers_share_one_study_and_count_every_trial_once(pg_url, space_fi
 
     every = _study(pg_url, name).trials
     assert [t.number for t in every] == list(range(len(every)))
-    # what is still queued is the batch walk's next step, left for a later run
-    assert all(t.user_attrs.get("batch_line") for t in every if t.state.name == "WAITING")
+    # what is still queued is the batch walk's next step, or the re-run of a trial pruned far below its
+    # neighbours (a hiccup of this loaded machine: study_queue.requeue_far_pruned), left for a later run
+    assert all(t.user_attrs.get("batch_line") or t.user_attrs.get("requeue_of") is not None
+               for t in every if t.state.name == "WAITING")
     trials = [t for t in every if t.state.name != "WAITING"]
     assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials), [(t.number, t.state.name) for t in trials]
     assert sum(1 for t in trials if t.user_attrs.get("baseline")) == 1
     assert sum(1 for t in trials if t.user_attrs.get("likely_winner")) == 1
     # 3 + 3 measured: none lost, none counted twice. Repeats the sampler proposed were answered from the
     # study and do not use up --trials, so with a 6-config space the two workers measured all of it once.
-    measured = [t for t in trials if t.user_attrs.get("duplicate_of") is None]
+    measured = [t for t in trials if t.user_attrs.get("duplicate_of") is None
+                and t.user_attrs.get("requeue_of") is None]  # a re-run of a far prune measures it again, once
     keys = [TrialConfig.from_dict(t.user_attrs["config"]).key() for t in measured]
     assert len(keys) == len(set(keys)), "a config was measured twice"
     assert len(measured) == 6, [(t.number, t.user_attrs.get("duplicate_of")) for t in trials]
