@@ -98,12 +98,18 @@ def test_two_workers_share_one_study_and_count_every_trial_once(pg_url, space_fi
     assert sum(1 for t in trials if t.user_attrs.get("baseline")) == 1
     assert sum(1 for t in trials if t.user_attrs.get("likely_winner")) == 1
     # 3 + 3 measured: none lost, none counted twice. Repeats the sampler proposed were answered from the
-    # study and do not use up --trials, so with a 6-config space the two workers measured all of it once.
-    measured = [t for t in trials if t.user_attrs.get("duplicate_of") is None
-                and t.user_attrs.get("requeue_of") is None]  # a re-run of a far prune measures it again, once
-    keys = [TrialConfig.from_dict(t.user_attrs["config"]).key() for t in measured]
+    # study and do not use up --trials. A re-run of a trial pruned far below its neighbours is a measurement
+    # (it uses up one of --trials) of a config already measured, once: the only config measured twice.
+    ran = [t for t in trials if t.user_attrs.get("duplicate_of") is None]
+    assert len(ran) == 6, [(t.number, t.user_attrs.get("duplicate_of"), t.user_attrs.get("requeue_of"))
+                           for t in trials]
+    reruns = [t for t in ran if t.user_attrs.get("requeue_of") is not None]
+    for t in reruns:
+        assert t.user_attrs["config"] == trials[t.user_attrs["requeue_of"]].user_attrs["config"]
+        assert trials[t.user_attrs["requeue_of"]].state.name == "PRUNED"
+    assert len({t.user_attrs["requeue_of"] for t in reruns}) == len(reruns), "a trial was re-run twice"
+    keys = [TrialConfig.from_dict(t.user_attrs["config"]).key() for t in ran if t not in reruns]
     assert len(keys) == len(set(keys)), "a config was measured twice"
-    assert len(measured) == 6, [(t.number, t.user_attrs.get("duplicate_of")) for t in trials]
     for t in trials:  # a repeat reuses the measurement it repeats, and never ran alongside it
         twin = t.user_attrs.get("duplicate_of")
         if twin is not None:
