@@ -206,7 +206,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             )
         return value
 
-    # --- warm-up: the first step, then until step times settle --------------------------------------------
+    # --- warm-up: the first step, then (when asked) per-step until step times settle ---------------------
     # The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
     # its own (compile_s is measured by dynamo's clock, ``compile_seconds``), and the warm-up's clock, for
     # warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
@@ -218,10 +218,11 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
     t_settle = time.perf_counter()
     times: list[float] = []
-    # Settled = the median of the last k step times is within tolerance of the k before them. The limit ends
-    # a warm-up that never settles, but only after 2k steps beyond the first, so "settled" has a meaning.
+    # With warmup_min_steps > 1: settled = the median of the last k step times is within tolerance of the k
+    # before them. The limit ends a warm-up that never settles, but only after 2k steps beyond the first, so
+    # "settled" has a meaning. By default (1) no step beyond the first is spent here: the windows settle it.
     k = max(1, min(3, spec.warmup_min_steps // 2))
-    while True:
+    while spec.warmup_min_steps > 1:
         times.append(timed_step())
         check_loss()
         n = len(times)
@@ -234,31 +235,17 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
             if abs(recent - before) <= spec.settle_tolerance * before:
                 break
-    warmup_s = time.perf_counter() - t_warm
-    steady = statistics.median(times[-k:])
-    # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
-    # any recompile); only a torch without it falls back to the first step's excess over a settled step.
-    compiled_after = compile_seconds() if compiling else None
-    if compiled_before is not None and compiled_after is not None:
-        compile_s: float | None = compiled_after - compiled_before
-    else:
-        compile_s = max(0.0, first_s - steady) if compiling else None
-        if compiling:
-            print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
-                  flush=True)
-    check_loss()
-    send("warmup", warmup_s=warmup_s, warmup_steps=1 + len(times), compile_s=compile_s, step_s=steady,
-         first_step_s=first_s)
 
     # --- measurement windows, streamed as they finish --------------------------------------------------
     # The device is synchronised once per window, at its end: within it the host runs ahead of the device as a
     # real training loop does, so host work that overlaps the device's is not charged to the step. The data
     # wait / compute split comes from the step timer (host clock on the CPU, device events on CUDA).
-    waits: list[float] = []
-    comps: list[float] = []
-    measured_steps = measured_samples = 0
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
-    for w in range(spec.windows):
+    # The warm-up ends where the windows say it does: the first window is held until SETTLE_LATER_WINDOWS more
+    # are in, and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the
+    # warm-up's tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged.
+    from .measure import MAX_UNSETTLED_WINDOWS, SETTLE_LATER_WINDOWS, window_settled
+
+    def window() -> dict:
         samples = steps = 0
         tokens0 = tokens[0]
         timer.start()
@@ -268,13 +255,69 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             steps += 1
         w_wait, w_comp = timer.finish()
         elapsed = time.perf_counter() - start
-        measured_steps += steps
-        measured_samples += samples
-        waits.append(w_wait / steps)
-        comps.append(w_comp / steps)
         counted = {"tokens_per_s": (tokens[0] - tokens0) / elapsed} if tokens[1] else {}
-        send("window", index=w, samples_per_s=samples / elapsed, steps=steps,
-             data_wait_s=w_wait / steps, compute_s=w_comp / steps, **counted)
+        return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
+                "compute_s": w_comp / steps, "started": start, "elapsed": elapsed, "samples": samples, **counted}
+
+    waits: list[float] = []
+    comps: list[float] = []
+    all_steps = measured_steps = measured_samples = 0
+    held: list[dict] = []
+    unsettled: list[dict] = []
+    later = min(SETTLE_LATER_WINDOWS, spec.windows - 1)
+    settled = later == 0
+    sent = 0
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+
+    def warmed_up(first: dict, *, confirmed: bool | None) -> None:
+        """Send the ``warmup`` event, which ends where ``first``, the first window kept as measured, began.
+        ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
+        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it measures one window only (nothing to confirm)."""
+        steady = statistics.median(times[-k:]) if times else first["elapsed"] / first["steps"]
+        # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
+        # any recompile); only a torch without it falls back to the first step's excess over a settled step.
+        compiled_after = compile_seconds() if compiling else None
+        if compiled_before is not None and compiled_after is not None:
+            compile_s: float | None = compiled_after - compiled_before
+        else:
+            compile_s = max(0.0, first_s - steady) if compiling else None
+            if compiling:
+                print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
+                      flush=True)
+        send("warmup", warmup_s=first["started"] - t_warm,
+             warmup_steps=1 + len(times) + sum(w["steps"] for w in unsettled), compile_s=compile_s, step_s=steady,
+             first_step_s=first_s, warmup_windows=[w["samples_per_s"] for w in unsettled], settled=confirmed)
+
+    def emit(w: dict) -> None:
+        nonlocal sent, measured_steps, measured_samples
+        measured_steps += w["steps"]
+        measured_samples += w["samples"]
+        waits.append(w["data_wait_s"])
+        comps.append(w["compute_s"])
+        send("window", index=sent, **{key: v for key, v in w.items() if key not in ("started", "elapsed", "samples")})
+        sent += 1
+
+    while sent < spec.windows:
+        w = window()
+        all_steps += w["steps"]
+        if settled:
+            if sent == 0:  # one window only: nothing to confirm it with
+                warmed_up(w, confirmed=None)
+            emit(w)
+            continue
+        held.append(w)
+        if len(held) <= later:
+            continue
+        rates = [x["samples_per_s"] for x in held]
+        confirmed = window_settled(rates[0], rates[1:], spec.settle_tolerance)
+        if confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS or time.perf_counter() - t_settle > spec.warmup_max_s:
+            settled = True
+            warmed_up(held[0], confirmed=confirmed)
+            for x in held:
+                emit(x)
+            held = []
+        else:
+            unsettled.append(held.pop(0))
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     final_loss = check_loss()
@@ -282,7 +325,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
         # CPU time while measuring: high when the allocator hands memory back and faults it in again every step
         "kernel_cpu_share": kernel / (user + kernel) if user + kernel > 0 else None,
-        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, measured_steps),
+        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, all_steps),
         "final_loss": final_loss,
         "data_wait_s_per_step": statistics.median(waits),
         "compute_s_per_step": statistics.median(comps),

@@ -285,11 +285,14 @@ def knob_summary(config: TrialConfig) -> str:
 class MeasureSpec(Record):
     """How a trial is warmed up and measured, and the limits the parent enforces.
 
-    The first step (start-up, and compilation with ``torch.compile``) is timed on its own. After it, warm-up
-    runs at least ``warmup_min_steps`` steps and ``warmup_min_s`` seconds, and until the median of the last three
-    step times moves by less than ``settle_tolerance`` (or ``warmup_max_s`` passes, counted from after the first
-    step). Then ``windows`` windows of at least
-    ``window_s`` seconds each (and at least ``min_window_steps`` steps) are measured and streamed.
+    The first step (start-up, and compilation with ``torch.compile``) is timed on its own and is warm-up.
+    With ``warmup_min_steps`` > 1, warm-up then runs at least that many steps and ``warmup_min_s`` seconds, and
+    until the median of the last step times moves by less than ``settle_tolerance`` (or ``warmup_max_s``
+    passes, counted from after the first step). Then ``windows`` windows of at least ``window_s`` seconds each
+    (and at least ``min_window_steps`` steps) are measured and streamed; the first is kept only if it lies
+    within ``settle_tolerance`` of the range of the two after it (``measure.window_settled``), else it is
+    re-labelled warm-up and one more window is measured (two at most, and within ``warmup_max_s``). By default
+    no step beyond the first is spent on a per-step warm-up: the windows tell when the warm-up ended.
     The parent kills a trial over ``memory_cap_mb``; a config counts as feasible only with ``memory_margin``
     of the cap to spare (its peak under cap x (1 - margin)), so it still fits when the real run's memory
     wanders above what a short trial saw.
@@ -300,8 +303,8 @@ class MeasureSpec(Record):
     windows: int = 5
     window_s: float = 3.0
     min_window_steps: int = 2
-    warmup_min_steps: int = 6
-    warmup_min_s: float = 2.0
+    warmup_min_steps: int = 1
+    warmup_min_s: float = 0.0
     warmup_max_s: float = 120.0
     settle_tolerance: float = 0.10
     timeout_s: float = 600.0

@@ -10,7 +10,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none"]
+__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none", "window_settled",
+           "SETTLE_LATER_WINDOWS", "MAX_UNSETTLED_WINDOWS"]
 
 # Above this IQR/median the figure cannot separate configs that differ by a few percent.
 NOISY_REL_IQR = 0.05
@@ -76,6 +77,30 @@ def summarize(samples: Sequence[float], *, noisy_rel_iqr: float = NOISY_REL_IQR)
     if len(xs) >= 3 and xs[0] < med * 0.5:
         warnings.append("slowest window under half the median: a stall or a late warm-up (consider a longer warm-up)")
     return Summary(n=len(xs), median=med, q1=q1, q3=q3, min=xs[0], max=xs[-1], warnings=tuple(warnings))
+
+
+# A trial's first measured window is confirmed by this many windows after it (fewer when the trial measures
+# fewer), and at most this many leading windows are re-labelled warm-up before the trial measures on regardless.
+SETTLE_LATER_WINDOWS = 2
+MAX_UNSETTLED_WINDOWS = 2
+
+
+def window_settled(first: float, later: Sequence[float], tolerance: float) -> bool:
+    """Whether a trial's first measured window belongs to the steady state of the windows after it.
+
+    It does when it lies within the range of ``later``, widened by ``tolerance`` each way: a window no
+    further from its successors than they are from each other (plus the tolerance) is one more sample of the
+    same state. Outside it, it is the tail of the warm-up (a late allocation, a recompile, the DataLoader's
+    prefetched batches running out) and is re-labelled warm-up. The yardstick is the later windows' own
+    spread, so on a noisy machine a first window is not thrown away for noise the others show too; and the
+    test is two-sided, since a transient can be fast (prefetched batches) as well as slow.
+
+    >>> window_settled(100.0, [104.0, 97.0], 0.10), window_settled(70.0, [104.0, 97.0], 0.10)
+    (True, False)
+    """
+    if not later:
+        return True
+    return min(later) * (1 - tolerance) <= first <= max(later) * (1 + tolerance)
 
 
 def relative_gap(a: float, b: float) -> float:

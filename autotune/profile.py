@@ -65,7 +65,9 @@ def profile_config(workload: Workload, config: TrialConfig, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / TRACE_NAME, out / TOP_OPS_NAME):  # never report an older run's trace as this one
         stale.unlink(missing_ok=True)
-    measure = MeasureSpec(windows=1, window_s=0.5, warmup_min_s=1.0, warmup_max_s=60.0, timeout_s=timeout_s,
+    # one window, so nothing confirms where the warm-up ended: a per-step warm-up of 6+ steps and 1+ s settles it
+    measure = MeasureSpec(windows=1, window_s=0.5, warmup_min_steps=6, warmup_min_s=1.0, warmup_max_s=60.0,
+                          timeout_s=timeout_s,
                           memory_cap_mb=memory_cap_mb)
     result = run_trial(workload, config, measure, log_path=log_path or out / "profile.log", profile_dir=out)
     top = out / TOP_OPS_NAME

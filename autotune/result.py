@@ -42,6 +42,8 @@ class TrialResult(Record):
     warmup_s: float | None = None
     compile_s: float | None = None
     warmup_steps: int | None = None
+    warmup_windows: tuple[float, ...] = ()  # windows measured, then re-labelled warm-up (measure.window_settled)
+    settled: bool | None = None  # later windows confirmed the first kept one; None: one window, nothing to check
     final_loss: float | None = None
     wall_s: float | None = None
     signal: str | None = None
@@ -57,6 +59,7 @@ class TrialResult(Record):
         object.__setattr__(self, "samples_per_s", tuple(float(x) for x in self.samples_per_s))
         object.__setattr__(self, "window_steps", tuple(int(x) for x in self.window_steps))
         object.__setattr__(self, "tokens_per_s", tuple(float(x) for x in self.tokens_per_s))
+        object.__setattr__(self, "warmup_windows", tuple(float(x) for x in self.warmup_windows))
         object.__setattr__(self, "user_parts", tuple(str(x) for x in self.user_parts))
 
     # --- derived figures -------------------------------------------------------------------------
@@ -116,6 +119,8 @@ class TrialResult(Record):
             "startup_s": self.startup_s,
             "warmup_s": self.warmup_s,
             "compile_s": self.compile_s,
+            "warmup_windows": [round(x, 3) for x in self.warmup_windows],
+            "settled": self.settled,
             "wall_s": self.wall_s,
             "final_loss": self.final_loss,
             "samples_per_step": self.samples_per_step,
@@ -159,6 +164,13 @@ class TrialResult(Record):
             if self.compile_s:
                 t += f", of which compile {self.compile_s:.1f} s"
             lines.append(t)
+            if self.warmup_windows:
+                rates = ", ".join(f"{x:.1f}" for x in self.warmup_windows)
+                lines.append(f"warm-up tail  {len(self.warmup_windows)} window(s) ({rates} samples/s) outside the later "
+                             "windows' range: counted as warm-up, not measured")
+            if self.settled is False:
+                lines.append("warning       the first windows never settled within the warm-up limit: "
+                             "the windows are kept as measured")
         if self.user_parts:
             lines.append(f"user's parts  {', '.join(self.user_parts)} (the rest is autotune's; see autotune.contract)")
         if self.final_loss is not None:

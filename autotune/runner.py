@@ -255,6 +255,8 @@ def run_trial(
         warmup_s=warm.get("warmup_s"),
         compile_s=warm.get("compile_s"),
         warmup_steps=warm.get("warmup_steps"),
+        warmup_windows=tuple(warm.get("warmup_windows") or ()),
+        settled=warm.get("settled"),
         final_loss=done.get("final_loss"),
         wall_s=round(wall_s, 3),
         signal=sig,

@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -101,6 +100,20 @@ def space_doc(batches, threads, workers, baseline_batch) -> dict:
                          "channels_last": False, "intra_op_threads": max(threads)}}
 
 
+def fixed_cost_rows(ok: list[dict], *, cold: bool) -> list[tuple[str, str, str]]:
+    """The fixed-cost rows of the table, from the grid's measured trials: the median share of a trial's wall
+    time spent before its first measured window, its parts, and how often the windows moved the warm-up's end."""
+    share = statistics.median(g["fixed_s"] / g["wall_s"] for g in ok if g["wall_s"])
+    parts = " / ".join(f"{statistics.median(g[k] or 0 for g in ok):.2f}" if all(k in g for g in ok) else "n/a"
+                       for k in ("startup_s", "warmup_s", "wall_s"))
+    moved = sum(1 for g in ok if g.get("warmup_windows"))
+    unsettled = sum(1 for g in ok if g.get("settled") is False)
+    return [("per-trial fixed cost share (spawn+import+build+warm-up)", f"{share:.0%}", "<= 25%"),
+            ("per-trial start-up / warm-up / wall, median s" + (" (cold: no fork server)" if cold else ""), parts, ""),
+            ("trials whose first window(s) the later ones re-labelled warm-up / never settled",
+             f"{moved} / {unsettled} of {len(ok)}" if all("settled" in g for g in ok) else "n/a", "")]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
@@ -111,7 +124,13 @@ def main(argv=None) -> int:
     p.add_argument("--window-seconds", type=float, default=2.0)
     p.add_argument("--min-window-steps", type=int, default=1,
                    help="steps a window holds at least (default %(default)s: a slow config's window is one step)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="warm-up steps at least (default %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=1,
+                   help="per-step warm-up steps at least, the first included (default %(default)s: the first step "
+                        "only, the windows tell where the warm-up ended; 3 with --warmup-min-s 2 is the old rule)")
+    p.add_argument("--warmup-min-s", type=float, default=0.0,
+                   help="per-step warm-up seconds at least, after the first step (default %(default)s)")
+    p.add_argument("--grid-only", action="store_true",
+                   help="measure the grid and print its fixed-cost figures; no autotune run, no re-measurement")
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny space and windows (smoke test)")
@@ -134,7 +153,7 @@ def main(argv=None) -> int:
     # The same spec for the grid and for autotune; cheaper than the runner's defaults so the grid fits in well
     # under an hour (the ratios compare like with like; the re-measurement uses twice the window length).
     measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=a.min_window_steps,
-                          warmup_min_steps=a.warmup_steps, timeout_s=600)
+                          warmup_min_steps=a.warmup_steps, warmup_min_s=a.warmup_min_s, timeout_s=600)
     if a.quick:
         batches, threads, workers = (8, 16), (1,), (0,)
         recipe = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, prefetch_factor=2)
@@ -158,7 +177,7 @@ def main(argv=None) -> int:
         grid_rows.append({"config": c.to_dict(), "short": c.short(), "status": r.status,
                           "median": r.median_samples_per_s, "samples": list(r.samples_per_s), "wall_s": r.wall_s,
                           "fixed_s": (r.startup_s or 0) + (r.warmup_s or 0), "startup_s": r.startup_s,
-                          "warmup_s": r.warmup_s})
+                          "warmup_s": r.warmup_s, "warmup_windows": list(r.warmup_windows), "settled": r.settled})
         print(f"grid {i + 1}/{len(grid)} {c.short():<36} {r.status:<6} "
               f"{(r.median_samples_per_s or 0):8.1f}/s  {r.wall_s:5.1f}s", flush=True)
         # written as it goes: a killed run keeps its grid for --grid-from
@@ -168,6 +187,14 @@ def main(argv=None) -> int:
     grid_wall = sum(g["wall_s"] for g in grid_rows)
     ok = [g for g in grid_rows if g["status"] == "ok"]
     grid_best = max(ok, key=lambda g: g["median"])
+    if a.grid_only:
+        text = "\n".join([f"grid of {len(grid)} configs in {grid_wall / 60:.1f} min; {measure.warmup_min_steps}+ "
+                          f"warm-up steps and {measure.warmup_min_s:g}+ s, {measure.windows} windows of "
+                          f"{measure.window_s:g} s", ""] + [f"{a_}: {b}" for a_, b, _ in fixed_cost_rows(ok, cold=a.cold)])
+        print("\n" + text)
+        out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "measure": measure.to_dict(),
+                                   "grid": grid_rows, "grid_wall_s": grid_wall, "table": text}, indent=1))
+        return 0
 
     # 2. autotune on the same space, with a time budget
     tmp = Path(tempfile.mkdtemp(prefix="autotune-quality-"))
@@ -210,7 +237,6 @@ def main(argv=None) -> int:
     flops = child_json(_FLOPS_CHILD, a.model, str(a.image_size), a.task)["flops_per_sample"]
     peak = child_json(_PEAK_CHILD, "512" if a.quick else "2048")
     achieved = flops * med["recommendation"]
-    fixed_share = statistics.median(g["fixed_s"] / g["wall_s"] for g in ok if g["wall_s"])
 
     rows = [
         ("recommendation / grid best", f"{med['recommendation'] / med['grid best']:.3f}", ">= 0.98"),
@@ -222,10 +248,7 @@ def main(argv=None) -> int:
          f"{reached_fair['trials']} ({reached_fair['seconds']:.0f} s)" if reached_fair else "not reached", ""),
         ("grid best: grid figure / re-measured median", f"{grid_best['median'] / med['grid best']:.2f}", ""),
         ("share of the grid's time used", f"{tune_wall / grid_wall:.1%}", "<= 15%"),
-        ("per-trial fixed cost share (spawn+import+build+warm-up)", f"{fixed_share:.0%}", "<= 25%"),
-        ("per-trial start-up / warm-up / wall, median s" + (" (cold: no fork server)" if a.cold else ""),
-         " / ".join(f"{statistics.median(g[k] or 0 for g in ok):.2f}" if all(k in g for g in ok) else "n/a"
-                    for k in ("startup_s", "warmup_s", "wall_s")), ""),
+        *fixed_cost_rows(ok, cold=a.cold),
         ("achieved GFLOP/s (recommendation)", f"{achieved / 1e9:.1f}", ""),
         ("matmul peak GFLOP/s fp32 / bf16", f"{peak['fp32'] / 1e9:.0f} / {peak['bf16'] / 1e9:.0f}", ""),
         ("achieved / peak (of the recommendation's dtype)",

@@ -124,6 +124,7 @@ def test_quality_script_runs_on_a_tiny_space(tmp_path):
     )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
     assert "recommendation / grid best" in proc.stdout and "share of the grid's time used" in proc.stdout
+    assert "re-labelled warm-up / never settled" in proc.stdout
     data = json.loads(out.read_text())
     assert len(data["grid"]) == 8 and all(g["status"] == "ok" for g in data["grid"])
     assert data["medians"]["recommendation"] > 0 and data["flops_per_sample"] > 0

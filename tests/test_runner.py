@@ -152,6 +152,63 @@ def test_a_slow_first_step_does_not_end_the_warm_up():
     assert r.warmup_s >= 0.5 and r.compile_s is None  # not compiling: the first step's excess is not compile_s
 
 
+def _run_in_process(fixture: str, spec: MeasureSpec, monkeypatch) -> tuple[dict, list[dict]]:
+    """``_worker.run`` in this process (no spawn) on a virtual clock that only the fixture's steps move
+    (``workloads_fixtures.VirtualClock``): the warm-up event and the window events it sent."""
+    from .workloads_fixtures import VirtualClock
+
+    monkeypatch.setattr(time, "perf_counter", VirtualClock())
+    seen: list[tuple[str, dict]] = []
+    payload = {"workload": wl(fixture).to_dict(), "config": TrialConfig(batch_size=8).to_dict(),
+               "measure": spec.to_dict(), "spawned_at": time.time()}
+    _worker.run(payload, lambda event, **f: seen.append((event, f)))
+    return next(f for e, f in seen if e == "warmup"), [f for e, f in seen if e == "window"]
+
+
+WINDOWS = MeasureSpec(windows=3, window_s=0.3, warmup_min_steps=1, timeout_s=120)
+
+
+def test_a_warm_up_longer_than_the_first_step_is_found_by_the_windows_and_not_measured(monkeypatch):
+    """Steps of 100 ms for 0.3 s, then 10 ms: the first window (two slow steps after the first, then fast
+    ones: ~330 samples/s) lies far outside the later windows' range (800) and is re-labelled warm-up, its rate
+    kept; the 3 windows kept are the fast steps, and the warm-up ends where they begin."""
+    warm, windows = _run_in_process("late_warm_up", WINDOWS, monkeypatch)
+    assert [w["index"] for w in windows] == [0, 1, 2]
+    assert len(warm["warmup_windows"]) == 1 and 300 < warm["warmup_windows"][0] < 0.5 * 800, warm
+    assert [round(w["samples_per_s"]) for w in windows] == [800, 800, 800]  # 8 samples / 0.01 s
+    assert warm["settled"] is True and warm["step_s"] == pytest.approx(0.01)
+    assert warm["warmup_s"] == pytest.approx(0.1 + 0.3, abs=0.02)  # the first step and the re-labelled window
+    assert warm["warmup_steps"] >= 1 + 2 + 10
+
+
+def test_steady_windows_are_all_measured_and_a_single_window_is_not_judged(monkeypatch):
+    warm, windows = _run_in_process("steady_steps", WINDOWS, monkeypatch)
+    assert warm["warmup_windows"] == [] and warm["settled"] is True and warm["warmup_steps"] == 1
+    assert [round(w["samples_per_s"]) for w in windows] == [160, 160, 160]
+    warm, windows = _run_in_process("late_warm_up", WINDOWS.replace(windows=1), monkeypatch)
+    assert warm["settled"] is None and warm["warmup_windows"] == [] and len(windows) == 1
+
+
+def test_a_first_window_that_never_settles_is_kept_after_two_tries_and_said(monkeypatch):
+    """Every window slower than the one before (a machine slowing down): no first window is confirmed; after
+    two re-labelled the trial measures on, and says its windows never settled."""
+    warm, windows = _run_in_process("slowing_down", WINDOWS, monkeypatch)
+    assert len(warm["warmup_windows"]) == 2 and warm["settled"] is False, warm
+    rates = warm["warmup_windows"] + [w["samples_per_s"] for w in windows]
+    assert rates == sorted(rates, reverse=True) and len(windows) == 3
+
+
+def test_the_trial_result_keeps_the_re_labelled_windows_and_says_so():
+    """Through the real runner (a child, real sleeps): the parent keeps the warm-up windows apart from the
+    measured ones, in the result, its figures and its description."""
+    r = run_trial(wl("late_warm_up"), TrialConfig(batch_size=8), WINDOWS)
+    assert r.ok, (r.reason, r.traceback)
+    assert r.warmup_windows and r.settled is True, (r.warmup_windows, r.samples_per_s)
+    assert len(r.samples_per_s) == 3 and max(r.warmup_windows) < min(r.samples_per_s)
+    assert r.figures()["warmup_windows"] == [round(x, 3) for x in r.warmup_windows]
+    assert "counted as warm-up, not measured" in r.describe()
+
+
 @pytest.mark.slow
 def test_compile_time_is_the_first_steps_excess_even_past_the_warm_up_limit():
     """torch.compile's first step (~20 s on CPU here) is far past a 0.05 s warm-up limit: it is still compile_s."""
@@ -257,13 +314,16 @@ def test_a_cuda_window_synchronises_once_not_per_step():
     dev = _CountingCUDA()
     seen = []
     payload = {"workload": wl("tiny").to_dict(), "config": TrialConfig(batch_size=8).to_dict(),
-               "measure": SPEC.replace(windows=3).to_dict(), "spawned_at": time.time()}
+               "measure": SPEC.replace(windows=3, warmup_min_steps=1).to_dict(), "spawned_at": time.time()}
     out = _worker.run(payload, lambda event, **f: seen.append((event, dev.syncs, f)), device=dev)
     warm = next(f for e, _, f in seen if e == "warmup")
-    syncs = [n for e, n, _ in seen if e in ("warmup", "window")]
-    assert syncs[0] == warm["warmup_steps"]  # warm-up: one per step, to see the step times settle
-    assert [b - a for a, b in zip(syncs, syncs[1:])] == [1, 1, 1]  # then one per window
     windows = [f for e, _, f in seen if e == "window"]
+    assert len(windows) == 3
+    # one for the first step (timed alone), then one per window measured: the 3 kept, and any that the
+    # check of the first window re-labelled warm-up, however many steps each window ran
+    assert seen[-1][1] == 1 + 3 + len(warm["warmup_windows"]), (seen[-1][1], warm)
+    # warm-up steps: the first, plus those of the re-labelled windows (2 at least each)
+    assert (warm["warmup_steps"] == 1) == (not warm["warmup_windows"]), warm
     assert all(w["steps"] >= 2 for w in windows)
     for w in windows:  # the events' split adds up to the window's time
         step_s = 8 / w["samples_per_s"]

@@ -113,3 +113,13 @@ def test_format_mb():
 def test_parse_memory_mb_rejects_non_finite_numbers(value):
     with pytest.raises(ConfigError):
         parse_memory_mb(value)
+
+
+def test_a_first_window_is_warm_up_only_outside_the_later_windows_range_widened_by_the_tolerance():
+    from autotune.measure import window_settled
+
+    later = [100.0, 120.0]  # the later windows' own spread is the yardstick: 90 ... 132 at 10%
+    assert window_settled(90.0, later, 0.10) and window_settled(132.0, later, 0.10)
+    assert not window_settled(89.0, later, 0.10)  # slow: a late allocation, a recompile
+    assert not window_settled(133.0, later, 0.10)  # fast: prefetched batches running out after it
+    assert window_settled(50.0, [], 0.10)  # nothing to judge it by

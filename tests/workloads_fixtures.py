@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import torch
 from torch import nn
@@ -206,6 +207,58 @@ class _SlowFirst(nn.Module):
 
 def slow_first_step(image_size: int = 32):
     return _SlowFirst(), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+class VirtualClock:
+    """A stand-in for ``time.perf_counter`` in in-process worker tests: it moves only when a fixture model below
+    spends time (``spend``), so window rates are exactly what the model says, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spend(seconds: float) -> None:
+    """Sleep, or move the virtual clock when a test installed one as ``time.perf_counter``."""
+    clock = time.perf_counter
+    if isinstance(clock, VirtualClock):
+        clock.now += seconds
+    else:
+        time.sleep(seconds)
+
+
+class _Timed(nn.Module):
+    """A linear classifier whose forward spends ``cost(seconds since its first call)`` seconds."""
+
+    def __init__(self, cost: Callable[[float], float]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+        self.cost = cost
+        self.t0: float | None = None
+
+    def forward(self, x):
+        now = time.perf_counter()
+        self.t0 = now if self.t0 is None else self.t0
+        spend(self.cost(now - self.t0))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def late_warm_up(image_size: int = 32):
+    """Steps of 100 ms for 0.3 s after the first, then of 10 ms: a warm-up that outlasts the first step (an
+    allocator, a cache, prefetched batches)."""
+    return _Timed(lambda t: 0.1 if t < 0.3 else 0.01), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def steady_steps(image_size: int = 32):
+    """Steps of 50 ms from the first."""
+    return _Timed(lambda t: 0.05), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+def slowing_down(image_size: int = 32):
+    """Steps of 5 ms x 3 ** (seconds / 0.3): every 0.3 s window slower than the one before, none settles."""
+    return _Timed(lambda t: 0.005 * 3 ** (t / 0.3)), _images(image_size, n=64), nn.CrossEntropyLoss()
 
 
 class _BreaksUnderBF16(nn.Module):
