@@ -103,6 +103,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
             msg = f"built in {ev['startup_s']:.1f} s; warming up"
         elif kind == "warmup":
             msg = f"warm-up done: {ev['warmup_steps']} steps in {ev['warmup_s']:.1f} s"
+            if ev.get("warmup_windows"):
+                msg += (f", of which {len(ev['warmup_windows'])} window(s) outside the later windows' range "
+                        f"({', '.join(f'{x:.1f}' for x in ev['warmup_windows'])} samples/s)")
         elif kind == "window":
             msg = f"window {ev['index'] + 1}/{measure.windows}: {ev['samples_per_s']:.1f} samples/s"
         else:
