@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from .conftest import TINY, run_cli
 
 TRIAL = ["trial", "--device", "cpu", "--image-size", "16", "--windows", "1", "--window-seconds", "0.1"]
