@@ -240,10 +240,10 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     # The device is synchronised once per window, at its end: within it the host runs ahead of the device as a
     # real training loop does, so host work that overlaps the device's is not charged to the step. The data
     # wait / compute split comes from the step timer (host clock on the CPU, device events on CUDA).
-    # The warm-up ends where the windows say it does: the first window is held until SETTLE_LATER_WINDOWS more
+    # The warm-up ends where the windows say it does: the first window is held until settle_windows more
     # are in, and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the
     # warm-up's tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged.
-    from .measure import MAX_UNSETTLED_WINDOWS, SETTLE_LATER_WINDOWS, window_settled
+    from .measure import MAX_UNSETTLED_WINDOWS, window_settled
 
     def window() -> dict:
         samples = steps = 0
@@ -264,7 +264,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     all_steps = measured_steps = measured_samples = 0
     held: list[dict] = []
     unsettled: list[dict] = []
-    later = min(SETTLE_LATER_WINDOWS, spec.windows - 1)
+    later = min(spec.settle_windows, spec.windows - 1)
     settled = later == 0
     sent = 0
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
@@ -272,7 +272,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     def warmed_up(first: dict, *, confirmed: bool | None) -> None:
         """Send the ``warmup`` event, which ends where ``first``, the first window kept as measured, began.
         ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
-        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it measures one window only (nothing to confirm)."""
+        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it was not checked (one window, or settle_windows 0)."""
         steady = statistics.median(times[-k:]) if times else first["elapsed"] / first["steps"]
         # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
         # any recompile); only a torch without it falls back to the first step's excess over a settled step.
@@ -301,7 +301,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         w = window()
         all_steps += w["steps"]
         if settled:
-            if sent == 0:  # one window only: nothing to confirm it with
+            if sent == 0:  # not checked: one window only, or settle_windows 0
                 warmed_up(w, confirmed=None)
             emit(w)
             continue

@@ -290,7 +290,7 @@ class MeasureSpec(Record):
     until the median of the last step times moves by less than ``settle_tolerance`` (or ``warmup_max_s``
     passes, counted from after the first step). Then ``windows`` windows of at least ``window_s`` seconds each
     (and at least ``min_window_steps`` steps) are measured and streamed; the first is kept only if it lies
-    within ``settle_tolerance`` of the range of the two after it (``measure.window_settled``), else it is
+    within ``settle_tolerance`` of the range of the ``settle_windows`` after it (``measure.window_settled``), else it is
     re-labelled warm-up and one more window is measured (two at most, and within ``warmup_max_s``). By default
     no step beyond the first is spent on a per-step warm-up: the windows tell when the warm-up ended.
     The parent kills a trial over ``memory_cap_mb``; a config counts as feasible only with ``memory_margin``
@@ -307,6 +307,7 @@ class MeasureSpec(Record):
     warmup_min_s: float = 0.0
     warmup_max_s: float = 120.0
     settle_tolerance: float = 0.10
+    settle_windows: int = 2  # later windows that confirm the first (measure.window_settled); 0: none
     timeout_s: float = 600.0
     memory_cap_mb: float | None = None
     seed: int = 0
@@ -321,6 +322,8 @@ class MeasureSpec(Record):
                self.warmup_min_steps, "a whole number >= 1")
         check(is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
         check(is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
+        check(is_int(self.settle_windows) and self.settle_windows >= 0, "settle_windows", self.settle_windows,
+              "a whole number >= 0 (0: the first window is not checked)")
         check(is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
         check(is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
         check(self.memory_cap_mb is None or (is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 __all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none", "window_settled",
-           "SETTLE_LATER_WINDOWS", "MAX_UNSETTLED_WINDOWS"]
+           "MAX_UNSETTLED_WINDOWS"]
 
 # Above this IQR/median the figure cannot separate configs that differ by a few percent.
 NOISY_REL_IQR = 0.05
@@ -79,9 +79,8 @@ def summarize(samples: Sequence[float], *, noisy_rel_iqr: float = NOISY_REL_IQR)
     return Summary(n=len(xs), median=med, q1=q1, q3=q3, min=xs[0], max=xs[-1], warnings=tuple(warnings))
 
 
-# A trial's first measured window is confirmed by this many windows after it (fewer when the trial measures
-# fewer), and at most this many leading windows are re-labelled warm-up before the trial measures on regardless.
-SETTLE_LATER_WINDOWS = 2
+# At most this many leading windows are re-labelled warm-up before a trial measures on regardless (how many
+# later windows confirm the first is ``MeasureSpec.settle_windows``).
 MAX_UNSETTLED_WINDOWS = 2
 
 

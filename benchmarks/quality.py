@@ -129,6 +129,8 @@ def main(argv=None) -> int:
                         "only, the windows tell where the warm-up ended; 3 with --warmup-min-s 2 is the old rule)")
     p.add_argument("--warmup-min-s", type=float, default=0.0,
                    help="per-step warm-up seconds at least, after the first step (default %(default)s)")
+    p.add_argument("--settle-windows", type=int, default=2,
+                   help="later windows that confirm a trial's first (default %(default)s; 0: not checked, the old rule)")
     p.add_argument("--grid-only", action="store_true",
                    help="measure the grid and print its fixed-cost figures; no autotune run, no re-measurement")
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
@@ -153,7 +155,8 @@ def main(argv=None) -> int:
     # The same spec for the grid and for autotune; cheaper than the runner's defaults so the grid fits in well
     # under an hour (the ratios compare like with like; the re-measurement uses twice the window length).
     measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=a.min_window_steps,
-                          warmup_min_steps=a.warmup_steps, warmup_min_s=a.warmup_min_s, timeout_s=600)
+                          warmup_min_steps=a.warmup_steps, warmup_min_s=a.warmup_min_s,
+                          settle_windows=a.settle_windows, timeout_s=600)
     if a.quick:
         batches, threads, workers = (8, 16), (1,), (0,)
         recipe = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, prefetch_factor=2)
@@ -189,7 +192,8 @@ def main(argv=None) -> int:
     grid_best = max(ok, key=lambda g: g["median"])
     if a.grid_only:
         text = "\n".join([f"grid of {len(grid)} configs in {grid_wall / 60:.1f} min; {measure.warmup_min_steps}+ "
-                          f"warm-up steps and {measure.warmup_min_s:g}+ s, {measure.windows} windows of "
+                          f"warm-up steps and {measure.warmup_min_s:g}+ s, first window checked by {measure.settle_windows} later, "
+                          f"{measure.windows} windows of "
                           f"{measure.window_s:g} s", ""] + [f"{a_}: {b}" for a_, b, _ in fixed_cost_rows(ok, cold=a.cold)])
         print("\n" + text)
         out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "measure": measure.to_dict(),

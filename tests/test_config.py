@@ -282,6 +282,7 @@ def test_workload_callable_and_label():
     ("warmup_max_s", 0),
     ("settle_tolerance", 0),
     ("settle_tolerance", 1),
+    ("settle_windows", -1),
     ("timeout_s", 0),
     ("memory_cap_mb", 0),
     ("memory_cap_mb", -512),

@@ -180,12 +180,16 @@ def test_a_warm_up_longer_than_the_first_step_is_found_by_the_windows_and_not_me
     assert warm["warmup_steps"] >= 1 + 2 + 10
 
 
-def test_steady_windows_are_all_measured_and_a_single_window_is_not_judged(monkeypatch):
+def test_steady_windows_are_all_measured_and_an_unchecked_first_window_is_said(monkeypatch):
     warm, windows = _run_in_process("steady_steps", WINDOWS, monkeypatch)
     assert warm["warmup_windows"] == [] and warm["settled"] is True and warm["warmup_steps"] == 1
     assert [round(w["samples_per_s"]) for w in windows] == [160, 160, 160]
     warm, windows = _run_in_process("late_warm_up", WINDOWS.replace(windows=1), monkeypatch)
     assert warm["settled"] is None and warm["warmup_windows"] == [] and len(windows) == 1
+    # settle_windows=0: the first window is not checked (the rule before), slow phase and all
+    warm, windows = _run_in_process("late_warm_up", WINDOWS.replace(settle_windows=0), monkeypatch)
+    assert warm["settled"] is None and warm["warmup_windows"] == [] and warm["warmup_steps"] == 1
+    assert windows[0]["samples_per_s"] < 0.5 * windows[1]["samples_per_s"]
 
 
 def test_a_first_window_that_never_settles_is_kept_after_two_tries_and_said(monkeypatch):
