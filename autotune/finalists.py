@@ -21,16 +21,19 @@ from .config import MeasureSpec, TrialConfig
 from .envstamp import collect_env_stamp
 from .errors import AutotuneError
 from .measure import summarize
-from .parity import first_passing
+from .parity import check_seconds, first_passing, needs_parity
 from .payback import Priced, price
 from .recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from .trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
            "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
+# The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
+# top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
+NUMERICS_SHARE = 0.30
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
 
@@ -53,15 +56,18 @@ def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s
 
 
 def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
-                rounds: int) -> bool:
+                rounds: int, check_s: float = 0.0) -> bool:
     """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
     one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
     fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
     the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
-    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value."""
+    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value.
+    ``check_s``: the expected numerics check of the best config so far, reserved too (at most
+    ``NUMERICS_SHARE`` of the budget)."""
     if deadline is None:
         return False
     reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
+    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
     left = deadline - time.monotonic()
     if not trial_walls:
         return left <= reserve
@@ -265,6 +271,11 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
     elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
         ranked = [chosen] + [x for x in scored if x is not chosen]
+        if needs_parity(chosen[0]) and base_trial is not None and base_trial.value and chosen[1].value:
+            expect = check_seconds(chosen[0], samples_per_s=chosen[1].value, fp32_samples_per_s=base_trial.value,
+                                   steps=tuner.parity_steps)
+            tuner.log(f"checking the numerics of {chosen[0].short()} against fp32 eager ({tuner.parity_steps} steps "
+                      f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
         index, checked = first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity,
                                        steps=tuner.parity_steps, log_path=tuner.artifacts_dir / "parity.log")
         for (config, result), x in zip(checked, ranked):

@@ -53,7 +53,7 @@ from .config import TrialConfig, Workload
 from .runner import child_env
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
-           "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
+           "check_seconds", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
 
 DEFAULT_STEPS = 30
 DEFAULT_TOLERANCE = 0.05
@@ -66,6 +66,24 @@ DEFAULT_TIMEOUT_S = 600.0
 def needs_parity(config: TrialConfig) -> bool:
     """True when ``config`` changes the arithmetic against fp32 eager: autocast, channels_last or compile."""
     return config.amp != "off" or config.channels_last or config.compile_mode != "none"
+
+
+CHECK_STARTUP_S = 10.0  # a check's child: start-up and building the model three times, roughly
+
+
+def check_seconds(config: TrialConfig, *, samples_per_s: float, fp32_samples_per_s: float,
+                  steps: int = DEFAULT_STEPS) -> float:
+    """What the numerics check of ``config`` is expected to take, in seconds: ``steps`` steps of the candidate
+    at its measured rate, and twice ``steps`` of fp32 eager (the reference and the control) at ``config``'s batch
+    size, at fp32 eager's measured rate (the baseline trial's); 0 for a config that needs no check.
+
+    >>> check_seconds(TrialConfig(batch_size=64, amp="bf16"), samples_per_s=80.0, fp32_samples_per_s=40.0)
+    130.0
+    """
+    if not needs_parity(config) or steps <= 0:
+        return 0.0
+    batch = config.batch_size
+    return CHECK_STARTUP_S + steps * batch / samples_per_s + 2 * steps * batch / fp32_samples_per_s
 
 
 def reference_config(config: TrialConfig) -> TrialConfig:

@@ -25,6 +25,7 @@ from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
+from .parity import check_seconds
 from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -265,8 +266,22 @@ class Tuner:
 
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when no further search trial may start: the finalists need the time left."""
+        check_s = self.numerics_check_s(self.study()) if deadline is not None and trial_walls else 0.0
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
-                               rounds=self.finalist_rounds)
+                               rounds=self.finalist_rounds, check_s=check_s)
+
+    def numerics_check_s(self, study) -> float:
+        """The expected time of the numerics check of the best feasible config so far (``parity.check_seconds``,
+        from its measured rate and the baseline's fp32 rate); 0 without a check, such a config or a baseline."""
+        base = baseline_trial(study)
+        feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
+        if not self.parity_steps or base is None or not base.value or not feasible:
+            return 0.0
+        best = max(feasible.values(), key=lambda t: t.value or 0.0)
+        if not best.value:
+            return 0.0
+        return check_seconds(keys.config_of(best), samples_per_s=best.value, fp32_samples_per_s=base.value,
+                             steps=self.parity_steps)
 
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",

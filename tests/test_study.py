@@ -586,3 +586,35 @@ def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path
     assert why.endswith(f" s left for the search (trial {first}'s wall time)"), why
     gate.start(time.monotonic() + 400.0, 400.0, [1.0])
     assert gate.reason(plenty.study()) is None
+
+
+def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_path):
+    """The numerics check of the best config so far (parity.check_seconds: its steps at its rate, twice as
+    many at the baseline's fp32 rate) is part of what the search leaves of a --timeout budget, up to
+    NUMERICS_SHARE of it, and the log says how long the check should take before it starts."""
+    from autotune import finalists as fin
+    from autotune.parity import ParityResult, check_seconds
+
+    logs: list[str] = []
+    checked: list = []
+
+    def passing(workload, config, **kw):
+        checked.append(config)
+        return ParityResult(ok=True, steps=kw["steps"], reason="fake: within tolerance")
+
+    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8), finalists=1, log=logs.append, parity=passing,
+                       runner=_fake_by_batch({8: 10.0, 16: 20.0, 32: 30.0}, []))
+    tuner.run(trials=3)  # baseline (8) 10/s, likely winner (8, channels_last) 10/s, batch 16 20/s
+    study = tuner.study()
+    # best: batch 16 + channels_last at 20/s; 5 steps of it, 10 of fp32 at the baseline's 10/s, and start-up
+    assert tuner.numerics_check_s(study) == pytest.approx(10.0 + 5 * 16 / 20.0 + 2 * 5 * 16 / 10.0)
+    assert check_seconds(TrialConfig(batch_size=16), samples_per_s=20.0, fp32_samples_per_s=10.0) == 0.0
+    assert checked and any(m.startswith("checking the numerics of") and "s expected" in m for m in logs), logs
+    walls = [5.0, 20.0]  # the finalists' reserve: 30 s of a 100 s budget (see the test above)
+    now = time.monotonic()
+    assert not fin.out_of_time(walls, now + 55.0, 100.0, finalists=2, rounds=1)
+    assert fin.out_of_time(walls, now + 55.0, 100.0, finalists=2, rounds=1, check_s=20.0)  # 5 s left: too few
+    assert not fin.out_of_time(walls, now + 85.0, 100.0, finalists=2, rounds=1, check_s=20.0)
+    # a check longer than NUMERICS_SHARE of the budget reserves that share only: the search keeps 40%
+    assert not fin.out_of_time(walls, now + 85.0, 100.0, finalists=2, rounds=1, check_s=500.0)
+    assert fin.out_of_time(walls, now + 75.0, 100.0, finalists=2, rounds=1, check_s=500.0)
