@@ -165,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "trial", help="measure ONE config in an isolated child process",
-        description="Measure one configuration in a fresh child process: warm up until step times settle, then "
-        "measure windows and report median throughput, spread, data-wait vs compute time and peak memory. The "
+        description="Measure one configuration in a fresh child process: warm up (the first step; a first window "
+        "that the next two do not confirm is warm-up too), then measure windows and report median throughput, spread, data-wait vs compute time and peak memory. The "
         "child is killed at the memory cap or time limit.",
         epilog="example:\n  autotune trial --model resnet18 --image-size 128 --batch-size 64 --num-workers 1 "
                "--amp bf16 --channels-last --threads 2", formatter_class=_fmt())
