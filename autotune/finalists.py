@@ -21,12 +21,12 @@ from .config import MeasureSpec, TrialConfig
 from .envstamp import collect_env_stamp
 from .errors import AutotuneError
 from .measure import summarize
-from .parity import check_seconds, first_passing, needs_parity
+from .parity import check_seconds, first_passing
 from .payback import Priced, price
 from .recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from .trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
            "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -74,6 +74,14 @@ def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: floa
     walls = sorted(trial_walls)
     long_trial = walls[math.ceil(0.9 * len(walls)) - 1]  # nearest-rank 90th percentile
     return left <= reserve or left - reserve < long_trial
+
+
+def expected_check_s(trial, base, *, steps: int) -> float:
+    """The expected numerics check of ``trial``'s config (``parity.check_seconds``), from its measured rate and
+    the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
+    if base is None or not base.value or trial is None or not trial.value:
+        return 0.0
+    return check_seconds(keys.config_of(trial), samples_per_s=trial.value, fp32_samples_per_s=base.value, steps=steps)
 
 
 # --- who is re-measured, for how many rounds -------------------------------------------------------------
@@ -271,9 +279,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
     elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
         ranked = [chosen] + [x for x in scored if x is not chosen]
-        if needs_parity(chosen[0]) and base_trial is not None and base_trial.value and chosen[1].value:
-            expect = check_seconds(chosen[0], samples_per_s=chosen[1].value, fp32_samples_per_s=base_trial.value,
-                                   steps=tuner.parity_steps)
+        expect = expected_check_s(chosen[1], base_trial, steps=tuner.parity_steps)
+        if expect:
             tuner.log(f"checking the numerics of {chosen[0].short()} against fp32 eager ({tuner.parity_steps} steps "
                       f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
         index, checked = first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity,

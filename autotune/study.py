@@ -25,7 +25,6 @@ from .convergence import Convergence, convergence
 from .convergence import patience as patience_for
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
-from .parity import check_seconds
 from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -271,17 +270,13 @@ class Tuner:
                                rounds=self.finalist_rounds, check_s=check_s)
 
     def numerics_check_s(self, study) -> float:
-        """The expected time of the numerics check of the best feasible config so far (``parity.check_seconds``,
-        from its measured rate and the baseline's fp32 rate); 0 without a check, such a config or a baseline."""
-        base = baseline_trial(study)
+        """The expected time of the numerics check of the best feasible config so far
+        (``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
-        if not self.parity_steps or base is None or not base.value or not feasible:
+        if not self.parity_steps or not feasible:
             return 0.0
         best = max(feasible.values(), key=lambda t: t.value or 0.0)
-        if not best.value:
-            return 0.0
-        return check_seconds(keys.config_of(best), samples_per_s=best.value, fp32_samples_per_s=base.value,
-                             steps=self.parity_steps)
+        return fin.expected_check_s(best, baseline_trial(study), steps=self.parity_steps)
 
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",

@@ -61,6 +61,8 @@ def main(argv=None) -> int:
                              "warmup_s": res.warmup_s, "wall_s": res.wall_s})
                 print(f"round {r + 1} {config.short():<32} {name:<8} {res.status:<6} "
                       f"{(res.median_samples_per_s or 0):7.1f}/s  fixed {fixed / res.wall_s:4.0%}", flush=True)
+                if a.out:  # written as it goes: a killed run keeps its trials
+                    Path(a.out).write_text(json.dumps({"workload": workload.to_dict(), "runs": runs}, indent=1))
     print("\n| config | settled / before (median of rounds) | range | fixed share before | settled |")
     print("| --- | --- | --- | --- | --- |")
     all_ratios = []
@@ -77,8 +79,6 @@ def main(argv=None) -> int:
     if all_ratios:
         print(f"\nall pairs: settled / before median {statistics.median(all_ratios):.3f} "
               f"({min(all_ratios):.3f}-{max(all_ratios):.3f}, {len(all_ratios)} pairs)")
-    if a.out:
-        Path(a.out).write_text(json.dumps({"workload": workload.to_dict(), "runs": runs}, indent=1))
     return 0
 
 
