@@ -213,12 +213,17 @@ def test_the_trial_result_keeps_the_re_labelled_windows_and_says_so():
 
 
 @pytest.mark.slow
-def test_compile_time_is_the_first_steps_excess_even_past_the_warm_up_limit():
-    """torch.compile's first step (~20 s on CPU here) is far past a 0.05 s warm-up limit: it is still compile_s."""
+def test_compile_time_is_the_first_steps_excess_even_past_the_warm_up_limit(tmp_path):
+    """torch.compile's first step is far past a 0.05 s warm-up limit: it is still compile_s.
+
+    A fresh inductor cache keeps the compile cold: with the default cache warmed by earlier tests, CI measured
+    a whole compile of 1.0 s, where a cold one takes 5-20 s on these VMs."""
     spec = SPEC.replace(warmup_max_s=0.05)
-    r = run_trial(wl("tiny"), TrialConfig(batch_size=8, compile_mode="default"), spec)
+    r = run_trial(wl("tiny"), TrialConfig(batch_size=8, compile_mode="default"), spec,
+                  compile_cache_dir=tmp_path / "inductor")
     assert r.ok, (r.reason, r.traceback)
-    assert r.compile_s > 1.0 and r.warmup_steps >= 3 and r.warmup_s > r.compile_s
+    assert r.compile_s > 10 * spec.warmup_max_s, r.compile_s
+    assert r.warmup_steps >= 3 and r.warmup_s > r.compile_s, (r.warmup_steps, r.warmup_s, r.compile_s)
 
 
 def test_oom():
