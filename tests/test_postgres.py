@@ -22,7 +22,7 @@ import yaml
 
 from autotune.config import TrialConfig
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
 URL = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
 HEARTBEAT_S, GRACE_S = 1, 3
@@ -179,7 +179,7 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_by_another(pg_ur
     assert retry.user_attrs["baseline"] is True  # the retried baseline is still the baseline
     assert TrialConfig.from_dict(retry.user_attrs["config"]) == TrialConfig.from_dict(dead.user_attrs["config"])
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    assert all(t.user_attrs.get("batch_line") for t in trials if t.state.name == "WAITING")  # the walk's next
+    assert_queued_are_walk_steps_or_reruns(trials)
 
 
 # --- machines of different kinds never mix (no server needed) -------------------------------------------

@@ -11,7 +11,7 @@ import yaml
 from autotune.hardware import detect
 from autotune.pruning import NoHopePruner
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
 pytest.importorskip("ray.tune", reason='the Ray backend needs Ray Tune: pip install "ray[tune]"')
 
@@ -35,7 +35,7 @@ def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
     queued = [t for t in study.trials if t.state.name == "WAITING"]
-    assert all(t.user_attrs.get("batch_line") for t in queued)  # the batch walk's next step, for a re-run
+    assert_queued_are_walk_steps_or_reruns(study.trials)
     trials = [t for t in study.trials if t.state.name != "WAITING"]
     assert [t.number for t in trials] == [0, 1, 2]
     assert trials[1].user_attrs["likely_winner"] and trials[2].user_attrs["batch_line"] == 1  # then up from it
