@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import psutil
@@ -84,18 +85,25 @@ def test_ok_with_a_dataloader_worker_leaves_no_process_behind():
     seed = 900_000 + os.getpid() % 100_000  # marks this trial's command line
     spec = SPEC.replace(seed=seed)
     seen: dict[str, object] = {"workers": set()}
+    done = threading.Event()
+
+    def watch(pid):  # the worker lives from the first step to the last window: look all along, not at events
+        while not done.is_set():
+            try:
+                seen["workers"].update(k.pid for k in psutil.Process(pid).children(recursive=True))
+            except psutil.Error:
+                return
+            time.sleep(0.01)
 
     def on_event(ev):
         if ev["event"] == "started":
             seen["child"] = ev["pid"]
-        elif ev["event"] == "window":
-            try:
-                kids = psutil.Process(seen["child"]).children(recursive=True)
-            except psutil.Error:
-                kids = []
-            seen["workers"].update(k.pid for k in kids)
+            threading.Thread(target=watch, args=(ev["pid"],), daemon=True).start()
 
-    r = run_trial(wl("tiny"), TrialConfig(batch_size=8, num_workers=1), spec, on_event=on_event)
+    try:
+        r = run_trial(wl("tiny"), TrialConfig(batch_size=8, num_workers=1), spec, on_event=on_event)
+    finally:
+        done.set()
     assert r.status == "ok", (r.reason, r.traceback)
     assert len(r.samples_per_s) == 2 and r.median_samples_per_s > 0
     assert seen["workers"], "no DataLoader worker process was seen during the trial"
