@@ -21,6 +21,8 @@ from autotune.pruning import NoHopePruner
 from autotune.study import Tuner
 from autotune.trials import outcome
 
+from .conftest import assert_queued_are_walk_steps_or_reruns
+
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
 HW = detect()
 
@@ -113,8 +115,13 @@ def test_study_persists_baseline_first_and_resume_continues(tmp_path):
     again = make_tuner(tmp_path)  # a new process would do the same: same name from workload + fingerprint
     again.run(trials=2)  # the tiny space has 4 configs: 1 left to measure, then it is exhausted
     study = optuna.load_study(study_name=tuner.study_name, storage=storage)
-    measured = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
-    assert [t.number for t in measured[:3]] == [0, 1, 2] and len(measured) == 4
+    assert_queued_are_walk_steps_or_reruns(study.trials)
+    # a trial pruned far below its neighbours may be re-queued once (CI's noisy VM did that here): the re-run,
+    # queued or run, is the same config again, not a fifth one; what is still queued was not measured
+    measured = [t for t in study.trials if t.state.name != "WAITING"
+                and "duplicate_of" not in t.user_attrs and "requeue_of" not in t.user_attrs]
+    assert [t.number for t in measured[:3]] == [0, 1, 2] and len(measured) == 4, [
+        (t.number, t.state.name, t.user_attrs.get("config")) for t in study.trials]
     assert len({t.user_attrs["config"]["batch_size"] * 2 + t.user_attrs["config"]["channels_last"]
                 for t in measured}) == 4
     for number, (state, value) in before.items():  # nothing finished was lost or changed
