@@ -197,9 +197,12 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
 
     compile_s, wall_s = finite_or_none(figures.get("compile_s")), finite_or_none(figures.get("wall_s"))
     if compile_s and wall_s and compile_s >= COMPILE_DOMINATED_SHARE * wall_s:
+        mode = config.get("compile_mode")
+        other = " or 'default' over max-autotune" if mode in ("max-autotune", "max-autotune-no-cudagraphs") else ""
         return Diagnosis("compile-dominated",
                          f"compiling took {compile_s:.1f} s of the {wall_s:.1f} s trial: torch.compile pays off "
-                         "only on long jobs; use compile_mode none for short runs, or 'default' over max-autotune")
+                         f"only on long jobs (the recommendation prices it over --run-length); compile_mode none "
+                         f"for short runs{other}")
     if share is not None and share >= INPUT_BOUND_SHARE:
         lever = ("more DataLoader workers (it loads in the training loop now) or lighter transforms"
                  if workers == 0 else "more DataLoader workers, a larger prefetch_factor or lighter transforms")

@@ -41,6 +41,10 @@ def test_compile_dominated_at_the_threshold_and_before_input():
     below = diagnose({**OK, "compile_s": dg.COMPILE_DOMINATED_SHARE * 10.0 - 0.1, "data_wait_share": 0.1})
     assert at.label == "compile-dominated" and "compiling took 5.0 s of the 10.0 s trial" in at.explanation
     assert below.label == "compute-bound"
+    # 'default' over max-autotune is advice for a max-autotune trial only, not for one already on 'default'
+    slow = {**OK, "compile_s": 9.0}
+    assert "'default' over max-autotune" in diagnose({**slow, "config": {"compile_mode": "max-autotune"}}).explanation
+    assert "max-autotune" not in diagnose({**slow, "config": {"compile_mode": "default"}}).explanation
 
 
 def test_compute_bound_levers_are_the_unused_knobs():
