@@ -45,8 +45,9 @@ class CPUDevice:
 
         return torch.device("cpu")
 
-    def prepare(self, config) -> None:
-        """Process-wide settings for this device; CPU has none beyond the threads the worker sets."""
+    def prepare(self, config, *, memory_cap_mb: float | None = None) -> None:
+        """Process-wide settings for this device; CPU has none beyond the threads the worker sets (the host's
+        memory cap is the parent's to enforce: it watches the whole process tree)."""
 
     def autocast(self, amp: str):
         import torch
@@ -73,6 +74,9 @@ class CPUDevice:
     def peak_memory_mb(self) -> float | None:
         return None  # host memory is sampled by the parent, which sees DataLoader workers too
 
+    def peak_allocated_mb(self) -> float | None:
+        return None
+
     def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
         import torch
 
@@ -82,22 +86,55 @@ class CPUDevice:
 
 
 class CUDADevice(CPUDevice):
+    """A CUDA device, ``cuda`` (the current device) or ``cuda:N``.
+
+    Every call into torch.cuda names the device by its integer index (``index``): several of them reject a
+    ``torch.device("cuda")`` without one (``set_device`` and ``set_per_process_memory_fraction`` raise
+    ValueError, ``reset_peak_memory_stats`` resolves it to -1 without a current device), and the error comes
+    after CUDA's lazy initialisation, so it never shows on a machine without a driver. tests/test_device.py
+    calls each operation here with the real torch and asserts it fails only for want of the driver.
+    """
+
     type = "cuda"
 
     def __init__(self, name: str = "cuda") -> None:
         super().__init__(name)
+        kind, _, ordinal = name.partition(":")
+        if kind != "cuda" or not (ordinal == "" or ordinal.isdigit()):
+            raise ConfigError(f"device={name!r} is not a CUDA device; use cuda or cuda:N")
+        self._index: int | None = int(ordinal) if ordinal else None
+        self.memory_cap_mb: float | None = None  # the allocator's limit once ``prepare`` set one
+
+    @property
+    def index(self) -> int:
+        """The device's ordinal: N for ``cuda:N``; for ``cuda``, the current device (0 in a fresh process, or
+        what a training script chose with ``torch.cuda.set_device``), read once."""
+        if self._index is None:
+            import torch
+
+            self._index = torch.cuda.current_device()
+        return self._index
 
     def torch_device(self):
         import torch
 
-        return torch.device(self.name)
+        return torch.device("cuda", self.index)
 
-    def prepare(self, config) -> None:
+    def prepare(self, config, *, memory_cap_mb: float | None = None) -> None:
+        """Make this the current device, set cudnn.benchmark from ``config``, and with ``memory_cap_mb`` limit
+        PyTorch's caching allocator to it (``torch.cuda.set_per_process_memory_fraction``): an allocation past
+        the cap raises torch.OutOfMemoryError inside the trial, so an over-cap config fails as ``oom`` while it
+        runs, not judged afterwards from a peak that counts the allocator's cache. The CUDA context and the
+        libraries' own memory lie outside the allocator and outside the cap."""
         import torch
 
-        torch.cuda.set_device(self.torch_device())
+        torch.cuda.set_device(self.index)
         # cudnn.benchmark picks the fastest conv algorithm per input shape; shapes are fixed in a trial.
         torch.backends.cudnn.benchmark = bool(config.cudnn_benchmark)
+        if memory_cap_mb is not None:
+            total_mb = torch.cuda.get_device_properties(self.index).total_memory / 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, float(memory_cap_mb) / total_mb), self.index)
+            self.memory_cap_mb = min(float(memory_cap_mb), total_mb)
 
     def grad_scaler(self, amp: str):
         import torch
@@ -108,7 +145,7 @@ class CUDADevice(CPUDevice):
     def synchronize(self) -> None:
         import torch
 
-        torch.cuda.synchronize(self.torch_device())  # kernels are async: time only after they finish
+        torch.cuda.synchronize(self.index)  # kernels are async: time only after they finish
 
     def step_timer(self) -> HostStepTimer:
         return EventStepTimer(self)
@@ -122,12 +159,19 @@ class CUDADevice(CPUDevice):
     def reset_peak_memory(self) -> None:
         import torch
 
-        torch.cuda.reset_peak_memory_stats(self.torch_device())
+        torch.cuda.reset_peak_memory_stats(self.index)
 
     def peak_memory_mb(self) -> float | None:
+        """The most the caching allocator held from the device (its cache and cuDNN's workspaces included)."""
         import torch
 
-        return torch.cuda.max_memory_reserved(self.torch_device()) / 2**20
+        return torch.cuda.max_memory_reserved(self.index) / 2**20
+
+    def peak_allocated_mb(self) -> float | None:
+        """The most memory tensors held at once: what the config needs, the allocator's cache aside."""
+        import torch
+
+        return torch.cuda.max_memory_allocated(self.index) / 2**20
 
     def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
         import torch
@@ -228,6 +272,7 @@ class GPUInfo:
     compute_capability: str | None
     uuid: str | None = None  # "GPU-8932f937-...": CUDA_VISIBLE_DEVICES may name a GPU by it
     pci_bus_id: str | None = None  # "00000000:3B:00.0": CUDA_DEVICE_ORDER=PCI_BUS_ID numbers GPUs by it
+    memory_free_mb: float | None = None  # free when read: other processes and MIG slices hold the rest
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -265,7 +310,8 @@ def nvml_gpus(nvml: Any = None) -> tuple[list[GPUInfo], str]:
                 cc = None
             gpus.append(GPUInfo(i, _text(nvml.nvmlDeviceGetName(h)), mem.total / 2**20, driver, cc,
                                 uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
-                                pci_bus_id=_optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId).upper())))
+                                pci_bus_id=_optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId).upper()),
+                                memory_free_mb=mem.free / 2**20))
         return gpus, "ok"
     except Exception as exc:  # a GPU in a bad state (Xid errors, lost device): report it, never crash `env`
         return [], f"NVML error while listing GPUs ({_text(exc) or type(exc).__name__})"
@@ -338,3 +384,94 @@ def cuda_device_gpus(device: str, gpus: Sequence[dict], *, visible: str | None =
     if ordinal >= len(seen):
         return []
     return [seen[ordinal]] if seen[ordinal] is not None else gpus
+
+
+# The oldest Linux driver each CUDA major release runs on (NVIDIA's minor-version compatibility: a build for
+# CUDA 12.x runs on any driver from 525.60.13 on). Older drivers make torch.cuda.is_available() False.
+MIN_DRIVER_FOR_CUDA = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """What this torch can run on: its version, the CUDA it was built for (None: a CPU-only build), the GPU
+    architectures compiled in (``sm_75`` runs on compute 7.5; ``compute_75`` is PTX a newer GPU can JIT), and
+    whether it found a usable GPU."""
+
+    torch: str
+    cuda: str | None
+    arch_list: tuple[str, ...]
+    available: bool
+
+    @classmethod
+    def read(cls) -> "CudaBuild":
+        import torch
+
+        try:
+            arch = tuple(torch.cuda.get_arch_list())  # compiled in: known without a driver in torch >= 2.5
+        except (RuntimeError, AssertionError, AttributeError):
+            arch = ()
+        return cls(torch.__version__, torch.version.cuda, arch, bool(torch.cuda.is_available()))
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+def cuda_problem(device: str, gpus: Sequence[dict], build: CudaBuild) -> str | None:
+    """Why a trial on ``device`` cannot run on ``gpus`` (the GPUs it may run on, NVML's rows) with ``build``,
+    in one line naming the build, the driver and the fix; None when nothing is wrong that can be told up front.
+
+    >>> t4 = {"index": 0, "name": "Tesla T4", "compute_capability": "7.5", "driver": "470.82.01"}
+    >>> cuda_problem("cuda", [t4], CudaBuild("2.14.1+cu130", "13.0", ("sm_75", "sm_90"), False))[:60]
+    'Tesla T4 has NVIDIA driver 470.82.01, but torch 2.14.1+cu130'
+    """
+    if not gpus:
+        return None
+    gpu = gpus[0]
+    name = gpu.get("name", "the GPU")
+    if build.cuda is None:
+        return (f"torch {build.torch} is a CPU-only build, so it cannot use the {name} NVML sees: install a "
+                "CUDA build of torch (see pytorch.org's install selector), or use --device cpu")
+    driver = str(gpu.get("driver") or "")
+    need = MIN_DRIVER_FOR_CUDA.get(_version(build.cuda)[0]) if _version(build.cuda) else None
+    if driver and need and _version(driver) < need:
+        return (f"{name} has NVIDIA driver {driver}, but torch {build.torch} (CUDA {build.cuda}) needs driver "
+                f"{'.'.join(map(str, need))} or newer: update the driver, or install a torch built for an older "
+                "CUDA that this driver supports")
+    cc_text = gpu.get("compute_capability")
+    sms = sorted(int(a[3:]) for a in build.arch_list if a.startswith("sm_") and a[3:].isdigit())
+    ptx = sorted(int(a[8:]) for a in build.arch_list if a.startswith("compute_") and a[8:].isdigit())
+    if cc_text and sms:
+        major, _, minor = cc_text.partition(".")
+        cc = int(major) * 10 + int(minor or 0)
+        runs = any(s // 10 == cc // 10 and s <= cc for s in sms) or any(p <= cc for p in ptx)
+        if cc < sms[0] and not runs:
+            return (f"{name} has compute capability {cc_text}, but torch {build.torch} (CUDA {build.cuda}) is "
+                    f"built for {sms[0] // 10}.{sms[0] % 10} and newer ({' '.join(build.arch_list)}): install a "
+                    f"torch build that lists sm_{cc} in torch.cuda.get_arch_list() (an older CUDA's), or use "
+                    "--device cpu")
+    if not build.available:
+        return (f"torch {build.torch} (CUDA {build.cuda}) finds no usable GPU though NVML lists {name} "
+                f"(driver {driver or 'unknown'}): check `nvidia-smi` and CUDA_VISIBLE_DEVICES, or use --device cpu")
+    return None
+
+
+def check_cuda_usable(device: str, hardware, *, amp: str | None = None, build: CudaBuild | None = None) -> None:
+    """Refuse, in one line, a CUDA device this torch cannot use (``cuda_problem``), and bf16 on a GPU below
+    compute 8.0 (no bf16 tensor cores: it runs, emulated, slower than fp32), before any trial starts. A no-op
+    for the CPU."""
+    if device == "cpu":
+        return
+    gpus = list(hardware.gpus_for(device))
+    if not gpus:
+        visible = getattr(hardware, "cuda_visible_devices", None)
+        raise ConfigError(f"--device {device} names no GPU here"
+                          + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+                          + "; see `autotune env`")
+    problem = cuda_problem(device, gpus, build or CudaBuild.read())
+    if problem:
+        raise ConfigError(problem)
+    if amp == "bf16" and not hardware.gpu_bf16(device):
+        g = gpus[0]
+        raise ConfigError(f"--amp bf16 needs compute capability 8.0 or newer; {g.get('name')} is "
+                          f"{g.get('compute_capability')}: use --amp fp16")

@@ -50,8 +50,12 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
               parts: Any = None, accumulation_steps: int = 1) -> Callable[[Any], StepOut]:
     """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
     grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
-    config's autocast. The step never synchronises the device. Used by the trial's worker and the parity check,
-    so both run exactly the same arithmetic.
+    config's autocast. autotune's code in the step never synchronises the device; with fp16 the GradScaler does,
+    once a step (``scaler.step`` reads the found-inf flag with ``.item()`` to decide whether to skip the
+    optimizer step, unless the optimizer takes the flag on the device itself), as it does in any fp16 training
+    loop, so that wait is part of what fp16 costs and is measured. Used by the trial's worker and the parity
+    check, so both run exactly the same arithmetic. The returned callable carries ``.scaler`` (the GradScaler
+    or None), so the parity check can tell which steps the scaler skipped.
 
     ``parts`` (a ``workloads.Built``) brings the user's own optimizer, step and count (``autotune.contract``);
     without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
@@ -75,7 +79,9 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
         from .global_batch import default_step
 
         ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train, accumulation_steps=accumulation_steps)
-        return user_step(own_step or default_step, count, step_model, optimizer, ctx)
+        stepper = user_step(own_step or default_step, count, step_model, optimizer, ctx)
+        stepper.scaler = scaler  # type: ignore[attr-defined]
+        return stepper
 
     def step(batch: Any) -> StepOut:
         counted = count_batch(count, batch) if count is not None else None  # on the host, as loaded
@@ -103,6 +109,7 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
             loss = loss_fn(out, y).detach() if (loss_fn and y is not None) else None
         return StepOut(loss, out, *n)
 
+    step.scaler = scaler  # type: ignore[attr-defined]
     return step
 
 
@@ -140,7 +147,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     from .workloads import build
 
     dev = device if device is not None else get_device(workload.device)
-    dev.prepare(config)
+    dev.prepare(config, memory_cap_mb=spec.device_memory_cap_mb)  # on CUDA the allocator enforces the cap
     built = build(workload, seed=spec.seed, config=config)
     train = workload.task == "train"
     from .global_batch import accumulation_steps
@@ -156,7 +163,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
     send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch, accumulation_steps=accumulation,
-         user_parts=list(built.user_parts))
+         user_parts=list(built.user_parts), device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
 
     it = iter(loader)
     last_loss: list[Any] = [None]
@@ -330,6 +337,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         "data_wait_s_per_step": statistics.median(waits),
         "compute_s_per_step": statistics.median(comps),
         "peak_device_mb": dev.peak_memory_mb(),
+        "peak_device_allocated_mb": dev.peak_allocated_mb(),
         "samples_per_step": measured_samples / max(1, measured_steps),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures

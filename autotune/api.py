@@ -26,7 +26,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
               memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
               study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True,
               run_length: str | float | None = None, planned_steps: int | None = None,
-              global_batch: int | None = None) -> Recommendation:
+              global_batch: int | None = None, device_memory_cap: str | float | None = None) -> Recommendation:
     """The recommended config for a workload on this machine.
 
     ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
@@ -46,9 +46,13 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     ``global_batch`` keeps N samples per optimizer step: only the batch sizes that divide N are searched, as
     micro-batches with N / micro-batch gradient accumulation steps (``autotune.global_batch``); the
     recommendation's ``accumulation_steps`` and ``apply().accumulation_steps`` say how many.
+
+    ``device_memory_cap`` (on a GPU, e.g. "10GiB") is the most PyTorch's allocator may hold in a trial, enforced
+    while it runs; by default the GPU's free memory when the run starts, less the CUDA context's share.
     """
     from ._units import parse_duration_s, parse_memory_mb
     from .hardware import detect
+    from ._device import check_cuda_usable
     from .limits import check_cap_against_machine
     from .payback import RunLength
     from .space import load_space
@@ -66,6 +70,13 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
+    if device_memory_cap is not None:
+        from .limits import check_device_cap
+
+        device_cap = parse_memory_mb(device_memory_cap, what="device_memory_cap")
+        check_device_cap(device_cap, hw, device)
+        measure = measure.replace(device_memory_cap_mb=device_cap)
+    check_cuda_usable(device, hw)
     sp = load_space(space, hardware=hw, device=workload.device)
     tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
                   progress=progress, run_length=run)
@@ -79,7 +90,8 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
         if existing is not None:
             rec = stored_recommendation(existing)
             stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
-            if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb):
+            if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb,
+                                                                    rec.peak_device_allocated_mb):
                 rec = None  # no room under the cap of this call (less the margin): not an answer to this question
             if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
                 rec = None  # tuned over another search space: search this one

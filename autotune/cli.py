@@ -84,13 +84,19 @@ def cmd_trial(args: argparse.Namespace) -> int:
     hw = detect(with_torch=False)
     workload = workload_from_args(args)
     config = config_from_args(args, workload.device)
-    measure = measure_from_args(args, hardware=hw)
-    from ._device import autocast_dtype_name
+    measure = measure_from_args(args, hardware=hw, device=workload.device)
+    if measure.device_memory_cap_mb is None and workload.device != "cpu":
+        from .limits import default_device_memory_cap_mb
+
+        measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(hw, workload.device))
+    from ._device import autocast_dtype_name, check_cuda_usable
 
     autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
-    from .global_batch import accumulation_steps
+    check_cuda_usable(workload.device, hw, amp=config.amp)  # a GPU this torch cannot use: refused here
+    from .global_batch import accumulation_steps, check_cudagraphs
 
     accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
+    check_cudagraphs(workload.device, workload.global_batch, config)
     check(workload)
     check_config(workload, config)  # --channels-last for text, --bucket-by-length for images: refused here
     quiet = args.format == "json"

@@ -51,6 +51,10 @@ def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: 
     g.add_argument("--memory-cap", default=None, metavar="SIZE",
                    help="kill a trial whose processes (with DataLoader workers) exceed this, e.g. 12GiB "
                         "(default: 85%% of the memory available now)")
+    g.add_argument("--device-memory-cap", default=None, metavar="SIZE",
+                   help="on a GPU: the most PyTorch's allocator may hold in a trial, enforced while it runs (a "
+                        "config past it fails as out of memory, so the search learns the boundary), e.g. 10GiB "
+                        "(default: the GPU's free memory when the run starts, less 512MiB for the CUDA context)")
     g.add_argument("--memory-margin", default="10%", metavar="SHARE",
                    help="a config is feasible only if its peak leaves this share of the cap free, so it still "
                         "fits when the real run uses a little more than a short trial did, e.g. 10%%, 0.2 "
@@ -107,10 +111,21 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
                     global_batch=getattr(args, "global_batch", None))
 
 
-def measure_from_args(args: argparse.Namespace, *, hardware=None) -> MeasureSpec:
-    """The measurement of ``add_measure_args``; no --memory-cap means 85% of the memory available now."""
+def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = "cpu") -> MeasureSpec:
+    """The measurement of ``add_measure_args``; no --memory-cap means 85% of the memory available now. A
+    --device-memory-cap is checked against the GPU ``device`` runs on; without one it is left None (the Tuner,
+    or ``autotune trial``, sets the default)."""
     from ._units import parse_duration_s, parse_memory_mb, parse_share
-    from .limits import check_cap_against_machine, default_memory_cap_mb
+    from .limits import check_cap_against_machine, check_device_cap, default_memory_cap_mb
+
+    device_cap = None
+    if getattr(args, "device_memory_cap", None) is not None:
+        device_cap = parse_memory_mb(args.device_memory_cap, what="--device-memory-cap")
+        if hardware is None:
+            from .hardware import detect
+
+            hardware = detect(with_torch=False)
+        check_device_cap(device_cap, hardware, device)
 
     if args.memory_cap is None:
         cap = default_memory_cap_mb(hardware)
@@ -119,7 +134,8 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None) -> MeasureSpec
         check_cap_against_machine(cap, hardware)
     return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
                        timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
-                       memory_cap_mb=cap, memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9))
+                       memory_cap_mb=cap, memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),
+                       device_memory_cap_mb=device_cap)
 
 
 def config_from_args(args: argparse.Namespace, device: str) -> TrialConfig:

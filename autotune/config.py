@@ -312,6 +312,10 @@ class MeasureSpec(Record):
     memory_cap_mb: float | None = None
     seed: int = 0
     memory_margin: float = 0.10
+    # On CUDA: the most PyTorch's caching allocator may hold, enforced in the trial (an allocation past it is an
+    # out-of-memory error there); None: no limit in the trial. The Tuner sets it (``--device-memory-cap``, by
+    # default the GPU's free memory when the run starts less the CUDA context's share).
+    device_memory_cap_mb: float | None = None
 
     def __post_init__(self) -> None:
         check(is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
@@ -330,6 +334,8 @@ class MeasureSpec(Record):
                "None or a positive number of MiB")
         check(is_num(self.memory_margin) and 0 <= self.memory_margin < 0.9, "memory_margin", self.memory_margin,
                "a share of the cap from 0 to 0.9 (0.1 keeps 10% of the cap free)")
+        check(self.device_memory_cap_mb is None or (is_num(self.device_memory_cap_mb) and self.device_memory_cap_mb > 0),
+              "device_memory_cap_mb", self.device_memory_cap_mb, "None or a positive number of MiB")
 
 
 # Thread-count variables the OpenMP, MKL and OpenBLAS runtimes read once, when they load.

@@ -165,6 +165,8 @@ class Evidence:
     rounds_run: int = 0  # the interleaved finalist rounds that ran
     pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
     compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
+    # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
+    device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -187,6 +189,9 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
                 ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
                 if res.peak_device_mb is not None:
                     ev.device_peaks[c.key()] = max(ev.device_peaks[c.key()] or 0.0, res.peak_device_mb)
+                if res.peak_device_allocated_mb is not None:
+                    ev.device_allocated[c.key()] = max(ev.device_allocated.get(c.key(), 0.0),
+                                                       res.peak_device_allocated_mb)
                 if res.compile_s is not None:
                     ev.compile_s.setdefault(c.key(), []).append(res.compile_s)
             else:
@@ -245,10 +250,11 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
             ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
                                         f"{100 * limit.margin:.0f}% margin leaves of the cap")
-        if (limit.device_constraint(ev.device_peaks[c.key()]) or 0.0) > 0:
-            ev.failures[c.key()].append(f"device peak {format_mb(ev.device_peaks[c.key()])} and the CUDA context "
-                                        f"over the {100 * (1 - limit.margin):.0f}% of the GPU's "
-                                        f"{format_mb(limit.device_mb)} the margin leaves")
+        alloc = ev.device_allocated.get(c.key())
+        if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
+            ev.failures[c.key()].append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
+                                        f"{100 * (1 - limit.margin):.0f}% of the "
+                                        f"{format_mb(limit.device_mb)} device memory cap the margin leaves")
         if ev.failures[c.key()]:
             out.append((c, t))
             notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
@@ -329,7 +335,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
         peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
         memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
-        device_memory_mb=limit.device_mb,
+        peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
@@ -395,7 +401,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
         speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
         memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
-        device_memory_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
+        peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
         env_stamp=collect_env_stamp(),

@@ -27,7 +27,24 @@ from typing import Any
 from .contract import split_batch
 from .errors import ConfigError
 
-__all__ = ["accumulation_steps", "divisors_among", "restrict_space", "default_step", "describe"]
+__all__ = ["accumulation_steps", "divisors_among", "restrict_space", "default_step", "describe", "CUDAGRAPH_MODES",
+           "check_cudagraphs"]
+
+# torch.compile modes that capture CUDA graphs on a GPU. A graph replays into its own memory pool, so under
+# gradient accumulation the gradients one replay accumulates into are overwritten by the next micro-batch's
+# (pytorch #169545, #96693): the training silently learns from the last micro-batch only. Not searched, and
+# refused in a trial, when a CUDA step accumulates.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_cudagraphs(device: str, global_batch: int | None, config: Any) -> None:
+    """Refuse a CUDA-graph compile mode with gradient accumulation on a GPU (see ``CUDAGRAPH_MODES``)."""
+    if (device != "cpu" and config.compile_mode in CUDAGRAPH_MODES
+            and accumulation_steps(global_batch, config.batch_size) > 1):
+        raise ConfigError(f"--compile {config.compile_mode} captures CUDA graphs, which overwrite accumulated "
+                          f"gradients between micro-batches (pytorch #169545): with --global-batch {global_batch} "
+                          f"and batch size {config.batch_size} use --compile default, or a batch size of "
+                          f"{global_batch}")
 
 
 def accumulation_steps(global_batch: int | None, batch_size: int) -> int:
@@ -47,13 +64,16 @@ def divisors_among(global_batch: int, candidates: Any) -> list[int]:
     return sorted(c for c in candidates if 1 <= c <= global_batch and global_batch % c == 0)
 
 
-def restrict_space(space: Any, global_batch: int | None) -> Any:
+def restrict_space(space: Any, global_batch: int | None, *, device: str = "cpu") -> Any:
     """``space`` (a ``SearchSpace``) with its batch sizes restricted to the divisors of ``global_batch``: the
     searched choices (a ``low``/``high`` range keeps the divisors inside it), the fixed one and the baseline's
     (moved to the largest divisor below it, else the smallest). Without a global batch, ``space`` itself.
-    Idempotent. None left is a one-line ``ConfigError`` naming N and the candidates."""
+    Idempotent. None left is a one-line ``ConfigError`` naming N and the candidates. On a GPU, the compile
+    modes that capture CUDA graphs are dropped as well (``CUDAGRAPH_MODES``)."""
     if not global_batch:
         return space
+    if device != "cpu":
+        space = _without_cudagraphs(space)
     from .config import TrialConfig
 
     fixed, baseline = dict(space.fixed), dict(space.baseline)
@@ -84,6 +104,25 @@ def restrict_space(space: Any, global_batch: int | None) -> Any:
         notes.append(f"baseline batch_size {base} -> {baseline['batch_size']}: a divisor of the global batch "
                      f"{global_batch}")
     return dataclasses.replace(space, params=params, fixed=fixed, baseline=baseline, notes=notes)
+
+
+def _without_cudagraphs(space: Any) -> Any:
+    params = list(space.params)
+    idx = next((i for i, p in enumerate(params) if p.name == "compile_mode"), None)
+    fixed = dict(space.fixed)
+    if fixed.get("compile_mode") in CUDAGRAPH_MODES:
+        raise ConfigError(f"the space fixes compile_mode {fixed['compile_mode']}, which captures CUDA graphs: they "
+                          "overwrite accumulated gradients under a global batch (pytorch #169545); use default")
+    if idx is None or not set(params[idx].choices) & set(CUDAGRAPH_MODES):
+        return space
+    kept = tuple(c for c in params[idx].choices if c not in CUDAGRAPH_MODES)
+    params[idx] = dataclasses.replace(params[idx], choices=kept)
+    notes = list(space.notes) + [f"compile_mode {', '.join(CUDAGRAPH_MODES)} dropped: their CUDA graphs overwrite "
+                                 "accumulated gradients under a global batch (pytorch #169545)"]
+    baseline = dict(space.baseline)
+    if baseline.get("compile_mode") in CUDAGRAPH_MODES:
+        baseline["compile_mode"] = "none"
+    return dataclasses.replace(space, params=params, baseline=baseline, notes=notes)
 
 
 def default_step(model: Any, batch: Any, optimizer: Any, ctx: Any) -> Any:

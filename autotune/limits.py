@@ -5,7 +5,8 @@ from __future__ import annotations
 from ._units import format_mb
 from .errors import ConfigError
 
-__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine"]
+__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine",
+           "MIN_DEVICE_MEMORY_CAP_MB", "default_device_memory_cap_mb", "check_device_cap"]
 
 # A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
 # kill every trial before it measures anything.
@@ -48,3 +49,39 @@ def check_cap_against_machine(cap_mb: float | None, hardware=None) -> None:
             f"memory cap {format_mb(cap_mb)} is larger than this machine's {format_mb(hw.ram_total_mb)}; "
             f"give at most {format_mb(hw.ram_available_mb * DEFAULT_CAP_SHARE)} (85% of what is available now)"
         )
+
+
+# Below this a CUDA trial cannot hold even a small model, its optimizer state and cuDNN's smallest workspace.
+MIN_DEVICE_MEMORY_CAP_MB = 256.0
+
+
+def default_device_memory_cap_mb(hardware, device: str) -> float | None:
+    """The device memory cap when the user gives none: the free memory of the GPU ``device`` runs on, as NVML
+    reads it now (other processes and MIG slices hold the rest), less what the CUDA context takes outside
+    PyTorch's allocator. The smallest GPU's where CUDA's numbering cannot tell which; None on the CPU or when
+    no GPU is known."""
+    from .trials import CUDA_CONTEXT_MB
+
+    if device == "cpu":
+        return None
+    gpus = hardware.gpus_for(device)
+    if not gpus:
+        return None
+    free = min(g.get("memory_free_mb") or g["memory_total_mb"] for g in gpus)
+    return max(MIN_DEVICE_MEMORY_CAP_MB, round(free - CUDA_CONTEXT_MB))
+
+
+def check_device_cap(cap_mb: float | None, hardware, device: str) -> None:
+    """Refuse a device memory cap off a GPU, below what a trial needs, or above the GPU's memory."""
+    if cap_mb is None:
+        return
+    if device == "cpu":
+        raise ConfigError("--device-memory-cap applies to a GPU; on the CPU use --memory-cap")
+    if cap_mb < MIN_DEVICE_MEMORY_CAP_MB:
+        raise ConfigError(f"device memory cap {format_mb(cap_mb)} is below the {format_mb(MIN_DEVICE_MEMORY_CAP_MB)} "
+                          "a GPU trial needs; give at least 256MiB")
+    gpus = hardware.gpus_for(device)
+    total = min((g["memory_total_mb"] for g in gpus), default=None)
+    if total is not None and cap_mb > total:
+        raise ConfigError(f"device memory cap {format_mb(cap_mb)} is larger than the {format_mb(total)} of the GPU "
+                          f"{device} runs on; give at most {format_mb(total)}")

@@ -123,7 +123,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
         raise optuna.TrialPruned(f"same config as trial {twin.number}, which was pruned")
     if twin.user_attrs.get(keys.STATUS) == "ok":
         trial.set_constraint("memory", limit.constraint(twin.user_attrs.get(keys.PEAK)))
-        device = limit.device_constraint(twin.user_attrs.get(keys.PEAK_DEVICE))
+        device = limit.device_constraint(twin.user_attrs.get(keys.PEAK_DEVICE),
+                                        twin.user_attrs.get(keys.PEAK_DEVICE_ALLOCATED))
         if device is not None:
             trial.set_constraint("device_memory", device)
     else:

@@ -92,9 +92,11 @@ class Recommendation:
     margin_interval: tuple[float, float] | None = None
     # the share of the cap a feasible config keeps free (MeasureSpec.memory_margin); None in older exports
     memory_margin: float | None = None
-    # on a GPU: the device peak PyTorch reserved, and the GPU's total memory
+    # on a GPU: the device peak PyTorch reserved (its cache included), the most the tensors held, and the device
+    # memory cap the allocator enforced in the trials
     peak_device_mb: float | None = None
-    device_memory_mb: float | None = None
+    device_memory_cap_mb: float | None = None
+    peak_device_allocated_mb: float | None = None
     # the numerics check of the chosen config against fp32 eager (parity.ParityResult.to_dict()), if it was run
     parity: dict | None = None
     # the interleaved finalist rounds the choice rests on, and whether each finalist's search trial was pooled
@@ -138,7 +140,8 @@ class Recommendation:
                 "margin_interval": None if self.margin_interval is None else list(self.margin_interval),
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,
                 "memory_margin": self.memory_margin,
-                "peak_device_mb": self.peak_device_mb, "device_memory_mb": self.device_memory_mb,
+                "peak_device_mb": self.peak_device_mb, "peak_device_allocated_mb": self.peak_device_allocated_mb,
+                "device_memory_cap_mb": self.device_memory_cap_mb,
                 "finalist_rounds": self.finalist_rounds, "search_round_pooled": self.search_round_pooled,
                 "tokens_per_sample": self.tokens_per_sample,
                 "median_tokens_per_s": self.median_tokens_per_s,  # derived (not read back)
@@ -190,7 +193,8 @@ class Recommendation:
                 memory_cap_mb=m.get("memory_cap_mb"), margin_vs_runner_up=m.get("margin_vs_runner_up"),
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
-                device_memory_mb=m.get("device_memory_mb"), parity=d.get("parity"), env_stamp=d.get("collect_env"),
+                peak_device_allocated_mb=m.get("peak_device_allocated_mb"),
+                device_memory_cap_mb=m.get("device_memory_cap_mb", m.get("device_memory_mb")), parity=d.get("parity"), env_stamp=d.get("collect_env"),
                 compile=d.get("compile"),
                 finalist_rounds=m.get("finalist_rounds"), search_round_pooled=bool(m.get("search_round_pooled")),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
@@ -365,6 +369,12 @@ class Recommendation:
             lines.append(f"  peak memory {format_mb(self.peak_host_mb)} of the {format_mb(self.memory_cap_mb)} cap: "
                          f"{format_mb(self.headroom_mb())} to spare beyond the {100 * (self.memory_margin or 0):.0f}% "
                          "margin")
+        if self.device_memory_cap_mb is not None and (self.peak_device_allocated_mb or self.peak_device_mb):
+            from ._units import format_mb
+
+            lines.append(f"  device memory {format_mb(self.peak_device_allocated_mb or self.peak_device_mb)} in tensors"
+                         + (f", {format_mb(self.peak_device_mb)} reserved" if self.peak_device_mb else "")
+                         + f", under the {format_mb(self.device_memory_cap_mb)} cap the trials ran with")
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))

@@ -37,7 +37,9 @@ class TrialResult(Record):
     minor_faults_per_step: float | None = None
     peak_host_mb: float | None = None
     peak_host_rss_mb: float | None = None
-    peak_device_mb: float | None = None
+    peak_device_mb: float | None = None  # reserved by the caching allocator (its cache included), on CUDA
+    peak_device_allocated_mb: float | None = None  # the most the trial's tensors held at once, on CUDA
+    device_memory_cap_mb: float | None = None  # the cap the allocator enforced in the trial, on CUDA
     startup_s: float | None = None
     warmup_s: float | None = None
     compile_s: float | None = None
@@ -116,6 +118,8 @@ class TrialResult(Record):
             "minor_faults_per_step": None if self.minor_faults_per_step is None else round(self.minor_faults_per_step),
             "peak_host_mb": self.peak_host_mb,
             "peak_device_mb": self.peak_device_mb,
+            "peak_device_allocated_mb": self.peak_device_allocated_mb,
+            "device_memory_cap_mb": self.device_memory_cap_mb,
             "startup_s": self.startup_s,
             "warmup_s": self.warmup_s,
             "compile_s": self.compile_s,
@@ -155,7 +159,9 @@ class TrialResult(Record):
                          f"{self.minor_faults_per_step or 0:,.0f} page faults per step")
         mem = f"peak memory   host {format_mb(self.peak_host_mb)}"
         if self.peak_device_mb is not None:
-            mem += f", device {format_mb(self.peak_device_mb)}"
+            mem += f", device {format_mb(self.peak_device_allocated_mb)} in tensors, {format_mb(self.peak_device_mb)} reserved"
+            if self.device_memory_cap_mb is not None:
+                mem += f" (cap {format_mb(self.device_memory_cap_mb)})"
         lines.append(mem)
         if self.startup_s is not None:
             t = f"fixed cost    start-up {self.startup_s:.1f} s"

@@ -251,6 +251,8 @@ def run_trial(
         peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
         peak_host_rss_mb=round(memory.peak_rss_mb, 1) if memory.peak_rss_mb else None,
         peak_device_mb=done.get("peak_device_mb"),
+        peak_device_allocated_mb=done.get("peak_device_allocated_mb"),
+        device_memory_cap_mb=built.get("device_memory_cap_mb"),
         startup_s=built.get("startup_s"),
         warmup_s=warm.get("warmup_s"),
         compile_s=warm.get("compile_s"),

@@ -73,7 +73,7 @@ class Tuner:
                  on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None,
                  warm_start: bool = True) -> None:
         from .hardware import detect
-        from .limits import default_memory_cap_mb
+        from .limits import default_device_memory_cap_mb, default_memory_cap_mb
         from .space import load_space
         from .text import fit_space
 
@@ -84,13 +84,16 @@ class Tuner:
         # the workload's own knobs: no channels_last for text, no length bucketing for images (autotune.text);
         # with a global batch only the batch sizes that divide it are searched (a one-line error if none does)
         self.space = restrict_space(fit_space(space or load_space(hardware=self.hardware, device=workload.device),
-                                              workload), workload.global_batch)
+                                              workload), workload.global_batch, device=workload.device)
         measure = measure or MeasureSpec()
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
         self.cap_given = measure.memory_cap_mb is not None if cap_given is None else cap_given
         if measure.memory_cap_mb is None:
             measure = measure.replace(memory_cap_mb=default_memory_cap_mb(self.hardware))
+        self.device_cap_given = measure.device_memory_cap_mb is not None
+        if measure.device_memory_cap_mb is None and workload.device != "cpu":
+            measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(self.hardware, workload.device))
         self.measure = measure
         self.storage_url = storage or DEFAULT_STORAGE
         self.study_name = study_name or study_name_for(workload, self.hardware.fingerprint)
@@ -130,12 +133,8 @@ class Tuner:
 
     @property
     def device_memory_mb(self) -> float | None:
-        """The total memory of the GPU the trials run on (the smallest, where NVML cannot tell which); None on
-        the CPU."""
-        if self.workload.device == "cpu":
-            return None
-        gpus = self.hardware.gpus_for(self.workload.device)
-        return min((g["memory_total_mb"] for g in gpus), default=None)
+        """The device memory cap the trials run under (``MeasureSpec.device_memory_cap_mb``); None on the CPU."""
+        return None if self.workload.device == "cpu" else self.measure.device_memory_cap_mb
 
     @property
     def artifacts_dir(self) -> Path:
@@ -204,7 +203,7 @@ class Tuner:
 
         derived = self.study_name == study_name_for(self.workload, self.hardware.fingerprint)
         self.hardware = hardware
-        self.pruner.limit = self.limit  # the nodes' GPU, if any
+        self.pruner.limit = self.limit
         self._study = None
         if derived:
             self.study_name = study_name_for(self.workload, hardware.fingerprint)
@@ -213,7 +212,8 @@ class Tuner:
             from .global_batch import restrict_space
 
             self.space = restrict_space(fit_space(load_space(source, hardware=hardware, device=self.workload.device),
-                                                  self.workload), self.workload.global_batch)
+                                                  self.workload), self.workload.global_batch,
+                                        device=self.workload.device)
 
     def record_parity(self, trial_number: int, result) -> None:
         """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where
@@ -229,6 +229,11 @@ class Tuner:
         self.measure = self.measure.replace(memory_cap_mb=cap_mb)
         self.pruner.limit = self.limit
 
+
+    def set_device_memory_cap(self, cap_mb: float | None) -> None:
+        """Trials run under another device memory cap (a Ray node's GPU: its free memory, not this machine's)."""
+        self.measure = self.measure.replace(device_memory_cap_mb=cap_mb)
+        self.pruner.limit = self.limit
     def prepare(self, study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
         the baseline, the likely winner, the winners of earlier studies on this hardware (unless

@@ -35,6 +35,8 @@ REASON = "reason"                # one line a person reads
 WALL_S = "wall_s"
 PEAK = "peak_host_mb"            # the trial's measured peak (a figure of TrialResult)
 PEAK_DEVICE = "peak_device_mb"   # its device peak (reserved by PyTorch's caching allocator), on CUDA
+PEAK_DEVICE_ALLOCATED = "peak_device_allocated_mb"  # the most its tensors held at once, on CUDA
+TRIAL_DEVICE_CAP = "device_memory_cap_mb"  # the device memory cap the allocator enforced in the trial
 USER_PARTS = "user_parts"        # the workload's own parts the trial ran (autotune.contract.PARTS)
 TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap may change between runs)
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
@@ -61,7 +63,7 @@ STUDY_HARDWARE = "hardware"
 STUDY_WORKLOAD = "workload"
 STUDY_SPACE = "space"
 STUDY_MEMORY_CAP = "memory_cap_mb"
-STUDY_DEVICE_MEMORY = "device_memory_mb"  # the total memory of the GPU the study's trials run on
+STUDY_DEVICE_MEMORY = "device_memory_mb"  # the device memory cap of the study's latest run, on a GPU
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
 WALK_ANCHOR = "batch_walk_anchor"
@@ -78,15 +80,16 @@ OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUP
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
 
 
-# What a CUDA context (the driver, cuBLAS and cuDNN handles and their workspaces) holds on the device beside the
-# tensors PyTorch reserves: 300-600 MiB on current drivers; counted against the device's memory with the peak.
+# What a CUDA context (the driver, cuBLAS and cuDNN handles and their workspaces) holds on the device outside
+# PyTorch's caching allocator: 300-600 MiB on current drivers. The default device memory cap leaves it free.
 CUDA_CONTEXT_MB = 512.0
 
 
 @dataclass(frozen=True)
 class MemoryLimit:
     """The memory a config may use: the cap trials are killed at, less the share a recommendation keeps free;
-    on a GPU also its total memory, less the same share, for the reserved peak plus the CUDA context.
+    on a GPU also the device memory cap (``MeasureSpec.device_memory_cap_mb``, enforced by the caching
+    allocator during the trial), less the same share, for the most memory the trial's tensors held.
 
     Feasibility is worked out from each trial's stored peak against this limit whenever a decision is made,
     not read from the constraint stored when the trial was recorded: a resumed study may run under another
@@ -96,7 +99,7 @@ class MemoryLimit:
 
     cap_mb: float | None
     margin: float = 0.0
-    device_mb: float | None = None  # the GPU's total memory; None on the CPU
+    device_mb: float | None = None  # the device memory cap; None on the CPU
 
     @classmethod
     def of(cls, measure, device_mb: float | None = None) -> "MemoryLimit":
@@ -116,16 +119,23 @@ class MemoryLimit:
         """Optuna's memory constraint for a peak: <= 0 fits with the margin, > 0 does not."""
         return peak_mb / self.usable_mb - 1.0 if (peak_mb and self.usable_mb) else -1.0
 
-    def device_constraint(self, peak_device_mb: float | None) -> float | None:
-        """Optuna's device-memory constraint (reserved peak + CUDA context against the GPU's memory less the
-        margin; <= 0 fits), or None off a GPU or without a device peak."""
-        if not self.device_mb or peak_device_mb is None:
-            return None
-        return (peak_device_mb + CUDA_CONTEXT_MB) / (self.device_mb * (1 - self.margin)) - 1.0
+    def device_constraint(self, peak_device_mb: float | None,
+                          peak_allocated_mb: float | None = None) -> float | None:
+        """Optuna's device-memory constraint (<= 0 fits), or None off a GPU or without a device peak.
 
-    def fits(self, peak_mb: float | None, peak_device_mb: float | None = None) -> bool:
+        Judged on the most the tensors held (``peak_allocated_mb``) against the cap less the margin: the
+        reserved peak (``peak_device_mb``) also counts the allocator's cache and cuDNN's benchmark workspaces,
+        which give way under the cap, so it would make runnable configs look infeasible. A trial recorded
+        before allocated peaks were kept falls back to its reserved peak."""
+        peak = peak_allocated_mb if peak_allocated_mb is not None else peak_device_mb
+        if not self.device_mb or peak is None:
+            return None
+        return peak / (self.device_mb * (1 - self.margin)) - 1.0
+
+    def fits(self, peak_mb: float | None, peak_device_mb: float | None = None,
+             peak_allocated_mb: float | None = None) -> bool:
         """The host peak, and the device peak where there is one, fit with the margin to spare."""
-        device = self.device_constraint(peak_device_mb)
+        device = self.device_constraint(peak_device_mb, peak_allocated_mb)
         return self.constraint(peak_mb) <= 0 and (device is None or device <= 0)
 
     def binds(self, trial) -> bool:
@@ -154,7 +164,7 @@ def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.
     """Map a TrialResult to what Optuna records: decided here, once.
 
     ok -> COMPLETE, value = median samples/s, memory constraint = peak / (cap x (1 - margin)) - 1 (<= 0,
-    feasible: it fits with the margin to spare); on a GPU (``device_mb``, its total memory) also a device
+    feasible: it fits with the margin to spare); on a GPU (``device_mb``, the device memory cap) also a device
     constraint, ``device_memory_constraint``.
     oom / over_memory / skipped -> COMPLETE but infeasible (constraint > 0): the sampler learns the boundary
     and does not propose it again (a FAIL would be ignored and re-proposed). pruned / timeout -> PRUNED.
@@ -163,7 +173,7 @@ def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.
     limit = MemoryLimit(memory_cap_mb, margin, device_mb)
     if result.status == "ok":
         return Outcome("complete", float(result.median_samples_per_s or 0.0), limit.constraint(result.peak_host_mb),
-                       limit.device_constraint(result.peak_device_mb))
+                       limit.device_constraint(result.peak_device_mb, result.peak_device_allocated_mb))
     if result.status in MEMORY_STATUSES or result.status == "skipped":
         over = limit.constraint(result.peak_host_mb) if result.peak_host_mb else 0.0
         return Outcome("complete", 0.0, max(over, 1.0 if over <= 0 else over))
@@ -180,7 +190,8 @@ def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
         return all(c <= 0 for c in trial.constraints.values())
     if trial.user_attrs.get(STATUS) != "ok":
         return False
-    return limit.fits(trial.user_attrs.get(PEAK), trial.user_attrs.get(PEAK_DEVICE))
+    ua = trial.user_attrs
+    return limit.fits(ua.get(PEAK), ua.get(PEAK_DEVICE), ua.get(PEAK_DEVICE_ALLOCATED))
 
 
 def config_of(trial, space=None) -> TrialConfig | None:

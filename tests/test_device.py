@@ -209,7 +209,7 @@ def fake_nvml(gpus=(("NVIDIA A100-SXM4-40GB", 40 * 2**30, (8, 0)),), *, driver=b
         nvmlSystemGetDriverVersion=lambda: driver,
         nvmlDeviceGetCount=lambda: len(gpus),
         nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=gpus[h][1], free=gpus[h][1], used=0),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=gpus[h][1], free=gpus[h][1] - 2**30, used=2**30),
         nvmlDeviceGetName=lambda h: gpus[h][0],
         nvmlDeviceGetCudaComputeCapability=cc,
     )
@@ -225,13 +225,13 @@ def test_nvml_gpus_with_fake():
     gpus, status = nvml_gpus(fake)
     assert status == "ok"
     assert gpus == [
-        GPUInfo(0, "NVIDIA A100-SXM4-40GB", 40 * 1024.0, "550.54.15", "8.0"),
-        GPUInfo(1, "Tesla T4", 15 * 1024.0, "550.54.15", "7.5"),  # bytes names are decoded
+        GPUInfo(0, "NVIDIA A100-SXM4-40GB", 40 * 1024.0, "550.54.15", "8.0", memory_free_mb=39 * 1024.0),
+        GPUInfo(1, "Tesla T4", 15 * 1024.0, "550.54.15", "7.5", memory_free_mb=14 * 1024.0),  # bytes names decoded
     ]
     assert fake.calls == {"init": 1, "shutdown": 1}
     assert gpus[0].to_dict() == {"index": 0, "name": "NVIDIA A100-SXM4-40GB", "memory_total_mb": 40960.0,
                                  "driver": "550.54.15", "compute_capability": "8.0", "uuid": None,
-                                 "pci_bus_id": None}
+                                 "pci_bus_id": None, "memory_free_mb": 39 * 1024.0}
 
 
 def test_nvml_gpus_reads_uuid_and_bus_id():

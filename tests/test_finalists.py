@@ -119,14 +119,18 @@ def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(t
 
 # --- device memory on a GPU (through the seam: a fake GPU row and a fake runner) --------------------------
 
-def test_device_memory_is_a_constraint_with_the_cuda_context_and_the_margin():
-    from autotune.trials import CUDA_CONTEXT_MB, outcome
+def test_device_memory_is_judged_on_the_tensors_peak_against_the_device_cap_and_the_margin():
+    from autotune.trials import outcome
 
-    ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=6000.0)
-    o = outcome(ok, 1000.0, 0.10, device_mb=8192.0)
-    assert o.device_memory_constraint == (6000.0 + CUDA_CONTEXT_MB) / (8192.0 * 0.9) - 1 < 0
-    over = outcome(ok.replace(peak_device_mb=7000.0), 1000.0, 0.10, device_mb=8192.0)
-    assert over.device_memory_constraint > 0  # 7000 + 512 > 90% of 8 GiB: no room
+    # 7000 MiB reserved (cache and cuDNN workspaces) but 6000 MiB in tensors, under a 7680 MiB device cap
+    ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=7000.0,
+                     peak_device_allocated_mb=6000.0)
+    o = outcome(ok, 1000.0, 0.10, device_mb=7680.0)
+    assert o.device_memory_constraint == 6000.0 / (7680.0 * 0.9) - 1 < 0  # the reserved peak would be over
+    over = outcome(ok.replace(peak_device_allocated_mb=7000.0), 1000.0, 0.10, device_mb=7680.0)
+    assert over.device_memory_constraint > 0  # 7000 > 90% of the cap: no room
+    old = outcome(ok.replace(peak_device_allocated_mb=None), 1000.0, 0.10, device_mb=7680.0)
+    assert old.device_memory_constraint > 0  # a trial stored before allocated peaks: its reserved peak decides
     assert outcome(ok, 1000.0, 0.10).device_memory_constraint is None  # on the CPU there is none
 
 
@@ -155,10 +159,11 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
                   progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake,
                   parity_steps=0)  # no GPU here for the numerics check
     rec = tuner.run(trials=4)
-    # bs=16 with channels_last is fastest but 7400 MiB + the context is over 90% of 8 GiB: not a candidate.
+    # bs=16 with channels_last is fastest but 7400 MiB is over 90% of the 7680 MiB device cap: not a candidate.
     # bs=16 and bs=8+cl are within noise (100 vs 99, windows 8% apart): the one with less device memory wins
     assert (rec.config.batch_size, rec.config.channels_last) == (8, True)
-    assert rec.peak_device_mb == 1500.0 and rec.device_memory_mb == 8192.0
+    # no free memory read: the default device cap is the GPU's memory less the CUDA context's 512 MiB
+    assert rec.peak_device_mb == 1500.0 and rec.device_memory_cap_mb == 8192.0 - 512.0
     fastest = [t for t in tuner.study().trials if t.params == {"batch_size": 16, "channels_last": True}]
     assert fastest and fastest[0].constraints["device_memory"] > 0
 

@@ -43,6 +43,7 @@ import time
 from typing import Iterator
 
 from ...errors import WorkloadError
+from ...limits import default_device_memory_cap_mb
 from ..base import SearchBackend
 from .actor import make_trainable
 from .cluster import connect, import_ray, node_memory_cap_mb, probe, remote_runner, resources_for, trial_shape
@@ -74,6 +75,10 @@ class RayBackend(SearchBackend):
                 tuner.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
                           + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
                 tuner.set_memory_cap(cap)
+            if tuner.workload.device != "cpu" and not tuner.device_cap_given:
+                # Ray gives each trial one GPU of its choosing (CUDA_VISIBLE_DEVICES): "cuda" there, whatever N
+                # the workload names (``trial_device``); its free memory is the node's, not this machine's
+                tuner.set_device_memory_cap(default_device_memory_cap_mb(hw, "cuda"))
             if hw.fingerprint == tuner.hardware.fingerprint:
                 yield None
                 return

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from ...config import MeasureSpec, TrialConfig, Workload
-from .cluster import PLAN_KEY
+from .cluster import PLAN_KEY, trial_device
 
 __all__ = ["make_trainable", "kill_trial_children", "METRIC"]
 
@@ -45,7 +45,8 @@ def make_trainable(tune):
                     os.environ["OMP_NUM_THREADS"] = omp
             elif not plan["config"].get("intra_op_threads"):
                 os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
-            args = (Workload.from_dict(workload), TrialConfig.from_dict(plan["config"]), MeasureSpec.from_dict(measure))
+            args = (trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(plan["config"]),
+                    MeasureSpec.from_dict(measure))
             log = Path(self.logdir or ".") / f"trial-{plan.get('number')}.log"
             self._thread = threading.Thread(target=self._run, args=(*args, log), daemon=True)
             self._thread.start()

@@ -11,7 +11,7 @@ from ...config import MeasureSpec, TrialConfig, TrialResult, Workload
 from ...errors import AutotuneError
 
 __all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "node_memory_cap_mb",
-           "gpu_trial", "PLAN_KEY"]
+           "gpu_trial", "PLAN_KEY", "trial_device"]
 
 INSTALL = 'pip install "ray[tune]"'
 # The one key of a Tune trial's config: {"config": {...}, "number": n, "shortcut": bool}
@@ -66,6 +66,15 @@ def trial_shape(ray, workload: Workload) -> tuple[dict[str, float], int]:
     if gpus < 1:
         raise AutotuneError(f"--device {workload.device} but the Ray cluster has no GPU")
     return {"CPU": 1.0, "GPU": 1.0}, gpus
+
+
+def trial_device(workload: Workload) -> Workload:
+    """The workload as a Ray worker runs it. Ray hands each GPU trial one GPU by setting CUDA_VISIBLE_DEVICES
+    to it, so inside the worker that GPU is ``cuda:0`` and ``cuda:1`` names no device at all: any CUDA device
+    becomes plain ``cuda`` (the study keeps the name the user gave)."""
+    if workload.device == "cpu":
+        return workload
+    return workload.replace(device="cuda")
 
 
 def gpu_trial(config: dict) -> dict[str, float]:
@@ -137,7 +146,7 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
         elif not config.get("intra_op_threads"):
             os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
         with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
-            return run_trial(Workload.from_dict(workload), TrialConfig.from_dict(config),
+            return run_trial(trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(config),
                              MeasureSpec.from_dict(measure)).to_dict()
 
     def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
