@@ -93,10 +93,7 @@ def run(spec: dict) -> dict:
     if train:
         steppers.append(make_step(_nudged(torch, copy.deepcopy(built.model), seed), built.loss_fn, reference, dev,
                                   train=True, parts=built))
-    torch_dev = dev.torch_device()
-    cuda_index = torch_dev.index if torch_dev.type == "cuda" else None
-    if cuda_index is None and torch_dev.type == "cuda":
-        cuda_index = torch.cuda.current_device()
+    cuda_index = dev.index if dev.type == "cuda" else None
     streams = [_rng_streams(torch, seed, cuda_index) for _ in steppers]
 
     from .contract import loader_kwargs, steps_per_epoch

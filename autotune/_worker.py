@@ -36,6 +36,21 @@ def die_with_parent() -> None:
             pass
 
 
+# torch/cuda/__init__.py's _lazy_init, in a process forked after its parent initialised CUDA
+_FORKED_CUDA = "Cannot re-initialize CUDA in forked subprocess"
+
+
+def cuda_in_forked_worker(exc: BaseException) -> str | None:
+    """The one-line workload error for a dataset (or collate_fn) that touches CUDA in a forked DataLoader
+    worker, else None. DataLoader re-raises the worker's error in the trial with the worker's traceback in its
+    text, so the text is read whole, not its first line."""
+    if _FORKED_CUDA not in str(exc):
+        return None
+    return ("WorkloadError: the workload's dataset or collate_fn uses CUDA inside a DataLoader worker, which "
+            "DataLoader forks after CUDA is initialised: keep the data on the CPU (autotune moves each batch to "
+            "the device), or it runs only with num_workers=0")
+
+
 def apply_threads(config: dict) -> None:
     """Set torch's intra/inter-op threads from a config dict (``TrialConfig.to_dict()``); unset means default."""
     import torch
@@ -406,9 +421,10 @@ def main(argv: list[str]) -> int:
         from .errors import WorkloadError
         from .oom import is_oom
 
-        kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) else "error"
-        send("failed", kind=kind,
-             message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__,
+        forked_cuda = cuda_in_forked_worker(exc)
+        kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) or forked_cuda else "error"
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
+        send("failed", kind=kind, message=forked_cuda or message,
              traceback=traceback.format_exc()[-8000:])
         chan.close()
         os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it

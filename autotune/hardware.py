@@ -126,6 +126,8 @@ class Hardware:
     # when unset. Kept with the snapshot so a Ray node's Hardware answers for that node's worker, not ours.
     cuda_visible_devices: str | None = None
     cuda_device_order: str | None = None
+    # Python.h, which inductor's CPU kernels and Triton's GPU launcher are compiled against; None: not checked
+    python_headers: bool | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -157,8 +159,22 @@ class Hardware:
 
     @property
     def can_compile(self) -> bool:
-        """torch.compile's CPU backend needs a C++ compiler; without one every compiled trial would fail."""
-        return self.compiler is not None
+        """torch.compile needs a C++ compiler and Python's headers (inductor's CPU kernels, and Triton's launcher
+        on a GPU, are built against Python.h; a slim image or a python without its -dev package lacks them):
+        without either, every compiled trial would fail."""
+        return self.compiler is not None and self.python_headers is not False
+
+    def visible_gpus(self) -> tuple[dict, ...]:
+        """The GPUs this process and its trials may use: all that NVML lists, less those CUDA_VISIBLE_DEVICES
+        hides (when it names them in a way NVML can match; otherwise all, as CUDA's order cannot be told)."""
+        if self.cuda_visible_devices is None:
+            return self.gpus
+        seen: list[dict] = []
+        for i in range(len(self.gpus)):
+            for g in self.gpus_for(f"cuda:{i}"):
+                if not any(g is s for s in seen):
+                    seen.append(g)
+        return tuple(sorted(seen, key=lambda g: g["index"]))
 
     @property
     def fingerprint(self) -> str:
@@ -167,7 +183,7 @@ class Hardware:
             "flags": sorted(f for f in self.cpu_flags if f in PERF_FLAGS),
             "usable_cores": self.usable_cores,
             "ram_gib": round(self.ram_total_mb / 1024),
-            "gpus": sorted((g["name"], round(g["memory_total_mb"] / 1024)) for g in self.gpus),
+            "gpus": sorted((g["name"], round(g["memory_total_mb"] / 1024)) for g in self.visible_gpus()),
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -229,8 +245,9 @@ class Hardware:
             ("torch", f"{self.torch} (cpu kernels: {self.torch_cpu_capability}, cuda {self.cuda or 'none'}, "
                       f"cudnn {self.cudnn or 'none'})"),
             ("torchvision", str(self.torchvision)),
-            ("torch.compile", f"available (C++ compiler {self.compiler})" if self.compiler
-                              else "unavailable: no C++ compiler found (install g++)"),
+            ("torch.compile", f"available (C++ compiler {self.compiler})" if self.can_compile
+                              else "unavailable: no C++ compiler found (install g++)" if not self.compiler
+                              else "unavailable: Python.h not found (install your Python's headers, e.g. python3-dev)"),
             ("bf16", "native" if self.has_bf16 else "not native (bf16 autocast is emulated and usually slower)"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -299,4 +316,13 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         compiler=compiler, libc=" ".join(platform.libc_ver()).strip() or None, thp=thp_mode(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"),
+        python_headers=python_headers(),
     )
+
+
+def python_headers() -> bool:
+    """This Python's C headers are installed (``Python.h`` in sysconfig's include directory)."""
+    import sysconfig
+
+    include = sysconfig.get_paths().get("include")
+    return bool(include) and os.path.isfile(os.path.join(include, "Python.h"))

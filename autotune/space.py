@@ -371,7 +371,8 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
             dropped = [c for c in kept if c != "none"]
             kept = [c for c in kept if c == "none"]
             if dropped:
-                notes.append(f"compile modes {', '.join(dropped)} dropped: torch.compile needs a C++ compiler (g++)")
+                notes.append(f"compile modes {', '.join(dropped)} dropped: torch.compile needs a C++ compiler (g++) and "
+                             "Python's headers (Python.h)")
         if is_cpu and "reduce-overhead" in kept:
             kept.remove("reduce-overhead")
             notes.append("compile_mode=reduce-overhead dropped: it relies on CUDA graphs")

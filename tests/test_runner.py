@@ -307,7 +307,7 @@ class _CountingCUDA(CUDADevice):
     def torch_device(self):
         return torch.device("cpu")
 
-    def prepare(self, config) -> None:
+    def prepare(self, config, **kw) -> None:
         pass
 
     def to_device(self, tensor, **kw):
@@ -323,6 +323,9 @@ class _CountingCUDA(CUDADevice):
         pass
 
     def peak_memory_mb(self) -> float | None:
+        return None
+
+    def peak_allocated_mb(self) -> float | None:
         return None
 
 
