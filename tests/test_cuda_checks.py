@@ -88,7 +88,7 @@ def test_a_device_cap_off_a_gpu_too_small_or_too_large_is_one_line():
         check_device_cap(8192.0, hw, "cpu")
     with pytest.raises(ConfigError, match="below the 256 MiB"):
         check_device_cap(100.0, hw, "cuda")
-    with pytest.raises(ConfigError, match="larger than the 16 GiB"):
+    with pytest.raises(ConfigError, match="larger than the 16.00 GiB of the GPU cuda runs on"):
         check_device_cap(20000.0, hw, "cuda")
 
 
