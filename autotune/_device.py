@@ -77,6 +77,9 @@ class CPUDevice:
     def peak_allocated_mb(self) -> float | None:
         return None
 
+    def release_cached_memory(self) -> None:
+        """Hand what the allocator caches back to the device (CUDA); nothing to do on the CPU."""
+
     def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
         import torch
 
@@ -172,6 +175,14 @@ class CUDADevice(CPUDevice):
         import torch
 
         return torch.cuda.max_memory_allocated(self.index) / 2**20
+
+    def release_cached_memory(self) -> None:
+        import gc
+
+        import torch
+
+        gc.collect()  # a model freed in a reference cycle holds its tensors until the collector runs
+        torch.cuda.empty_cache()
 
     def to_device(self, tensor, *, non_blocking: bool = False, channels_last: bool = False):
         import torch

@@ -4,10 +4,17 @@ Reads a JSON spec on stdin (workload, reference and candidate configs, steps, se
 two loss curves (and, for inference, each batch's relative output difference) as JSON to ``result_path``; on
 failure it writes ``{"error": ...}`` there. stdout and stderr are the user's code's and go to the check's log.
 
-The reference and the candidate are two copies of the same freshly built model, stepped in turn on each batch:
-a batch is drawn once (seeded DataLoader, ``num_workers=0``) and given to both, so no batch is kept beyond its
-step and the two runs see exactly the same data. Each run draws its random numbers (dropout) from its own
-generator state, seeded alike, so interleaving does not make one run's dropout depend on the other's.
+The candidate, the reference and (training) the control are copies of the same freshly built model, run one
+after the other, each over the same batches: before each pass torch's generator is reseeded and a fresh seeded
+DataLoader (``num_workers=0``) is made, so each pass draws exactly the same data, and only one model with its
+optimizer state is on the device at a time (as in the trial: a winner near the memory cap fits the check as it
+fit its trial). Each pass draws its random numbers (dropout) from its own generator state, seeded alike.
+
+fp16's GradScaler skips the optimizer step of a batch whose gradients overflowed (the first few, by design,
+while it finds its scale). The candidate runs first; the steps it skipped are skipped by the reference and the
+control too (not stepped at all), and left out of all the curves: the runs are compared on the steps the
+optimizer took, from the same weights. An out-of-memory error is reported as such (``"oom": true``), never as
+a numerics verdict.
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ def _value(loss: Any) -> float | None:
 
 
 def run(spec: dict) -> dict:
-    """Build the workload once, step the reference and the candidate on the same batches; return both curves."""
+    """Build the workload once; run the candidate, the reference and (training) the control in turn over the
+    same batches; return their curves on the steps the candidate's optimizer took."""
     from .config import TrialConfig, Workload
 
     workload = Workload.from_dict(spec["workload"])
@@ -82,57 +90,78 @@ def run(spec: dict) -> dict:
     from .workloads import build
 
     dev = get_device(workload.device)
-    dev.prepare(candidate)  # cudnn.benchmark and the current device: the same for both runs
+    dev.prepare(candidate)  # cudnn.benchmark and the current device: the same for every pass
     built = build(workload, seed=seed, config=candidate)
     train = workload.task == "train"
-    # Both copies are taken before either is touched: the same initial weights and buffers.
-    # The control (train only) is the reference from nudged weights: its drift is the noise floor.
-    # The workload's own optimizer, step and count (autotune.contract) are what was measured: they are checked.
-    steppers = [make_step(copy.deepcopy(built.model), built.loss_fn, cfg, dev, train=train, parts=built)
-                for cfg in (reference, candidate)]
-    if train:
-        steppers.append(make_step(_nudged(torch, copy.deepcopy(built.model), seed), built.loss_fn, reference, dev,
-                                  train=True, parts=built))
+    initial = copy.deepcopy(built.model)  # every pass starts from these weights and buffers
     cuda_index = dev.index if dev.type == "cuda" else None
-    streams = [_rng_streams(torch, seed, cuda_index) for _ in steppers]
 
+    def one_pass(config: Any, *, nudged: bool, skip: set[int]) -> tuple[list, list, set[int]]:
+        model = copy.deepcopy(initial)
+        step = make_step(_nudged(torch, model, seed) if nudged else model, built.loss_fn, config, dev, train=train,
+                         parts=built)
+        curve, outputs, skipped = _steps(torch, step, _loader(torch, built, candidate, seed), steps=steps, seed=seed,
+                                         cuda_index=cuda_index, skip=skip, keep_outputs=not train)
+        del step, model
+        dev.release_cached_memory()  # the next pass's model gets what this one held
+        return curve, outputs, skipped
+
+    cand, cand_out, skipped = one_pass(candidate, nudged=False, skip=set())
+    ref, ref_out, _ = one_pass(reference, nudged=False, skip=skipped)
+    control = one_pass(reference, nudged=True, skip=skipped)[0] if train else []
+    kept = lambda xs: [x for i, x in enumerate(xs) if i not in skipped]  # noqa: E731
+    output_diffs = [float(((c - r).norm() / r.norm().clamp_min(1e-12)).item()) for r, c in zip(ref_out, cand_out)]
+    return {"losses_reference": kept(ref), "losses_candidate": kept(cand), "losses_control": kept(control),
+            "output_rel_diffs": output_diffs, "skipped_steps": sorted(i + 1 for i in skipped),
+            "compared": "loss" if train else "output", "pid": os.getpid()}
+
+
+def _loader(torch: Any, built: Any, candidate: Any, seed: int) -> Any:
+    """A fresh loader over the same batches as every other pass (torch's generator reseeded first, for a dataset
+    that draws from it)."""
     from .contract import loader_kwargs, steps_per_epoch
 
+    torch.manual_seed(seed)
     kw = {k: v for k, v in loader_kwargs(built, candidate, seed).items()
           if k not in ("persistent_workers", "prefetch_factor", "pin_memory")}
     loader = torch.utils.data.DataLoader(built.dataset, **{**kw, "num_workers": 0})
     if steps_per_epoch(loader) == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of "
                          f"{candidate.batch_size}")
-    curves: list[list] = [[] for _ in steppers]
-    output_diffs: list[float] = []
-    finite = [True for _ in steppers]
+    return loader
+
+
+def _steps(torch: Any, step: Any, loader: Any, *, steps: int, seed: int, cuda_index: int | None, skip: set[int],
+           keep_outputs: bool) -> tuple[list, list, set[int]]:
+    """Run ``step`` over ``steps`` batches of ``loader`` in its own random stream: the losses (stopping at the
+    first non-finite one), the outputs when asked (on the host), and the steps whose optimizer step fp16's
+    GradScaler skipped. Batches in ``skip`` are drawn but not stepped."""
+    stream = _rng_streams(torch, seed, cuda_index)
+    scaler = getattr(step, "scaler", None)
+    curve: list = []
+    outputs: list = []
+    skipped: set[int] = set()
     it = iter(loader)
-    for _ in range(steps):
+    for i in range(steps):
         try:
             batch = next(it)
         except StopIteration:
             it = iter(loader)
             batch = next(it)
-        outs = []
-        for i, step in enumerate(steppers):
-            if not finite[i]:  # a curve stops at its first non-finite loss: the rest would be noise
-                outs.append(None)
-                continue
-            result = _in_stream(torch, streams[i], cuda_index, lambda: step(batch))
-            value = _value(result.loss)
-            curves[i].append(value)
-            if value is not None and not math.isfinite(value):
-                finite[i] = False
-            outs.append(result.output)
-        if not train and outs[0] is not None and outs[1] is not None:
-            ref, cand = outs[0].float(), outs[1].float()
-            output_diffs.append(float(((cand - ref).norm() / ref.norm().clamp_min(1e-12)).item()))
-        if not (finite[0] and finite[1]):
-            break
-    return {"losses_reference": curves[0], "losses_candidate": curves[1],
-            "losses_control": curves[2] if train else [], "output_rel_diffs": output_diffs,
-            "compared": "loss" if train else "output", "pid": os.getpid()}
+        if i in skip:
+            curve.append(None)
+            continue
+        before = scaler.get_scale() if scaler is not None else None
+        result = _in_stream(torch, stream, cuda_index, lambda: step(batch))
+        if scaler is not None and scaler.get_scale() < before:  # found inf: this optimizer step was skipped
+            skipped.add(i)
+        value = _value(result.loss)
+        curve.append(value)
+        if keep_outputs and result.output is not None:
+            outputs.append(result.output.detach().float().cpu())
+        if value is not None and not math.isfinite(value):
+            break  # a curve stops at its first non-finite loss: the rest would be noise
+    return curve, outputs, skipped
 
 
 def main() -> int:
@@ -144,9 +173,11 @@ def main() -> int:
         out = run(spec)
         out["child_s"] = time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the result file
+        from .oom import is_oom
+
         traceback.print_exc()
         msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
-        out = {"error": msg, "pid": os.getpid()}
+        out = {"error": msg, "oom": is_oom(exc), "pid": os.getpid()}
     with open(path + ".tmp", "w") as f:
         json.dump(out, f)  # NaN is written as NaN, which json reads back
     os.replace(path + ".tmp", path)

@@ -295,7 +295,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
             if result.steps:  # checked in a child (an fp32 eager config passes without one)
                 tuner.record_parity(x[1].number, result)
                 notes.append(result.note(f"{config.short()} (trial {x[1].number})"))
-            if not result.ok:
+            if not result.ok and result.checked:
                 ev.failures[config.key()].append(f"numerics: {result.reason}")
         failed = ranked[:len(checked) - 1] if index is not None else ranked
         scored = [x for x in scored if x not in failed]

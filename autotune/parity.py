@@ -117,6 +117,9 @@ class ParityResult(Record):
     limit: float | None = None
     seconds: float | None = None
     child_pid: int | None = None
+    # False when the check could not run for want of memory: no numerics verdict either way
+    checked: bool = True
+    skipped_steps: tuple = ()  # steps (1-based) fp16's GradScaler skipped, left out of every curve
 
     def __post_init__(self) -> None:
         check(isinstance(self.ok, bool), "ok", self.ok, "true or false")
@@ -128,13 +131,15 @@ class ParityResult(Record):
 
     def note(self, who: str) -> str:
         """One line for a recommendation's notes: ``who`` (e.g. "b64 bf16 cl (trial 12)") and the verdict."""
-        verdict = "passes the numerics check" if self.ok else "is not recommended"
+        verdict = ("passes the numerics check" if self.ok else "was not checked" if not self.checked
+                   else "is not recommended")
         return f"{who} {verdict}: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
             d[name] = [v if math.isfinite(v) else None for v in d[name]]
+        d["skipped_steps"] = list(d["skipped_steps"])
         for name in ("max_rel_diff", "final_rel_diff", "noise_floor", "limit"):
             if d[name] is not None and not math.isfinite(d[name]):
                 d[name] = None
@@ -177,7 +182,8 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
     compared = raw.get("compared", "loss")
     common = dict(steps=steps, losses_reference=ref, losses_candidate=cand, losses_control=control,
                   tolerance=tolerance,
-                  compared=compared, seconds=raw.get("seconds"), child_pid=raw.get("pid"))
+                  compared=compared, seconds=raw.get("seconds"), child_pid=raw.get("pid"),
+                  skipped_steps=tuple(raw.get("skipped_steps") or ()))
     bad_ref = _first_bad(ref) if compared == "loss" else None
     if bad_ref is not None:
         return ParityResult(ok=False, reason=f"the fp32 eager reference's loss became {ref[bad_ref]} at step "
@@ -266,6 +272,10 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
                 _kill_group(proc)  # compile workers the child left behind
         seconds = time.perf_counter() - start
         raw = json.loads(result_path.read_text()) if result_path.exists() else None
+        if raw is not None and raw.get("oom"):
+            return ParityResult(ok=False, checked=False, steps=steps, tolerance=tolerance, child_pid=proc.pid,
+                                seconds=seconds, reason=f"not checked: out of memory in the numerics check of {label} "
+                                f"({raw.get('error')}); its numerics are not vouched for")
         if proc.returncode != 0 or raw is None or "error" in raw:
             why = (raw or {}).get("error") or _tail(log) or f"exit code {proc.returncode}"
             return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
@@ -277,15 +287,16 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
 def first_passing(ranked: Sequence[TrialConfig], workload: Workload, *,
                   check: Callable[..., ParityResult] | None = None,
                   **kwargs: Any) -> tuple[int | None, list[tuple[TrialConfig, ParityResult]]]:
-    """Check ``ranked`` configs (best first) in turn until one passes; return its index (None if none did) and
-    every config checked with its result. fp32 eager configs pass without a child. ``kwargs`` go to ``check``
-    (``parity_check`` unless a test passes another)."""
+    """Check ``ranked`` configs (best first) in turn until one passes, or could not be checked for want of
+    memory (``checked=False``: no verdict, so it is not passed over as if it had failed); return its index (None
+    if none did) and every config checked with its result. fp32 eager configs pass without a child. ``kwargs``
+    go to ``check`` (``parity_check`` unless a test passes another)."""
     run = check or parity_check
     checked: list[tuple[TrialConfig, ParityResult]] = []
     for i, config in enumerate(ranked):
         result = run(workload, config, **kwargs)
         checked.append((config, result))
-        if result.ok:
+        if result.ok or not result.checked:
             return i, checked
     return None, checked
 

@@ -66,6 +66,7 @@ OPS = {
     "transfer non_blocking channels_last": lambda d: d.to_device(torch.ones(2, 3, 4, 4), non_blocking=True,
                                                                  channels_last=True),
     "pinned host memory": lambda d: torch.ones(2).pin_memory(),
+    "release cached memory": lambda d: d.release_cached_memory(),
     "the parity check's rng state": lambda d: torch.cuda.get_rng_state(d.index),
     "a training step (fp16, GradScaler, channels_last)": _model_step,
     "Recommendation.apply's prepare_model": lambda d: Applied(TrialConfig(channels_last=True), d.name)

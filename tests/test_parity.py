@@ -147,3 +147,56 @@ def test_first_passing_takes_the_next_candidate_and_keeps_every_verdict():
     assert seen == [("bf16", {"steps": 5}), ("off", {"steps": 5})]
     assert checked[0][1].note("b64 bf16 (trial 3)") == "b64 bf16 (trial 3) is not recommended: numerics diverge: x"
     assert first_passing(ranked[:1], _workload(), check=fake, steps=5)[0] is None
+
+
+def test_out_of_memory_in_the_check_is_not_a_numerics_verdict(tmp_path):
+    # a real out-of-memory error in the child (the CPU allocator refuses 1 PiB), as a winner near a GPU's cap
+    r = parity_check(_workload("tests.workloads_fixtures:alloc_oom"), TrialConfig(batch_size=8, channels_last=True),
+                     steps=2, log_path=tmp_path / "log")
+    assert not r.ok and not r.checked and r.reason.startswith("not checked: out of memory")
+    assert "DefaultCPUAllocator" in r.reason and "was not checked" in r.note("b8 cl (trial 2)")
+    # ... and first_passing does not pass over it as if its numerics had failed
+    index, checked = first_passing([TrialConfig(channels_last=True), TrialConfig()], _workload(),
+                                   check=lambda *a, **k: r, steps=2)
+    assert index == 0 and len(checked) == 1
+
+
+def test_steps_the_grad_scaler_skipped_are_skipped_by_the_reference_and_left_out():
+    """A real GradScaler (on the CPU, fp32 gradients) that starts at a scale so large the first gradients
+    overflow: it skips those optimizer steps and halves its scale, as fp16's does on a GPU."""
+    from autotune._parity import _steps
+    from autotune.contract import StepOut
+
+    def stepper(with_scaler: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, growth_interval=10**6) if with_scaler else None
+
+        def step(batch):
+            x, y = batch
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean() * 10
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            return StepOut(loss.detach(), None, len(x), None)
+
+        step.scaler = scaler
+        return step
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = lambda: torch.utils.data.DataLoader(data, batch_size=8)  # noqa: E731
+    cand, _, skipped = _steps(torch, stepper(True), loader(), steps=6, seed=0, cuda_index=None, skip=set(),
+                              keep_outputs=False)
+    assert skipped and min(skipped) == 0 and max(skipped) < 6  # the first steps overflowed and were skipped
+    ref, _, none = _steps(torch, stepper(False), loader(), steps=6, seed=0, cuda_index=None, skip=skipped,
+                          keep_outputs=False)
+    assert none == set() and all(ref[i] is None for i in skipped)
+    took = [i for i in range(6) if i not in skipped]
+    # on the steps both took, from the same weights, the losses agree exactly (fp32 both: only the skips differ)
+    assert [round(cand[i], 5) for i in took] == [round(ref[i], 5) for i in took]
