@@ -52,3 +52,21 @@ def assert_queued_are_walk_steps_or_reruns(trials) -> None:
             ua = t.user_attrs
             rerun_of = by_number.get(ua.get("requeue_of"))
             assert ua.get("batch_line") or (rerun_of is not None and rerun_of.state.name == "PRUNED"), (t.number, ua)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests run the real CUDA path; where torch sees no GPU each is skipped, saying why."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from autotune._device import nvml_gpus
+
+    gpus, status = nvml_gpus()
+    reason = (f"no CUDA GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}); NVML: "
+              + (", ".join(g.name for g in gpus) if gpus else status))
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
