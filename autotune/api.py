@@ -68,7 +68,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device,
                         global_batch=global_batch)
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
-    check_cap_against_machine(cap, hw)
+    check_cap_against_machine(cap, hw, device)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
     if device_memory_cap is not None:
         from .limits import check_device_cap

@@ -131,7 +131,7 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = 
         cap = default_memory_cap_mb(hardware)
     else:
         cap = parse_memory_mb(args.memory_cap, what="--memory-cap")
-        check_cap_against_machine(cap, hardware)
+        check_cap_against_machine(cap, hardware, device)
     return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
                        timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
                        memory_cap_mb=cap, memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),

@@ -5,12 +5,18 @@ from __future__ import annotations
 from ._units import format_mb
 from .errors import ConfigError
 
-__all__ = ["MIN_MEMORY_CAP_MB", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine",
+__all__ = ["MIN_MEMORY_CAP_MB", "MIN_CUDA_MEMORY_CAP_MB", "min_memory_cap_mb", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine",
            "MIN_DEVICE_MEMORY_CAP_MB", "default_device_memory_cap_mb", "check_device_cap"]
 
 # A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
 # kill every trial before it measures anything.
 MIN_MEMORY_CAP_MB = 1024.0
+# A trial on a GPU holds more host memory before its first step: the CUDA context's host side (driver state,
+# the caching host allocator for pinned batches) and the file-backed pages of the CUDA libraries it touches
+# (libtorch_cuda, cuBLAS(Lt), cuDNN: hundreds of MiB each), which the memory watch charges to the trial's main
+# process in full, as when it runs alone (memwatch.MemoryWatch). An estimate, not yet measured here (no GPU):
+# tests/test_gpu.py::test_a_cuda_trial_fits_the_minimum_host_cap checks it wherever a GPU is (docs/gpu.md).
+MIN_CUDA_MEMORY_CAP_MB = 3072.0
 # Without a cap from the user, trials may use this share of the memory available when the run starts: the
 # rest is the safety margin that keeps the kernel's OOM killer away from the tuner and the desktop.
 DEFAULT_CAP_SHARE = 0.85
@@ -29,20 +35,25 @@ def default_memory_cap_mb(hardware=None) -> float:
     return max(MIN_MEMORY_CAP_MB, round(hw.ram_available_mb * DEFAULT_CAP_SHARE))
 
 
-def check_min_cap(cap_mb: float | None) -> None:
-    """Refuse a cap below what a trial needs to start (None: no cap)."""
-    if cap_mb is not None and cap_mb < MIN_MEMORY_CAP_MB:
-        raise ConfigError(
-            f"memory cap {format_mb(cap_mb)} is below the {format_mb(MIN_MEMORY_CAP_MB)} a trial needs just to "
-            "start Python and torch; give at least 1GiB"
-        )
+def min_memory_cap_mb(device: str = "cpu") -> float:
+    """The least host memory cap a trial on ``device`` can start under."""
+    return MIN_MEMORY_CAP_MB if device == "cpu" else MIN_CUDA_MEMORY_CAP_MB
 
 
-def check_cap_against_machine(cap_mb: float | None, hardware=None) -> None:
+def check_min_cap(cap_mb: float | None, device: str = "cpu") -> None:
+    """Refuse a cap below what a trial on ``device`` needs to start (None: no cap)."""
+    least = min_memory_cap_mb(device)
+    if cap_mb is not None and cap_mb < least:
+        what = "Python and torch" if device == "cpu" else "Python, torch and the CUDA context"
+        raise ConfigError(f"memory cap {format_mb(cap_mb)} is below the {format_mb(least)} a trial on {device} "
+                          f"needs just to start {what}; give at least {least / 1024:g}GiB")
+
+
+def check_cap_against_machine(cap_mb: float | None, hardware=None, device: str = "cpu") -> None:
     """Refuse a cap below what a trial needs to start, or above the memory this process may use."""
     if cap_mb is None:
         return
-    check_min_cap(cap_mb)
+    check_min_cap(cap_mb, device)
     hw = _hw(hardware)
     if cap_mb > hw.ram_total_mb:
         raise ConfigError(

@@ -118,7 +118,7 @@ def run_trial(
     >>> r.status, r.median_samples_per_s > 0                  # doctest: +SKIP
     ('ok', True)
     """
-    check_min_cap(measure.memory_cap_mb)
+    check_min_cap(measure.memory_cap_mb, workload.device)
     if workload.device == "cpu" and config.amp == "fp16":
         raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
 

@@ -44,6 +44,18 @@ def test_fp16_grad_scaler_channels_last_and_cudnn_benchmark_on_cuda(device, tmp_
     assert r.device_memory_cap_mb == 2048.0
 
 
+def test_a_cuda_trial_fits_the_minimum_host_cap(tmp_path):
+    """MIN_CUDA_MEMORY_CAP_MB was estimated without a GPU: a small trial with its CUDA context, the CUDA
+    libraries' pages and pinned batches must fit under it (the figure goes to docs/gpu.md)."""
+    from autotune.limits import MIN_CUDA_MEMORY_CAP_MB
+
+    r = run_trial(_wl("cuda"), TrialConfig(batch_size=32, pin_memory=True, num_workers=1), SPEC,
+                  log_path=tmp_path / "log")
+    assert r.status == "ok", r.reason
+    print(f"host peak of a tiny CUDA trial: {r.peak_host_mb:.0f} MiB (RSS sum {r.peak_host_rss_mb:.0f} MiB)")
+    assert r.peak_host_mb < MIN_CUDA_MEMORY_CAP_MB
+
+
 def test_bf16_with_torch_compile(tmp_path):
     if _cc_major() < 8:
         pytest.skip("bf16 needs compute capability 8.0 or newer")

@@ -89,10 +89,10 @@ def node_memory_cap_mb(hardware, device: str, requested_mb: float | None) -> tup
     """``(cap per trial, trials at once on one node)`` for trials on a node of ``hardware``: the node's default
     cap (a share of its available memory) divided among the trials it runs at once (one per node on the CPU,
     one per GPU), and no more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
-    from ...limits import MIN_MEMORY_CAP_MB, default_memory_cap_mb
+    from ...limits import default_memory_cap_mb, min_memory_cap_mb
 
     per_node = 1 if device == "cpu" else max(1, len(hardware.gpus))
-    cap = max(MIN_MEMORY_CAP_MB, default_memory_cap_mb(hardware) / per_node)  # below it no trial even starts
+    cap = max(min_memory_cap_mb(device), default_memory_cap_mb(hardware) / per_node)  # below it no trial even starts
     return (min(cap, requested_mb) if requested_mb else cap), per_node
 
 
