@@ -81,3 +81,14 @@ def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
     assert node_memory_cap_mb(node, "cuda", 5000.0) == (5000.0, 4)  # the user's smaller cap stands
     assert gpu_trial({"intra_op_threads": 4, "num_workers": 2}) == {"CPU": 6.0, "GPU": 1.0}
     assert gpu_trial({"intra_op_threads": None, "num_workers": 0}) == {"CPU": 1.0, "GPU": 1.0}
+
+
+def test_a_ray_gpu_trial_runs_on_its_one_gpu_whatever_cuda_n_the_study_names():
+    from autotune.backends.ray.cluster import trial_device
+    from autotune.config import Workload
+
+    # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPU: inside the worker it is cuda:0, and cuda:1 names nothing
+    assert trial_device(Workload(device="cuda:1")).device == "cuda"
+    assert trial_device(Workload(device="cuda")).device == "cuda"
+    cpu = Workload(device="cpu")
+    assert trial_device(cpu) is cpu
