@@ -36,21 +36,6 @@ def die_with_parent() -> None:
             pass
 
 
-# torch/cuda/__init__.py's _lazy_init, in a process forked after its parent initialised CUDA
-_FORKED_CUDA = "Cannot re-initialize CUDA in forked subprocess"
-
-
-def cuda_in_forked_worker(exc: BaseException) -> str | None:
-    """The one-line workload error for a dataset (or collate_fn) that touches CUDA in a forked DataLoader
-    worker, else None. DataLoader re-raises the worker's error in the trial with the worker's traceback in its
-    text, so the text is read whole, not its first line."""
-    if _FORKED_CUDA not in str(exc):
-        return None
-    return ("WorkloadError: the workload's dataset or collate_fn uses CUDA inside a DataLoader worker, which "
-            "DataLoader forks after CUDA is initialised: keep the data on the CPU (autotune moves each batch to "
-            "the device), or it runs only with num_workers=0")
-
-
 def apply_threads(config: dict) -> None:
     """Set torch's intra/inter-op threads from a config dict (``TrialConfig.to_dict()``); unset means default."""
     import torch
@@ -65,12 +50,9 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
               parts: Any = None, accumulation_steps: int = 1) -> Callable[[Any], StepOut]:
     """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
     grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
-    config's autocast. autotune's code in the step never synchronises the device; with fp16 the GradScaler does,
-    once a step (``scaler.step`` reads the found-inf flag with ``.item()`` to decide whether to skip the
-    optimizer step, unless the optimizer takes the flag on the device itself), as it does in any fp16 training
-    loop, so that wait is part of what fp16 costs and is measured. Used by the trial's worker and the parity
-    check, so both run exactly the same arithmetic. The returned callable carries ``.scaler`` (the GradScaler
-    or None), so the parity check can tell which steps the scaler skipped.
+    config's autocast. autotune's step never synchronises; fp16's ``GradScaler.step`` does, once a step (it
+    reads the found-inf flag), as in any fp16 loop, so that wait is measured as part of fp16's cost. Shared by
+    the worker and the parity check (the same arithmetic); ``.scaler`` on the result is its GradScaler or None.
 
     ``parts`` (a ``workloads.Built``) brings the user's own optimizer, step and count (``autotune.contract``);
     without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
@@ -419,6 +401,7 @@ def main(argv: list[str]) -> int:
         result = run(payload, send)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
         from .errors import WorkloadError
+        from .gpu_check import cuda_in_forked_worker
         from .oom import is_oom
 
         forked_cuda = cuda_in_forked_worker(exc)
@@ -431,7 +414,6 @@ def main(argv: list[str]) -> int:
     send("done", **result)
     chan.close()
     os._exit(0)
-    return 0  # unreachable; keeps type checkers calm
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     """
     from ._units import parse_duration_s, parse_memory_mb
     from .hardware import detect
-    from ._device import check_cuda_usable
+    from .gpu_check import check_cuda_usable
     from .limits import check_cap_against_machine
     from .payback import RunLength
     from .space import load_space

@@ -89,7 +89,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         from .limits import default_device_memory_cap_mb
 
         measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(hw, workload.device))
-    from ._device import autocast_dtype_name, check_cuda_usable
+    from ._device import autocast_dtype_name
+    from .gpu_check import check_cuda_usable
 
     autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
     check_cuda_usable(workload.device, hw, amp=config.amp)  # a GPU this torch cannot use: refused here

@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     hw = detect()
     workload = workload_from_args(args)
     measure = measure_from_args(args, hardware=hw, device=workload.device)
-    from ._device import check_cuda_usable
+    from .gpu_check import check_cuda_usable
 
     check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune._device import CUDADevice, CudaBuild, nvml_gpus
+from autotune._device import CUDADevice, nvml_gpus
+from autotune.gpu_check import CudaBuild
 from autotune.applied import Applied
 from autotune.config import TrialConfig
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._device import CudaBuild, check_cuda_usable, cuda_problem
-from autotune._worker import cuda_in_forked_worker
+from autotune.gpu_check import CudaBuild, check_cuda_usable, cuda_in_forked_worker, cuda_problem
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.global_batch import check_cudagraphs, restrict_space
