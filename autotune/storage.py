@@ -1,8 +1,8 @@
 """Where studies live: open an Optuna storage, name a study, the locks that keep runs apart, where files go.
 
 ``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``machine_lock``
-keeps a second measuring process off this machine (two trials at once share its cores and spoil each other's
-timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
+(``autotune.locks``) keeps a second measuring process off this machine (two trials at once share its cores and
+spoil each other's timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
 check-then-write steps across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
 """
 
@@ -16,8 +16,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+from ._safefs import UnsafeFile, open_lock_file
 from .config import Workload
 from .errors import StorageError
+from .locks import MACHINE_LOCK_ENV, machine_lock
 
 __all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
            "artifacts_dir", "run_lock", "server_lock", "machine_lock", "MACHINE_LOCK_ENV"]
@@ -177,77 +179,23 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
         return
     _database_folder(db)
     lock_path = db.parent / f".{db.name}.{study_name}.lock"
-    fh = open(lock_path, "w")
+    try:
+        fd, mine = open_lock_file(lock_path, 0o644)  # beside a database in /tmp another user could plant a link
+    except UnsafeFile as exc:
+        raise StorageError(f"cannot use the run lock {lock_path}: {exc.strerror}; remove it, or put the study "
+                           "database in a folder of yours") from None
     try:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StorageError(
                 f"another autotune run is already working on study {study_name!r} in {db} on this machine; "
                 "wait for it to finish (two runs would share the cores and spoil each other's timings)"
             ) from None
-        fh.write(str(os.getpid()))
-        fh.flush()
-        yield
-    finally:
-        fh.close()
-
-
-# The machine-wide lock file; tests (and several simulated machines on one) point it elsewhere.
-MACHINE_LOCK_ENV = "AUTOTUNE_MACHINE_LOCK"
-_machine: dict[str, Any] = {"depth": 0, "thread": None}  # re-entrant in the holding thread: a run's trials and finalists
-
-
-@contextlib.contextmanager
-def machine_lock(holder: str) -> Iterator[None]:
-    """Hold this machine's measuring lock, or raise a one-line StorageError naming who holds it.
-
-    One process measures at a time on a machine, whatever study or storage it works for (PostgreSQL workers
-    too: the database's locks are per study, this one is per machine). ``Tuner.run`` on the local backend takes
-    it before anything is written, so a refused run leaves no trace; a Ray trial on a CPU node takes it on the
-    node. ``holder`` says what this process is doing, for the refusal's message. The file is
-    ``$AUTOTUNE_MACHINE_LOCK``, else ``/tmp/autotune-machine.lock`` (not ``$TMPDIR``, which may be per user or
-    per sandbox), made readable and writable by every user (flock needs only read access, so another user's
-    file still locks); the kernel drops the lock if the holder dies."""
-    import tempfile
-    import threading
-
-    if _machine["depth"] and _machine["thread"] == threading.get_ident():
-        _machine["depth"] += 1
-        try:
-            yield
-        finally:
-            _machine["depth"] -= 1
-        return
-    shared = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
-    path = Path(os.environ.get(MACHINE_LOCK_ENV) or shared / "autotune-machine.lock")
-    try:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            with contextlib.suppress(OSError):  # the umask narrowed it: another user must still open it
-                os.fchmod(fd, 0o666)
-        except PermissionError:
-            fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise StorageError(f"cannot open the machine lock {path}: {exc.strerror}; set {MACHINE_LOCK_ENV} to a "
-                           "file this user can open") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            who = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another process"
-            raise StorageError(f"another autotune run is measuring on this machine ({who}); wait for it to "
-                               "finish: two at once share the cores and spoil each other's timings") from None
-        with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds, the note is skipped
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}, {holder}".encode(), 0)
-        _machine["depth"], _machine["thread"] = 1, threading.get_ident()
-        try:
-            yield
-        finally:
-            _machine["depth"], _machine["thread"] = 0, None
+        if mine:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
     finally:
         os.close(fd)
-

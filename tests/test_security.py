@@ -1,0 +1,123 @@
+"""What another local user (or a file someone else wrote) must not be able to do to an autotune user: issue 24's
+security items, each on the real mechanism (a real symbolic link, a real ``json.py`` in the working folder, a
+real HTTP request, a real SQLite file). The threat model: docs/security.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import StorageError
+from autotune.storage import MACHINE_LOCK_ENV, machine_lock
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def shared_dir():
+    """A sticky folder every user may write, as /tmp is (tmp_path's parents are 0700: no other user gets in)."""
+    d = tempfile.mkdtemp(prefix="autotune-shared-", dir="/tmp")
+    os.chmod(d, 0o1777)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def lock_env(monkeypatch, tmp_path, shared_dir):
+    """The machine lock at ``shared_dir/autotune-machine.lock``; the per-user fallback under ``tmp_path``."""
+    monkeypatch.setenv(MACHINE_LOCK_ENV, str(shared_dir / "autotune-machine.lock"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)
+    return shared_dir / "autotune-machine.lock"
+
+
+def _flocked_by(path: Path, pid: int) -> bool:
+    ino = os.stat(path).st_ino
+    return any(f" {pid} " in line and line.split()[5].endswith(f":{ino}") for line in open("/proc/locks")
+               if len(line.split()) > 5 and line.split()[1] == "FLOCK")
+
+
+# --- 1. the machine lock ----------------------------------------------------------------------------------
+
+def test_machine_lock_does_not_follow_a_symlink_planted_at_its_path(lock_env, tmp_path, capfd):
+    """A link at the shared lock's path to a 0600 file of the victim's: the file keeps its bytes and mode (the
+    lock used to chmod it 0666 and truncate it), and the lock is taken on the user's own file instead."""
+    victim = tmp_path / "secret"
+    victim.write_text("do not touch\n")
+    victim.chmod(0o600)
+    lock_env.symlink_to(victim)
+    with machine_lock("the test"):
+        own = tmp_path / "run" / "autotune" / "machine.lock"
+        assert _flocked_by(own, os.getpid())
+    assert victim.read_text() == "do not touch\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert lock_env.is_symlink()
+    err = capfd.readouterr().err
+    assert "symbolic link" in err and str(own) in err
+    assert stat.S_IMODE((tmp_path / "run" / "autotune").stat().st_mode) == 0o700
+
+
+def test_machine_lock_never_writes_a_hard_link_to_another_file(lock_env, tmp_path):
+    """A hard link at the lock's path to a file of the victim's (no O_NOFOLLOW stops that): flocked, as any
+    plain file may be, but neither truncated nor chmodded nor written."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    os.link(victim, lock_env)
+    with machine_lock("the test"):
+        assert _flocked_by(lock_env, os.getpid())
+    assert victim.read_text() == "precious\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
+def test_a_lock_held_by_another_user_is_reported_with_the_holder_at_once(lock_env):
+    """Another user's process made the shared lock file and holds it without writing a word: the refusal comes
+    at once, names that process from the kernel's lock table, and changes nothing in the file."""
+    # as root, the holder becomes user nobody (whose file it then is) once it has started: nobody may not be
+    # able to run this interpreter
+    become = "os.fchown(fd, 65534, 65534); os.setgid(65534); os.setuid(65534)\n" if ROOT else ""
+    holder = ("import fcntl, os, sys, time\n"
+              f"fd = os.open({str(lock_env)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n{become}"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert child.stdout.readline().strip() == "held"
+        before = (lock_env.stat().st_mode, lock_env.read_bytes())
+        t0 = time.monotonic()
+        with pytest.raises(StorageError) as err:
+            with machine_lock("the test"):
+                pass
+        assert time.monotonic() - t0 < 2
+        msg = str(err.value)
+        assert "\n" not in msg and f"pid {child.pid}" in msg and MACHINE_LOCK_ENV in msg
+        if ROOT:
+            assert "user nobody" in msg
+        assert (lock_env.stat().st_mode, lock_env.read_bytes()) == before
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_run_lock_beside_a_database_refuses_a_planted_symlink(shared_dir, tmp_path):
+    """The per-study run lock sits beside the database (in /tmp for a database there): a link planted at its
+    predictable name is refused in one line, and the file it points to is not truncated (it used to be)."""
+    from autotune.storage import run_lock
+
+    victim = tmp_path / "secret"
+    victim.write_text("do not touch\n")
+    (shared_dir / ".a.db.s1.lock").symlink_to(victim)
+    with pytest.raises(StorageError, match="symbolic link"):
+        with run_lock(f"sqlite:///{shared_dir}/a.db", "s1"):
+            pass
+    assert victim.read_text() == "do not touch\n"
+    with run_lock(f"sqlite:///{shared_dir}/a.db", "s2"):  # an ordinary one still works
+        assert _flocked_by(shared_dir / ".a.db.s2.lock", os.getpid())
