@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ._launch import SAFE_PATH_ENV, python_command
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
@@ -49,6 +50,7 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(SAFE_PATH_ENV)  # what the child starts does not import from the working folder either (_launch)
     # The package must be importable by the child even when the parent runs from a source checkout.
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -143,7 +145,7 @@ def run_trial(
         proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
         if proc is None:  # the cold path: a fresh interpreter
             proc = subprocess.Popen(
-                [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
+                python_command(python, "autotune._worker", str(wfd), json.dumps(payload)),
                 pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,  # own process group: one kill reaches the workers
             )

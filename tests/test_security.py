@@ -121,3 +121,70 @@ def test_the_run_lock_beside_a_database_refuses_a_planted_symlink(shared_dir, tm
     assert victim.read_text() == "do not touch\n"
     with run_lock(f"sqlite:///{shared_dir}/a.db", "s2"):  # an ordinary one still works
         assert _flocked_by(shared_dir / ".a.db.s2.lock", os.getpid())
+
+
+# --- 2. the working folder is not on a trial's sys.path -----------------------------------------------------
+
+# `autotune` as its console script runs it: nothing of the working folder on sys.path (`python -m` would add it)
+CONSOLE = [sys.executable, "-c", "import sys; del sys.path[0]; from autotune.cli import main; sys.exit(main())"]
+PLANTED = ("json", "random", "queue")
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A user's project folder: their workload ``mymod:build`` with a helper module beside it, and a ``json.py``,
+    ``random.py`` and ``queue.py`` that leave a mark when imported (and then fail, as a stray one would)."""
+    (tmp_path / "helpers.py").write_text("CHANNELS = 4\n")
+    (tmp_path / "mymod.py").write_text(
+        "import torch\nfrom torch import nn\nfrom helpers import CHANNELS\n\n"
+        "def build(image_size):\n"
+        "    x, y = torch.randn(64, 3, image_size, image_size), torch.randint(0, 10, (64,))\n"
+        "    model = nn.Sequential(nn.Conv2d(3, CHANNELS, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                          nn.Linear(CHANNELS, 10))\n"
+        "    return model, torch.utils.data.TensorDataset(x, y), nn.CrossEntropyLoss()\n")
+    for name in PLANTED:
+        (tmp_path / f"{name}.py").write_text(
+            f"open({str(tmp_path / ('imported-' + name))!r}, 'w').close()\nraise ImportError('planted {name}.py')\n")
+    return tmp_path
+
+
+def _marks(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("imported-*"))
+
+
+def test_a_trial_does_not_import_modules_planted_in_the_working_folder(project):
+    """`autotune trial --model mymod:build` from the project folder: the trial runs the user's module (and its
+    helper beside it) and imports none of the json.py, random.py, queue.py there (every child used to)."""
+    env = {**os.environ, "AUTOTUNE_FORK_SERVER": "0"}
+    r = subprocess.run([*CONSOLE, "trial", "--model", "mymod:build", "--image-size", "16", "--batch-size", "8",
+                        "--windows", "2", "--window-seconds", "0.2", "--device", "cpu", "--format", "json"],
+                       cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert _marks(project) == []
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_no_child_imports_modules_planted_in_the_working_folder(project):
+    """Every child autotune starts, from the project folder: a trial forked by the fork server, the numerics
+    check and ``collect_env``. Each runs and none imports the planted modules."""
+    script = (
+        "import sys; del sys.path[0]\n"
+        "from autotune import MeasureSpec, TrialConfig, Workload\n"
+        "from autotune.envstamp import collect_env_stamp\nfrom autotune.parity import parity_check\n"
+        "from autotune.runner import run_trial\n"
+        "wl = Workload(model='mymod:build', image_size=16, device='cpu')\n"
+        "import os, psutil\nparents = []\n"
+        "def seen(ev):\n    if ev.get('event') == 'started':\n        parents.append(psutil.Process(ev['pid']).ppid())\n"
+        "r = run_trial(wl, TrialConfig(batch_size=8), MeasureSpec(windows=2, window_s=0.2, timeout_s=120),\n"
+        "              on_event=seen)\n"
+        "assert parents and parents[0] != os.getpid(), 'not forked by the fork server'\n"
+        "p = parity_check(wl, TrialConfig(batch_size=8, channels_last=True), steps=2)\n"
+        "s = collect_env_stamp()\n"
+        "print(r.status, r.reason, '|', p.ok, p.reason, '|', s.get('error'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_FORK_SERVER"}  # the fork server on
+    r = subprocess.run([sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True,
+                       timeout=400)
+    assert _marks(project) == []
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("|")[0].split()[0] == "ok" and r.stdout.split("|")[1].split()[0] == "True", r.stdout
+    assert r.stdout.split("|")[2].strip() == "None", r.stdout
