@@ -16,6 +16,10 @@ examples:
   autotune report                               # trials/<study>/report.html, with a profile of the recommendation
   autotune report -o trials/report.html --no-profile
   autotune report --storage sqlite:///runs/a.db --study-name NAME
+  autotune report --study-name NAME --model mypkg.models:build   # profile a study of your own callable
+
+The profiler run imports a study's workload; a module:callable named by the database is run only when --model
+names it too (a database is data, and may be someone else's: docs/security.md).
 
 The page is self-contained (plotly.js is embedded): open it offline, mail it, attach it to a bug report.
 The profiler run writes a Chrome trace to trials/<study>/profile/ (open it at ui.perfetto.dev).
@@ -104,17 +108,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else folder / "report.html"
     profile, note = None, ""
     rec = recommended(study)
+    workload = None if rec is None else (
+        Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload)
     if args.no_profile:
         note = "Not profiled (--no-profile)."
     elif rec is None:
         note = "Not profiled: the study has no measured feasible config yet."
+    elif workload.is_callable and args.model != workload.model:
+        # the database names the code the profiler run would import and call: it may be someone else's file
+        note = (f"Not profiled: the study's workload is {_arg(workload.model)}, code named by the database; "
+                f"autotune runs it only when you name it too: autotune report --study-name "
+                f"{_arg(study.study_name)} --model {_arg(workload.model)}")
+        print(f"autotune report: {note}", file=sys.stderr, flush=True)
     else:
         from .profile import profile_config
 
         prof_dir = folder / "profile"
         print(f"autotune report: profiling {rec.config.short()} for a few steps in a child process "
               f"(--no-profile skips this)", file=sys.stderr, flush=True)
-        workload = Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload
         from .storage import machine_lock
 
         with machine_lock(f"autotune report (profiling {rec.config.short()})"):  # a measuring child too
@@ -130,6 +141,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"autotune report: wrote {out}", file=sys.stderr)
     print(out)
     return 0
+
+
+def _arg(text: str) -> str:
+    """``text`` (read from a database: anyone's) as a shell argument the terminal shows as it is."""
+    import shlex
+
+    return shlex.quote(text) if text.isprintable() else repr(text)
 
 
 def add_report_commands(sub) -> None:

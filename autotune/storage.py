@@ -18,11 +18,12 @@ from typing import Any, Iterator
 
 from ._safefs import UnsafeFile, open_lock_file
 from .config import Workload
-from .errors import StorageError
+from .errors import ConfigError, StorageError
 from .locks import MACHINE_LOCK_ENV, machine_lock
 
 __all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
-           "artifacts_dir", "run_lock", "server_lock", "machine_lock", "MACHINE_LOCK_ENV"]
+           "check_study_name", "folder_name", "artifacts_dir", "run_lock", "server_lock", "machine_lock",
+           "MACHINE_LOCK_ENV"]
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -40,6 +41,32 @@ def study_name_for(workload: Workload, fingerprint: str) -> str:
             f"-{fingerprint}")
 
 
+# What a study name may be: it names a folder beside the database (``artifacts_dir``) and a lock file.
+_STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+def check_study_name(name: str) -> str:
+    """``name`` if it may name a study, else a one-line ConfigError: 1-200 letters, digits, ``_``, ``.`` and
+    ``-``, not starting with ``.`` or ``-`` (no ``/``, no ``..``, nothing a folder name could not hold)."""
+    if not isinstance(name, str) or not _STUDY_NAME.fullmatch(name):
+        raise ConfigError(f"study name {name!r} is not allowed: use 1-200 letters, digits, '_', '.' and '-', "
+                          "starting with a letter, digit or '_' (it names the study's folder beside the database)")
+    return name
+
+
+def folder_name(study_name: str) -> str:
+    """The name of a study's folder: the name itself where ``check_study_name`` allows it; else (a name written
+    into a database by another tool, or by someone else: ``../../x``, ``a/b``) a cleaned form with a hash of the
+    name, which can neither leave the folder it is put in nor collide with another study's."""
+    if isinstance(study_name, str) and _STUDY_NAME.fullmatch(study_name):
+        return study_name
+    import hashlib
+
+    digest = hashlib.sha256(str(study_name).encode(errors="replace")).hexdigest()[:12]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(study_name)).strip("._-")[:80]
+    return f"{cleaned or 'study'}-{digest}"
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URL; None for a database server."""
     if url.startswith("sqlite:///"):
@@ -49,9 +76,10 @@ def sqlite_path(url: str) -> Path | None:
 
 def artifacts_dir(url: str, study_name: str) -> Path:
     """Where a study's files (trial logs, Ray's files, reports, traces) live: beside its SQLite database,
-    else under ``trials/`` in the working directory."""
+    else under ``trials/`` in the working directory; the folder's name is ``folder_name(study_name)``, never a
+    stored name taken as a path."""
     db = sqlite_path(url)
-    return (db.parent if db is not None else Path("trials")) / study_name
+    return (db.parent if db is not None else Path("trials")) / folder_name(study_name)
 
 
 def open_existing_storage(url: str | None = None):
@@ -178,7 +206,7 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
         yield
         return
     _database_folder(db)
-    lock_path = db.parent / f".{db.name}.{study_name}.lock"
+    lock_path = db.parent / f".{db.name}.{folder_name(study_name)}.lock"
     try:
         fd, mine = open_lock_file(lock_path, 0o644)  # beside a database in /tmp another user could plant a link
     except UnsafeFile as exc:

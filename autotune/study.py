@@ -28,8 +28,8 @@ from .errors import AutotuneError, StorageError
 from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
-from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
-                      study_name_for)
+from .storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock, open_storage, run_lock,
+                      sqlite_path, study_name_for)
 from .trials import MemoryLimit, baseline_trial, feasible_by_config
 from .warm_start import queue_warm_start
 
@@ -93,7 +93,7 @@ class Tuner:
             measure = measure.replace(memory_cap_mb=default_memory_cap_mb(self.hardware))
         self.measure = measure
         self.storage_url = storage or DEFAULT_STORAGE
-        self.study_name = study_name or study_name_for(workload, self.hardware.fingerprint)
+        self.study_name = check_study_name(study_name or study_name_for(workload, self.hardware.fingerprint))
         self.finalists = finalists
         self.finalist_rounds = finalist_rounds
         self.seed = seed

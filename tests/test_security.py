@@ -5,6 +5,7 @@ real HTTP request, a real SQLite file). The threat model: docs/security.md.
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import stat
@@ -18,6 +19,8 @@ import pytest
 
 from autotune.errors import StorageError
 from autotune.storage import MACHINE_LOCK_ENV, machine_lock
+
+from .conftest import TINY, run_cli
 
 ROOT = os.geteuid() == 0
 
@@ -188,3 +191,56 @@ def test_no_child_imports_modules_planted_in_the_working_folder(project):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split("|")[0].split()[0] == "ok" and r.stdout.split("|")[1].split()[0] == "True", r.stdout
     assert r.stdout.split("|")[2].strip() == "None", r.stdout
+
+
+# --- 3. a study database is data: it names no code to run and no path to write --------------------------------
+
+@pytest.fixture(scope="module")
+def report_study(tmp_path_factory):
+    from . import report_fixtures
+
+    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
+
+
+def test_report_does_not_run_a_callable_the_database_names(report_study, tmp_path):
+    """A database whose study says its workload is ``evilmod:build`` (a module that is there to be imported):
+    `autotune report` writes the report without the profiler run, which would import and call it, and says
+    how to name it to have it profiled."""
+    import optuna
+
+    db = tmp_path / "theirs.db"
+    db.write_bytes(report_study.db.read_bytes())
+    study = optuna.load_study(study_name=report_study.study_name, storage=f"sqlite:///{db}")
+    study.set_user_attr("workload", {**study.user_attrs["workload"], "model": "evilmod:build"})
+    (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
+                                         "from tests.workloads_fixtures import tiny as build\n")
+    out = run_cli("report", "--storage", f"sqlite:///{db}", "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not (tmp_path / "ran").exists()
+    assert "Not profiled: the study's workload is evilmod:build" in html.unescape((tmp_path / "r.html").read_text())
+    assert f"--study-name {report_study.study_name} --model evilmod:build" in out.stderr
+
+
+def test_a_study_name_that_is_a_path_is_refused_in_one_line(tmp_path):
+    """`autotune run --study-name a/b` (a traceback before): one line, exit 2, nothing written."""
+    out = run_cli("run", "--model", TINY, "--image-size", "16", "--device", "cpu", "--trials", "1",
+                  "--storage", f"sqlite:///{tmp_path}/s.db", "--study-name", "a/b", "--no-progress")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("autotune run: error: study name 'a/b' is not allowed")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", ".."])
+def test_a_stored_study_name_never_leaves_the_folder_beside_the_database(tmp_path, name):
+    """A study another tool (or user) named ``../../escaped`` in the database: its report goes to a folder
+    beside the database whose name is made from it, not to the path the name spells."""
+    import optuna
+
+    db = tmp_path / "a" / "b" / "c.db"
+    db.parent.mkdir(parents=True)
+    optuna.create_study(study_name=name, storage=f"sqlite:///{db}")
+    out = run_cli("report", "--storage", f"sqlite:///{db}", "--study-name", name, "--no-profile")
+    assert out.returncode == 0, out.stderr[-2000:]
+    page = Path(out.stdout.strip())
+    assert page.name == "report.html" and page.parent.parent == db.parent, page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"] and sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]
