@@ -101,10 +101,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .config import Workload
     from .report import build_report, recommended, write_report
+    from ._safefs import private_dir
     from .storage import artifacts_dir
 
     study, url = select_study(args)
     folder = artifacts_dir(url, study.study_name)
+    if not args.output or not args.no_profile:  # the page or the profile goes there: 0700, no other user's
+        private_dir(folder)
     out = Path(args.output) if args.output else folder / "report.html"
     profile, note = None, ""
     rec = recommended(study)

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from ._safefs import private_dir
 from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
@@ -302,6 +303,8 @@ class Tuner:
         self.stop_reason = ""
         with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name), \
                 closing_default():  # the run's fork servers (autotune.forkserver) end with it
+            # its folder (trial logs, inductor's cache that trials load back): 0700, and no other user's
+            private_dir(self.artifacts_dir)
             study = self.study()  # opens (and checks) the storage once this run may write to it
             self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
             self.prepare(study)

@@ -243,4 +243,43 @@ def test_a_stored_study_name_never_leaves_the_folder_beside_the_database(tmp_pat
     assert out.returncode == 0, out.stderr[-2000:]
     page = Path(out.stdout.strip())
     assert page.name == "report.html" and page.parent.parent == db.parent, page
+    assert stat.S_IMODE(page.parent.stat().st_mode) == 0o700  # a study's folder is its user's alone (item 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"] and sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]
+
+
+# --- 4. a study's folder and logs in shared places ---------------------------------------------------------------
+
+@pytest.mark.parametrize("planted", ["another user's folder", "a link to a folder"])
+def test_a_run_refuses_a_study_folder_someone_else_made(shared_dir, tmp_path, planted):
+    """A database in a shared folder puts the study's folder (trial logs, inductor's cache) at a predictable path
+    beside it. Made first by another user (or a link to a folder of theirs), it is refused in one line, before
+    anything is written into it (trials used to log there, and load what it holds)."""
+    if planted == "another user's folder" and not ROOT:
+        pytest.skip("needs root to make a folder owned by another user")
+    folder = shared_dir / "s1"
+    if planted == "a link to a folder":
+        (tmp_path / "theirs").mkdir(mode=0o777)
+        folder.symlink_to(tmp_path / "theirs")
+    else:
+        folder.mkdir(mode=0o777)
+        os.chown(folder, 65534, 65534)
+    out = run_cli("run", "--model", TINY, "--image-size", "16", "--device", "cpu", "--trials", "1", "--windows", "2",
+                  "--window-seconds", "0.2", "--finalists", "1", "--rounds", "1", "--storage",
+                  f"sqlite:///{shared_dir}/a.db", "--study-name", "s1", "--no-progress")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(f"autotune run: error: refusing {folder}")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_trial_log_at_a_planted_link_is_refused_not_written_through(tmp_path):
+    """`autotune trial --log FILE` where FILE is a link to another file: one line, exit 2, the file unchanged
+    (the log used to be appended to it)."""
+    victim = tmp_path / "victim"
+    victim.write_text("unchanged\n")
+    (tmp_path / "trial.log").symlink_to(victim)
+    out = run_cli("trial", "--model", TINY, "--image-size", "16", "--device", "cpu", "--batch-size", "8",
+                  "--windows", "2", "--window-seconds", "0.2", "--log", str(tmp_path / "trial.log"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (f"autotune trial: error: cannot write the trial log "
+                                                   f"{tmp_path / 'trial.log'}: it is a symbolic link")
+    assert victim.read_text() == "unchanged\n"
