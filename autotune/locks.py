@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from ._redact import redact
 from ._safefs import UnsafeFile, open_lock_file, private_dir
 from .errors import StorageError
 
@@ -130,7 +131,7 @@ def lock_holder(fd: int) -> str:
 
         proc = psutil.Process(pid)
         what = (note.removeprefix(f"pid {pid}, ") if note.startswith(f"pid {pid}, ") else
-                " ".join(" ".join(proc.cmdline()).split())[:160] or proc.name())  # one line, whatever argv holds
+                redact(" ".join(" ".join(proc.cmdline()).split()))[:160] or proc.name())  # one line, no password
         return f"pid {pid} of user {proc.username()}: {what}"
     except Exception:  # noqa: BLE001 - gone meanwhile, or another user's process we may not read
         return f"pid {pid}"

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+from ._redact import redact
 from ._safefs import UnsafeFile, open_lock_file
 from .config import Workload
 from .errors import ConfigError, StorageError
@@ -84,12 +85,13 @@ def artifacts_dir(url: str, study_name: str) -> Path:
 
 def open_existing_storage(url: str | None = None):
     """``(storage, url)`` for a storage that must already hold studies (show, export, report, dashboard): a
-    missing SQLite file is a one-line StorageError instead of a new empty database."""
+    missing SQLite file is a one-line StorageError instead of a new empty database. ``url`` is for showing: its
+    password is masked (``_redact``); the storage holds the real one."""
     url = url or DEFAULT_STORAGE
     db = sqlite_path(url)
     if db is not None and not db.exists():
         raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
-    return open_storage(url, create_dirs=False), url
+    return open_storage(url, create_dirs=False), redact(url)
 
 
 def open_storage(url: str | None = None, *, create_dirs: bool = True):
@@ -119,18 +121,18 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
             else:  # pragma: no cover - older Optuna
                 kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
     else:
-        raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
+        raise StorageError(f"storage URL {redact(url)!r} is not supported: use sqlite:///PATH.db or "
                            "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return optuna.storages.RDBStorage(_with_driver(url), **kwargs)
     except ImportError as exc:
-        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
+        raise StorageError(f"storage {redact(url)!r} needs a database driver: {redact(str(exc))} "
                            '(for PostgreSQL: pip install "autotune[postgres]")') from None
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+        raise StorageError(f"cannot open storage {redact(url)!r}: {_masked(first, url)}") from None
 
 
 def _database_folder(db: Path) -> None:
@@ -141,6 +143,18 @@ def _database_folder(db: Path) -> None:
         raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
     if not os.access(db.parent, os.W_OK):
         raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
+
+
+def _masked(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with the URL's password masked, wherever it appears."""
+    text = redact(text)
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(url).password
+    except Exception:  # noqa: BLE001 - an unparsable URL: redact() has done what can be done
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def _with_driver(url: str) -> str:

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from ._redact import redact
 from ._safefs import private_dir
 from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
@@ -240,7 +241,7 @@ class Tuner:
                                     device=self.workload.device, enqueue=study_queue.enqueue, log=self.log)
 
         study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
-                         log=self.log, where=self.storage_url, warm_start=warm if self.warm_start else None)
+                         log=self.log, where=redact(self.storage_url), warm_start=warm if self.warm_start else None)
 
     def after_trial(self, study) -> None:
         """What follows every finished trial (each backend calls it): the batch walk's next step, then the

@@ -283,3 +283,45 @@ def test_a_trial_log_at_a_planted_link_is_refused_not_written_through(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == (f"autotune trial: error: cannot write the trial log "
                                                    f"{tmp_path / 'trial.log'}: it is a symbolic link")
     assert victim.read_text() == "unchanged\n"
+
+
+# --- 5. a storage URL's password is never shown, logged or stored ------------------------------------------------
+
+SECRET_URL = "postgresql://tuner:s3cret@127.0.0.1:1/runs"  # nothing listens on port 1: refused at once
+
+
+@pytest.mark.parametrize("command", [["show"], ["export"], ["report", "--no-profile"], ["dashboard", "--port", "0"]])
+def test_an_unreachable_storage_error_masks_the_password(command):
+    out = run_cli(*command, "--storage", SECRET_URL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "s3cret" not in out.stderr + out.stdout
+    assert "tuner:***@127.0.0.1:1/runs" in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_recommendation_keeps_no_password_in_its_yaml_report_or_mlflow(report_study, tmp_path):
+    """A recommendation stored with a password in its storage URL (as every earlier autotune stored it): the
+    exported YAML, the HTML report and what MLflow receives hold ``tuner:***@``, never the password."""
+    import optuna
+
+    from autotune.recommendation import stored_recommendation
+
+    db = tmp_path / "copy.db"
+    db.write_bytes(report_study.db.read_bytes())
+    study = optuna.load_study(study_name=report_study.study_name, storage=f"sqlite:///{db}")
+    stored = study.user_attrs["recommendation"]
+    study.set_user_attr("recommendation", {**stored, "provenance": {**stored["provenance"], "storage": SECRET_URL}})
+    yaml_out = run_cli("export", "--storage", f"sqlite:///{db}")
+    assert yaml_out.returncode == 0, yaml_out.stderr[-2000:]
+    assert "s3cret" not in yaml_out.stdout and "storage: postgresql://tuner:***@127.0.0.1:1/runs" in yaml_out.stdout
+    page = run_cli("report", "--storage", f"sqlite:///{db}", "--no-profile", "-o", str(tmp_path / "r.html"))
+    assert page.returncode == 0 and "s3cret" not in (tmp_path / "r.html").read_text()
+
+    pytest.importorskip("mlflow")
+    from autotune.integrations.mlflow import MLflowLogger
+
+    rec = stored_recommendation(study)
+    assert rec.storage == "postgresql://tuner:***@127.0.0.1:1/runs"
+    MLflowLogger(f"sqlite:///{tmp_path}/mlflow/mlflow.db").finish(study, rec, report_path=tmp_path / "r.html")
+    sent = [p for p in (tmp_path / "mlflow").rglob("*") if p.is_file()]
+    assert any(p.name == "recommendation.yaml" for p in sent)
+    assert not [p for p in sent if b"s3cret" in p.read_bytes()]
