@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import sys
 from pathlib import Path
 
 from .cli_args import add_study_args, add_study_selector_args, select_study
 from .errors import AutotuneError
+from .webguard import guard, is_loopback
 
 REPORT_EPILOG = """\
 examples:
@@ -30,19 +30,11 @@ examples:
   autotune dashboard                            # http://127.0.0.1:8080/ on sqlite:///trials/autotune.db
   autotune dashboard --port 9000 --storage sqlite:///runs/a.db
 
-The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise. To look from another
-machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over --host 0.0.0.0.
+The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise, and answers only
+requests that name it by a loopback name (another site's page cannot reach it through its own name: DNS
+rebinding). To look from another machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over
+--host 0.0.0.0, which answers to this machine's IP addresses and its own name only. See docs/security.md.
 """
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # --- dashboard ----------------------------------------------------------------------------------------
@@ -68,7 +60,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         def log_message(self, format, *a):  # noqa: A002 - the stdlib's name; one line per request is noise here
             pass
 
-    app = optuna_dashboard.wsgi(storage)
+    # only requests naming this server by a name it is bound to, and writes only from its own page (webguard)
+    app = guard(optuna_dashboard.wsgi(storage), args.host)
     try:
         server = make_server(args.host, args.port, app, server_class=_Server, handler_class=_Quiet)
     except OSError as exc:

@@ -325,3 +325,69 @@ def test_a_recommendation_keeps_no_password_in_its_yaml_report_or_mlflow(report_
     sent = [p for p in (tmp_path / "mlflow").rglob("*") if p.is_file()]
     assert any(p.name == "recommendation.yaml" for p in sent)
     assert not [p for p in sent if b"s3cret" in p.read_bytes()]
+
+
+# --- 6. the dashboard answers only to its own names ------------------------------------------------------------
+
+@pytest.fixture
+def dashboard(tmp_path):
+    """`autotune dashboard --port 0` on a one-study database (a copy of nothing: its own), and its port."""
+    import optuna
+    import re
+    import threading
+
+    storage = f"sqlite:///{tmp_path}/d.db"
+    study = optuna.create_study(study_name="victim", storage=storage, direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1.0))
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--storage", storage, "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    deadline = time.monotonic() + 60
+    port = None
+    while port is None and time.monotonic() < deadline and proc.poll() is None:
+        port = next((int(m.group(1)) for ln in list(lines) if (m := re.search(r"127\.0\.0\.1:(\d+)/", ln))), None)
+        time.sleep(0.1)
+    assert port, lines
+    yield storage, port
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def _http(port: int, method: str, path: str, host: str, **headers) -> tuple[int, bytes]:
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    body = json.dumps({"study_name": "renamed"}) if method == "POST" else None
+    conn.request(method, path, body=body, headers={"Host": host, "Content-Type": "application/json",
+                                                   **{k.replace("_", "-"): v for k, v in headers.items()}})
+    r = conn.getresponse()
+    out = r.status, r.read()
+    conn.close()
+    return out
+
+
+def test_the_dashboard_refuses_a_foreign_host_and_a_write_from_another_site(dashboard):
+    """Over real HTTP: a request naming the server ``evil.example`` (what a DNS-rebinding page sends) is
+    refused, reads and writes alike, and so is a write whose Origin is another site; the dashboard's own page
+    still reads and renames. The study is renamed only by that last request (HTTP 201 before the guard)."""
+    import json
+
+    import optuna
+
+    storage, port = dashboard
+    own = f"127.0.0.1:{port}"
+    status, body = _http(port, "GET", "/api/studies", own)
+    assert status == 200, body
+    [summary] = json.loads(body)["study_summaries"]
+    rename = f"/api/studies/{summary['study_id']}/rename"
+    assert _http(port, "GET", "/api/studies", f"evil.example:{port}")[0] == 403
+    assert _http(port, "GET", "/dashboard", "evil.example")[0] == 403
+    assert _http(port, "POST", rename, f"evil.example:{port}", Origin=f"http://evil.example:{port}")[0] == 403
+    assert _http(port, "POST", rename, own, Origin="http://evil.example")[0] == 403
+    assert _http(port, "POST", rename, own, Sec_Fetch_Site="cross-site")[0] == 403
+    assert optuna.get_all_study_names(storage) == ["victim"]
+    assert _http(port, "GET", "/api/studies", f"localhost:{port}")[0] == 200
+    assert _http(port, "POST", rename, own, Origin=f"http://{own}", Sec_Fetch_Site="same-origin")[0] == 201
+    assert optuna.get_all_study_names(storage) == ["renamed"]
