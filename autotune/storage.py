@@ -85,20 +85,23 @@ def artifacts_dir(url: str, study_name: str) -> Path:
 
 def open_existing_storage(url: str | None = None):
     """``(storage, url)`` for a storage that must already hold studies (show, export, report, dashboard): a
-    missing SQLite file is a one-line StorageError instead of a new empty database. ``url`` is for showing: its
-    password is masked (``_redact``); the storage holds the real one."""
+    missing SQLite file is a one-line StorageError instead of a new empty database, and a database without
+    Optuna's tables (an empty file, another program's) is one too, left as it was: these commands read, and
+    never create a schema (``open_storage(existing=True)``). ``url`` is for showing: its password is masked
+    (``_redact``); the storage holds the real one."""
     url = url or DEFAULT_STORAGE
     db = sqlite_path(url)
     if db is not None and not db.exists():
         raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
-    return open_storage(url, create_dirs=False), redact(url)
+    return open_storage(url, create_dirs=False, existing=True), redact(url)
 
 
-def open_storage(url: str | None = None, *, create_dirs: bool = True):
+def open_storage(url: str | None = None, *, create_dirs: bool = True, existing: bool = False):
     """An Optuna RDBStorage for ``url`` (default ``sqlite:///trials/autotune.db``), or a one-line StorageError.
 
     SQLite waits up to 60 s for a lock held by another process instead of failing. Other databases get
-    heartbeats, so a trial whose worker died is failed and retried by a live worker.
+    heartbeats, so a trial whose worker died is failed and retried by a live worker. ``existing``: the
+    database must already hold Optuna's tables (checked without writing); none are created.
     """
     import optuna
 
@@ -126,13 +129,51 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(_with_driver(url), **kwargs)
+            if existing:
+                _require_optuna_tables(url, db)
+            return optuna.storages.RDBStorage(_with_driver(url), skip_table_creation=existing, **kwargs)
+    except StorageError:
+        raise
     except ImportError as exc:
         raise StorageError(f"storage {redact(url)!r} needs a database driver: {redact(str(exc))} "
                            '(for PostgreSQL: pip install "autotune[postgres]")') from None
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(f"cannot open storage {redact(url)!r}: {_masked(first, url)}") from None
+
+
+# Optuna's own tables (optuna.storages._rdb.models; Alembic's stamp): a database without them holds no study
+_OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+
+
+def _require_optuna_tables(url: str, db: Path | None) -> None:
+    """A one-line StorageError unless the database of ``url`` holds Optuna's tables, found without writing a
+    byte: SQLite opened read-only (``mode=ro``), a server asked for its table names."""
+    if db is not None:
+        import sqlite3
+        from urllib.parse import quote
+
+        try:
+            con = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=60)
+            try:
+                tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"{db} is not a study database: {exc}") from None
+        where = str(db)
+    else:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(_with_driver(url))
+        try:
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+        where = redact(url)
+    if not _OPTUNA_TABLES <= tables:
+        raise StorageError(f"{where} is not a study database (no Optuna tables{': it is empty' if not tables else ''}"
+                           "); point --storage at the database `autotune run` wrote")
 
 
 def _database_folder(db: Path) -> None:

@@ -235,3 +235,36 @@ def test_show_never_prints_the_storage_password(pg_url, space_file, tmp_path):
     for out in (run, show, export):
         assert "s3cret-pw" not in out.stdout + out.stderr
     assert ":***@" in show.stdout.splitlines()[0] and ":***@" in export.stdout
+
+
+def test_show_on_a_database_without_optuna_tables_creates_none(pg_url):
+    """`show` on a server database that holds no study (a new, empty one): one line, exit 2, and no table is
+    created in it (issue 24.7: commands that read never make a schema)."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    def engine_url(url):  # the driver autotune uses for a bare postgresql:// URL (psycopg 3, else psycopg2)
+        import importlib.util
+
+        u = make_url(url)
+        plain = u.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None
+        return u.set(drivername="postgresql+psycopg2") if plain else u
+
+    name = f"empty_{uuid.uuid4().hex[:8]}"
+    admin = sqlalchemy.create_engine(engine_url(pg_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        out = run_cli("show", "--storage", url)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert "is not a study database" in out.stderr.strip().splitlines()[-1]
+        engine = sqlalchemy.create_engine(engine_url(url))
+        try:
+            assert sqlalchemy.inspect(engine).get_table_names() == []
+        finally:
+            engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE {name}"))
+        admin.dispose()

@@ -391,3 +391,38 @@ def test_the_dashboard_refuses_a_foreign_host_and_a_write_from_another_site(dash
     assert _http(port, "GET", "/api/studies", f"localhost:{port}")[0] == 200
     assert _http(port, "POST", rename, own, Origin=f"http://{own}", Sec_Fetch_Site="same-origin")[0] == 201
     assert optuna.get_all_study_names(storage) == ["renamed"]
+
+
+# --- 7. commands that read never write --------------------------------------------------------------------------
+
+def _foreign_db(path: Path) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    con.execute("INSERT INTO customers (name) VALUES ('Ada')")
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("command", [["show"], ["export"], ["report", "--no-profile"], ["dashboard", "--port", "0"]])
+@pytest.mark.parametrize("kind", ["empty file", "another program's database", "not a database"])
+def test_a_reading_command_leaves_a_file_that_is_not_a_study_database_as_it_was(tmp_path, command, kind):
+    """`show` (and export, report, dashboard) on an empty file, another program's SQLite database, or a text
+    file: one line, exit 2, and the file's bytes unchanged (`show` used to create Optuna's tables in it)."""
+    import hashlib
+
+    db = tmp_path / "data.db"
+    if kind == "empty file":
+        db.write_bytes(b"")
+    elif kind == "not a database":
+        db.write_text("name,email\nAda,ada@example.org\n")
+    else:
+        _foreign_db(db)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    out = run_cli(*command, "--storage", f"sqlite:///{db}", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()
+    assert len(last) == 1 and last[0].startswith(f"autotune {command[0]}: error: {db} is not a study database"), last
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.db"]  # no journal, no study folder left behind
