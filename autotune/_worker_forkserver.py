@@ -1,5 +1,6 @@
 """A fork server: import torch once, then fork one trial child per request. Run by ``forkserver.py`` as
-``python -m autotune._worker_forkserver SOCKET_FD`` with exactly the environment its trials need.
+``python -m autotune._worker_forkserver SOCKET_FD`` (by way of ``_launch``: nothing of the working folder on
+``sys.path``) with exactly the environment its trials need.
 
 Why it is safe to fork here: the server runs no torch code after importing it, so no OpenMP/MKL thread pool,
 no CUDA context and no allocator cache exist yet (a pool read OMP_NUM_THREADS at load, from this process's

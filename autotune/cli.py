@@ -15,6 +15,7 @@ from .cli_args import (add_knob_args, add_measure_args, add_workload_args, confi
                        workload_from_args)
 from .cli_report import add_report_commands
 from .cli_study import add_study_commands
+from ._redact import redact
 from .errors import AutotuneError
 
 EXIT_OK, EXIT_TRIAL_FAILED, EXIT_USAGE = 0, 1, 2
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except AutotuneError as exc:
-        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"autotune {args.command}: error: {redact(str(exc))}", file=sys.stderr)  # no URL's password
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import sys
 from pathlib import Path
 
 from .cli_args import add_study_args, add_study_selector_args, select_study
 from .errors import AutotuneError
+from .webguard import guard, is_loopback
 
 REPORT_EPILOG = """\
 examples:
   autotune report                               # trials/<study>/report.html, with a profile of the recommendation
   autotune report -o trials/report.html --no-profile
   autotune report --storage sqlite:///runs/a.db --study-name NAME
+  autotune report --study-name NAME --model mypkg.models:build   # profile a study of your own callable
+
+The profiler run imports a study's workload; a module:callable named by the database is run only when --model
+names it too (a database is data, and may be someone else's: docs/security.md).
 
 The page is self-contained (plotly.js is embedded): open it offline, mail it, attach it to a bug report.
 The profiler run writes a Chrome trace to trials/<study>/profile/ (open it at ui.perfetto.dev).
@@ -26,19 +30,11 @@ examples:
   autotune dashboard                            # http://127.0.0.1:8080/ on sqlite:///trials/autotune.db
   autotune dashboard --port 9000 --storage sqlite:///runs/a.db
 
-The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise. To look from another
-machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over --host 0.0.0.0.
+The dashboard has no authentication: it binds to 127.0.0.1 unless --host says otherwise, and answers only
+requests that name it by a loopback name (another site's page cannot reach it through its own name: DNS
+rebinding). To look from another machine, prefer an SSH tunnel (ssh -L 8080:127.0.0.1:8080 HOST) over
+--host 0.0.0.0, which answers to this machine's IP addresses and its own name only. See docs/security.md.
 """
-
-
-def is_loopback(host: str) -> bool:
-    """True when ``host`` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # --- dashboard ----------------------------------------------------------------------------------------
@@ -64,7 +60,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         def log_message(self, format, *a):  # noqa: A002 - the stdlib's name; one line per request is noise here
             pass
 
-    app = optuna_dashboard.wsgi(storage)
+    # only requests naming this server by a name it is bound to, and writes only from its own page (webguard)
+    app = guard(optuna_dashboard.wsgi(storage), args.host)
     try:
         server = make_server(args.host, args.port, app, server_class=_Server, handler_class=_Quiet)
     except OSError as exc:
@@ -97,24 +94,34 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .config import Workload
     from .report import build_report, recommended, write_report
+    from ._safefs import private_dir
     from .storage import artifacts_dir
 
     study, url = select_study(args)
     folder = artifacts_dir(url, study.study_name)
+    if not args.output or not args.no_profile:  # the page or the profile goes there: 0700, no other user's
+        private_dir(folder)
     out = Path(args.output) if args.output else folder / "report.html"
     profile, note = None, ""
     rec = recommended(study)
+    workload = None if rec is None else (
+        Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload)
     if args.no_profile:
         note = "Not profiled (--no-profile)."
     elif rec is None:
         note = "Not profiled: the study has no measured feasible config yet."
+    elif workload.is_callable and args.model != workload.model:
+        # the database names the code the profiler run would import and call: it may be someone else's file
+        note = (f"Not profiled: the study's workload is {_arg(workload.model)}, code named by the database; "
+                f"autotune runs it only when you name it too: autotune report --study-name "
+                f"{_arg(study.study_name)} --model {_arg(workload.model)}")
+        print(f"autotune report: {note}", file=sys.stderr, flush=True)
     else:
         from .profile import profile_config
 
         prof_dir = folder / "profile"
         print(f"autotune report: profiling {rec.config.short()} for a few steps in a child process "
               f"(--no-profile skips this)", file=sys.stderr, flush=True)
-        workload = Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload
         from .storage import machine_lock
 
         with machine_lock(f"autotune report (profiling {rec.config.short()})"):  # a measuring child too
@@ -130,6 +137,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"autotune report: wrote {out}", file=sys.stderr)
     print(out)
     return 0
+
+
+def _arg(text: str) -> str:
+    """``text`` (read from a database: anyone's) as a shell argument the terminal shows as it is."""
+    import shlex
+
+    return shlex.quote(text) if text.isprintable() else repr(text)
 
 
 def add_report_commands(sub) -> None:

@@ -9,6 +9,7 @@ import sys
 
 from .cli_args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
                        measure_from_args, select_study, workload_from_args)
+from ._redact import redact
 from .errors import AutotuneError
 
 RUN_EPILOG = """\
@@ -88,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
                         ceiling_s=ceiling_s)
     except KeyboardInterrupt:
-        print(f"autotune run: stopped; finished trials are kept in {tuner.storage_url} (study {tuner.study_name}); "
+        print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} (study {tuner.study_name}); "
               "run the same command again to resume", file=sys.stderr)
         _close_mlflow(logger, tuner, "KILLED")
         return 130
@@ -126,7 +127,7 @@ def _finish_mlflow(logger, tuner, rec) -> None:
                                      "`autotune report` adds one.", report_path=out)
     write_report(out, html)
     logger.finish(study, rec, report_path=out)
-    print(f"autotune run: logged to MLflow at {logger.tracking_uri} (experiment {logger.experiment}, run "
+    print(f"autotune run: logged to MLflow at {redact(logger.tracking_uri)} (experiment {logger.experiment}, run "
           f"{study.study_name})", file=sys.stderr)
 
 

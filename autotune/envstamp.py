@@ -20,6 +20,8 @@ import subprocess
 import sys
 from typing import Any
 
+from ._launch import SAFE_PATH_PRELUDE
+
 __all__ = ["collect_env_stamp", "stamp_changes", "describe_stamp", "TIMEOUT_S"]
 
 TIMEOUT_S = 60.0
@@ -39,7 +41,8 @@ def collect_env_stamp(timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     When it cannot be had (torch too old to have it, the child failed or took over ``timeout_s``), the dict
     is ``{"error": why}``, and ``stamp_changes`` compares nothing against it."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run([sys.executable, "-c", SAFE_PATH_PRELUDE + _CHILD], capture_output=True, text=True,
+                              timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"collect_env took over {timeout_s:.0f} s"}
     except OSError as exc:

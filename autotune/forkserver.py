@@ -39,6 +39,8 @@ import time
 from collections import OrderedDict
 from typing import Iterator
 
+from ._launch import python_command
+
 __all__ = ["ForkServers", "ForkServer", "ForkedChild", "ForkServerError", "default_servers", "closing_default",
            "ENV_SWITCH", "forkable"]
 
@@ -86,7 +88,7 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         self.sock = ours
         self.proc = subprocess.Popen(
-            [python, "-m", "autotune._worker_forkserver", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            python_command(python, "autotune._worker_forkserver", str(theirs.fileno())), pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C in the terminal reaches the tuner, which ends the trial itself
         )

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
+from ._launch import python_command
+from ._safefs import open_append
 from ._records import Record, check, is_int, is_num
 from .config import TrialConfig, Workload
 from .runner import child_env
@@ -258,8 +260,8 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
                 "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
                 "result_path": str(result_path)}
         start = time.perf_counter()
-        with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "autotune._parity"], stdin=subprocess.PIPE,
+        with open_append(log) as out:
+            proc = subprocess.Popen(python_command(sys.executable, "autotune._parity"), stdin=subprocess.PIPE,
                                     stdout=out, stderr=out, env=child_env(config), start_new_session=True)
             try:
                 proc.communicate(json.dumps(spec).encode(), timeout=timeout_s)

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from ._redact import redact
 from ._malloc import apply_in_process, env_for
 from .applied import Applied
 from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
@@ -115,6 +116,9 @@ class Recommendation:
     # real tokens per sample as the workload counted them (text: autotune.text), over the finalists' search
     # trials (a property of the data, not of the config); None when it counts no tokens
     tokens_per_sample: float | None = None
+
+    def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
+        object.__setattr__(self, "storage", redact(self.storage))
 
     @property
     def median_tokens_per_s(self) -> float | None:

@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ._redact import redact
 from .config import finite_or_none
 from .diagnose import diagnose, explain_study, levers_allowed, measured_values
 from .errors import AutotuneError
@@ -339,7 +340,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     for t in trials.values():
         states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
     workload = ua.get("workload") or {}
-    summary = [("study", study.study_name), ("storage", storage_url or "-"),
+    summary = [("study", study.study_name), ("storage", redact(storage_url) or "-"),
                ("workload", " / ".join(str(workload.get(k)) for k in ("model", "task", "image_size", "device")
                                        if workload.get(k) is not None) or "-"),
                ("hardware", ua.get("hardware") or "-"),

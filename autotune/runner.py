@@ -8,6 +8,7 @@ never times anything itself.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ._launch import SAFE_PATH_ENV, python_command
+from ._safefs import open_append
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
@@ -49,6 +52,7 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(SAFE_PATH_ENV)  # what the child starts does not import from the working folder either (_launch)
     # The package must be importable by the child even when the parent runs from a source checkout.
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -90,6 +94,16 @@ def _tail(path: Path, limit: int = 4000) -> str:
         return ""
 
 
+def _open_log(path: Path):
+    """The trial's log, opened to append: a link planted at its path is refused (one line), not written through."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return open_append(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the trial log {path}: "
+                          f"{'it is a symbolic link' if exc.errno == errno.ELOOP else exc.strerror}") from None
+
+
 def run_trial(
     workload: Workload,
     config: TrialConfig,
@@ -128,7 +142,7 @@ def run_trial(
         os.close(fd)
         log_path = Path(tmp)
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = _open_log(log_path)
 
     spawned_at = time.time()
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
@@ -139,11 +153,11 @@ def run_trial(
     env = child_env(config, compile_cache_dir=compile_cache_dir)
     servers = default_servers() if servers is None else servers
     t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
-    with open(log_path, "ab") as log:
+    with log:
         proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
         if proc is None:  # the cold path: a fresh interpreter
             proc = subprocess.Popen(
-                [python, "-m", "autotune._worker", str(wfd), json.dumps(payload)],
+                python_command(python, "autotune._worker", str(wfd), json.dumps(payload)),
                 pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,  # own process group: one kill reaches the workers
             )

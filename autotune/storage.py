@@ -1,8 +1,8 @@
 """Where studies live: open an Optuna storage, name a study, the locks that keep runs apart, where files go.
 
 ``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``machine_lock``
-keeps a second measuring process off this machine (two trials at once share its cores and spoil each other's
-timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
+(``autotune.locks``) keeps a second measuring process off this machine (two trials at once share its cores and
+spoil each other's timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
 check-then-write steps across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
 """
 
@@ -16,11 +16,15 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+from ._redact import redact
+from ._safefs import UnsafeFile, open_lock_file
 from .config import Workload
-from .errors import StorageError
+from .errors import ConfigError, StorageError
+from .locks import MACHINE_LOCK_ENV, machine_lock
 
 __all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
-           "artifacts_dir", "run_lock", "server_lock", "machine_lock", "MACHINE_LOCK_ENV"]
+           "check_study_name", "folder_name", "artifacts_dir", "run_lock", "server_lock", "machine_lock",
+           "MACHINE_LOCK_ENV"]
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -38,6 +42,32 @@ def study_name_for(workload: Workload, fingerprint: str) -> str:
             f"-{fingerprint}")
 
 
+# What a study name may be: it names a folder beside the database (``artifacts_dir``) and a lock file.
+_STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+def check_study_name(name: str) -> str:
+    """``name`` if it may name a study, else a one-line ConfigError: 1-200 letters, digits, ``_``, ``.`` and
+    ``-``, not starting with ``.`` or ``-`` (no ``/``, no ``..``, nothing a folder name could not hold)."""
+    if not isinstance(name, str) or not _STUDY_NAME.fullmatch(name):
+        raise ConfigError(f"study name {name!r} is not allowed: use 1-200 letters, digits, '_', '.' and '-', "
+                          "starting with a letter, digit or '_' (it names the study's folder beside the database)")
+    return name
+
+
+def folder_name(study_name: str) -> str:
+    """The name of a study's folder: the name itself where ``check_study_name`` allows it; else (a name written
+    into a database by another tool, or by someone else: ``../../x``, ``a/b``) a cleaned form with a hash of the
+    name, which can neither leave the folder it is put in nor collide with another study's."""
+    if isinstance(study_name, str) and _STUDY_NAME.fullmatch(study_name):
+        return study_name
+    import hashlib
+
+    digest = hashlib.sha256(str(study_name).encode(errors="replace")).hexdigest()[:12]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(study_name)).strip("._-")[:80]
+    return f"{cleaned or 'study'}-{digest}"
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URL; None for a database server."""
     if url.startswith("sqlite:///"):
@@ -47,26 +77,31 @@ def sqlite_path(url: str) -> Path | None:
 
 def artifacts_dir(url: str, study_name: str) -> Path:
     """Where a study's files (trial logs, Ray's files, reports, traces) live: beside its SQLite database,
-    else under ``trials/`` in the working directory."""
+    else under ``trials/`` in the working directory; the folder's name is ``folder_name(study_name)``, never a
+    stored name taken as a path."""
     db = sqlite_path(url)
-    return (db.parent if db is not None else Path("trials")) / study_name
+    return (db.parent if db is not None else Path("trials")) / folder_name(study_name)
 
 
 def open_existing_storage(url: str | None = None):
     """``(storage, url)`` for a storage that must already hold studies (show, export, report, dashboard): a
-    missing SQLite file is a one-line StorageError instead of a new empty database."""
+    missing SQLite file is a one-line StorageError instead of a new empty database, and a database without
+    Optuna's tables (an empty file, another program's) is one too, left as it was: these commands read, and
+    never create a schema (``open_storage(existing=True)``). ``url`` is for showing: its password is masked
+    (``_redact``); the storage holds the real one."""
     url = url or DEFAULT_STORAGE
     db = sqlite_path(url)
     if db is not None and not db.exists():
         raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
-    return open_storage(url, create_dirs=False), url
+    return open_storage(url, create_dirs=False, existing=True), redact(url)
 
 
-def open_storage(url: str | None = None, *, create_dirs: bool = True):
+def open_storage(url: str | None = None, *, create_dirs: bool = True, existing: bool = False):
     """An Optuna RDBStorage for ``url`` (default ``sqlite:///trials/autotune.db``), or a one-line StorageError.
 
     SQLite waits up to 60 s for a lock held by another process instead of failing. Other databases get
-    heartbeats, so a trial whose worker died is failed and retried by a live worker.
+    heartbeats, so a trial whose worker died is failed and retried by a live worker. ``existing``: the
+    database must already hold Optuna's tables (checked without writing); none are created.
     """
     import optuna
 
@@ -89,18 +124,56 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True):
             else:  # pragma: no cover - older Optuna
                 kwargs["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=2)
     else:
-        raise StorageError(f"storage URL {url!r} is not supported: use sqlite:///PATH.db or "
+        raise StorageError(f"storage URL {redact(url)!r} is not supported: use sqlite:///PATH.db or "
                            "postgresql://user@host/db (any SQLAlchemy URL Optuna accepts)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(_with_driver(url), **kwargs)
+            if existing:
+                _require_optuna_tables(url, db)
+            return optuna.storages.RDBStorage(_with_driver(url), skip_table_creation=existing, **kwargs)
+    except StorageError:
+        raise
     except ImportError as exc:
-        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
+        raise StorageError(f"storage {redact(url)!r} needs a database driver: {redact(str(exc))} "
                            '(for PostgreSQL: pip install "autotune[postgres]")') from None
     except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+        raise StorageError(f"cannot open storage {redact(url)!r}: {_masked(first, url)}") from None
+
+
+# Optuna's own tables (optuna.storages._rdb.models; Alembic's stamp): a database without them holds no study
+_OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+
+
+def _require_optuna_tables(url: str, db: Path | None) -> None:
+    """A one-line StorageError unless the database of ``url`` holds Optuna's tables, found without writing a
+    byte: SQLite opened read-only (``mode=ro``), a server asked for its table names."""
+    if db is not None:
+        import sqlite3
+        from urllib.parse import quote
+
+        try:
+            con = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=60)
+            try:
+                tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"{db} is not a study database: {exc}") from None
+        where = str(db)
+    else:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(_with_driver(url))
+        try:
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+        where = redact(url)
+    if not _OPTUNA_TABLES <= tables:
+        raise StorageError(f"{where} is not a study database (no Optuna tables{': it is empty' if not tables else ''}"
+                           "); point --storage at the database `autotune run` wrote")
 
 
 def _database_folder(db: Path) -> None:
@@ -111,6 +184,18 @@ def _database_folder(db: Path) -> None:
         raise StorageError(f"cannot create {db.parent} for the study database: {exc.strerror}") from None
     if not os.access(db.parent, os.W_OK):
         raise StorageError(f"cannot write to {db.parent}: pick a writable folder with --storage sqlite:///DIR/autotune.db")
+
+
+def _masked(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with the URL's password masked, wherever it appears."""
+    text = redact(text)
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(url).password
+    except Exception:  # noqa: BLE001 - an unparsable URL: redact() has done what can be done
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def _with_driver(url: str) -> str:
@@ -176,78 +261,24 @@ def run_lock(storage_url: str, study_name: str) -> Iterator[None]:
         yield
         return
     _database_folder(db)
-    lock_path = db.parent / f".{db.name}.{study_name}.lock"
-    fh = open(lock_path, "w")
+    lock_path = db.parent / f".{db.name}.{folder_name(study_name)}.lock"
+    try:
+        fd, mine = open_lock_file(lock_path, 0o644)  # beside a database in /tmp another user could plant a link
+    except UnsafeFile as exc:
+        raise StorageError(f"cannot use the run lock {lock_path}: {exc.strerror}; remove it, or put the study "
+                           "database in a folder of yours") from None
     try:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StorageError(
                 f"another autotune run is already working on study {study_name!r} in {db} on this machine; "
                 "wait for it to finish (two runs would share the cores and spoil each other's timings)"
             ) from None
-        fh.write(str(os.getpid()))
-        fh.flush()
-        yield
-    finally:
-        fh.close()
-
-
-# The machine-wide lock file; tests (and several simulated machines on one) point it elsewhere.
-MACHINE_LOCK_ENV = "AUTOTUNE_MACHINE_LOCK"
-_machine: dict[str, Any] = {"depth": 0, "thread": None}  # re-entrant in the holding thread: a run's trials and finalists
-
-
-@contextlib.contextmanager
-def machine_lock(holder: str) -> Iterator[None]:
-    """Hold this machine's measuring lock, or raise a one-line StorageError naming who holds it.
-
-    One process measures at a time on a machine, whatever study or storage it works for (PostgreSQL workers
-    too: the database's locks are per study, this one is per machine). ``Tuner.run`` on the local backend takes
-    it before anything is written, so a refused run leaves no trace; a Ray trial on a CPU node takes it on the
-    node. ``holder`` says what this process is doing, for the refusal's message. The file is
-    ``$AUTOTUNE_MACHINE_LOCK``, else ``/tmp/autotune-machine.lock`` (not ``$TMPDIR``, which may be per user or
-    per sandbox), made readable and writable by every user (flock needs only read access, so another user's
-    file still locks); the kernel drops the lock if the holder dies."""
-    import tempfile
-    import threading
-
-    if _machine["depth"] and _machine["thread"] == threading.get_ident():
-        _machine["depth"] += 1
-        try:
-            yield
-        finally:
-            _machine["depth"] -= 1
-        return
-    shared = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
-    path = Path(os.environ.get(MACHINE_LOCK_ENV) or shared / "autotune-machine.lock")
-    try:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            with contextlib.suppress(OSError):  # the umask narrowed it: another user must still open it
-                os.fchmod(fd, 0o666)
-        except PermissionError:
-            fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise StorageError(f"cannot open the machine lock {path}: {exc.strerror}; set {MACHINE_LOCK_ENV} to a "
-                           "file this user can open") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            who = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another process"
-            raise StorageError(f"another autotune run is measuring on this machine ({who}); wait for it to "
-                               "finish: two at once share the cores and spoil each other's timings") from None
-        with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds, the note is skipped
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}, {holder}".encode(), 0)
-        _machine["depth"], _machine["thread"] = 1, threading.get_ident()
-        try:
-            yield
-        finally:
-            _machine["depth"], _machine["thread"] = 0, None
+        if mine:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
     finally:
         os.close(fd)
-

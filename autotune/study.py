@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 from . import finalists as fin
 from . import study_queue
 from . import trials as keys
+from ._redact import redact
+from ._safefs import private_dir
 from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
@@ -28,8 +30,8 @@ from .errors import AutotuneError, StorageError
 from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
-from .storage import (DEFAULT_STORAGE, artifacts_dir, machine_lock, open_storage, run_lock, sqlite_path,
-                      study_name_for)
+from .storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock, open_storage, run_lock,
+                      sqlite_path, study_name_for)
 from .trials import MemoryLimit, baseline_trial, feasible_by_config
 from .warm_start import queue_warm_start
 
@@ -96,7 +98,7 @@ class Tuner:
             measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(self.hardware, workload.device))
         self.measure = measure
         self.storage_url = storage or DEFAULT_STORAGE
-        self.study_name = study_name or study_name_for(workload, self.hardware.fingerprint)
+        self.study_name = check_study_name(study_name or study_name_for(workload, self.hardware.fingerprint))
         self.finalists = finalists
         self.finalist_rounds = finalist_rounds
         self.seed = seed
@@ -244,7 +246,7 @@ class Tuner:
                                     device=self.workload.device, enqueue=study_queue.enqueue, log=self.log)
 
         study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
-                         log=self.log, where=self.storage_url, warm_start=warm if self.warm_start else None)
+                         log=self.log, where=redact(self.storage_url), warm_start=warm if self.warm_start else None)
 
     def after_trial(self, study) -> None:
         """What follows every finished trial (each backend calls it): the batch walk's next step, then the
@@ -307,6 +309,8 @@ class Tuner:
         self.stop_reason = ""
         with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name), \
                 closing_default():  # the run's fork servers (autotune.forkserver) end with it
+            # its folder (trial logs, inductor's cache that trials load back): 0700, and no other user's
+            private_dir(self.artifacts_dir)
             study = self.study()  # opens (and checks) the storage once this run may write to it
             self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
             self.prepare(study)

@@ -47,10 +47,8 @@ def _load_callable(spec: str) -> Callable[..., Any]:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise WorkloadError(f"model {spec!r} is not of the form package.module:callable")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`, let users name modules in the current folder
     try:
-        module = importlib.import_module(mod_name)
+        module = _import_workload_module(mod_name)
     except ImportError as exc:
         raise WorkloadError(
             f"cannot import {mod_name!r} for --model {spec}: {exc}; check the module path and that it is "
@@ -66,6 +64,32 @@ def _load_callable(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise WorkloadError(f"{spec} is a {type(fn).__name__}, not a callable returning (model, dataset, loss_fn)")
     return fn  # type: ignore[return-value]
+
+
+def _import_workload_module(mod_name: str):
+    """Import the module a ``module:callable`` names, finding it in the working folder as ``python -m`` would,
+    without letting anything else there shadow an installed module (docs/security.md).
+
+    The folder goes to the end of ``sys.path``, so a ``json.py`` or ``queue.py`` there loses to the standard
+    library's (and the user's own helpers beside their module still import); the named module itself is loaded
+    from the folder first, as before, even where an installed package has the same name."""
+    import importlib.machinery
+    import importlib.util
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # "" (an interactive session): the user's own choice
+        sys.path.append(cwd)
+    top = mod_name.partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, [cwd]) if top not in sys.modules else None
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[top] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(top, None)
+            raise
+    return importlib.import_module(mod_name)
 
 
 def _image_files(root: Path) -> tuple[list[str], int, list[str]]:

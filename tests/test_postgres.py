@@ -218,3 +218,53 @@ def test_recommendations_use_only_trials_of_the_study_hardware(tmp_path):
         study.tell(t, value)
     chosen = {t.user_attrs["config"]["batch_size"] for t in feasible_by_config(study).values()}
     assert chosen == {8, 32}  # the faster trial from another kind of node is not evidence for this study
+
+
+def test_show_never_prints_the_storage_password(pg_url, space_file, tmp_path):
+    """A real server's URL with a password in it (the throwaway server trusts any): `show`'s header, a
+    `run`'s messages and the exported recommendation mask it (issue 24.5)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_url).set(password="s3cret-pw").render_as_string(hide_password=False)
+    name = f"pw-{uuid.uuid4().hex[:8]}"
+    run = subprocess.run([*_cmd(url, name, space_file), "--trials", "1"], env=_env(), capture_output=True,
+                         text=True, timeout=400)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    show = run_cli("show", "--storage", url, "--study-name", name)
+    export = run_cli("export", "--storage", url, "--study-name", name)
+    for out in (run, show, export):
+        assert "s3cret-pw" not in out.stdout + out.stderr
+    assert ":***@" in show.stdout.splitlines()[0] and ":***@" in export.stdout
+
+
+def test_show_on_a_database_without_optuna_tables_creates_none(pg_url):
+    """`show` on a server database that holds no study (a new, empty one): one line, exit 2, and no table is
+    created in it (issue 24.7: commands that read never make a schema)."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    def engine_url(url):  # the driver autotune uses for a bare postgresql:// URL (psycopg 3, else psycopg2)
+        import importlib.util
+
+        u = make_url(url)
+        plain = u.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None
+        return u.set(drivername="postgresql+psycopg2") if plain else u
+
+    name = f"empty_{uuid.uuid4().hex[:8]}"
+    admin = sqlalchemy.create_engine(engine_url(pg_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        out = run_cli("show", "--storage", url)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert "is not a study database" in out.stderr.strip().splitlines()[-1]
+        engine = sqlalchemy.create_engine(engine_url(url))
+        try:
+            assert sqlalchemy.inspect(engine).get_table_names() == []
+        finally:
+            engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE {name}"))
+        admin.dispose()

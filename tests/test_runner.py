@@ -426,8 +426,9 @@ def test_malloc_hugepages_faults_what_retain_cannot_keep():
 
 PRELUDE = """\
 import json, os, signal, sys, time
-FD = int(sys.argv[3])           # argv: script -m autotune._worker FD PAYLOAD
-PAYLOAD = json.loads(sys.argv[4])
+_AT = sys.argv.index("autotune._worker")  # argv: script -c BOOTSTRAP autotune._worker FD PAYLOAD (_launch)
+FD = int(sys.argv[_AT + 1])
+PAYLOAD = json.loads(sys.argv[_AT + 2])
 chan = os.fdopen(FD, "w")
 def line(event, **f):
     return json.dumps({"event": event, **f}) + "\\n"

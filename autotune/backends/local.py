@@ -10,6 +10,7 @@ from typing import Iterator
 
 from .. import protocol
 from .. import trials as keys
+from .._safefs import private_dir
 from ..config import TrialConfig
 from ..errors import AutotuneError, WorkloadError
 from ..storage import machine_lock, sqlite_path
@@ -114,7 +115,7 @@ class _Objective:
             trial.report(samples_per_s, index)
             return trial.should_prune()
 
-        tuner.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(tuner.artifacts_dir)  # made by Tuner.run; again if someone removed it meanwhile
         try:
             result = tuner.runner(tuner.workload, config, tuner.measure, on_window=on_window,
                                   log_path=tuner.artifacts_dir / f"trial-{trial.number}.log")

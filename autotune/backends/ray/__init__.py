@@ -42,6 +42,7 @@ import os
 import time
 from typing import Iterator
 
+from ..._safefs import private_dir
 from ...errors import WorkloadError
 from ...limits import default_device_memory_cap_mb
 from ..base import SearchBackend
@@ -103,7 +104,7 @@ class RayBackend(SearchBackend):
             tune.with_parameters(make_trainable(tune), workload=tuner.workload.to_dict(),
                                  measure=tuner.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
             resources_for(self._base, tuner.workload.device))
-        root = (tuner.artifacts_dir / "ray").resolve()
+        root = (private_dir(tuner.artifacts_dir) / "ray").resolve()
         root.mkdir(parents=True, exist_ok=True)
         per_trial = ", ".join(f"{v:g} {k}" for k, v in self._base.items()) if tuner.workload.device == "cpu" else \
             "1 GPU + 1 CPU per DataLoader worker and one for the main process"
