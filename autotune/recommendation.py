@@ -1,8 +1,7 @@
 """The recommendation: the chosen config with the evidence to trust it, YAML in and out, and one-line use.
 
-A plain value: it is made by the tuner's finalists (``finalists.choose``, or ``finalists.provisional`` from the
-best search trial) or read back from YAML or a study's attribute (``stored_recommendation``); it imports
-nothing of the tuner. ``recommend()`` is in ``api.py``.
+A plain value, made by the finalists (``finalists.choose``/``provisional``) or read back from YAML or a study
+(``stored_recommendation``); it imports nothing of the tuner. ``recommend()`` is in ``api.py``.
 
 >>> from autotune import recommend                                   # doctest: +SKIP
 >>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
@@ -374,11 +373,9 @@ class Recommendation:
                          f"{format_mb(self.headroom_mb())} to spare beyond the {100 * (self.memory_margin or 0):.0f}% "
                          "margin")
         if self.device_memory_cap_mb is not None and (self.peak_device_allocated_mb or self.peak_device_mb):
-            from ._units import format_mb
-
-            lines.append(f"  device memory {format_mb(self.peak_device_allocated_mb or self.peak_device_mb)} in tensors"
-                         + (f", {format_mb(self.peak_device_mb)} reserved" if self.peak_device_mb else "")
-                         + f", under the {format_mb(self.device_memory_cap_mb)} cap the trials ran with")
+            from ._units import format_mb as mb
+            lines.append(f"  device memory {mb(self.peak_device_allocated_mb or self.peak_device_mb)} in tensors, "
+                         f"{mb(self.peak_device_mb)} reserved, under the {mb(self.device_memory_cap_mb)} device cap")
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
