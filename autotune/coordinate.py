@@ -321,7 +321,7 @@ class _Replay:
         if len(moved) > 1:  # the gains combined: one more trial unless measured already
             others.insert(0, combined)
             self.get([(combined, {keys.KNOB_STEP: "combined: " + ", ".join(f"{k}={combined.get(k)}" for k in moved)})])
-        for cand in others:
+        for cand in sorted(others, key=self.value, reverse=True):  # the likeliest winner is compared first
             if self.better(cand, inc):
                 inc = self.incumbent = cand
         self.notes.append(f"best of the bundle's separation: {self.space.effective(inc).short()} "
