@@ -17,8 +17,8 @@ config measured so far is kept (an earlier study's winner, ``warm_start``, among
 space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on the best
 config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
-Noise: a candidate beats the incumbent when its median is above it by more than the noise (the study's
-median window IQR, at least 5%). Within the noise above it one trial each says nothing, so both are measured
+Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
+IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above it one trial each says nothing, so both are measured
 once more (a trial with ``repeat_of``), and the candidate wins only if the 95% interval of the ratio of their
 medians over the two rounds (``finalists.ratio_interval``) is above 1. A candidate at or below the incumbent
 has shown no gain and is not repeated. A comparison reads each config's first one or two measurements in
@@ -43,6 +43,7 @@ from typing import Any, Iterable
 from . import trials as keys
 from .batch_walk import next_steps, walked
 from .finalists import ratio_interval
+from .measure import NOISY_REL_IQR, median_or_none
 from .trials import MemoryLimit, config_of, is_feasible, knobs_apart
 
 __all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
@@ -62,11 +63,12 @@ _NOT_MEASURED = (None, "interrupted")
 @dataclass(frozen=True)
 class Measured:
     """One measurement of a config: its trial, its median (0.0 when it failed, was pruned or does not fit the
-    memory limit) and its windows."""
+    memory limit), its windows and their relative IQR (None when unknown)."""
 
     number: int
     value: float
     windows: tuple[float, ...]
+    rel_iqr: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,13 +167,15 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
             ok = t.state == TrialState.COMPLETE and ua.get(keys.STATUS) == "ok" and is_feasible(t, limit)
             value = float(t.value or 0.0) if ok else 0.0
             windows = tuple(float(x) for x in (ua.get("samples_per_s") or ())) or (value,)
-            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,)))
+            spread = ua.get("rel_iqr") if isinstance(ua.get("rel_iqr"), (int, float)) else None
+            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread))
     return by_key, present, roles
 
 
-def plan(space, trials: Iterable, *, noise: float, limit: MemoryLimit | None = None,
+def plan(space, trials: Iterable, *, noise: float = NOISY_REL_IQR, limit: MemoryLimit | None = None,
          fingerprint: str | None = None) -> Plan:
-    """Where the planned search stands, and what to queue now (module docstring)."""
+    """Where the planned search stands, and what to queue now (module docstring). ``noise``: the floor of the
+    noise a gain must clear (each comparison uses the median window spread of the trials up to its own)."""
     trials = list(trials)
     by_key, present, roles = measurements(trials, space, limit=limit, fingerprint=fingerprint)
     replay = _Replay(space, by_key, present, noise)
@@ -192,7 +196,8 @@ class _Replay:
     measurements it needs, or records them as needed and stops (``_Wait``)."""
 
     def __init__(self, space, by_key: dict[tuple, list[Measured]], present: Counter, noise: float) -> None:
-        self.space, self.by_key, self.present, self.noise = space, by_key, present, noise
+        self.space, self.by_key, self.present, self.floor = space, by_key, present, noise
+        self.spreads = sorted((m.number, m.rel_iqr) for ms in by_key.values() for m in ms if m.rel_iqr is not None)
         self.needs: list[Need] = []
         self.notes: list[str] = []
         self.phase = "bundle"
@@ -242,8 +247,8 @@ class _Replay:
         (a,), (b,) = self.get([(cand, roles or {}), (inc, {})])
         if a.value <= 0 or b.value <= 0:
             return a.value > 0
-        ratio = a.value / b.value
-        if ratio > 1 + self.noise or ratio <= 1:
+        ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
+        if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
         twice = self.get([(cand, roles or {}), (inc, {})], n=2)
         if any(m.value <= 0 for pair in twice for m in pair):
@@ -252,10 +257,16 @@ class _Replay:
                                         resamples=1000)
         won = lo > 1.0
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                          f"({100 * self.noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% (95% interval "
+                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% (95% interval "
                           f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%): "
                           + ("kept" if won else "not shown, the config before stays"))
         return won
+
+    def noise_at(self, number: int) -> float:
+        """The noise as of trial ``number``: the median window spread of the trials up to it, at least the floor;
+        later trials do not move it, so a decision once taken stays."""
+        spreads = [s for n, s in self.spreads if n <= number]
+        return max(self.floor, median_or_none(spreads) or 0.0)
 
     def value(self, params: dict[str, Any]) -> float:
         return self.by_key[self.key(params)][0].value
@@ -297,7 +308,7 @@ class _Replay:
         self.incumbent = base
         members = [p.name for p in self.space.params if likely.get(p.name) != base.get(p.name)]
         self.tested = {(k, v) for k in members for v in (base.get(k), likely.get(k))}
-        revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise))
+        revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number))))
         ratio = f"{lw.value / b.value:.2f}x the baseline" if b.value > 0 and lw.value > 0 else (
             "while the baseline failed" if lw.value > 0 else "failed")
         if len(members) < 2:

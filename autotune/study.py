@@ -22,7 +22,7 @@ from . import study_queue
 from . import trials as keys
 from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
-from .convergence import Convergence, convergence, noise_of
+from .convergence import Convergence, convergence
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
 from .payback import RunLength
@@ -265,9 +265,8 @@ class Tuner:
         from . import phases
 
         if study.user_attrs.get(keys.PLAN):
-            planned = study_queue.advance_plan(
-                study, self.space, storage=self.storage, noise=noise_of(study.get_trials(deepcopy=False)),
-                limit=self.limit, fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
+            planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
+                                               fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
         else:
             study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
@@ -287,7 +286,6 @@ class Tuner:
         states = self._states(study)
         if self._plan is None or self._plan[0] != states:
             self._plan = (states, plan(self.space, study.get_trials(deepcopy=False), limit=self.limit,
-                                       noise=noise_of(study.get_trials(deepcopy=False)),
                                        fingerprint=self.hardware.fingerprint))
         return self._plan[1]
 

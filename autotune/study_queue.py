@@ -105,12 +105,12 @@ def recover(study, space, *, single_run: bool) -> int:
     return queued
 
 
-def advance_plan(study, space, *, storage, noise: float, limit: MemoryLimit | None, fingerprint: str,
+def advance_plan(study, space, *, storage, limit: MemoryLimit | None, fingerprint: str,
                  log: Callable[[str], None], said: set[str]) -> Plan:
     """Queue what the planned search (``coordinate.plan``) needs now and log its decisions not in ``said`` yet
     (the caller's set, updated). Called after every finished trial, however it was answered."""
     with server_lock(storage, study.study_name):
-        p = plan(space, study.get_trials(deepcopy=False), noise=noise, limit=limit, fingerprint=fingerprint)
+        p = plan(space, study.get_trials(deepcopy=False), limit=limit, fingerprint=fingerprint)
         for need in p.needs:
             enqueue(study, space, need.params, **need.roles)
     for line in p.notes + [need.why for need in p.needs]:

@@ -127,16 +127,18 @@ def test_no_compile_trial_runs_before_the_eager_search_has_settled(tmp_path):
 # --- the plan as a pure function of the study's trials ----------------------------------------------------
 
 def _study(rows):
-    """An in-memory study of finished trials: (params, median, roles); windows spread 1% around the median."""
+    """An in-memory study of finished trials: (params, median, roles[, rel_iqr]); windows spread 1% around the
+    median (rel_iqr 0.01 unless given)."""
     space = _space(compile_modes=("none",))
     study = optuna.create_study(direction="maximize")
     dists = {p.name: CategoricalDistribution(list(p.choices)) for p in space.params}
-    for params, value, roles in rows:
+    for params, value, roles, *spread in rows:
         params = complete(space, params)
         study.add_trial(create_trial(
             state=TrialState.COMPLETE, value=value, params=params, distributions=dists,
             user_attrs={"config": space.effective(params).to_dict(), "status": "ok", "peak_host_mb": 10.0,
-                        "samples_per_s": [0.99 * value, value, 1.01 * value], "rel_iqr": 0.01, **roles}))
+                        "samples_per_s": [0.99 * value, value, 1.01 * value],
+                        "rel_iqr": spread[0] if spread else 0.01, **roles}))
     return space, study
 
 
@@ -151,8 +153,8 @@ def _needs(p):
 
 def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     """channels_last alone measured 3% over the baseline (within the 5% noise): both are measured once more
-    before it is kept; a later third measurement does not change the decision; a candidate at or below the
-    incumbent is not repeated."""
+    before it is kept; a later third measurement, noisy enough to raise the study's noise to 60%, does not
+    change any decision; a candidate at or below the incumbent is not repeated."""
     rows = [(BASE, 100.0, {"baseline": True}), (LIKELY, 101.0, {"likely_winner": True}),
             ({**BASE, "amp": "bf16"}, 70.0, {"knob_step": "amp=bf16"}),
             ({**BASE, "channels_last": True}, 103.0, {"knob_step": "channels_last=True"}),
@@ -170,21 +172,30 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     assert p.phase == "walk" and p.incumbent["channels_last"] and _needs(p) == [
         ("off", True, "default", 8, {"batch_line": -1}), ("off", True, "default", 32, {"batch_line": 1})]
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 3}),
-                                  (BASE, 100.0, {"repeat_of": 0}), ({**BASE, "channels_last": True}, 80.0, {})])
+                                  (BASE, 100.0, {"repeat_of": 0}), ({**BASE, "channels_last": True}, 80.0, {}, 0.6)]
+                          + [({**BASE, "batch_size": bs, "amp": amp}, 50.0, {}, 0.6) for bs in (8, 32, 64)
+                             for amp in ("off", "bf16")] + [({**BASE, "malloc": "retain", "batch_size": 8}, 50.0, {}, 0.6)])
+    from autotune.convergence import noise_of
+
+    assert noise_of(study.get_trials()) == 0.6  # the study's noise now; the decisions above were taken at 5%
     again = plan(space, study.get_trials(), noise=0.05)
     assert (again.phase, again.incumbent, again.notes) == (p.phase, p.incumbent, p.notes)
 
 
 def test_the_plan_waits_for_what_is_queued_and_queues_nothing_twice():
+    """The bundle at 1.5x the baseline, beyond the 5% noise of their trials: each knob is reverted from it. Later
+    trials whose windows spread 60% do not turn that into a tie (the noise of a decision is that of the trials
+    up to it); queued probes are present, not needed again."""
     space, study = _study([(BASE, 100.0, {"baseline": True})])
-    assert plan(space, study.get_trials(), noise=0.05).phase == "bundle"  # the likely winner is not in yet
-    space, study = _study([(BASE, 100.0, {"baseline": True}), (LIKELY, 150.0, {"likely_winner": True})])
-    p = plan(space, study.get_trials(), noise=0.05)
+    assert plan(space, study.get_trials()).phase == "bundle"  # the likely winner is not in yet
+    noisy = [({**BASE, "batch_size": bs, "amp": amp}, 50.0, {}, 0.6) for bs in (8, 32, 64) for amp in ("off", "bf16")]
+    space, study = _study([(BASE, 100.0, {"baseline": True}), (LIKELY, 150.0, {"likely_winner": True})] + noisy)
+    p = plan(space, study.get_trials())
     assert [n.roles["knob_step"] for n in p.needs] == ["amp=off", "channels_last=False", "malloc=default"]
     for need in p.needs:  # queued (WAITING): present, not measured
         study.enqueue_trial(need.params, user_attrs={**need.roles, "queued_config":
                                                      space.effective(need.params).to_dict()})
-    again = plan(space, study.get_trials(), noise=0.05)
+    again = plan(space, study.get_trials())
     assert again.needs == [] and again.phase == "separate"
 
 
