@@ -309,15 +309,16 @@ class _Replay:
         members = [p.name for p in self.space.params if likely.get(p.name) != base.get(p.name)]
         self.tested = {(k, v) for k in members for v in (base.get(k), likely.get(k))}
         revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number))))
-        ratio = f"{lw.value / b.value:.2f}x the baseline" if b.value > 0 and lw.value > 0 else (
-            "while the baseline failed" if lw.value > 0 else "failed")
+        outcome = (f"ran {lw.value / b.value:.2f}x the baseline" if b.value > 0 and lw.value > 0 else
+                   "ran, the baseline did not" if lw.value > 0 else
+                   "did not run to the end (pruned as far slower, failed, or over the memory)")
         if len(members) < 2:
             return likely if self.better(likely, base) else base
         self.phase = "separate"
         ref = likely if revert else base
         probes = [(k, complete(self.space, {**likely, k: base.get(k)} if revert else {**base, k: likely[k]}))
                   for k in members]
-        self.notes.append(f"the likely winners ({self.describe(likely)}) ran {ratio}: "
+        self.notes.append(f"the likely winners ({self.describe(likely)}) {outcome}: "
                           + ("each is reverted from them in turn" if revert else "each is tried alone on the baseline"))
         self.incumbent = ref
         self.get([(p, {keys.KNOB_STEP: f"{k}={p.get(k)}"}) for k, p in probes])

@@ -1,4 +1,6 @@
-"""How good is autotune's recommendation, and at what cost? One run on this machine, figures printed.
+"""How good is autotune's recommendation on one workload, against an exhaustive grid, and at what cost? One run
+on this machine, figures printed (``benchmarks/quality.py`` covers several workloads, each against the grid of
+its likely-winner bundle x batch sizes).
 
 1. An exhaustive grid over a reduced real space (batch x threads x workers x bf16 x channels_last), each config
    through the same isolated runner, in shuffled order (so slow drift of the machine is not confused with a
@@ -13,8 +15,8 @@
 Raw results go to a JSON file and a markdown table. Not a test: the default run takes tens of minutes.
 `--quick` runs a tiny space for the smoke test.
 
-    python benchmarks/quality.py                       # resnet18, 128 px, the full grid
-    python benchmarks/quality.py --quick --out /tmp/q.json
+    python benchmarks/quality_grid.py                       # resnet18, 128 px, the full grid
+    python benchmarks/quality_grid.py --quick --out /tmp/q.json
 """
 
 from __future__ import annotations
