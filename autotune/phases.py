@@ -4,7 +4,8 @@
    from the best config so far, the other knobs one at a time. Nothing stops it but the budget.
 2. The sampler (TPE, never proposing compile: ``compile_gate.holding_back``) until the eager search settles:
    it converged (``convergence``: a patience from the cost of a trial), it keeps proposing configs the study
-   already answered (the space is exhausted), or the budget has room for the compile trial and no more.
+   already answered (the space is exhausted), or the budget has room for the compile trial and no more (once
+   the planned search is done: a budget too small for it never reaches compile).
 3. Compile last (``compile_last``): the best eager config with the space's compile modes, when the compile
    gate says one fits the time left. Then the search stops, saying why (``stop_reason``), and the finalists
    are re-measured.
@@ -55,8 +56,12 @@ def _eager_over(tuner, study, *, walls: list[float], deadline: float | None, bud
     if exhausted:
         return (f"the space looks exhausted: the sampler proposed {exhausted} configs in a row that the study had "
                 "already answered")
-    if not compile_last.modes(tuner.space) or tuner.compile_gate.reason(study) is not None:
-        return None  # nothing to leave room for: the eager search goes on until the budget ends it
+    plan = tuner.plan(study)
+    if (not compile_last.modes(tuner.space) or tuner.compile_gate.reason(study) is not None
+            or (plan is not None and not plan.done)
+            or compile_last.best_eager(study, fingerprint=tuner.hardware.fingerprint, limit=tuner.limit) is None):
+        # no compile to leave room for, or no eager search settled to try it on: the budget ends the search
+        return None
     if trials_left is not None and trials_left <= 1:
         return "the budget's last trial is compile's"
     if deadline is not None and walls:

@@ -205,3 +205,19 @@ def test_a_range_knob_is_stepped_to_a_few_values():
     assert candidates(Param("malloc", "categorical", ("default", "retain", "jemalloc")), "retain") == ["default",
                                                                                                       "jemalloc"]
     assert candidates(Param("num_workers", "int", (0, 1, 2)), 0) == [1, 2]
+
+
+def test_a_trial_budget_keeps_its_last_trial_for_compile_once_the_planned_search_is_done(tmp_path):
+    """--trials 2: the baseline and the bundle, no compile (the eager search has not settled); --trials 12: the
+    planned search (9 trials here), the sampler, and the last trial is compile on the best eager config."""
+    short = _model(bf16=0.6, cl=1.2, retain=1.25)
+    _tuner(tmp_path / "short", short).run(trials=2)
+    assert [c.compile_mode for c in short.ran] == ["none", "none"] and short.ran[1].channels_last
+    runner = _model(bf16=0.6, cl=1.2, retain=1.25)
+    tuner = _tuner(tmp_path / "long", runner)
+    tuner.run(trials=12)
+    assert len(runner.ran) == 12 and [c.compile_mode for c in runner.ran].index("default") == 11
+    assert tuner.study().user_attrs["eager_settled"]["why"] == "the budget's last trial is compile's"
+    assert runner.ran[-1].replace(compile_mode="none") == max(runner.ran[:-1], key=lambda c: (
+        BATCH[c.batch_size] * (0.6 if c.amp == "bf16" else 1) * (1.2 if c.channels_last else 1)
+        * (1.25 if c.malloc == "retain" else 1)))
