@@ -1,4 +1,5 @@
-"""The host allocator knob: whether glibc's malloc keeps freed memory for reuse, and on what size of page.
+"""The host allocator knob: whether glibc's malloc keeps freed memory for reuse, and on what size of page, or
+another allocator preloaded in its place (jemalloc, tcmalloc).
 
 A training step allocates and frees the same large activation buffers every step. glibc serves blocks above
 its mmap threshold with a fresh ``mmap`` and returns them to the kernel on ``free``, and trims the heap top
@@ -26,8 +27,16 @@ So ``retain`` is the likely winner the tuner tries first, and ``hugepages`` a ch
 PyTorch reads the switch at its first allocation, so only a new process can get it: the exported
 recommendation lists it under ``environment`` for the launch script.
 
-Only glibc has these settings (musl and macOS do not); elsewhere the knob is trimmed out of the search space,
-and ``hugepages`` also where the kernel's transparent huge pages are off (``never``).
+``jemalloc`` and ``tcmalloc`` replace glibc's malloc altogether, as PyTorch's own CPU launcher
+(``torch.backends.xeon.run_cpu``) and Intel's tuning guides do: the library is preloaded (``LD_PRELOAD``), and
+jemalloc gets the launcher's settings (``MALLOC_CONF``: huge allocations straight from the OS, purging in a
+background thread). Offered where the library is installed (Debian: ``libjemalloc2``, ``libtcmalloc-minimal4``;
+``PRELOAD_LIBS`` lists the names looked for); a preload can only be given to a new process, so
+``apply_in_process`` cannot switch it on and the exported recommendation lists the variables.
+
+Only glibc has the first settings (musl and macOS do not); elsewhere the knob is trimmed out of the search space,
+``hugepages`` also where the kernel's transparent huge pages are off (``never``), and a preloaded allocator
+where its library is not found.
 """
 
 from __future__ import annotations
@@ -36,11 +45,22 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import sys
+import sysconfig
 from pathlib import Path
 
-__all__ = ["MALLOC_MODES", "ENV", "THP_ENV", "available", "thp_mode", "env_for", "apply_in_process"]
+__all__ = ["MALLOC_MODES", "ENV", "THP_ENV", "PRELOAD_LIBS", "JEMALLOC_CONF", "available", "thp_mode", "env_for",
+           "preload_path", "install_hint", "apply_in_process"]
 
-MALLOC_MODES = ("default", "retain", "hugepages")
+MALLOC_MODES = ("default", "retain", "hugepages", "jemalloc", "tcmalloc")
+
+# The libraries a preloaded allocator is looked for as, first found wins (Debian/Ubuntu, Fedora, conda).
+PRELOAD_LIBS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
+                "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so")}
+_PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
+# torch.backends.xeon.run_cpu's settings for jemalloc: huge allocations from the OS directly, purging in a
+# background thread, transparent huge pages for its metadata where the kernel allows
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
 # PyTorch's c10 CPU allocator: 2 MiB alignment and MADV_HUGEPAGE for blocks >= 2 MiB (read once, at its first
 # allocation, i.e. while torch is imported).
@@ -83,10 +103,37 @@ def thp_mode(path: Path = _THP_SYSFS) -> str | None:
     return text[start + 1:end] if 0 <= start < end else None
 
 
+def _lib_dirs() -> list[Path]:
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{platform.machine()}-linux-gnu"
+    dirs = [Path(sys.prefix) / "lib", Path("/usr/lib") / multiarch, Path("/lib") / multiarch, Path("/usr/lib64"),
+            Path("/usr/local/lib"), Path("/usr/lib")]
+    return list(dict.fromkeys(dirs))
+
+
+def preload_path(mode: str) -> str | None:
+    """The library to preload for ``jemalloc`` / ``tcmalloc``, or None where it is not installed (or the mode
+    preloads nothing)."""
+    for name in PRELOAD_LIBS.get(mode, ()):
+        for d in _lib_dirs():
+            if (d / name).is_file():
+                return str(d / name)
+    return None
+
+
+def install_hint(mode: str) -> str:
+    """How to install the library of a preloaded allocator, for a message."""
+    return f"apt-get install {_PACKAGES[mode]} on Debian/Ubuntu" if mode in _PACKAGES else ""
+
+
 def env_for(mode: str) -> dict[str, str]:
-    """Environment variables that give a new process this malloc mode (empty for ``default``)."""
+    """Environment variables that give a new process this malloc mode (empty for ``default``). A preloaded
+    allocator whose library is not installed here is named by its file name, which the loader looks for in
+    the standard directories (``preload_path``: the runner refuses to run it where it is missing)."""
     if mode not in MALLOC_MODES:
         raise ValueError(f"malloc mode {mode!r}: expected one of {', '.join(MALLOC_MODES)}")
+    if mode in PRELOAD_LIBS:
+        env = {"LD_PRELOAD": preload_path(mode) or PRELOAD_LIBS[mode][0]}
+        return {**env, "MALLOC_CONF": JEMALLOC_CONF} if mode == "jemalloc" else env
     return dict(ENV.get(mode, {}))
 
 
@@ -103,6 +150,11 @@ def apply_in_process(mode: str) -> str | None:
     settings = env_for(mode)
     if not settings:
         return None
+    if mode in PRELOAD_LIBS:
+        preloaded = os.environ.get("LD_PRELOAD", "")
+        if Path(settings["LD_PRELOAD"]).name in {Path(p).name for p in preloaded.replace(":", " ").split()}:
+            return None
+        return "another allocator can only be preloaded when the process starts"
     if not available():
         return "it needs glibc"
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -21,7 +21,7 @@ from typing import Any, Collection, Iterable, Mapping
 
 from .trials import MemoryLimit, config_of, is_feasible
 
-__all__ = ["Step", "next_steps", "evidence"]
+__all__ = ["Step", "next_steps", "walked", "evidence"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,34 @@ def next_steps(anchor: dict[str, Any], space, measured: Mapping[tuple, float],
                 break
             here, value = step, step_value
     return steps
+
+
+def walked(anchor: dict[str, Any], space, measured: Mapping[tuple, float]) -> tuple[bool, list[dict[str, Any]]]:
+    """``(over, line)``: whether the walk from ``anchor`` has ended in both directions (each at a step that did
+    not beat the one before, or at the end of the choices), and the params of every config on the walked line
+    that was measured, the anchor first. ``measured`` as for ``next_steps``; an anchor not measured is not over.
+
+    >>> walked({"batch_size": 16}, space, {k16: 10.0, k8: 5.0, k32: 20.0})   # doctest: +SKIP
+    (False, [{'batch_size': 16}, {'batch_size': 8}, {'batch_size': 32}])      # 64 is still to measure
+    """
+    over, line = True, [anchor]
+    for d in (-1, 1):
+        here, value = anchor, measured.get(space.effective(anchor).key())
+        if value is None:
+            return False, line
+        while value:
+            step = space.batch_step(here, d)
+            if step is None:
+                break
+            step_value = measured.get(space.effective(step).key())
+            if step_value is None:
+                over = False
+                break
+            line.append(step)
+            if step_value <= value:
+                break
+            here, value = step, step_value
+    return over, line
 
 
 def evidence(trials: Iterable, space, limit: MemoryLimit | None = None) -> tuple[dict[tuple, float], set[tuple]]:

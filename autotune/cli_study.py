@@ -20,8 +20,10 @@ examples:
   autotune run --model resnet18 --run-length 6h                   # compile must pay back within a 6h run
   autotune run --model mypkg.models:build --image-size 128 --trials 30
 
-How it works: trial 0 measures PyTorch's defaults (the baseline); then Optuna's TPE sampler proposes configs
-from the search space (search_spaces/cpu.yaml or cuda.yaml, trimmed to this machine; --space for your own).
+How it works: trial 0 measures PyTorch's defaults (the baseline), trial 1 the usual winners together; then each
+of those apart, the batch size walked from the best config so far, the other knobs one at a time; then Optuna's
+TPE sampler proposes configs from the search space (search_spaces/cpu.yaml or cuda.yaml, trimmed to this
+machine; --space for your own); torch.compile is tried last, on the best eager config (docs/search.md).
 Each trial runs in a fresh child process; one that ran out of memory teaches the sampler the memory boundary;
 one that cannot beat the best is stopped early. At the end the top configs and the baseline are re-measured,
 interleaved, with longer windows, and the winner by median is stored in the study (see `autotune export`).
@@ -30,10 +32,12 @@ A new study also measures, right after trial 1, the winners of up to 3 earlier s
 this hardware (another model, image size or task), mapped to its space (--no-warm-start: not).
 
 When it stops: after --trials N trials, when --timeout leaves only the finalists' time, or when the search has
-converged, whichever comes first. Converged means the best config has not improved by more than the measured
-noise (at least 5%) for --patience measured trials in a row (default: twice log2 of the space's size, 10 to
-40; the progress bar counts them), or the sampler keeps proposing configs already measured. With no budget,
---ceiling (default 8h) is the time budget for a search that never settles.
+settled, whichever comes first. Settled means the sampler's last --patience trials did not improve the best
+config by more than the measured noise (at least 5%), or it keeps proposing configs already measured, and
+compile was then tried on the best eager config. The default patience is where one more trial is expected to
+cost more than it saves over the planned run (--run-length, an hour if not given): 6 trials at ~25 s each, 34
+at ~5 s (3 to 40; the progress bar counts them). With no budget, --ceiling (default 8h) is the time budget for
+a search that never settles.
 """
 
 
@@ -219,8 +223,9 @@ def add_study_commands(sub) -> None:
     g.add_argument("--timeout", default=None, metavar="DURATION",
                    help="stop searching in time for the finalists to finish by then, e.g. 20m, 8h")
     g.add_argument("--patience", type=int, default=None, metavar="K",
-                   help="stop the search once K measured trials in a row did not beat the best by more than the "
-                        "noise (default: from the space's size, 10 to 40; 0: never, then a budget is needed)")
+                   help="stop the search once K of the sampler's trials in a row did not beat the best by more than "
+                        "the noise (default: from the measured cost of a trial and what a gain saves over the "
+                        "planned run, 3 to 40; 0: never, then a budget is needed)")
     g.add_argument("--ceiling", default="8h", metavar="DURATION",
                    help="with neither --trials nor --timeout: the time budget of a search that does not converge "
                         "(default: %(default)s)")

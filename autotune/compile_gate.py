@@ -1,18 +1,19 @@
-"""Whether the search may start a torch.compile trial now, and the sampler that asks.
+"""Whether the search may start a torch.compile trial now, and the sampler that never proposes one.
 
 A compile trial costs far more than a plain one (80-95 s per trial cold on the CPUs here, most of it
 compiling), and a trial is never cut short: in a short run one ``max-autotune`` trial can take a large share
-of the search. Until compile is priced over the run, ``CompileGate`` holds compile back when its expected cost
-exceeds the time left for the search (the time to the deadline less the finalists' reserve,
-``finalists.reserve_s``): the expected cost is the wall time of the study's first measured compile trial, or
-``COMPILE_PRIOR_S`` before there is one.
+of the search. ``CompileGate`` holds compile back when its expected cost exceeds the time left for the search
+(the time to the deadline less the finalists' reserve, ``finalists.reserve_s``): the expected cost is the wall
+time of the study's first measured compile trial, or ``COMPILE_PRIOR_S`` before there is one.
+``compile_last.settle`` asks it before it queues compile on the best eager config.
 
-Holding back is done by the sampler, before the trial runs (``holding_back``): a proposed compile mode is
-replaced by ``"none"``, so the trial's parameter is the one that ran and Optuna learns only what was measured
-(no made-up value for a compile config). The trial keeps the reason as its ``held_back`` attribute, which
-`show` prints. Queued trials (fixed parameters: the baseline, walk steps, retries) are not the sampler's and
-run as queued. Both backends use it: the local loop and the Ray searcher each ``start`` the gate with their
-clock, and both build their sampler with ``protocol.make_sampler(hold_back=tuner.compile_gate)``.
+Compile is tried last, on the best eager config (``compile_last``), so the sampler never proposes a compile
+mode (``holding_back``): a proposed mode is replaced by ``"none"`` before the trial runs, so the trial's
+parameter is the one that ran and Optuna learns only what was measured. Queued trials (fixed parameters: the
+baseline, the planned search's steps, compile last, retries) are not the sampler's and run as queued. Both
+backends use it: the local loop and the Ray searcher each ``start`` the gate with their clock, and both build
+their sampler with ``protocol.make_sampler(hold_back=tuner.compile_gate)``. (Trials of studies from before
+this rule may carry ``held_back``: why the sampler's compile proposal ran without compile then.)
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ class CompileGate:
 
 
 def holding_back(inner, gate: CompileGate):
-    """``inner`` (an Optuna sampler) proposing ``compile_mode="none"`` instead of a compile mode while
-    ``gate`` holds compile back; the trial gets the reason as its ``held_back`` user attribute."""
+    """``inner`` (an Optuna sampler) proposing ``compile_mode="none"`` instead of a compile mode: compile is
+    queued last, on the best eager config (``compile_last``), never the sampler's pick. ``gate`` is kept for
+    the backends' symmetry (they ``start`` it); it decides whether that last trial fits."""
     import optuna
 
     class _HoldingBack(optuna.samplers.BaseSampler):
@@ -107,11 +109,7 @@ def holding_back(inner, gate: CompileGate):
 
         @staticmethod
         def _hold(study, trial) -> bool:
-            if _KNOB in (trial.system_attrs.get(keys.FIXED_PARAMS) or {}):
-                return False  # queued with its compile mode: not the sampler's to change
-            why = gate.reason(study)
-            if why is not None:
-                study._storage.set_trial_user_attr(trial._trial_id, keys.HELD_BACK, why)
-            return why is not None
+            # queued with its compile mode (compile last, a retry): not the sampler's to change
+            return _KNOB not in (trial.system_attrs.get(keys.FIXED_PARAMS) or {})
 
     return _HoldingBack()

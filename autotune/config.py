@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ._affinity import AFFINITY_MODES
+from ._affinity import env_for as affinity_env
 from ._malloc import MALLOC_MODES, env_for
 from ._records import Record, check, finite_or_none, is_int, is_num
 from .result import MEMORY_STATUSES, STATUSES, TrialResult
@@ -118,6 +120,7 @@ class TrialConfig(Record):
     cudnn_benchmark: bool = False
     malloc: str = "default"
     bucket_by_length: bool = False  # text workloads: batches of similar lengths (autotune.text)
+    affinity: str = "default"  # OpenMP threads pinned to cores (autotune._affinity)
 
     def __post_init__(self) -> None:
         check(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
@@ -133,7 +136,9 @@ class TrialConfig(Record):
                f"one of {', '.join(COMPILE_MODES)}")
         check(self.malloc in MALLOC_MODES, "malloc", self.malloc,
                f"one of {', '.join(MALLOC_MODES)} (retain: glibc keeps freed memory for reuse; hugepages: "
-               "retain, on 2 MiB pages)")
+               "retain, on 2 MiB pages; jemalloc/tcmalloc: preloaded instead of glibc's)")
+        check(self.affinity in AFFINITY_MODES, "affinity", self.affinity,
+              f"one of {', '.join(AFFINITY_MODES)} (close/spread: OpenMP threads pinned to cores)")
         for name in ("intra_op_threads", "inter_op_threads"):
             v = getattr(self, name)
             check(v is None or (is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")
@@ -229,8 +234,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("inter_op_threads", "--interop-threads", "int", "inter-op threads", metavar="N", label="t"),
     Knob("malloc", "--malloc", "choice",
          "retain: glibc keeps freed memory for reuse instead of page-faulting it in again each step; hugepages: "
-         "retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages (THP_MEM_ALLOC_ENABLE=1) "
+         "retain, and PyTorch puts blocks >= 2 MiB on transparent huge pages (THP_MEM_ALLOC_ENABLE=1); "
+         "jemalloc/tcmalloc: that allocator preloaded instead of glibc's (LD_PRELOAD) "
          "(default: %(default)s)", choices=MALLOC_MODES, label="malloc"),
+    Knob("affinity", "--affinity", "choice",
+         "OpenMP threads pinned to neighbouring cores (close) or spread over them (spread): OMP_PROC_BIND and "
+         "OMP_PLACES, and KMP_AFFINITY/KMP_BLOCKTIME for Intel's OpenMP (default: %(default)s)",
+         choices=AFFINITY_MODES, label="affinity"),
     Knob("bucket_by_length", "--bucket-by-length", "switch",
          "text workloads: batches of sequences of similar length, so less padding (autotune.text)", label="bucket"),
 )
@@ -240,10 +250,10 @@ _THREADS = ("intra_op_threads", "inter_op_threads")
 # (short lines are stored in recommendations); short() writes both thread counts as one part, t=intra/inter.
 _SHORT_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                         "pin_memory", "amp", "channels_last", "compile_mode", "malloc",
-                                        "intra_op_threads", "bucket_by_length"))
+                                        "intra_op_threads", "bucket_by_length", "affinity"))
 _SUMMARY_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                           "pin_memory", "amp", "channels_last", "compile_mode", "intra_op_threads",
-                                          "inter_op_threads", "malloc"))
+                                          "inter_op_threads", "malloc", "affinity"))
 
 
 def knob_args(config: TrialConfig) -> list[str]:
@@ -344,8 +354,10 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 def launch_env(config: TrialConfig) -> dict[str, str]:
     """The environment variables a process must start with to run ``config`` as it was measured: the thread
-    runtimes read their counts at load and glibc its malloc settings at the first allocation. The trial's
-    child gets exactly these (``runner.child_env``); a recommendation lists them for the user's launch."""
+    runtimes read their counts and affinity at load, the loader its preloads at start and glibc its malloc
+    settings at the first allocation. The trial's child gets exactly these (``runner.child_env``); a
+    recommendation lists them for the user's launch."""
     env = {v: str(config.intra_op_threads) for v in THREAD_ENV_VARS} if config.intra_op_threads else {}
     env.update(env_for(config.malloc))
+    env.update(affinity_env(config.affinity))
     return env

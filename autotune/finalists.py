@@ -26,7 +26,8 @@ from .payback import Priced, price
 from .recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from .trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s", "out_of_time", "plan", "Evidence",
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s", "out_of_time", "search_left_s",
+           "long_trial_s", "plan", "Evidence",
            "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -66,14 +67,22 @@ def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: floa
     ``NUMERICS_SHARE`` of the budget)."""
     if deadline is None:
         return False
+    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s)
+    return left <= 0 or (bool(trial_walls) and left < long_trial_s(trial_walls))
+
+
+def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
+                  check_s: float = 0.0) -> float:
+    """Seconds the search has left before the finalists' reserve and the numerics check's (``out_of_time``)."""
     reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
     reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
-    left = deadline - time.monotonic()
-    if not trial_walls:
-        return left <= reserve
+    return deadline - time.monotonic() - reserve
+
+
+def long_trial_s(trial_walls: list[float]) -> float:
+    """A long trial of those so far: the nearest-rank 90th percentile of their walls (0 with none)."""
     walls = sorted(trial_walls)
-    long_trial = walls[math.ceil(0.9 * len(walls)) - 1]  # nearest-rank 90th percentile
-    return left <= reserve or left - reserve < long_trial
+    return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
 
 
 def expected_check_s(trial, base, *, steps: int) -> float:

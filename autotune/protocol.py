@@ -99,7 +99,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
     """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
     config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
     feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
-    is no answer, and a pruned twin is none to a re-run of it (``requeue_of``). Returns the value (or raises
+    is no answer, a pruned twin is none to a re-run of it (``requeue_of``), and a measured twin none to a
+    repeat (``repeat_of``: the planned search measures a config twice where one trial is within the noise). Returns the value (or raises
     TrialPruned like a run would); None means: run it."""
     import optuna
 
@@ -112,8 +113,9 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
             return record(trial, result, limit=limit)
 
     twin = done.get(config.key())
-    if twin is None or (trial.user_attrs.get(keys.REQUEUE_OF) is not None and twin.state.name == "PRUNED"):
-        return None  # a re-run of a pruned trial measures it again
+    if twin is None or (trial.user_attrs.get(keys.REQUEUE_OF) is not None and twin.state.name == "PRUNED") \
+            or trial.user_attrs.get(keys.REPEAT_OF) is not None:
+        return None  # a re-run of a pruned trial, or a repeat for a decision within the noise, measures it again
     trial.set_user_attr(keys.DUPLICATE_OF, twin.number)
     for k, v in twin.user_attrs.items():  # its figures; not its role in the study nor its history
         if k not in OWN_ATTRS:

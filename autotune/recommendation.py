@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import os
 import shlex
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Iterator
 import yaml
 
 from ._redact import redact
+from ._affinity import env_for as affinity_env
 from ._malloc import apply_in_process, env_for
 from .applied import Applied
 from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
@@ -294,10 +296,12 @@ class Recommendation:
         if self.workload.device != "cpu":
             torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
         why = apply_in_process(self.config.malloc)
-        if why is not None:
-            env = " ".join(f"{k}={v}" for k, v in env_for(self.config.malloc).items())
-            warnings.warn(f"malloc={self.config.malloc} not fully applied: {why}; start the training process "
-                          f"with {env} in its environment (`autotune export` lists it)", stacklevel=3)
+        unpinned = {k: v for k, v in affinity_env(self.config.affinity).items() if os.environ.get(k) != v}
+        for knob, env in (("malloc", env_for(self.config.malloc) if why else {}), ("affinity", unpinned)):
+            if env:  # read when the process starts: only its launch environment can give them
+                warnings.warn(f"{knob}={getattr(self.config, knob)} not fully applied: {why or 'read at start'}; "
+                              f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
+                              "its environment (`autotune export` lists it)", stacklevel=3)
         try:
             yield Applied(self.config, self.workload.device, accumulation_steps=self.accumulation_steps)
         finally:

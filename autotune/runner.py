@@ -22,6 +22,7 @@ from typing import Callable
 
 from ._launch import SAFE_PATH_ENV, python_command
 from ._safefs import open_append
+from ._malloc import PRELOAD_LIBS, install_hint, preload_path
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
 from .errors import ConfigError
@@ -135,6 +136,10 @@ def run_trial(
     check_min_cap(measure.memory_cap_mb, workload.device)
     if workload.device == "cpu" and config.amp == "fp16":
         raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
+    if config.malloc in PRELOAD_LIBS and preload_path(config.malloc) is None:
+        # the loader would skip the missing preload with a warning and the trial would measure glibc's malloc
+        raise ConfigError(f"malloc={config.malloc}: {' or '.join(PRELOAD_LIBS[config.malloc])} is not installed "
+                          f"here: install it ({install_hint(config.malloc)}) or pick another --malloc")
 
     own_log = log_path is None
     if own_log:

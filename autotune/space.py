@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ._malloc import PRELOAD_LIBS, install_hint, preload_path
 from .config import TrialConfig, device_family
 from .errors import SpaceError
 
@@ -382,7 +383,12 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
             kept = [c for c in kept if c == "default"]
             notes.append(f"malloc={'/'.join(tuned)} dropped: it tunes glibc's malloc, and this system has "
                          f"{hardware.libc or 'another C library'}")
-        elif "hugepages" in kept and hardware.thp not in ("always", "madvise"):
+        preloads = [c for c in kept if c in PRELOAD_LIBS and preload_path(c) is None]
+        if preloads:
+            kept = [c for c in kept if c not in preloads]
+            notes.append("malloc=" + "/".join(preloads) + " dropped: not installed here ("
+                         + "; ".join(install_hint(c) for c in preloads) + ")")
+        if "hugepages" in kept and hardware.thp not in ("always", "madvise"):
             kept.remove("hugepages")
             notes.append(f"malloc=hugepages dropped: the kernel's transparent huge pages are "
                          f"{hardware.thp or 'not available'} "

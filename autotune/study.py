@@ -2,8 +2,9 @@
 
 ``Tuner`` only orchestrates; each decision lives in its own module: where the study is stored and locked
 (``storage``), what stored trials mean (``trials``: attribute keys, the outcome mapping), when a trial is cut
-short (``pruning``), what is queued (``study_queue``, ``batch_walk``), the steps of one trial (``protocol``),
-where trials run (``backends``), and the finalists and the choice (``finalists``).
+short (``pruning``), what is queued (``study_queue``; the planned search: ``coordinate``, ``batch_walk``), the
+steps of one trial (``protocol``), when the search stops (``phases``: the sampler's ``convergence``, then
+``compile_last``), where trials run (``backends``), and the finalists and the choice (``finalists``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from ._safefs import private_dir
 from .compile_gate import CompileGate
 from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
-from .convergence import patience as patience_for
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
 from .payback import RunLength
@@ -115,8 +115,11 @@ class Tuner:
         self.run_length = run_length or RunLength.default()
         self.parity_steps = parity_steps  # steps of the numerics check of the winner; 0: no check
         self.parity = parity  # the check (default ``parity.parity_check``; a test passes its own)
-        # measured trials without a gain after which the search has converged (``convergence``); 0: never
-        self.patience = patience_for(self.space.size()) if patience is None else patience
+        # sampler trials without a gain after which the search has converged (``convergence``); None: from the
+        # measured cost of a trial and what a gain saves over the run; 0: never
+        self.patience = patience
+        self._said: set[str] = set()  # the planned search's decisions logged so far (``coordinate``)
+        self._plan: tuple | None = None  # (the study's trials' states, the plan worked out from them)
         # a new study measures the winners of earlier studies on this hardware among its first trials
         self.warm_start = warm_start
         self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
@@ -247,10 +250,11 @@ class Tuner:
 
         study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
                          log=self.log, where=redact(self.storage_url), warm_start=warm if self.warm_start else None)
+        self.advance_batch_walk(study)  # a resumed study: what its plan needs and a killed run did not queue
 
     def after_trial(self, study) -> None:
-        """What follows every finished trial (each backend calls it): the batch walk's next step, then the
-        ``on_trial`` callbacks for each trial finished since the last call."""
+        """What follows every finished trial (each backend calls it): the planned search's next trials (or
+        compile's next mode), then the ``on_trial`` callbacks for each trial finished since the last call."""
         self.advance_batch_walk(study)
         if not self.on_trial:
             return
@@ -261,14 +265,46 @@ class Tuner:
                     callback(study, t)
 
     def advance_batch_walk(self, study) -> None:
-        """Queue the batch-size walk's next step where the study's results call for one, and a re-run of a
-        trial pruned far below its neighbours (``study_queue.requeue_far_pruned``); after every trial."""
-        study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
+        """Queue what the planned search needs now (``study_queue.advance_plan``: the bundle apart, the batch
+        walk, one knob at a time; in a study from before it, the batch walk's next step), compile's next mode
+        (``phases.advance``), and a re-run of a trial pruned far below its neighbours
+        (``study_queue.requeue_far_pruned``); after every trial."""
+        from . import phases
+
+        if study.user_attrs.get(keys.PLAN):
+            planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
+                                               fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
+            self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
+        else:
+            study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
+        phases.advance(self, study)
         study_queue.requeue_far_pruned(study, self.space, storage=self.storage, log=self.log)
 
+    @staticmethod
+    def _states(study) -> tuple:
+        return tuple((t.number, t.state.name) for t in study.get_trials(deepcopy=False))
+
+    def plan(self, study):
+        """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
+        from .coordinate import plan
+
+        if not study.user_attrs.get(keys.PLAN):
+            return None
+        states = self._states(study)
+        if self._plan is None or self._plan[0] != states:
+            self._plan = (states, plan(self.space, study.get_trials(deepcopy=False), limit=self.limit,
+                                       fingerprint=self.hardware.fingerprint))
+        return self._plan[1]
+
     def convergence(self, study) -> Convergence:
-        """How far the search is from converging (``convergence``): measured trials without a gain."""
-        return convergence(study, patience_k=self.patience, fingerprint=self.hardware.fingerprint, limit=self.limit)
+        """How far the sampler's search is from converging (``convergence``): its trials without a gain, against
+        a patience from the cost of a trial and the planned run; never converged while the plan is not done."""
+        from .phases import run_seconds
+
+        plan = self.plan(study)
+        return convergence(study, patience_k=self.patience, fingerprint=self.hardware.fingerprint, limit=self.limit,
+                           run_s=run_seconds(self, study), ready=plan is None or plan.done,
+                           run_label=self.run_length.label().split(" (")[0])
 
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
         """True when no further search trial may start: the finalists need the time left."""
@@ -288,9 +324,9 @@ class Tuner:
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",
             address: str | None = None, ceiling_s: float = CEILING_S):
-        """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search converged (``patience``
-        measured trials in a row without a gain over the noise, or the space exhausted), whichever comes
-        first, then re-measure the finalists. With neither ``trials`` nor ``timeout_s``, ``ceiling_s`` (8 h)
+        """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search settled (the planned search
+        done, then the sampler converged or ran out of new configs, then compile tried last on the best eager
+        config: ``phases``), whichever comes first, then re-measure the finalists. With neither ``trials`` nor ``timeout_s``, ``ceiling_s`` (8 h)
         is the time budget, against a search that never settles.
 
         The time budget covers the finalists too: the search stops early enough to leave them room.
@@ -301,7 +337,7 @@ class Tuner:
         from .forkserver import closing_default
 
         if trials is None and timeout_s is None:
-            if not self.patience:
+            if self.patience == 0:
                 raise AutotuneError("give a budget (--trials N and/or --timeout DURATION) or leave --patience "
                                     "on: with --patience 0 and no budget the search would only stop at the ceiling")
             timeout_s = ceiling_s

@@ -1,6 +1,8 @@
 """What a study queues for itself: the first trials of a new study, the retries of interrupted ones, the
-steps of the batch-size walk, and one re-run of a trial pruned far below its neighbours. Each is queued exactly once even when several workers of one PostgreSQL/MySQL
-study do this at the same moment (under the study's server-side lock)."""
+trials of the planned search (``coordinate``: the bundle taken apart, the batch walk, one knob at a time), and
+one re-run of a trial pruned far below its neighbours. Each is queued exactly once even when several workers of
+one PostgreSQL/MySQL study do this at the same moment (under the study's server-side lock). Studies made before
+the planned search (no ``search_plan`` attribute) walk the batch size from the likely winner as they did."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from typing import Any, Callable
 
 from . import trials as keys
 from .batch_walk import evidence, next_steps
+from .coordinate import Plan, plan
 from .storage import server_lock
 from .config import TrialConfig
 from .trials import ROLES, MemoryLimit, baseline_trial_any, neighbours
 
-__all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk", "requeue_far_pruned", "REQUEUE_BELOW",
-           "REQUEUE_NEIGHBOURS"]
+__all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk", "advance_plan", "requeue_far_pruned",
+           "REQUEUE_BELOW", "REQUEUE_NEIGHBOURS"]
 
 # A pruned trial is re-queued once when the median of the windows it ran is below this share of the median of
 # its measured neighbours (the same config with one knob changed, status ok). A hiccup of the machine (a stall,
@@ -36,13 +39,14 @@ def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
 
 def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str,
                        warm_start: Callable[[], Any] | None = None) -> None:
-    """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner, ``warm_start()``'s
-    trials (earlier studies' winners, ``warm_start.queue_warm_start``) and the first steps of the batch walk.
-    ``single_run``: the storage is SQLite, so this run holds the study alone.
+    """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and ``warm_start()``'s
+    trials (earlier studies' winners, ``warm_start.queue_warm_start``); the planned search (``advance_plan``)
+    queues the rest as their results come in. ``single_run``: the storage is SQLite, so this run holds the
+    study alone.
 
-    Each of the first trials is queued unless the study has it already, and the walk's anchor is stored last:
-    a run killed half-way through this leaves a study that the next run completes, not one that lacks its
-    likely winner or its walk for good."""
+    Each of the first trials is queued unless the study has it already, and the marker that they all are
+    (``batch_walk_anchor``, with ``search_plan``) is stored last: a run killed half-way through this leaves a
+    study that the next run completes, not one that lacks its likely winner for good."""
     with server_lock(storage, study.study_name):
         queued = recover(study, space, single_run=single_run)
         if study.user_attrs.get(keys.WALK_ANCHOR) is not None:
@@ -59,21 +63,13 @@ def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable
         likely = space.likely_params()
         if likely is not None and not any(t.user_attrs.get(keys.LIKELY_WINNER) for t in trials):
             enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
-            log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()})")
+            log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()}); "
+                "then each of them apart, the batch walk from the best config so far, and the other knobs one at "
+                "a time before the sampler takes over (compile last)")
         if warm_start is not None:  # itself skips what is queued already
             warm_start()
-            trials = study.get_trials(deepcopy=False)
-        # the walk (batch_walk.py) goes from the likely winner, else the baseline, one choice down and up first
-        anchor = likely if likely is not None else space.baseline_params()
-        _, present = evidence(trials, space)
-        steps = [(d, s) for d in (-1, 1) if (s := space.batch_step(anchor, d)) is not None]
-        for d, step in steps:
-            if space.effective(step).key() not in present:
-                enqueue(study, space, step, **{keys.BATCH_LINE: d})
-        if steps:
-            log("then its batch size one choice down and up (" + ", ".join(str(s["batch_size"]) for _, s in steps)
-                + "), and on in whichever direction keeps winning")
-        study.set_user_attr(keys.WALK_ANCHOR, anchor)
+        study.set_user_attr(keys.PLAN, 1)
+        study.set_user_attr(keys.WALK_ANCHOR, likely if likely is not None else space.baseline_params())
 
 
 def recover(study, space, *, single_run: bool) -> int:
@@ -109,11 +105,27 @@ def recover(study, space, *, single_run: bool) -> int:
     return queued
 
 
+def advance_plan(study, space, *, storage, limit: MemoryLimit | None, fingerprint: str,
+                 log: Callable[[str], None], said: set[str]) -> Plan:
+    """Queue what the planned search (``coordinate.plan``) needs now and log its decisions not in ``said`` yet
+    (the caller's set, updated). Called after every finished trial, however it was answered."""
+    with server_lock(storage, study.study_name):
+        p = plan(space, study.get_trials(deepcopy=False), limit=limit, fingerprint=fingerprint)
+        for need in p.needs:
+            enqueue(study, space, need.params, **need.roles)
+    for line in p.notes + [need.why for need in p.needs]:
+        if line not in said:
+            said.add(line)
+            log(line)
+    return p
+
+
 def advance_batch_walk(study, space, *, storage, limit: MemoryLimit | None = None, log: Callable[[str], None]) -> None:
     """Queue the next steps of the batch-size walk (``batch_walk.next_steps``) wherever the study's results
-    now call for one. Called after every finished trial, however it was answered."""
+    now call for one, in a study from before the planned search (``advance_plan`` walks in the others). Called
+    after every finished trial, however it was answered."""
     anchor = study.user_attrs.get(keys.WALK_ANCHOR)
-    if not anchor:
+    if not anchor or study.user_attrs.get(keys.PLAN):
         return
     # two workers must not queue a step twice: what is already queued is read under the lock
     with server_lock(storage, study.study_name):

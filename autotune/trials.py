@@ -43,6 +43,9 @@ BASELINE = "baseline"            # roles a trial is queued with, kept by its ret
 LIKELY_WINNER = "likely_winner"
 BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down / up
 WARM_START = "warm_start_from"   # "<study name> #<trial>": an earlier study's winner (warm_start.py)
+KNOB_STEP = "knob_step"          # "amp=off": a one-knob step of the planned search (coordinate.py)
+REPEAT_OF = "repeat_of"          # the number of the trial whose config this one measures again (a noise decision)
+COMPILE_LAST = "compile_last"    # the compile mode tried on the best eager config once the eager search settled
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
 REQUEUE_OF = "requeue_of"        # the number of the pruned trial this one re-runs (study_queue.requeue_far_pruned)
 HELD_BACK = "held_back"          # why the sampler ran this trial without the compile it proposed (compile_gate)
@@ -67,10 +70,12 @@ STUDY_DEVICE_MEMORY = "device_memory_mb"  # the device memory cap of the study's
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
 WALK_ANCHOR = "batch_walk_anchor"
+PLAN = "search_plan"             # the planned search drives the first trials (coordinate.py); absent: older studies
+EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 
 # A queued trial's role in the study, kept by its retry.
-ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START)
+ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST)
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
@@ -347,9 +352,9 @@ def trial_rows(study) -> list[dict[str, Any]]:
 
 
 def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
-    """Why a trial was queued, for `show`: baseline, likely winner, batch walk down/up, or the earlier study's
-    winner it warm-starts from (its name without the ``fingerprint`` every source shares); "" for the sampler's
-    own; a retry says so.
+    """Why a trial was queued, for `show`: baseline, likely winner, batch walk down/up, a one-knob step or a
+    repeat of the planned search, compile tried last, or the earlier study's winner it warm-starts from (its
+    name without the ``fingerprint`` every source shares); "" for the sampler's own; a retry says so.
 
     >>> role({"warm_start_from": "resnet18-train-64px-synthetic-cpu-ab12 #7", "retry_of": 9}, "ab12")
     'warm start: resnet18-train-64px-synthetic-cpu #7, retry of #9'
@@ -364,6 +369,12 @@ def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
     elif ua.get(WARM_START):
         source = str(ua[WARM_START])
         what = "warm start: " + (source.replace(f"-{fingerprint} #", " #") if fingerprint else source)
+    elif ua.get(KNOB_STEP):
+        what = f"one knob: {ua[KNOB_STEP]}"
+    elif ua.get(REPEAT_OF) is not None:
+        what = f"repeat of #{ua[REPEAT_OF]}"
+    elif ua.get(COMPILE_LAST):
+        what = f"compile last: {ua[COMPILE_LAST]}"
     else:
         what = ""
     if ua.get(RETRY_OF) is not None:

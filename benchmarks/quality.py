@@ -1,20 +1,27 @@
-"""How good is autotune's recommendation, and at what cost? One run on this machine, figures printed.
+"""How good is autotune's recommendation on several kinds of model, and how soon does it get there?
 
-1. An exhaustive grid over a reduced real space (batch x threads x workers x bf16 x channels_last), each config
-   through the same isolated runner, in shuffled order (so slow drift of the machine is not confused with a
-   config's effect).
-2. autotune on the same space with a budget, recording the best-so-far after each trial.
-3. Interleaved re-measurement (A B C D, B C D A, ...) of the grid's best, the recommendation, PyTorch's defaults,
-   and the blog recipe (batch 64, num_workers 4, pin_memory, persistent workers).
-4. A table: recommendation / grid best, recommendation / defaults, recipe / defaults, trials and seconds until
-   95% of the grid best, share of the grid's time used, per-trial fixed cost, achieved FLOP/s vs a measured
-   matmul peak.
+For each workload (default: a ResNet, a depthwise-separable MobileNet, a small vision transformer of our own,
+the built-in text transformer; ``--workloads`` for others):
 
-Raw results go to a JSON file and a markdown table. Not a test: the default run takes tens of minutes.
-`--quick` runs a tiny space for the smoke test.
+1. Its own ground truth: every combination of the likely-winner bundle's knobs (bf16 where the CPU has it,
+   channels_last for images, malloc retain, length bucketing for text) x the batch sizes, each through the same
+   isolated runner, in shuffled order.
+2. autotune with no budget (it stops by itself: ``autotune.convergence``) on the same space (``--space grid``,
+   the default with ``--quick``) or on the stock CPU space (``--space stock``), recording every trial.
+3. Interleaved re-measurement (rounds rotate the order) of the grid's top three, the recommendation and
+   PyTorch's defaults, and of the grid's best with the CPU launch knobs (``malloc`` jemalloc / tcmalloc where
+   installed, ``affinity`` close).
+4. Per workload: recommendation / best (re-measured medians), the trials and seconds of trial time until
+   autotune had measured a config within 95% of the best (judged on the grid's figures), autotune's trials and
+   whole run time (search, finalists, numerics check), bf16 / fp32 at the best config's other settings, and the
+   launch knobs against the best.
 
-    python benchmarks/quality.py                       # resnet18, 128 px, the full grid
-    python benchmarks/quality.py --quick --out /tmp/q.json
+Not a test: the default run takes an hour or more; ``--quick`` (32 px, short windows, two batch sizes) takes
+10-15 minutes on 2 cores. ``benchmarks/quality_grid.py`` is the older one-workload benchmark (an exhaustive grid
+over threads and workers too, FLOP/s against a matmul peak).
+
+    python benchmarks/quality.py --quick
+    python benchmarks/quality.py --workloads resnet18,transformer --image-size 160
 """
 
 from __future__ import annotations
@@ -22,256 +29,223 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune._malloc import preload_path  # noqa: E402
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
+from autotune.errors import AutotuneError  # noqa: E402
 from autotune.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
 from autotune.runner import run_trial  # noqa: E402
-from autotune.space import space_from_dict  # noqa: E402
+from autotune.space import load_space, space_from_dict  # noqa: E402
 from autotune.study import Tuner  # noqa: E402
+from autotune.text import fit_space  # noqa: E402
+from autotune.workloads import check  # noqa: E402
 
-_PEAK_CHILD = r"""
-import json, sys, time, torch
-n = int(sys.argv[1]); out = {}
-for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-    a = torch.randn(n, n, dtype=dtype); b = torch.randn(n, n, dtype=dtype)
-    for _ in range(3): a @ b
-    times = []
-    for _ in range(7):
-        t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
-    times.sort(); out[name] = 2 * n**3 / times[len(times) // 2]
-print(json.dumps(out))
-"""
-
-_FLOPS_CHILD = r"""
-import json, sys, torch, torchvision
-from torch.utils.flop_counter import FlopCounterMode
-model, size, task = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-if ":" in model:
-    import importlib
-    mod, fn = model.split(":"); m = getattr(importlib.import_module(mod), fn)(image_size=size)[0]
-else:
-    m = torchvision.models.get_model(model, weights=None)
-x = torch.randn(1, 3, size, size)
-with FlopCounterMode(display=False) as fc:
-    y = m(x)
-    if task == "train":
-        y.sum().backward()
-print(json.dumps({"flops_per_sample": fc.get_total_flops()}))
-"""
+WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
+FULL = {"image_size": 128, "batches": "16,32,64", "space": "stock", "windows": 3, "window_seconds": 2.0, "rounds": 3,
+        "finalist_rounds": 2, "parity_steps": 30, "dataset_size": 4096}
+QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_seconds": 0.5, "rounds": 2,
+         "finalist_rounds": 1, "parity_steps": 10, "dataset_size": 1024}
 
 
-def child_json(code: str, *args: str) -> dict:
-    """Run a measurement in a fresh process (never time in this one) and read its JSON line."""
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
-                         cwd=str(ROOT))
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def grid_configs(batches, threads, workers) -> list[TrialConfig]:
-    return [TrialConfig(batch_size=b, intra_op_threads=t, inter_op_threads=1, num_workers=w, amp=a,
-                        channels_last=cl, prefetch_factor=2 if w else None)
-            for b, t, w, a, cl in itertools.product(batches, threads, workers, ("off", "bf16"), (False, True))]
-
-
-def space_doc(batches, threads, workers, baseline_batch) -> dict:
-    return {"name": "quality-grid", "device": "cpu", "oversubscribe": True,
+def space_doc(batches, baseline_batch: int) -> dict:
+    """The bundle's knobs x the batch sizes; the text workload trades channels_last for length bucketing
+    (``autotune.text.fit_space``)."""
+    return {"name": "quality", "device": "cpu",
             "parameters": {"batch_size": {"type": "int", "choices": list(batches)},
-                           "num_workers": {"type": "int", "choices": list(workers)},
                            "amp": {"type": "categorical", "choices": ["off", "bf16"]},
                            "channels_last": {"type": "bool"},
-                           "intra_op_threads": {"type": "int", "choices": list(threads)}},
-            "fixed": {"inter_op_threads": 1, "prefetch_factor": 2, "compile_mode": "none"},
-            "baseline": {"batch_size": baseline_batch, "num_workers": workers[0], "amp": "off",
-                         "channels_last": False, "intra_op_threads": max(threads)}}
+                           "malloc": {"type": "categorical", "choices": ["default", "retain"]}},
+            "fixed": {"num_workers": 0, "inter_op_threads": 1, "compile_mode": "none"},
+            "baseline": {"batch_size": baseline_batch, "amp": "off", "channels_last": False, "malloc": "default"}}
 
 
-def fixed_cost_rows(ok: list[dict], *, cold: bool) -> list[tuple[str, str, str]]:
-    """The fixed-cost rows of the table, from the grid's measured trials: the median share of a trial's wall
-    time spent before its first measured window, its parts, and how often the windows moved the warm-up's end."""
-    share = statistics.median(g["fixed_s"] / g["wall_s"] for g in ok if g["wall_s"])
-    parts = " / ".join(f"{statistics.median(g[k] or 0 for g in ok):.2f}" if all(k in g for g in ok) else "n/a"
-                       for k in ("startup_s", "warmup_s", "wall_s"))
-    moved = sum(1 for g in ok if g.get("warmup_windows"))
-    unsettled = sum(1 for g in ok if g.get("settled") is False)
-    return [("per-trial fixed cost share (spawn+import+build+warm-up)", f"{share:.0%}", "<= 25%"),
-            ("per-trial start-up / warm-up / wall, median s" + (" (cold: no fork server)" if cold else ""), parts, ""),
-            ("trials whose first window(s) the later ones re-labelled warm-up / never settled",
-             f"{moved} / {unsettled} of {len(ok)}" if all("settled" in g for g in ok) else "n/a", "")]
+def ground_truth(space) -> list[TrialConfig]:
+    """Every combination of the bundle's knobs (where the likely winners differ from the baseline) and the batch
+    sizes, the other knobs at the baseline's values."""
+    base, likely = space.baseline_params(), space.likely_params() or {}
+    members = [k for k in likely if likely[k] != base.get(k)]
+    batches = next((p.choices for p in space.params if p.name == "batch_size"), (base.get("batch_size"),))
+    out = []
+    for bs, values in itertools.product(batches, itertools.product(*[(base[k], likely[k]) for k in members])):
+        out.append(space.effective({**base, "batch_size": bs, **dict(zip(members, values))}))
+    return list({c.key(): c for c in out}.values())
+
+
+def measure_all(workload, configs, measure, label: str) -> dict[tuple, dict]:
+    rows = {}
+    for i, c in enumerate(configs):
+        r = run_trial(workload, c, measure)
+        rows[c.key()] = {"config": c.to_dict(), "short": c.short(), "status": r.status,
+                         "median": r.median_samples_per_s if r.ok else 0.0, "wall_s": r.wall_s}
+        print(f"  {label} {i + 1}/{len(configs)} {c.short():<38} {r.status:<6} "
+              f"{(r.median_samples_per_s or 0):8.1f}/s {r.wall_s:5.1f}s", flush=True)
+    return rows
+
+
+def interleaved(workload, contenders: dict[str, TrialConfig], measure, rounds: int) -> dict[str, list[float]]:
+    """Each contender once per round, the order rotating; the windows of the rounds that finished ok."""
+    names = list(contenders)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            res = run_trial(workload, contenders[n], measure)
+            if res.ok:
+                out[n].extend(res.samples_per_s)
+            print(f"  round {r + 1}/{rounds} {n:<22} {contenders[n].short():<38} {res.status:<6} "
+                  f"{(res.median_samples_per_s or 0):8.1f}/s", flush=True)
+    return out
+
+
+def reached(trials, grid: dict[tuple, dict], bar: float) -> dict | None:
+    """The first of autotune's measured trials (in order) whose config is within ``bar`` by the grid's figures
+    (its own search figure where the grid has no such config): trials and seconds of trial time until then."""
+    n, elapsed = 0, 0.0
+    for t in sorted(trials, key=lambda t: t.number):
+        ua = t.user_attrs
+        if not ua.get("config") or ua.get("duplicate_of") is not None or ua.get("status") is None:
+            continue
+        n += 1
+        elapsed += ua.get("wall_s") or 0.0
+        key = TrialConfig.from_dict(ua["config"]).key()
+        figure = grid[key]["median"] if key in grid else (t.value if ua.get("status") == "ok" else 0.0)
+        if figure and figure >= bar:
+            return {"trials": n, "seconds": round(elapsed, 1), "trial": t.number}
+    return None
+
+
+def one_workload(name: str, a, hw, measure) -> dict:
+    workload = Workload(model=name, image_size=a.image_size, num_classes=10, dataset_size=a.dataset_size)
+    grid_space = fit_space(space_from_dict(space_doc(a.batches, a.batches[0]), hardware=hw), workload)
+    tmp = Path(tempfile.mkdtemp(prefix="autotune-quality-"))
+    tuner = Tuner(workload, space=grid_space if a.space == "grid" else load_space(hardware=hw), measure=measure,
+                  storage=f"sqlite:///{tmp}/q.db", hardware=hw, progress=False, seed=a.seed,
+                  parity_steps=a.parity_steps, finalist_rounds=a.finalist_rounds, warm_start=False,
+                  log=lambda m: print(f"  autotune: {m}", flush=True))
+    configs = ground_truth(grid_space)
+    random.Random(a.seed).shuffle(configs)
+    print(f"\n## {workload.label()}: ground truth of {len(configs)} configs", flush=True)
+    t0 = time.monotonic()
+    grid = measure_all(workload, configs, measure, "grid")
+    grid_s = time.monotonic() - t0
+    print(f"## {workload.label()}: autotune, no budget", flush=True)
+    t0 = time.monotonic()
+    rec = tuner.run(ceiling_s=a.ceiling_s)
+    tune_s = time.monotonic() - t0
+    trials = tuner.study().trials
+    ok = sorted((g for g in grid.values() if g["median"]), key=lambda g: -g["median"])
+    top = [TrialConfig.from_dict(g["config"]) for g in ok[:3]]
+    contenders = {f"grid #{i + 1}": c for i, c in enumerate(top)}
+    if rec is not None and rec.config.key() not in {c.key() for c in top}:
+        contenders["recommendation"] = rec.config
+    defaults = tuner.space.baseline_config()
+    if defaults.key() not in {c.key() for c in contenders.values()}:
+        contenders["defaults"] = defaults
+    best = top[0]
+    for mode in ("jemalloc", "tcmalloc"):
+        if preload_path(mode):
+            contenders[f"best + {mode}"] = best.replace(malloc=mode)
+    contenders["best + affinity close"] = best.replace(affinity="close")
+    print(f"## {workload.label()}: re-measured, {a.rounds} interleaved rounds", flush=True)
+    xs = interleaved(workload, contenders, measure.replace(window_s=2 * measure.window_s), a.rounds)
+    med = {n: summarize(v).median if v else None for n, v in xs.items()}
+    rec_name = next((n for n, c in contenders.items() if rec is not None and c.key() == rec.config.key()), None)
+    truth = [med[n] for n in contenders if (n.startswith("grid #") or n == rec_name) and med[n]]
+    best_med = max(truth) if truth else None
+    hit = reached(trials, grid, 0.95 * ok[0]["median"]) if ok else None
+    fp32 = grid.get(best.replace(amp="off").key(), {}).get("median")
+    bf16 = grid.get(best.replace(amp="bf16").key(), {}).get("median")
+    launch = {n.removeprefix("best + "): (med[n] / med["grid #1"] if med[n] and med["grid #1"] else None)
+              for n in contenders if n.startswith("best + ")}
+    return {"workload": workload.to_dict(), "label": workload.label(), "grid": list(grid.values()),
+            "grid_s": round(grid_s, 1), "tune_s": round(tune_s, 1), "stop_reason": tuner.stop_reason,
+            "recommendation": None if rec is None else rec.config.short(),
+            "measured_trials": sum(1 for t in trials if t.user_attrs.get("config")
+                                   and t.user_attrs.get("duplicate_of") is None),
+            "contenders": {n: c.short() for n, c in contenders.items()}, "remeasured": xs, "medians": med,
+            "rec_over_best": (med[rec_name] / best_med) if rec_name and best_med and med[rec_name] else None,
+            "reached_95": hit, "bf16_over_fp32": (bf16 / fp32) if bf16 and fp32 else None, "launch": launch}
+
+
+def table(rows: list[dict], hw, a, total_s: float) -> str:
+    md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {a.image_size} px, batch sizes "
+          f"{'/'.join(map(str, a.batches))}, space: {a.space}; each trial {a.windows} windows of {a.window_seconds:g} s; "
+          f"re-measured {a.rounds} rounds interleaved (windows twice as long); whole benchmark {total_s / 60:.1f} min.", "",
+          "| workload | recommendation / best | trials (s) to 95% of best | autotune trials | autotune run | "
+          "bf16 / fp32 | jemalloc / tcmalloc / affinity close vs best | recommendation |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def f(x, fmt="{:.3f}"):
+        return "n/a" if x is None else fmt.format(x)
+
+    for r in rows:
+        hit = r["reached_95"]
+        launch = " / ".join(f(r["launch"].get(k), "{:.2f}") for k in ("jemalloc", "tcmalloc", "affinity close"))
+        md.append(f"| {r['label']} | {f(r['rec_over_best'])} | "
+                  + (f"{hit['trials']} ({hit['seconds']:.0f} s)" if hit else "not reached")
+                  + f" | {r['measured_trials']} | {r['tune_s'] / 60:.1f} min | {f(r['bf16_over_fp32'], '{:.2f}')} | "
+                  f"{launch} | {r['recommendation']} |")
+    md += ["", "Why each search stopped:"] + [f"- {r['label']}: {r['stop_reason']}" for r in rows]
+    return "\n".join(md)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--task", default="train", choices=("train", "infer"))
-    p.add_argument("--budget", type=float, default=0.15, help="autotune's budget as a share of the grid's wall time")
-    p.add_argument("--windows", type=int, default=3)
-    p.add_argument("--window-seconds", type=float, default=2.0)
-    p.add_argument("--min-window-steps", type=int, default=1,
-                   help="steps a window holds at least (default %(default)s: a slow config's window is one step)")
-    p.add_argument("--warmup-steps", type=int, default=1,
-                   help="per-step warm-up steps at least, the first included (default %(default)s: the first step "
-                        "only, the windows tell where the warm-up ended; 3 with --warmup-min-s 2 is the old rule)")
-    p.add_argument("--warmup-min-s", type=float, default=0.0,
-                   help="per-step warm-up seconds at least, after the first step (default %(default)s)")
-    p.add_argument("--settle-windows", type=int, default=2,
-                   help="later windows that confirm a trial's first (default %(default)s; 0: not checked, the old rule)")
-    p.add_argument("--grid-only", action="store_true",
-                   help="measure the grid and print its fixed-cost figures; no autotune run, no re-measurement")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated models (default: %(default)s)")
+    p.add_argument("--image-size", type=int, help="pixels; the text workload's sequence length (default 128)")
+    p.add_argument("--batches", help="batch sizes of the ground truth (default 16,32,64)")
+    p.add_argument("--space", choices=("grid", "stock"),
+                   help="autotune's space: the ground truth's (grid) or search_spaces/cpu.yaml (stock; the default)")
+    p.add_argument("--windows", type=int, help="windows per trial (default 3)")
+    p.add_argument("--window-seconds", type=float, help="(default 2)")
+    p.add_argument("--rounds", type=int, help="interleaved re-measurement rounds (default 3)")
+    p.add_argument("--finalist-rounds", type=int, help="autotune's finalist rounds (default 2)")
+    p.add_argument("--parity-steps", type=int, help="autotune's numerics check (default 30)")
+    p.add_argument("--dataset-size", type=int, help="(default 4096)")
+    p.add_argument("--ceiling", type=float, default=3600.0, dest="ceiling_s", help="autotune's ceiling, seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny space and windows (smoke test)")
-    p.add_argument("--cold", action="store_true",
-                   help="every trial in a fresh interpreter (no fork server: AUTOTUNE_FORK_SERVER=0), the old start-up")
-    p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-<time>.json)")
-    p.add_argument("--grid-from", default=None, metavar="JSON",
-                   help="reuse the grid of an earlier run (its JSON, or the .grid.json written as the grid runs) "
-                        "and measure only autotune and the re-measurement; configs missing from it are measured")
+    p.add_argument("--quick", action="store_true",
+                   help="defaults for a smoke run: 32 px, batch 16/32, the grid's space, windows of 0.5 s, 2 rounds, "
+                        "1 finalist round, 10 parity steps (10-15 min on 2 cores for the four workloads)")
+    p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-multi-<time>.json)")
     a = p.parse_args(argv)
-    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    for k, v in (QUICK if a.quick else FULL).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    try:
+        a.batches = tuple(int(b) for b in a.batches.split(","))
+    except ValueError:
+        print(f"quality.py: --batches {a.batches!r}: give whole numbers, e.g. 16,32", file=sys.stderr)
+        return 2
+    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-multi-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    if a.cold:
-        os.environ["AUTOTUNE_FORK_SERVER"] = "0"
-    partial = out.with_suffix(".grid.json")
-
     hw = detect()
-    batches, threads, workers = (32, 64, 128), (1, 2), (0, 1, 2)
-    recipe = TrialConfig(batch_size=64, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2)
-    # The same spec for the grid and for autotune; cheaper than the runner's defaults so the grid fits in well
-    # under an hour (the ratios compare like with like; the re-measurement uses twice the window length).
-    measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=a.min_window_steps,
-                          warmup_min_steps=a.warmup_steps, warmup_min_s=a.warmup_min_s,
-                          settle_windows=a.settle_windows, timeout_s=600)
-    if a.quick:
-        batches, threads, workers = (8, 16), (1,), (0,)
-        recipe = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, prefetch_factor=2)
-        measure = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
-    workload = Workload(model=a.model, task=a.task, image_size=a.image_size)
-    defaults = TrialConfig(batch_size=64 if not a.quick else batches[0])
-    print(f"# {hw.summary_line()}\n# {time.strftime('%Y-%m-%d %H:%M')}  {workload.label()}", flush=True)
-
-    # 1. the grid, shuffled
-    grid = grid_configs(batches, threads, workers)
-    random.Random(a.seed).shuffle(grid)
-    earlier = {}
-    if a.grid_from:
-        earlier = {g["short"]: g for g in json.loads(Path(a.grid_from).read_text())["grid"]}
-    grid_rows = []
-    for i, c in enumerate(grid):
-        if c.short() in earlier:
-            grid_rows.append(earlier[c.short()])
-            continue
-        r = run_trial(workload, c, measure)
-        grid_rows.append({"config": c.to_dict(), "short": c.short(), "status": r.status,
-                          "median": r.median_samples_per_s, "samples": list(r.samples_per_s), "wall_s": r.wall_s,
-                          "fixed_s": (r.startup_s or 0) + (r.warmup_s or 0), "startup_s": r.startup_s,
-                          "warmup_s": r.warmup_s, "warmup_windows": list(r.warmup_windows), "settled": r.settled})
-        print(f"grid {i + 1}/{len(grid)} {c.short():<36} {r.status:<6} "
-              f"{(r.median_samples_per_s or 0):8.1f}/s  {r.wall_s:5.1f}s", flush=True)
-        # written as it goes: a killed run keeps its grid for --grid-from
-        partial.write_text(json.dumps({"workload": workload.to_dict(), "measure": measure.to_dict(),
-                                       "grid": grid_rows}, indent=1))
-    # the grid's cost is what measuring every config takes, whether measured now or reused
-    grid_wall = sum(g["wall_s"] for g in grid_rows)
-    ok = [g for g in grid_rows if g["status"] == "ok"]
-    grid_best = max(ok, key=lambda g: g["median"])
-    if a.grid_only:
-        text = "\n".join([f"grid of {len(grid)} configs in {grid_wall / 60:.1f} min; {measure.warmup_min_steps}+ "
-                          f"warm-up steps and {measure.warmup_min_s:g}+ s, first window checked by {measure.settle_windows} later, "
-                          f"{measure.windows} windows of "
-                          f"{measure.window_s:g} s", ""] + [f"{a_}: {b}" for a_, b, _ in fixed_cost_rows(ok, cold=a.cold)])
-        print("\n" + text)
-        out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "measure": measure.to_dict(),
-                                   "grid": grid_rows, "grid_wall_s": grid_wall, "table": text}, indent=1))
-        return 0
-
-    # 2. autotune on the same space, with a time budget
-    tmp = Path(tempfile.mkdtemp(prefix="autotune-quality-"))
-    space = space_from_dict(space_doc(batches, threads, workers, defaults.batch_size), hardware=hw)
-    tuner = Tuner(workload, space=space, measure=measure, storage=f"sqlite:///{tmp}/q.db", hardware=hw,
-                  progress=False, seed=a.seed, log=lambda m: print(f"  autotune: {m}", flush=True))
-    t_tune = time.monotonic()
-    rec = tuner.run(timeout_s=max(60.0, a.budget * grid_wall) if not a.quick else None,
-                    trials=None if not a.quick else 3)
-    tune_wall = time.monotonic() - t_tune
-    history, best_so_far, reached = [], 0.0, None
-    elapsed = 0.0
-    for t in tuner.study().trials:
-        wall = t.user_attrs.get("wall_s") or 0.0
-        elapsed += wall
-        if t.user_attrs.get("status") == "ok" and t.value:
-            best_so_far = max(best_so_far, t.value)
-        history.append({"trial": t.number, "best_so_far": best_so_far, "elapsed_s": round(elapsed, 1)})
-        if reached is None and best_so_far >= 0.95 * grid_best["median"]:
-            reached = {"trials": t.number + 1, "seconds": round(elapsed, 1)}
-
-    # 3. interleaved re-measurement
-    contenders = {"grid best": TrialConfig.from_dict(grid_best["config"]), "recommendation": rec.config,
-                  "defaults": defaults, "blog recipe": recipe}
-    names = list(contenders)
-    remeasure: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(a.rounds):
-        for n in names[r % len(names):] + names[: r % len(names)]:
-            res = run_trial(workload, contenders[n], measure.replace(window_s=measure.window_s * 2))
-            remeasure[n].extend(res.samples_per_s)
-            print(f"re-measure round {r + 1} {n:<15} {res.status:<6} {(res.median_samples_per_s or 0):8.1f}/s", flush=True)
-    med = {n: summarize(xs).median if xs else float("nan") for n, xs in remeasure.items()}
-    # The grid best's own grid figure is the max of many noisy single trials (biased up: the winner's curse);
-    # its re-measured median is the fairer bar for "when did autotune first find a config this good".
-    reached_fair = next(({"trials": h["trial"] + 1, "seconds": h["elapsed_s"]} for h in history
-                         if h["best_so_far"] >= 0.95 * med["grid best"]), None)
-    spread = {n: summarize(xs).rel_iqr if xs else float("nan") for n, xs in remeasure.items()}
-
-    # 4. FLOP/s against a measured matmul peak (both in fresh processes)
-    flops = child_json(_FLOPS_CHILD, a.model, str(a.image_size), a.task)["flops_per_sample"]
-    peak = child_json(_PEAK_CHILD, "512" if a.quick else "2048")
-    achieved = flops * med["recommendation"]
-
-    rows = [
-        ("recommendation / grid best", f"{med['recommendation'] / med['grid best']:.3f}", ">= 0.98"),
-        ("recommendation / defaults", f"{med['recommendation'] / med['defaults']:.2f}", ""),
-        ("blog recipe / defaults", f"{med['blog recipe'] / med['defaults']:.2f}", ""),
-        ("trials (seconds) until 95% of the grid best's grid figure",
-         f"{reached['trials']} ({reached['seconds']:.0f} s)" if reached else "not reached", ""),
-        ("trials (seconds) until 95% of the grid best's re-measured median",
-         f"{reached_fair['trials']} ({reached_fair['seconds']:.0f} s)" if reached_fair else "not reached", ""),
-        ("grid best: grid figure / re-measured median", f"{grid_best['median'] / med['grid best']:.2f}", ""),
-        ("share of the grid's time used", f"{tune_wall / grid_wall:.1%}", "<= 15%"),
-        *fixed_cost_rows(ok, cold=a.cold),
-        ("achieved GFLOP/s (recommendation)", f"{achieved / 1e9:.1f}", ""),
-        ("matmul peak GFLOP/s fp32 / bf16", f"{peak['fp32'] / 1e9:.0f} / {peak['bf16'] / 1e9:.0f}", ""),
-        ("achieved / peak (of the recommendation's dtype)",
-         f"{achieved / peak['bf16' if rec.config.amp == 'bf16' else 'fp32']:.1%}", ""),
-    ]
-    md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {workload.label()}; grid of {len(grid)} "
-          f"configs in {grid_wall / 60:.1f} min; autotune {tune_wall / 60:.1f} min. Each trial: "
-          f"{measure.warmup_min_steps}+ warm-up steps, {measure.windows} windows of {measure.window_s:g} s "
-          f"(at least {measure.min_window_steps} step); re-measured {a.rounds} rounds interleaved, windows of "
-          f"{2 * measure.window_s:g} s.", "",
-          "| figure | value | goal |", "| --- | --- | --- |"] + [f"| {a_} | {b} | {c} |" for a_, b, c in rows]
-    md += ["", "| config | re-measured median samples/s | IQR/median |", "| --- | --- | --- |"]
-    md += [f"| {n} ({contenders[n].short()}) | {med[n]:.1f} | {spread[n]:.1%} |" for n in names]
-    text = "\n".join(md)
+    measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1, timeout_s=600)
+    print(f"# {hw.summary_line()}\n# {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    rows, t0 = [], time.monotonic()
+    names = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    try:
+        for name in names:  # a misspelt model is said before an hour of measuring the others
+            check(Workload(model=name, image_size=a.image_size, num_classes=10, dataset_size=a.dataset_size))
+        for name in names:
+            rows.append(one_workload(name, a, hw, measure))
+            # written as it goes: a killed run keeps the workloads it finished
+            out.write_text(json.dumps({"machine": hw.to_dict(), "args": {k: v for k, v in vars(a).items()},
+                                       "workloads": rows}, indent=1, default=str))
+    except AutotuneError as exc:
+        print(f"quality.py: {exc}", file=sys.stderr)
+        return 2
+    text = table(rows, hw, a, time.monotonic() - t0)
     print("\n" + text)
-    out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "grid": grid_rows,
-                               "grid_wall_s": grid_wall, "tune_wall_s": tune_wall, "history": history,
-                               "recommendation": rec.to_dict(), "remeasure": remeasure, "medians": med,
-                               "flops_per_sample": flops, "matmul_peak": peak, "table": rows}, indent=1))
     out.with_suffix(".md").write_text(text + "\n")
     print(f"\nraw results: {out}\ntable: {out.with_suffix('.md')}")
     return 0

@@ -3,7 +3,7 @@
 Interleaved trials of one config (cold, forked, cold, forked, ...) through the real runner; per trial: wall
 (the parent's clock from launch to result, which is fine for a fixed cost: no throughput is timed here),
 start-up (launch -> workload built, dataloader ready), warm-up (first step and the settle rule), the measured
-windows, and the fixed share (start-up + warm-up) / wall, which ``benchmarks/quality.py`` reports per grid.
+windows, and the fixed share (start-up + warm-up) / wall, which ``benchmarks/quality_grid.py`` reports per grid.
 The first forked trial also starts the server (one torch import): it is shown apart, not in the medians.
 
     python benchmarks/startup.py                       # resnet18, 64 px, batch 32, 2 threads, 4 trials a mode
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--window-seconds", type=float, default=2.0)
     p.add_argument("--warmup-steps", type=int, default=3)
     a = p.parse_args(argv)
-    # quality.py's spec: the same trial the grid runs
+    # quality_grid.py's spec: the same trial the grid runs
     spec = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1,
                        warmup_min_steps=a.warmup_steps, timeout_s=600)
     workload = Workload(model=a.model, image_size=a.image_size, dataset_size=2048)

@@ -115,10 +115,10 @@ def test_spread_script_refuses_a_bad_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_quality_script_runs_on_a_tiny_space(tmp_path):
+def test_quality_grid_script_runs_on_a_tiny_space(tmp_path):
     out = tmp_path / "quality.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "quality.py"), "--quick", "--model", TINY, "--image-size",
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "quality_grid.py"), "--quick", "--model", TINY, "--image-size",
          "16", "--rounds", "1", "--out", str(out)],
         cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=900,
     )
@@ -129,3 +129,32 @@ def test_quality_script_runs_on_a_tiny_space(tmp_path):
     assert len(data["grid"]) == 8 and all(g["status"] == "ok" for g in data["grid"])
     assert data["medians"]["recommendation"] > 0 and data["flops_per_sample"] > 0
     assert out.with_suffix(".md").read_text().startswith("Machine:")
+
+
+@pytest.mark.slow
+def test_quality_script_runs_each_workload_against_its_ground_truth(tmp_path):
+    """The several-workload benchmark on the tiny fixture: its ground truth (bf16 x channels_last x retain x 2
+    batch sizes where the CPU has bf16), an autotune run that stops by itself, the interleaved re-measurement,
+    one table row."""
+    out = tmp_path / "multi.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "quality.py"), "--quick", "--workloads", TINY, "--image-size",
+         "16", "--batches", "8,16", "--rounds", "1", "--window-seconds", "0.2", "--out", str(out)],
+        cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "| recommendation / best | trials (s) to 95% of best |" in proc.stdout
+    (row,) = json.loads(out.read_text())["workloads"]
+    assert len(row["grid"]) in (8, 16) and row["recommendation"] and row["stop_reason"]
+    assert row["measured_trials"] >= 3 and "grid #1" in row["medians"]
+    assert out.with_suffix(".md").read_text().startswith("Machine:")
+
+
+def test_quality_script_refuses_a_bad_model_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "quality.py"), "--quick", "--workloads", "resnet81",
+         "--out", str(tmp_path / "x.json")],
+        cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "resnet81" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.json").exists()

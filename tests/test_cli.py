@@ -41,7 +41,7 @@ def _one_line_usage_error(proc, *words):
     (["--windows", "0"], ["windows=0"]),
     (["--amp", "fp32"], ["--amp", "'fp32'"]),
     (["--trial-timeout", "30"], ["--trial-timeout '30' has no unit"]),
-    (["--malloc", "jemalloc"], ["--malloc", "'jemalloc'"]),
+    (["--malloc", "mimalloc"], ["--malloc", "'mimalloc'"]),
 ])
 def test_trial_usage_errors(args, words):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", *args), *words)

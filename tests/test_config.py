@@ -129,7 +129,7 @@ def test_short():
 
 FULL = TrialConfig(batch_size=48, num_workers=3, prefetch_factor=4, pin_memory=True, persistent_workers=True,
                    amp="bf16", compile_mode="max-autotune", channels_last=True, intra_op_threads=2,
-                   inter_op_threads=1, malloc="retain")
+                   inter_op_threads=1, malloc="retain", affinity="close")
 SPARSE = TrialConfig(batch_size=1, num_workers=3, amp="fp16", compile_mode="reduce-overhead", inter_op_threads=1,
                      malloc="hugepages")
 
@@ -137,14 +137,16 @@ SPARSE = TrialConfig(batch_size=1, num_workers=3, amp="fp16", compile_mode="redu
 @pytest.mark.parametrize("cfg, short, summary", [
     (TrialConfig(), "bs=64 w=0",
      "batch_size=64 num_workers=0 prefetch_factor=None persistent_workers=False pin_memory=False amp=off "
-     "channels_last=False compile_mode=none intra_op_threads=default inter_op_threads=default malloc=default"),
-    (FULL, "bs=48 w=3 pf=4 persist pin bf16 cl compile=max-autotune malloc=retain t=2/1",
+     "channels_last=False compile_mode=none intra_op_threads=default inter_op_threads=default malloc=default "
+     "affinity=default"),
+    (FULL, "bs=48 w=3 pf=4 persist pin bf16 cl compile=max-autotune malloc=retain t=2/1 affinity=close",
      "batch_size=48 num_workers=3 prefetch_factor=4 persistent_workers=True pin_memory=True amp=bf16 "
-     "channels_last=True compile_mode=max-autotune intra_op_threads=2 inter_op_threads=1 malloc=retain"),
+     "channels_last=True compile_mode=max-autotune intra_op_threads=2 inter_op_threads=1 malloc=retain "
+     "affinity=close"),
     (SPARSE, "bs=1 w=3 pf=2 fp16 compile=reduce-overhead malloc=hugepages t=-/1",
      "batch_size=1 num_workers=3 prefetch_factor=None persistent_workers=False pin_memory=False amp=fp16 "
      "channels_last=False compile_mode=reduce-overhead intra_op_threads=default inter_op_threads=1 "
-     "malloc=hugepages"),
+     "malloc=hugepages affinity=default"),
 ])
 def test_short_and_knob_summary_lines(cfg, short, summary):
     assert cfg.short() == short
@@ -155,7 +157,7 @@ def test_knob_args_order_and_form():
     assert knob_args(TrialConfig()) == ["--batch-size", "64", "--num-workers", "0", "--amp", "off", "--compile", "none"]
     assert knob_args(FULL) == ["--batch-size", "48", "--num-workers", "3", "--amp", "bf16", "--compile", "max-autotune",
                                "--prefetch-factor", "4", "--pin-memory", "--persistent-workers", "--channels-last",
-                               "--threads", "2", "--interop-threads", "1", "--malloc", "retain"]
+                               "--threads", "2", "--interop-threads", "1", "--malloc", "retain", "--affinity", "close"]
     assert knob_args(SPARSE) == ["--batch-size", "1", "--num-workers", "3", "--amp", "fp16", "--compile",
                                  "reduce-overhead", "--interop-threads", "1", "--malloc", "hugepages"]
 

@@ -1,10 +1,11 @@
 """A run with no budget stops by itself once the search has converged: the best feasible config has not
-improved by more than the noise for ``patience`` measured trials in a row (or the space is exhausted)."""
+improved by more than the noise for ``patience`` of the sampler's trials in a row, a patience worked out from
+the measured cost of a trial and what a gain would save over the planned run (or the space is exhausted)."""
 
 from __future__ import annotations
 
 from autotune.config import TrialResult
-from autotune.convergence import MAX_PATIENCE, MIN_PATIENCE, patience
+from autotune.convergence import MAX_PATIENCE, MIN_PATIENCE, PLANNED_ROLES, patience
 from autotune.trials import STATUS
 from tests.test_study import make_tuner, tiny_space
 
@@ -15,46 +16,64 @@ SPACE = {"parameters": {"batch_size": {"type": "int", "choices": [4, 6, 8, 12, 1
          "baseline": {"batch_size": 4, "channels_last": False, "num_workers": 0}}
 
 
-def _flat_above(bs_knee: int, *, noise: float = 0.01):
+def _flat_above(bs_knee: int, *, noise: float = 0.01, wall_s: float = 30.0):
     """Throughput grows with the batch size up to ``bs_knee`` and is flat (within ``noise``) beyond it,
-    whatever the other knobs: a known flat region."""
+    whatever the other knobs: a known flat region. Each trial reports ``wall_s`` of wall time."""
     calls: list = []
 
     def run(workload, config, measure, **kw):
         calls.append(config)
         v = 10.0 * min(config.batch_size, bs_knee) * (1 + noise * ((len(calls) * 7919) % 3 - 1))
-        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=0.5, peak_host_mb=100.0,
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=wall_s, peak_host_mb=100.0,
                            batch_size=config.batch_size)
 
     run.calls = calls
     return run
 
 
-def test_patience_grows_with_the_space_within_bounds():
-    assert patience(48) == 12 and patience(4608) == 25
-    assert patience(1) == MIN_PATIENCE and patience(10 ** 40) == MAX_PATIENCE
+def test_patience_is_where_one_more_trial_costs_more_than_it_is_expected_to_save():
+    """An hour's run, a 5% gain: 25 s trials wait 6 sampler trials, 5 s ones 34; bounds hold; unknown cost waits
+    the most; a larger gain found by the sampler, or a longer run, waits longer."""
+    assert patience(3600, 0.05, 25.0) == 6 and patience(3600, 0.05, 5.0) == 34
+    assert patience(3600, 0.05, 1000.0) == MIN_PATIENCE and patience(36000, 0.05, 0.1) == MAX_PATIENCE
+    assert patience(3600, 0.05, None) == MAX_PATIENCE
+    assert patience(3600, 0.10, 25.0) > patience(3600, 0.05, 25.0) < patience(7200, 0.05, 25.0)
 
 
 def test_a_run_without_a_budget_stops_once_the_flat_region_is_found(tmp_path):
+    """30 s trials over an assumed hour's run: 4 sampler trials without a gain > 5% end the search, after the
+    planned search (which found the flat region by walking the batch size)."""
     runner = _flat_above(16)
     said: list[str] = []
     tuner = make_tuner(tmp_path, space=tiny_space(**SPACE), runner=runner, parity_steps=0, log=said.append)
-    assert tuner.patience == 12
+    assert tuner.patience is None  # worked out from the trials
     rec = tuner.run()  # no --trials, no --timeout
     study = tuner.study()
+    conv = tuner.convergence(study)
+    assert conv.patience == patience(3600, 0.05, 30.0) == 4 and conv.trial_s == 30.0
+    assert conv.converged and conv.since == 4  # stopped as soon as it had waited 4 sampler trials, not later
     measured = sorted((t for t in study.trials if t.user_attrs.get(STATUS) == "ok" and "duplicate_of" not in t.user_attrs),
                       key=lambda t: t.datetime_complete)
-    conv = tuner.convergence(study)
-    assert conv.converged and conv.since == 12  # stopped as soon as it had waited 12 trials, not later
-    best = max(measured, key=lambda t: t.value)
-    assert best.params["batch_size"] >= 16  # the flat region was reached
-    # every trial after the one the count started from was within the noise of it
-    after = [t for t in measured if t.datetime_complete > study.trials[conv.best_trial].datetime_complete]
-    assert len(after) == 12 and all(t.value <= conv.best * (1 + conv.noise) for t in after)
+    assert max(measured, key=lambda t: t.value).params["batch_size"] >= 16  # the flat region was reached
+    # the planned search ran first (the bundle, the walk, the workers knob), then exactly 4 sampler trials
+    sampler = [t for t in measured if not any(t.user_attrs.get(r) is not None for r in PLANNED_ROLES)]
+    assert len(sampler) == 4 and min(t.number for t in sampler) > max(
+        t.number for t in measured if t.user_attrs.get("batch_line") or t.user_attrs.get("knob_step"))
+    assert all(t.value <= conv.best * (1 + conv.noise) for t in sampler)
     assert len(measured) < 48  # it stopped before trying the whole space
-    assert tuner.stop_reason.startswith("converged: 12 measured trials in a row")
+    assert tuner.stop_reason.startswith("converged: 4 sampler trials in a row")
+    assert "at ~30 s a trial, one more is expected to save less than it costs over the 1h run" in tuner.stop_reason
     assert rec.notes[0].startswith("search stopped: converged")
     assert any("search stopped: converged" in m for m in said)
+
+
+def test_cheaper_trials_make_a_longer_patience(tmp_path):
+    """The same flat workload with 5 s trials: the search waits 34 sampler trials, not 4."""
+    tuner = make_tuner(tmp_path, space=tiny_space(**SPACE), runner=_flat_above(16, wall_s=5.0), parity_steps=0)
+    tuner.run()
+    conv = tuner.convergence(tuner.study())
+    assert conv.patience == 34 and conv.since == 34 and conv.converged
+    assert tuner.stop_reason.startswith("converged: 34 sampler trials in a row")
 
 
 def test_only_a_feasible_gain_beyond_the_noise_restarts_the_count():
@@ -90,7 +109,7 @@ def test_only_a_feasible_gain_beyond_the_noise_restarts_the_count():
 
 
 def test_a_converged_study_resumed_goes_straight_to_the_finalists_and_patience_0_searches_on(tmp_path):
-    runner = _flat_above(4)  # flat everywhere: converged after the baseline and `patience` more
+    runner = _flat_above(4)  # flat everywhere: converged after the planned search and `patience` more
     tuner = make_tuner(tmp_path, space=tiny_space(**SPACE), runner=runner, parity_steps=0, patience=4)
     tuner.run()
     n = len(tuner.study().trials)

@@ -7,6 +7,7 @@ logic (parsing, pruning, kills, clean-up) be tested deterministically and fast.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -603,3 +604,37 @@ def test_parent_interrupted_kills_the_child(fake):
     with pytest.raises(KeyboardInterrupt):
         run_trial(wl("tiny"), TrialConfig(batch_size=8), FAST, on_event=on_event, python=py)
     assert pids and _wait_gone(pids) == []
+
+
+@pytest.mark.parametrize("mode", ["jemalloc", "tcmalloc"])
+def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
+    """malloc=jemalloc/tcmalloc preloads the library into the trial's process (fork server or not) and
+    affinity=close pins OpenMP's threads; the same workload fails without them (its check can fail)."""
+    from autotune._malloc import preload_path
+
+    if preload_path(mode) is None:
+        pytest.skip(f"{mode} is not installed here (.ci/run installs it)")
+    env = child_env(TrialConfig(malloc=mode, affinity="close"), base={})
+    assert env["LD_PRELOAD"] == preload_path(mode) and env["OMP_PROC_BIND"] == "close"
+    assert ("MALLOC_CONF" in env) is (mode == "jemalloc")
+    r = run_trial(wl("launch_check"), TrialConfig(batch_size=8, malloc=mode, affinity="close"), SPEC)
+    assert r.ok, r.reason
+    plain = run_trial(wl("launch_check"), TrialConfig(batch_size=8), SPEC)
+    assert plain.status == "error" and "no preloaded allocator mapped" in plain.reason
+
+
+def test_a_preloaded_allocator_that_is_not_installed_is_trimmed_and_refused(monkeypatch):
+    from autotune._malloc import PRELOAD_LIBS
+    from autotune.errors import ConfigError
+    from autotune.hardware import detect
+    from autotune.space import space_from_dict
+
+    monkeypatch.setitem(PRELOAD_LIBS, "jemalloc", ("libnot-installed-allocator.so.9",))
+    hw = dataclasses.replace(detect(with_torch=False), libc="glibc 2.36")
+    space = space_from_dict({"parameters": {"malloc": {"type": "categorical",
+                                                       "choices": ["default", "retain", "jemalloc"]}}}, hardware=hw)
+    assert space.params[0].choices == ("default", "retain")
+    assert any("malloc=jemalloc dropped: not installed here (apt-get install libjemalloc2 on Debian/Ubuntu)" in n
+               for n in space.notes), space.notes
+    with pytest.raises(ConfigError, match="malloc=jemalloc: libnot-installed-allocator.so.9 is not installed here"):
+        run_trial(wl("tiny"), TrialConfig(batch_size=8, malloc="jemalloc"), SPEC)

@@ -418,3 +418,30 @@ def counted(image_size: int = 32):
     model, data, _ = tiny(image_size)
     return {"model": model, "dataset": data, "loss_fn": loss_fn,
             "optimizer": lambda params: _CountingSGD(params, counts)}
+
+
+class _LaunchCheck(nn.Module):
+    """Fails its first forward unless the launch environment reached the process: an allocator preloaded
+    (LD_PRELOAD, mapped into the process) and OpenMP's threads pinned (OMP_PROC_BIND: the main thread on one core)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 10)
+        self.checked = False
+
+    def forward(self, x):
+        if not self.checked:
+            import os
+            from pathlib import Path
+
+            preload = os.environ.get("LD_PRELOAD", "")
+            if not preload or Path(preload).name not in Path("/proc/self/maps").read_text():
+                raise RuntimeError(f"no preloaded allocator mapped (LD_PRELOAD={preload!r})")
+            if not os.environ.get("OMP_PROC_BIND") or len(os.sched_getaffinity(0)) != 1:
+                raise RuntimeError(f"threads not pinned: affinity {sorted(os.sched_getaffinity(0))}")
+            self.checked = True
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def launch_check(image_size: int = 32):
+    return _LaunchCheck(), _images(image_size, n=64), nn.CrossEntropyLoss()

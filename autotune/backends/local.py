@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Iterator
 
-from .. import protocol
+from .. import phases, protocol
 from .. import trials as keys
 from .._safefs import private_dir
 from ..config import TrialConfig
@@ -25,11 +25,12 @@ EXHAUSTED_AFTER = 25
 
 
 class LocalBackend(SearchBackend):
-    """One trial at a time in a child process of this one, until ``trials`` ran or the budget needs the rest.
+    """One trial at a time in a child process of this one, until ``trials`` ran, the budget needs the rest, or
+    the search settled (``phases.stop_reason``).
 
     Trials the study answers without running (copies of a measured config, a larger batch of one that ran
     out of memory) do not use up ``trials``; after ``EXHAUSTED_AFTER`` of them in a row the space is taken
-    as exhausted."""
+    as exhausted (the eager search settles; compile, if the space has it, is still tried last)."""
 
     def __init__(self, *, address: str | None = None) -> None:
         if address:
@@ -55,13 +56,13 @@ class LocalBackend(SearchBackend):
         tuner.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
         try:
             while trials is None or n < trials:
-                if free_in_a_row >= EXHAUSTED_AFTER:
-                    tuner.stop_reason = (f"the space looks exhausted: the sampler proposed {free_in_a_row} configs "
-                                         "in a row that the study had already answered")
-                    break
-                conv = tuner.convergence(study)
-                if conv.converged:
-                    tuner.stop_reason = conv.why()
+                # the eager search settles (converged, exhausted, or the budget's end is compile's), compile is
+                # tried last on its best config, then the search stops (``phases``)
+                why = phases.stop_reason(tuner, study, walls=walls, deadline=deadline, budget_s=budget_s,
+                                         trials_left=None if trials is None else trials - n,
+                                         exhausted=free_in_a_row if free_in_a_row >= EXHAUSTED_AFTER else 0)
+                if why is not None:
+                    tuner.stop_reason = why
                     break
                 if tuner.out_of_time(walls, deadline, budget_s):
                     break
@@ -77,7 +78,7 @@ class LocalBackend(SearchBackend):
                 walls.append(time.monotonic() - t0)
                 n += 1
                 bar.update(1)
-                bar.set_postfix_str(_postfix(study, last, deadline, tuner.convergence(study)), refresh=True)
+                bar.set_postfix_str(_postfix(study, last, phases.status_line(tuner, study, deadline)), refresh=True)
         finally:
             tuner.compile_gate.stop()
             bar.close()
@@ -144,7 +145,7 @@ class _Objective:
                 return  # ``answer_from_study`` finds it among the finished trials
 
 
-def _postfix(study, last, deadline, conv) -> str:
+def _postfix(study, last, phase: str) -> str:
     parts = [f"last #{last.number} {last.user_attrs.get(keys.STATUS, last.state.name.lower())}"]
     base = baseline_value(study)
     try:
@@ -154,8 +155,4 @@ def _postfix(study, last, deadline, conv) -> str:
             parts.append(f"x{best.value / base:.2f} vs baseline")
     except ValueError:
         pass
-    if conv.patience:
-        parts.append(conv.progress())
-    if deadline is not None:
-        parts.append(f"{max(0, deadline - time.monotonic()) / 60:.0f} min left")
-    return ", ".join(parts)
+    return ", ".join(parts + [phase])

@@ -13,7 +13,7 @@ import time
 import warnings
 from typing import Any
 
-from ... import protocol
+from ... import phases, protocol
 from ... import trials as keys
 from ...config import TrialConfig, TrialResult
 from ...measure import median_or_none
@@ -74,9 +74,10 @@ def make_search(OptunaSearch):
             self._resolve_deferred()
             if self.abort is not None or self.tuner.out_of_time(self.walls, self.deadline, self.budget_s):
                 return self.FINISHED
-            conv = self.tuner.convergence(self._ot_study)
-            if conv.converged:
-                self.tuner.stop_reason = conv.why()
+            why = phases.stop_reason(self.tuner, self._ot_study, walls=self.walls, deadline=self.deadline,
+                                     budget_s=self.budget_s)
+            if why is not None:  # the eager search settled and compile was tried last (``phases``)
+                self.tuner.stop_reason = why
                 return self.FINISHED
             storage = self._ot_study._storage
             with warnings.catch_warnings():
