@@ -233,83 +233,111 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
     # bf16 is kept where the GPU the trials will run on has it: cuda:N names it, a plain cuda space means cuda
     trial_device = "cpu" if is_cpu else device if device.startswith("cuda") else "cuda"
     notes: list[str] = []
+
+    def trim(name: str, choices: list) -> list:
+        return _trim(name, choices, hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
+                     oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
+
     params: list[Param] = []
     seen: dict[str, Param] = {}
     for name, spec in params_doc.items():
         where = f"{src}: parameters.{name}"
-        if name not in _KNOBS:
-            raise SpaceError(f"{where}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
-        if not isinstance(spec, dict):
-            raise SpaceError(f"{where}: must be a mapping like {{type: int, choices: [32, 64]}}")
-        extra = set(spec) - {"type", "choices", "low", "high", "when"}
-        if extra:
-            raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; use type, choices, low/high, when")
-        ptype = spec.get("type")
-        if ptype not in _TYPES:
-            raise SpaceError(f"{where}: type {ptype!r} is not one of {', '.join(_TYPES)}")
-        if ptype == "bool":
-            if "choices" in spec or "low" in spec:
-                raise SpaceError(f"{where}: a bool takes no choices or range; remove them")
-            choices: list = [False, True]
-        elif "choices" in spec:
-            if "low" in spec or "high" in spec:
-                raise SpaceError(f"{where}: give either choices or low/high, not both")
-            raw = spec["choices"]
-            if not isinstance(raw, list) or not raw:
-                raise SpaceError(f"{where}: choices must be a non-empty list")
-            choices = [_parse_scalar(c, cores) for c in raw]
-        elif "low" in spec and "high" in spec:
-            if ptype != "int":
-                raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
-            low, high = _parse_scalar(spec["low"], cores), _parse_scalar(spec["high"], cores)
-            if not (isinstance(low, int) and isinstance(high, int)):
-                raise SpaceError(f"{where}: low and high must be whole numbers (or 'cores')")
-            if low > high:
-                raise SpaceError(f"{where}: low {low} > high {high}; swap them")
-            choices = list(range(low, high + 1))
-        else:
-            raise SpaceError(f"{where}: needs choices: [...] or low: and high:")
-        if ptype == "int" and not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
-            raise SpaceError(f"{where}: every choice of an int parameter must be a whole number, got {choices}")
-        raw_choices = spec.get("choices")
-        if isinstance(raw_choices, list) and len(set(map(repr, raw_choices))) != len(raw_choices):
-            raise SpaceError(f"{where}: choices repeat a value: {raw_choices}")
-        choices = list(dict.fromkeys(choices))  # 'cores' may equal a listed number on this machine
-        when = None
-        if "when" in spec:
-            m = _WHEN.match(str(spec["when"]))
-            if not m:
-                raise SpaceError(f"{where}: when {spec['when']!r} is not of the form 'other_param > 0'")
-            ref, op, raw_value = m.group(1), m.group(2), m.group(3).strip("'\"")
-            if ref not in seen:
-                raise SpaceError(f"{where}: when refers to {ref!r}, which must be a parameter listed before it")
-            # Compare with the referenced choices by their text: YAML 1.1 would read `off` as false.
-            by_text = {str(c).lower(): c for c in seen[ref].choices}
-            if raw_value.lower() in by_text:
-                value = by_text[raw_value.lower()]
-            else:
-                try:
-                    value = int(raw_value)
-                except ValueError:
-                    raise SpaceError(f"{where}: when compares {ref} with {raw_value!r}, which is not one of its "
-                                     f"choices {list(seen[ref].choices)}") from None
-            if op not in ("==", "!=") and not isinstance(value, int):
-                raise SpaceError(f"{where}: when uses {op} on a non-numeric value {raw_value!r}; use == or !=")
-            when = (ref, op, value)
-        # every choice must make a valid config on its own
-        for c in choices:
+        ptype, choices = _param_choices(name, spec, where, cores)
+        when = _param_when(spec, where, seen)
+        for c in choices:  # every choice must make a valid config on its own
             try:
                 TrialConfig(**{name: c})
             except Exception as exc:  # ConfigError
                 raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}") from None
-        choices = _trim(name, choices, hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
-                        oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
+        choices = trim(name, choices)
         if not choices:
             raise SpaceError(f"{where}: no choice is usable on this machine ({'; '.join(notes[-1:])})")
-        p = Param(name, ptype, tuple(choices), when)
-        params.append(p)
-        seen[name] = p
+        seen[name] = Param(name, ptype, tuple(choices), when)
+        params.append(seen[name])
+    fixed = _fixed(doc, src, seen, cores, trim, notes)
+    baseline = _baseline(doc, src, params, cores, notes)
+    oversubscribe = doc.get("oversubscribe", False)
+    if not isinstance(oversubscribe, bool):
+        raise SpaceError(f"{src}: oversubscribe must be true or false")
+    space = SearchSpace(name=str(doc.get("name", Path(src).stem)), device=space_device, params=params,
+                        fixed=fixed, baseline=baseline, oversubscribe=oversubscribe, usable_cores=cores,
+                        source=src, notes=notes)
+    try:
+        space.baseline_config()
+    except Exception as exc:
+        raise SpaceError(f"{src}: baseline: {exc}") from None
+    return space
 
+
+def _param_choices(name: str, spec: Any, where: str, cores: int) -> tuple[str, list]:
+    """A parameter's type and its choices as written (bool, a list, or a low/high range), checked."""
+    if name not in _KNOBS:
+        raise SpaceError(f"{where}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
+    if not isinstance(spec, dict):
+        raise SpaceError(f"{where}: must be a mapping like {{type: int, choices: [32, 64]}}")
+    extra = set(spec) - {"type", "choices", "low", "high", "when"}
+    if extra:
+        raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; use type, choices, low/high, when")
+    ptype = spec.get("type")
+    if ptype not in _TYPES:
+        raise SpaceError(f"{where}: type {ptype!r} is not one of {', '.join(_TYPES)}")
+    if ptype == "bool":
+        if "choices" in spec or "low" in spec:
+            raise SpaceError(f"{where}: a bool takes no choices or range; remove them")
+        choices: list = [False, True]
+    elif "choices" in spec:
+        if "low" in spec or "high" in spec:
+            raise SpaceError(f"{where}: give either choices or low/high, not both")
+        raw = spec["choices"]
+        if not isinstance(raw, list) or not raw:
+            raise SpaceError(f"{where}: choices must be a non-empty list")
+        choices = [_parse_scalar(c, cores) for c in raw]
+    elif "low" in spec and "high" in spec:
+        if ptype != "int":
+            raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
+        low, high = _parse_scalar(spec["low"], cores), _parse_scalar(spec["high"], cores)
+        if not (isinstance(low, int) and isinstance(high, int)):
+            raise SpaceError(f"{where}: low and high must be whole numbers (or 'cores')")
+        if low > high:
+            raise SpaceError(f"{where}: low {low} > high {high}; swap them")
+        choices = list(range(low, high + 1))
+    else:
+        raise SpaceError(f"{where}: needs choices: [...] or low: and high:")
+    if ptype == "int" and not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
+        raise SpaceError(f"{where}: every choice of an int parameter must be a whole number, got {choices}")
+    raw_choices = spec.get("choices")
+    if isinstance(raw_choices, list) and len(set(map(repr, raw_choices))) != len(raw_choices):
+        raise SpaceError(f"{where}: choices repeat a value: {raw_choices}")
+    return ptype, list(dict.fromkeys(choices))  # 'cores' may equal a listed number on this machine
+
+
+def _param_when(spec: dict, where: str, seen: dict[str, Param]) -> tuple | None:
+    """A parameter's condition on one listed before it (``when: num_workers > 0``), or None."""
+    if "when" not in spec:
+        return None
+    m = _WHEN.match(str(spec["when"]))
+    if not m:
+        raise SpaceError(f"{where}: when {spec['when']!r} is not of the form 'other_param > 0'")
+    ref, op, raw_value = m.group(1), m.group(2), m.group(3).strip("'\"")
+    if ref not in seen:
+        raise SpaceError(f"{where}: when refers to {ref!r}, which must be a parameter listed before it")
+    # Compare with the referenced choices by their text: YAML 1.1 would read `off` as false.
+    by_text = {str(c).lower(): c for c in seen[ref].choices}
+    if raw_value.lower() in by_text:
+        value = by_text[raw_value.lower()]
+    else:
+        try:
+            value = int(raw_value)
+        except ValueError:
+            raise SpaceError(f"{where}: when compares {ref} with {raw_value!r}, which is not one of its "
+                             f"choices {list(seen[ref].choices)}") from None
+    if op not in ("==", "!=") and not isinstance(value, int):
+        raise SpaceError(f"{where}: when uses {op} on a non-numeric value {raw_value!r}; use == or !=")
+    return (ref, op, value)
+
+
+def _fixed(doc: dict, src: str, seen: dict[str, Param], cores: int, trim: Any, notes: list[str]) -> dict:
+    """The space's fixed knobs, trimmed to the machine (pin_memory on a CPU becomes false, with a note)."""
     fixed = dict(doc.get("fixed") or {})
     for k, v in list(fixed.items()):
         if k not in _KNOBS:
@@ -317,16 +345,20 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
         if k in seen:
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
         v = _parse_scalar(v, cores)
-        kept = _trim(k, [v], hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
-                     oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
+        kept = trim(k, [v])
         if not kept:
             raise SpaceError(f"{src}: fixed.{k}={v!r} cannot run on this machine: {notes[-1]}")
-        fixed[k] = kept[0]  # pin_memory on a CPU becomes false (with a note)
+        fixed[k] = kept[0]
     try:
         TrialConfig(**fixed)
     except Exception as exc:
         raise SpaceError(f"{src}: fixed: {exc}") from None
+    return fixed
 
+
+def _baseline(doc: dict, src: str, params: list[Param], cores: int, notes: list[str]) -> dict:
+    """The baseline (PyTorch's defaults by convention): an omitted knob takes its plainest choice, thread and
+    worker counts are clamped to the usable cores."""
     baseline = {k: _parse_scalar(v, cores) for k, v in (doc.get("baseline") or {}).items()}
     for k in baseline:
         if k not in _KNOBS:
@@ -343,17 +375,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
         if p.name in baseline and baseline[p.name] not in p.choices:
             raise SpaceError(f"{src}: baseline.{p.name}={baseline[p.name]!r} is not among the usable choices "
                              f"{list(p.choices)}; pick one of them")
-    oversubscribe = doc.get("oversubscribe", False)
-    if not isinstance(oversubscribe, bool):
-        raise SpaceError(f"{src}: oversubscribe must be true or false")
-    space = SearchSpace(name=str(doc.get("name", Path(src).stem)), device=space_device, params=params,
-                        fixed=fixed, baseline=baseline, oversubscribe=oversubscribe, usable_cores=cores,
-                        source=src, notes=notes)
-    try:
-        space.baseline_config()
-    except Exception as exc:
-        raise SpaceError(f"{src}: baseline: {exc}") from None
-    return space
+    return baseline
 
 
 def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes: list[str],
