@@ -399,9 +399,12 @@ def main(argv: list[str]) -> int:
         from .oom import is_oom
 
         kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) else "error"
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)  # the trial's log keeps it too, where the one-line reason points
+        sys.stderr.flush()
         send("failed", kind=kind,
              message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__,
-             traceback=traceback.format_exc()[-8000:])
+             traceback=tb[-8000:])
         chan.close()
         os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it
     send("done", **result)

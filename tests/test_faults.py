@@ -167,6 +167,38 @@ def test_a_run_of_another_study_on_this_machine_is_refused_before_it_writes_anyt
         first.wait()
 
 
+def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(tmp_path):
+    """``--model os:system``: one line, exit 2, and no database, study or trial left behind."""
+    out = run_cli("run", "--model", "os:system", "--device", "cpu", "--storage", f"sqlite:///{tmp_path}/s/s.db",
+                  "--trials", "3", "--no-progress")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # nothing before it: one line
+    assert out.stderr.startswith("autotune run: error: os:system cannot be called as a workload")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path):
+    """Any exception from the user's callable is the workload's, not a config's: the first trial ends the run
+    (it used to fail every trial until the patience ran out, then report "converged")."""
+    from autotune.errors import WorkloadError
+
+    space = space_from_dict({"name": "b", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [4, 8, 16]}},
+                             "baseline": {"batch_size": 4}}, hardware=HW)
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/b.db", hardware=HW, progress=False,
+                  log=lambda m: None, finalists=1, finalist_rounds=1, patience=2)
+    with pytest.raises(WorkloadError) as info:
+        tuner.run(trials=3)
+    msg = str(info.value)
+    assert "building the workload tests.workloads_fixtures:broken_build raised RuntimeError: cannot open" in msg
+    assert "\n" not in msg and "trial-0.log" in msg
+    trials = tuner.study().trials
+    assert [t.state.name for t in trials if t.state.is_finished()] == ["FAIL"]
+    assert "cannot open /data/shards" in trials[0].user_attrs["traceback"]
+    assert "RuntimeError: cannot open" in (tuner.artifacts_dir / "trial-0.log").read_text()
+
+
 @pytest.mark.slow
 def test_sigkill_twenty_times_loses_nothing(tmp_path):
     """SIGKILL the tuner 20 times at random moments; then it must finish with every finished trial intact."""

@@ -418,3 +418,10 @@ def counted(image_size: int = 32):
     model, data, _ = tiny(image_size)
     return {"model": model, "dataset": data, "loss_fn": loss_fn,
             "optimizer": lambda params: _CountingSGD(params, counts)}
+
+
+# --- workloads that cannot build: broken for every config, so the first trial ends the run -----------------
+
+def broken_build(image_size: int = 32):
+    """Raises when called, as a workload whose data or model cannot be made does."""
+    raise RuntimeError("cannot open /data/shards: no such file")
