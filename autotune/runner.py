@@ -55,21 +55,15 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
     return env
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group (it and its DataLoader workers), then reap it."""
+def _kill_tree(proc: subprocess.Popen, memory: MemoryWatch) -> None:
+    """SIGKILL the child's tree: its process group (it and its DataLoader workers) and every descendant the
+    memory watch saw, in the group or not (``MemoryWatch.kill``); then reap the child and wait for the rest."""
     import psutil
 
-    try:
-        stragglers = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        stragglers = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in stragglers:  # anything that left the group
+    stragglers = []
+    for pid in memory.kill():
         try:
-            p.kill()
+            stragglers.append(psutil.Process(pid))
         except psutil.Error:
             pass
     try:
@@ -199,10 +193,10 @@ def run_trial(
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 stop = ("timeout", "the child did not exit after it closed its channel")
-        _kill_tree(proc)  # DataLoader workers hold the pipe open; they go before we drain it
+        _kill_tree(proc, memory)  # DataLoader workers hold the pipe open; they go before we drain it
         buf += _drain(rfd)
     except BaseException:  # Ctrl-C or SIGTERM in the parent: the child must not outlive it
-        _kill_tree(proc)
+        _kill_tree(proc, memory)
         raise
     finally:
         os.close(rfd)

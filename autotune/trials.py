@@ -66,6 +66,7 @@ STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
 WALK_ANCHOR = "batch_walk_anchor"
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
+FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
 
 # A queued trial's role in the study, kept by its retry.
 ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START)

@@ -200,6 +200,44 @@ def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_sigkill_during_the_finalists_loses_no_finished_round(tmp_path):
+    """The real thing: `autotune run` SIGKILLed once its first finalist round is stored; the next run keeps that
+    round and measures only the second."""
+    space = _space_file(tmp_path)
+    storage = f"sqlite:///{tmp_path}/f.db"
+    cmd = _run_cmd(space, storage, "--trials", "2")
+    cmd[cmd.index("--rounds") + 1] = "2"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                name = optuna.get_all_study_summaries(storage)[0].study_name
+                runs = (optuna.load_study(study_name=name, storage=storage).user_attrs.get("finalist_rounds")
+                        or {}).get("runs") or {}
+            except Exception:
+                continue
+            if sum(k.startswith("0:") for k in runs) == 2:  # round 1: the finalist and the baseline
+                break
+        else:
+            pytest.fail("the first finalist round was not stored before the run ended")
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cmd[cmd.index("--trials") + 1] = "0"
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "round 1/2: measured by an earlier, interrupted run of these finalists; kept" in out.stderr
+    lines = out.stderr.splitlines()
+    assert len([ln for ln in lines if ln.startswith("  round 1/2 bs=") and ln.endswith("(kept)")]) == 2, lines
+    assert len([ln for ln in lines if ln.startswith("  round 2/2 bs=") and not ln.endswith("(kept)")]) == 2, lines
+
+
+@pytest.mark.slow
 def test_sigkill_twenty_times_loses_nothing(tmp_path):
     """SIGKILL the tuner 20 times at random moments; then it must finish with every finished trial intact."""
     space = _space_file(tmp_path, choices=(4, 8, 16))

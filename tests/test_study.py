@@ -607,6 +607,7 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
 
     def passing(workload, config, **kw):
         checked.append(config)
+        assert kw["memory_cap_mb"] == tuner.measure.memory_cap_mb  # the check is watched as the trials were
         return ParityResult(ok=True, steps=kw["steps"], reason="fake: within tolerance")
 
     tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8), finalists=1, log=logs.append, parity=passing,
