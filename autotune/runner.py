@@ -73,6 +73,15 @@ def _kill_tree(proc: subprocess.Popen, memory: MemoryWatch) -> None:
     psutil.wait_procs(stragglers, timeout=5)
 
 
+def _killed(proc, sig: str) -> str:
+    """Why a child died by signal ``sig``: its fork server died under it (``ForkedChild.lost_server``: said as
+    it happened, not taken for an out-of-memory kill), else the signal, SIGKILL being maybe the OOM killer's."""
+    lost = getattr(proc, "lost_server", None)
+    if lost:
+        return lost
+    return f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
+
+
 def _tail(path: Path, limit: int = 4000) -> str:
     try:
         with open(path, "rb") as f:
@@ -221,8 +230,7 @@ def run_trial(
         traceback_text = failed.get("traceback")
     elif rc is not None and rc < 0:
         sig = signal.Signals(-rc).name
-        status = "crashed"
-        reason = f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
+        status, reason = "crashed", _killed(proc, sig)
         traceback_text = _tail(log_path)
     else:
         status, reason = "crashed", f"exited with code {rc} without a result"
