@@ -51,6 +51,7 @@ from typing import Any, Callable, ClassVar, Sequence
 from ._records import Record, check, is_int, is_num
 from .config import TrialConfig, Workload
 from .runner import child_env
+from .triallog import CappedLog
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
            "check_seconds", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
@@ -249,15 +250,15 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:
         result_path = Path(tmp) / "result.json"
         log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         spec = {"workload": workload.to_dict(), "candidate": config.replace(num_workers=0).to_dict(),
                 "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
                 "result_path": str(result_path)}
         start = time.perf_counter()
-        with open(log, "ab") as out:
+        with CappedLog(log) as out:  # the user's code prints here: under a trial log's cap (autotune.triallog)
             proc = subprocess.Popen([sys.executable, "-m", "autotune._parity"], stdin=subprocess.PIPE,
                                     stdout=out, stderr=out, env=child_env(config), start_new_session=True)
-            stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
+        stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
+        out.join()
         seconds = time.perf_counter() - start
         if stopped:
             return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,

@@ -26,6 +26,7 @@ from .forkserver import ForkServers, default_servers, forkable
 from .limits import MIN_MEMORY_CAP_MB, check_min_cap
 from .measure import median_or_none
 from .memwatch import MemoryWatch
+from .triallog import CappedLog
 
 __all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
 
@@ -131,7 +132,6 @@ def run_trial(
         os.close(fd)
         log_path = Path(tmp)
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
 
     spawned_at = time.time()
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
@@ -142,7 +142,7 @@ def run_trial(
     env = child_env(config, compile_cache_dir=compile_cache_dir)
     servers = default_servers() if servers is None else servers
     t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
-    with open(log_path, "ab") as log:
+    with CappedLog(log_path) as log:  # the child's stdout/stderr, under a size cap (autotune.triallog)
         proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
         if proc is None:  # the cold path: a fresh interpreter
             proc = subprocess.Popen(
@@ -209,6 +209,7 @@ def run_trial(
         raise
     finally:
         os.close(rfd)
+        log.join()  # the tree is gone: the log is complete
     for line in buf.split(b"\n"):
         if line.strip():
             handle(line)

@@ -465,3 +465,13 @@ def setsid_grandchild_then_abort(image_size: int = 32):
     """The same, and then the trial dies abruptly (SIGABRT) in its first step, with no chance to clean up."""
     _start_daemon()
     return _misbehaving(os.abort, image_size)
+
+
+def chatty(image_size: int = 32):
+    """The tiny workload, after printing 8 MiB (100,000 numbered lines of 84 bytes) while it builds."""
+    import sys
+
+    for i in range(100_000):
+        sys.stdout.write(f"chatty line {i:06d} " + "x" * 64 + "\n")
+    sys.stdout.flush()
+    return tiny(image_size)
