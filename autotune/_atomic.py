@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -11,7 +12,8 @@ __all__ = ["atomic_write"]
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed over it.
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed over it,
+    and the folder fsynced so the rename itself is on disk.
     The file gets the permissions of any other the user writes (the umask), not mkstemp's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -28,3 +30,17 @@ def atomic_write(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable: it lives in the folder's entries, which reach the disk with the folder's own
+    fsync; without it a power cut after ``export`` said "wrote" can leave the old file, or none."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a filesystem that cannot sync a folder: nothing to do
+            raise
+    finally:
+        os.close(fd)
