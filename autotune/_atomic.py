@@ -14,7 +14,20 @@ __all__ = ["atomic_write"]
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then renamed over it,
     and the folder fsynced so the rename itself is on disk.
-    The file gets the permissions of any other the user writes (the umask), not mkstemp's 0600."""
+    The file gets the permissions of any other the user writes (the umask), not mkstemp's 0600. An error
+    (a full disk, a folder at ``path``) is an ``OSError`` that names ``path``, and leaves its old content."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    try:
+        _write(path, text)
+    except OSError as exc:
+        if exc.filename is None:  # a failed write or fsync names no file: the user's is the one to name
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+    _fsync_folder(path.parent)
+
+
+def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -30,7 +43,6 @@ def atomic_write(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_folder(path.parent)
 
 
 def _fsync_folder(folder: Path) -> None:
