@@ -170,3 +170,11 @@ def test_a_full_disk_under_export_faked_at_the_write(stored, tmp_path, monkeypat
 def test_an_unreachable_database_is_said_first_in_one_line():
     out = run_cli("run", *WORKLOAD, "--trials", "1", "--storage", "postgresql://u@127.0.0.1:1/x", timeout=120)
     _one_line(out, "postgresql://u@127.0.0.1:1/x")
+
+
+def test_a_study_name_with_a_slash_is_no_traceback(tmp_path):
+    """(Study names themselves are validated elsewhere; here only: whatever refuses it, it is one line.)"""
+    out = run_cli("run", *WORKLOAD, "--trials", "1", "--no-progress", "--storage", f"sqlite:///{tmp_path}/n.db",
+                  "--study-name", "a/b", timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("autotune run: error: ")
