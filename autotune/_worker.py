@@ -13,7 +13,6 @@ import json
 import math
 import os
 import resource
-import signal
 import statistics
 import sys
 import time
@@ -21,19 +20,11 @@ import traceback
 from typing import Any, Callable
 
 from .contract import StepOut, split_batch
+from .proctree import adopt_orphans, die_with_parent, kill_descendants
+
+__all__ = ["die_with_parent", "apply_threads", "make_step", "compile_seconds", "run", "main"]
 
 Send = Callable[..., None]
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the parent dies, so a killed tuner leaves no trial running."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 def apply_threads(config: dict) -> None:
@@ -382,6 +373,7 @@ def _profile(step: Callable[[], Any], profile_dir: str, steps: int, device: str,
 
 def main(argv: list[str]) -> int:
     die_with_parent()
+    adopt_orphans()  # a descendant that calls setsid and loses its parent stays in this tree (autotune.proctree)
     fd = int(argv[1])
     payload = json.loads(argv[2])
     chan = os.fdopen(fd, "w", buffering=1)
@@ -406,13 +398,17 @@ def main(argv: list[str]) -> int:
 
         forked_cuda = cuda_in_forked_worker(exc)
         kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) or forked_cuda else "error"
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)  # the trial's log keeps it too, where the one-line reason points
+        sys.stderr.flush()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
-        send("failed", kind=kind, message=forked_cuda or message,
-             traceback=traceback.format_exc()[-8000:])
+        send("failed", kind=kind, message=forked_cuda or message, traceback=tb[-8000:])
         chan.close()
+        kill_descendants()  # nothing the trial started outlives it, in its group or not
         os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it
     send("done", **result)
     chan.close()
+    kill_descendants()
     os._exit(0)
 
 

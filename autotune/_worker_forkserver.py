@@ -27,6 +27,8 @@ import socket
 import sys
 import time
 
+from .proctree import kill_descendants
+
 IDLE_EXIT_S = 900.0  # an idle server holds ~0.7 GiB (torch imported): a forgotten one goes by itself
 
 
@@ -65,8 +67,24 @@ def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: in
         os._exit(code)
 
 
+def _reap(orphans: set[int], children: set[int]) -> set[int]:
+    """Reap the killed orphans that are gone; kill what they left behind in turn. Returns those still due."""
+    left = set()
+    for pid in orphans:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by the loop above, or never ours
+            continue
+        if not done:
+            left.add(pid)
+    if len(left) < len(orphans):
+        left.update(kill_descendants(keep=children))
+    return left
+
+
 def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
     children: set[int] = set()
+    orphans: set[int] = set()  # adopted from trials and killed, not reaped yet
     buf = b""
     fds_in: list[int] = []  # descriptors arrive with a message's first byte, which may precede its line's end
     last = time.monotonic()
@@ -80,9 +98,16 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
                 break
             if pid == 0:
                 break
+            if pid not in children:  # an orphan adopted from a trial, reaped once killed: not a trial's exit
+                continue
             children.discard(pid)
             sock.sendall(json.dumps({"exited": pid, "rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
             last = time.monotonic()
+            # a trial that died abruptly left its descendants to this server (a subreaper): they go now, and
+            # theirs as they are reaped in turn
+            orphans.update(kill_descendants(keep=children))
+        if orphans:
+            orphans = _reap(orphans, children)
         if not ready:
             if not children and time.monotonic() - last > idle_exit_s:
                 return
@@ -120,9 +145,10 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from ._worker import die_with_parent
+    from .proctree import adopt_orphans, die_with_parent
 
     die_with_parent()
+    adopt_orphans()  # what a trial that dies abruptly leaves behind comes here, not to init, and is killed
     sock = socket.socket(fileno=int(argv[1]))
     t0 = time.perf_counter()
     _preload()

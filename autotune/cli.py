@@ -204,6 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk, a damaged database: one line (autotune.cli_errors); a bug keeps its traceback
+        from .cli_errors import environment_error
+
+        message = environment_error(exc, storage=getattr(args, "storage", None))
+        if message is None:
+            raise
+        print(f"autotune {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

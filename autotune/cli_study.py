@@ -46,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .hardware import detect
     from .payback import RunLength
     from .space import load_space
+    from .storage import check_storage
     from .study import Tuner
     from .workloads import check
 
@@ -70,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "--timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
     check(workload)
+    check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
     logger = None
     if args.mlflow:  # reached now, not after hours of trials
         from .integrations.mlflow import MLflowLogger
@@ -157,6 +159,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         from ._atomic import atomic_write
 
+        _a_file(args.csv, "--csv", "trials.csv")
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
     tokens = ["tokens_per_s"] if df["tokens_per_s"].notna().any() else []  # a text workload's real tokens/s
@@ -205,11 +208,20 @@ def cmd_export(args: argparse.Namespace) -> int:
               "best search trial (marked provisional)", file=sys.stderr)
     text = rec.to_yaml() if args.format == "yaml" else json.dumps(rec.to_dict(), indent=2) + "\n"
     if args.output and args.output != "-":
+        _a_file(args.output, "-o", "best.yaml")
         atomic_write(Path(args.output), text)
         print(f"wrote {args.output}: {rec.config.short()}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _a_file(path: str, flag: str, example: str) -> None:
+    """Refuse an output path that is a folder, naming a file in it instead."""
+    from pathlib import Path
+
+    if Path(path).is_dir():
+        raise AutotuneError(f"{flag} {path} is a folder: name a file, e.g. {flag} {Path(path) / example}")
 
 
 def add_study_commands(sub) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from . import trials as keys
 from .config import MeasureSpec, TrialConfig
 from .envstamp import collect_env_stamp
+from .finalist_rounds import SavedRounds
 from .errors import AutotuneError
 from .measure import summarize
 from .parity import check_seconds, first_passing
@@ -182,17 +183,23 @@ class Evidence:
 
 
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
-              log: Callable[[str], None]) -> Evidence:
-    """Run every config once a round, rotating the order each round."""
+              log: Callable[[str], None], saved=None) -> Evidence:
+    """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
+    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
     ev.rounds_run = rounds
+    saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[: r % len(configs)]
+        kept = saved.round(r)
+        if kept is not None:
+            log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
         for c in order:
-            res = runner(workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log")
+            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
+                workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log"))
             if res.ok:
                 ev.rounds[c.key()].append(list(res.samples_per_s))
                 ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
@@ -206,7 +213,7 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
             else:
                 ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
-                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason) + (" (kept)" if kept else ""))
     return ev
 
 
@@ -294,12 +301,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
     elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
         ranked = [chosen] + [x for x in scored if x is not chosen]
-        expect = expected_check_s(chosen[1], base_trial, steps=tuner.parity_steps)
-        if expect:
-            tuner.log(f"checking the numerics of {chosen[0].short()} against fp32 eager ({tuner.parity_steps} steps "
-                      f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
-        index, checked = first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity,
-                                       steps=tuner.parity_steps, log_path=tuner.artifacts_dir / "parity.log")
+        index, checked = _check_numerics(tuner, ranked, base_trial)
         for (config, result), x in zip(checked, ranked):
             if result.steps:  # checked in a child (an fp32 eager config passes without one)
                 tuner.record_parity(x[1].number, result)
@@ -363,6 +365,16 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
         compile={**pricing.record, "cache_dir": str(tuner.compile_cache_dir)},
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
+
+
+def _check_numerics(tuner, ranked: list, base_trial) -> tuple[int | None, list]:
+    """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
+    expect = expected_check_s(ranked[0][1], base_trial, steps=tuner.parity_steps)
+    if expect:
+        tuner.log(f"checking the numerics of {ranked[0][0].short()} against fp32 eager ({tuner.parity_steps} steps "
+                  f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
+    return first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity, steps=tuner.parity_steps,
+                         log_path=tuner.artifacts_dir / "parity.log", memory_cap_mb=tuner.measure.memory_cap_mb)
 
 
 def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[float | None, float | None]:

@@ -64,6 +64,7 @@ class ForkedChild:
         self.pid = pid
         self.server_pid = server.pid
         self.returncode: int | None = None
+        self.lost_server: str | None = None  # how its server died under it, when it did (it died with it)
         self._server = server
 
     def poll(self) -> int | None:
@@ -124,9 +125,12 @@ class ForkServer:
             chunk = b""
         if not chunk:  # the server is gone, and its children with it (their parent-death signal)
             self.dead = True
+            how = self._death()
             for child in self._children.values():
                 if child.returncode is None:
                     child.returncode = -signal.SIGKILL
+                    child.lost_server = f"the fork server (pid {self.pid}) that started this trial died ({how}), " \
+                                        "and the trial with it"
             return
         self._buf += chunk
         *lines, self._buf = self._buf.split(b"\n")
@@ -138,6 +142,16 @@ class ForkServer:
                     child.returncode = msg["rc"]
             else:
                 self._inbox.append(msg)
+
+    def _death(self) -> str:
+        """How the server ended, from its exit status: "killed by SIGTERM", "exited with code 1"."""
+        try:
+            rc = self.proc.wait(timeout=5)  # its socket closed: it has exited, or is exiting
+        except subprocess.TimeoutExpired:
+            return "it closed its socket and did not exit"
+        if rc < 0:
+            return f"killed by {signal.Signals(-rc).name}"
+        return f"exited with code {rc}"
 
     def _expect(self, key: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout

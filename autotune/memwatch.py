@@ -25,12 +25,15 @@ def _kb(path: str) -> dict[bytes, int] | None:
     return fields
 
 
-def _ppid(pid: int) -> int | None:
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(parent pid, start time in clock ticks since boot)`` from /proc/PID/stat; None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])  # the name in parentheses may hold spaces
+            fields = f.read().rpartition(b")")[2].split()  # the name in parentheses may hold spaces
+        return int(fields[1]), int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
 
 
 class MemoryWatch:
@@ -80,6 +83,8 @@ class MemoryWatch:
         self.peak_rss_mb = 0.0
         self._live: dict[int, list] = {pid: [0, {}, 0, -1e9]}  # pid -> [VmHWM, status, shared (kB), read at]
         self._outside: set[int] = set()  # pids seen that are not in the tree
+        # every process ever seen in the tree -> its start time (a pid reused by another process is not killed)
+        self._seen: dict[int, int] = {pid: (_stat(pid) or (0, 0))[1]}
 
     def _relist(self) -> bool:
         """Bring the tree up to date; True when a process joined or left it."""
@@ -91,9 +96,11 @@ class MemoryWatch:
         changed = False
         new = sorted(pids - self._outside - self._live.keys())
         while new:
-            joined = [p for p in new if _ppid(p) in self._live]
+            stats = {p: _stat(p) for p in new}
+            joined = [p for p in new if stats[p] is not None and stats[p][0] in self._live]
             for p in joined:
                 self._live[p] = [0, {}, 0, -1e9]
+                self._seen[p] = stats[p][1]
             changed = changed or bool(joined)
             if not joined:
                 self._outside.update(new)
@@ -148,6 +155,29 @@ class MemoryWatch:
         shared = max(0, status.get(b"RssAnon", 0) - rollup[b"Pss_Anon"])
         shared += max(0, status.get(b"RssShmem", 0) - rollup.get(b"Pss_Shmem", 0))
         return shared + (0 if root else status.get(b"RssFile", 0))
+
+    def kill(self) -> list[int]:
+        """SIGKILL the tree: the root's process group, and every process ever seen in the tree that still runs
+        (one that called ``setsid`` left the group; one whose parent exited left the tree, unless a subreaper
+        adopted it: ``autotune.proctree``). Returns the pids signalled besides the group, to wait for."""
+        import signal
+
+        self._relist()  # whatever joined since the last sample
+        try:
+            os.killpg(self.root, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        killed = []
+        for pid, started in self._seen.items():
+            stat = _stat(pid)
+            if pid == self.root or stat is None or stat[1] != started:  # gone, or its pid is someone else's now
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return killed
 
     def sample(self, cap_mb: float | None) -> float | None:
         """Update the peak; return the bound when it is over ``cap_mb`` (confirmed with fresh PSS), else None."""

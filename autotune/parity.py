@@ -35,11 +35,11 @@ broken config does (a NaN, or the test's biased logits: 7.1).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +53,7 @@ from ._safefs import open_append
 from ._records import Record, check, is_int, is_num
 from .config import TrialConfig, Workload
 from .runner import child_env
+from .triallog import CappedLog
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
            "check_seconds", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
@@ -232,13 +233,15 @@ def _label(config: TrialConfig) -> str:
 
 def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAULT_STEPS, seed: int = 0,
                  tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 log_path: str | os.PathLike | None = None) -> ParityResult:
+                 log_path: str | os.PathLike | None = None, memory_cap_mb: float | None = None) -> ParityResult:
     """Check that ``config``'s numerics knobs train ``workload`` like fp32 eager; never raises for a bad config.
 
     Runs in a fresh child (its own process group, killed whole at ``timeout_s``); the child's stdout and stderr
     go to ``log_path`` (a temporary file, removed afterwards, when None). A config without numerics knobs passes
     at once without a child. A child that crashes or times out gives ``ok=False`` with the reason; the numerics
-    of a config that cannot even be checked are not vouched for.
+    of a config that cannot even be checked are not vouched for. With ``memory_cap_mb`` (the trials' cap) the
+    child's tree is watched as a trial's is (``memwatch.MemoryWatch``: it holds three copies of the model) and
+    killed over the cap, which fails the check with the reason.
 
     Example (about 3 s on 2 CPU cores)::
 
@@ -255,24 +258,19 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:
         result_path = Path(tmp) / "result.json"
         log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         spec = {"workload": workload.to_dict(), "candidate": config.replace(num_workers=0).to_dict(),
                 "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
                 "result_path": str(result_path)}
         start = time.perf_counter()
-        with open_append(log) as out:
+        with CappedLog(log) as out:  # the user's code prints here: under a trial log's cap (autotune.triallog)
             proc = subprocess.Popen(python_command(sys.executable, "autotune._parity"), stdin=subprocess.PIPE,
                                     stdout=out, stderr=out, env=child_env(config), start_new_session=True)
-            try:
-                proc.communicate(json.dumps(spec).encode(), timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid,
-                                    seconds=time.perf_counter() - start,
-                                    reason=f"the parity check of {label} did not finish in {timeout_s:g} s")
-            finally:
-                _kill_group(proc)  # compile workers the child left behind
+        stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
+        out.join()
         seconds = time.perf_counter() - start
+        if stopped:
+            return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
+                                reason=f"the parity check of {label} {stopped}")
         raw = json.loads(result_path.read_text()) if result_path.exists() else None
         if raw is not None and raw.get("oom"):
             return ParityResult(ok=False, checked=False, steps=steps, tolerance=tolerance, child_pid=proc.pid,
@@ -303,12 +301,33 @@ def first_passing(ranked: Sequence[TrialConfig], workload: Workload, *,
     return None, checked
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _watch(proc: subprocess.Popen, spec: bytes, *, timeout_s: float, memory_cap_mb: float | None) -> str | None:
+    """Feed the check's child its spec and watch it to its end as the runner watches a trial: its tree's memory
+    against the cap every 0.1 s, the time limit; its whole tree is killed at the end (compile workers, anything
+    that left its group). Returns why it was stopped, or None when it ended by itself."""
+    from ._units import format_mb
+    from .memwatch import MemoryWatch
+
+    memory = MemoryWatch(proc.pid)
+    stopped = None
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        with contextlib.suppress(BrokenPipeError):  # a child that died at once: its exit code tells
+            proc.stdin.write(spec)
+            proc.stdin.close()
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            over = memory.sample(memory_cap_mb)
+            if over is not None:
+                stopped = f"was killed at {format_mb(over)}, over the {format_mb(memory_cap_mb)} memory cap"
+                break
+            if time.monotonic() > deadline:
+                stopped = f"did not finish in {timeout_s:g} s"
+                break
+            time.sleep(0.1)
+    finally:
+        memory.kill()
+        proc.wait()
+    return stopped
 
 
 def _tail(log: Path) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from ._launch import SAFE_PATH_ENV, python_command
-from ._safefs import open_append
 from ._malloc import PRELOAD_LIBS, install_hint, preload_path
 from ._units import format_mb
 from .config import MeasureSpec, TrialConfig, TrialResult, Workload, launch_env
@@ -30,6 +29,7 @@ from .forkserver import ForkServers, default_servers, forkable
 from .limits import MIN_MEMORY_CAP_MB, check_min_cap
 from .measure import median_or_none
 from .memwatch import MemoryWatch
+from .triallog import CappedLog
 
 __all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
 
@@ -60,21 +60,15 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
     return env
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's process group (it and its DataLoader workers), then reap it."""
+def _kill_tree(proc: subprocess.Popen, memory: MemoryWatch) -> None:
+    """SIGKILL the child's tree: its process group (it and its DataLoader workers) and every descendant the
+    memory watch saw, in the group or not (``MemoryWatch.kill``); then reap the child and wait for the rest."""
     import psutil
 
-    try:
-        stragglers = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        stragglers = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in stragglers:  # anything that left the group
+    stragglers = []
+    for pid in memory.kill():
         try:
-            p.kill()
+            stragglers.append(psutil.Process(pid))
         except psutil.Error:
             pass
     try:
@@ -82,6 +76,15 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
         pass
     psutil.wait_procs(stragglers, timeout=5)
+
+
+def _killed(proc, sig: str) -> str:
+    """Why a child died by signal ``sig``: its fork server died under it (``ForkedChild.lost_server``: said as
+    it happened, not taken for an out-of-memory kill), else the signal, SIGKILL being maybe the OOM killer's."""
+    lost = getattr(proc, "lost_server", None)
+    if lost:
+        return lost
+    return f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
@@ -96,10 +99,10 @@ def _tail(path: Path, limit: int = 4000) -> str:
 
 
 def _open_log(path: Path):
-    """The trial's log, opened to append: a link planted at its path is refused (one line), not written through."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The trial's log, appended to under a size cap (``CappedLog``): a link planted at its path is refused (one
+    line), not written through."""
     try:
-        return open_append(path)
+        return CappedLog(path)
     except OSError as exc:
         raise ConfigError(f"cannot write the trial log {path}: "
                           f"{'it is a symbolic link' if exc.errno == errno.ELOOP else exc.strerror}") from None
@@ -158,7 +161,7 @@ def run_trial(
     env = child_env(config, compile_cache_dir=compile_cache_dir)
     servers = default_servers() if servers is None else servers
     t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
-    with log:
+    with log:  # the child's stdout/stderr, under a size cap (autotune.triallog)
         proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
         if proc is None:  # the cold path: a fresh interpreter
             proc = subprocess.Popen(
@@ -218,13 +221,14 @@ def run_trial(
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 stop = ("timeout", "the child did not exit after it closed its channel")
-        _kill_tree(proc)  # DataLoader workers hold the pipe open; they go before we drain it
+        _kill_tree(proc, memory)  # DataLoader workers hold the pipe open; they go before we drain it
         buf += _drain(rfd)
     except BaseException:  # Ctrl-C or SIGTERM in the parent: the child must not outlive it
-        _kill_tree(proc)
+        _kill_tree(proc, memory)
         raise
     finally:
         os.close(rfd)
+        log.join()  # the tree is gone: the log is complete
     for line in buf.split(b"\n"):
         if line.strip():
             handle(line)
@@ -246,8 +250,7 @@ def run_trial(
         traceback_text = failed.get("traceback")
     elif rc is not None and rc < 0:
         sig = signal.Signals(-rc).name
-        status = "crashed"
-        reason = f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
+        status, reason = "crashed", _killed(proc, sig)
         traceback_text = _tail(log_path)
     else:
         status, reason = "crashed", f"exited with code {rc} without a result"

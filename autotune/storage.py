@@ -22,9 +22,9 @@ from .config import Workload
 from .errors import ConfigError, StorageError
 from .locks import MACHINE_LOCK_ENV, machine_lock
 
-__all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "sqlite_path", "study_name_for",
-           "check_study_name", "folder_name", "artifacts_dir", "run_lock", "server_lock", "machine_lock",
-           "MACHINE_LOCK_ENV"]
+__all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "check_storage", "sqlite_path",
+           "study_name_for", "check_study_name", "folder_name", "artifacts_dir", "run_lock", "server_lock",
+           "machine_lock", "MACHINE_LOCK_ENV"]
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -93,6 +93,7 @@ def open_existing_storage(url: str | None = None):
     db = sqlite_path(url)
     if db is not None and not db.exists():
         raise StorageError(f"no study database at {db}: run `autotune run` first, or point --storage at it")
+    check_storage(url)  # a damaged file is said as such, first
     return open_storage(url, create_dirs=False, existing=True), redact(url)
 
 
@@ -221,6 +222,55 @@ def _env_seconds(name: str, default: int) -> int:
     if value < 1:
         raise StorageError(f"{name}={raw!r} must be at least 1 second")
     return value
+
+
+def check_storage(url: str | None = None) -> None:
+    """Say at once, in one line, that a storage cannot be used (a command says it before anything else), and
+    write nothing: a database server is connected to and let go (no schema is made); an existing SQLite file is
+    checked for damage (``PRAGMA quick_check``, read-only). A SQLite file that does not exist yet is fine."""
+    url = url or DEFAULT_STORAGE
+    db = sqlite_path(url)
+    if db is not None:
+        if db.is_file():
+            _check_sqlite_file(db)
+        return
+    if not url.startswith(("sqlite:", "postgresql", "mysql")):
+        return  # open_storage says which forms are accepted
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(_with_driver(url))
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except ImportError as exc:
+        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
+                           '(for PostgreSQL: pip install "autotune[postgres]")') from None
+    except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+
+
+def _check_sqlite_file(db: Path) -> None:
+    import sqlite3
+
+    with open(db, "rb") as f:
+        header = f.read(16)
+    if header != b"SQLite format 3\x00":
+        return  # empty, or not SQLite at all: not damaged, just not a study database (open_storage says so)
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        verdict = str(exc)
+    if verdict != "ok":
+        raise StorageError(f"the study database {db} is damaged ({verdict.splitlines()[0]}): restore it from a "
+                           "backup, or save what is readable with `sqlite3 FILE .recover | sqlite3 NEW.db`")
 
 
 @contextlib.contextmanager

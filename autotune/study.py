@@ -27,6 +27,7 @@ from .config import MeasureSpec, TrialResult, Workload
 from .convergence import Convergence, convergence
 from .effects import save_dashboard_note
 from .errors import AutotuneError, StorageError
+from .finalist_rounds import SavedRounds
 from .payback import RunLength
 from .protocol import make_sampler
 from .pruning import NoHopePruner, as_optuna_pruner
@@ -380,10 +381,11 @@ class Tuner:
         cands, rounds = chosen
         configs = [keys.config_of(t) for t in cands]
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
+        rounds, measure = (rounds if len(configs) > 1 else 1), fin.finalist_measure(self.measure)
+        saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
         with here:
-            evidence = fin.remeasure(configs, rounds if len(configs) > 1 else 1, runner=runner or self.runner,
-                                     workload=self.workload, measure=fin.finalist_measure(self.measure),
-                                     log_dir=self.artifacts_dir, log=self.log)
+            evidence = fin.remeasure(configs, rounds, runner=runner or self.runner, workload=self.workload,
+                                     measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved)
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
@@ -392,6 +394,7 @@ class Tuner:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
+        saved.clear()
         if rec is None:
             self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")
         return rec

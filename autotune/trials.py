@@ -73,6 +73,7 @@ WALK_ANCHOR = "batch_walk_anchor"
 PLAN = "search_plan"             # the planned search drives the first trials (coordinate.py); absent: older studies
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
+FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
 
 # A queued trial's role in the study, kept by its retry.
 ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST)

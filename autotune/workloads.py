@@ -10,7 +10,10 @@
 Data is either a folder of real images (``torchvision.datasets.ImageFolder``) or synthetic JPEGs that go through
 a real PIL decode and the standard transforms, so data loading costs what it costs in real training.
 
-``check(workload)`` runs in the parent and is cheap: it catches user mistakes before a child is started.
+``check(workload)`` runs in the parent and is cheap: it catches user mistakes before a child is started. A
+``module:callable`` is imported, resolved and its signature checked in a short-lived child of its own
+(``autotune._workload_check``), so the parent never runs the user's import and an import that hangs is ended
+after ``AUTOTUNE_IMPORT_TIMEOUT_S`` seconds (default 120) with a one-line ``WorkloadError``.
 ``build(workload)`` runs in the child.
 """
 
@@ -28,7 +31,14 @@ from typing import Any, Callable
 from .config import Workload
 from .errors import WorkloadError
 
-__all__ = ["check", "build", "Built", "SyntheticJPEGDataset", "list_models"]
+__all__ = ["check", "build", "Built", "SyntheticJPEGDataset", "list_models", "resolve", "check_signature",
+           "IMPORT_TIMEOUT_ENV", "IMPORT_TIMEOUT_S"]
+
+# How long the parent waits for the check child to import the user's module: importing torch on a loaded machine
+# takes seconds; one that takes minutes is stuck (a lock, a network mount, input()), and is reported, not waited on.
+IMPORT_TIMEOUT_ENV = "AUTOTUNE_IMPORT_TIMEOUT_S"
+IMPORT_TIMEOUT_S = 120.0
+OFFERED = ("image_size", "task", "num_classes")  # the keyword arguments a workload callable may accept
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -41,6 +51,94 @@ def list_models() -> list[str]:
     from .text import TEXT_MODELS
 
     return sorted([*torchvision.models.list_models(module=torchvision.models), *TEXT_MODELS])
+
+
+def resolve(spec: str) -> Callable[..., Any]:
+    """Import ``package.module:callable`` in this process and return the callable, or a one-line WorkloadError."""
+    return _load_callable(spec)
+
+
+def _offered(params: Any, workload: Workload) -> dict[str, Any]:
+    """The keyword arguments a workload callable with parameters ``params`` is called with."""
+    offered = {"image_size": workload.image_size, "task": workload.task, "num_classes": workload.num_classes}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return offered
+    return {k: v for k, v in offered.items() if k in params}
+
+
+def check_signature(fn: Callable[..., Any], workload: Workload) -> None:
+    """Refuse a callable that cannot be called as a workload: one that needs an argument autotune does not pass
+    (``--model os:system`` needs ``command``) would fail every trial the same way."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # not introspectable (some builtins): the first trial tells
+        return
+    try:
+        sig.bind(**_offered(sig.parameters, workload))
+    except TypeError as exc:
+        raise WorkloadError(f"{workload.model} cannot be called as a workload: {exc}; autotune calls it with only "
+                            f"the keyword arguments it accepts among {', '.join(OFFERED)} (see autotune.contract)"
+                            ) from None
+
+
+def _check_in_child(workload: Workload) -> None:
+    """Import, resolve and check ``workload``'s callable in a child (``autotune._workload_check``), bounded by
+    ``AUTOTUNE_IMPORT_TIMEOUT_S``; the child's whole process group goes when it is done or out of time."""
+    import json
+    import signal
+    import subprocess
+    import tempfile
+
+    from ._launch import SAFE_PATH_ENV, python_command
+
+    timeout_s = _import_timeout_s()
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)  # the package, when the parent runs from a source checkout
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(SAFE_PATH_ENV)  # nothing planted in the working folder is imported (docs/security.md)
+    mod_name = workload.model.partition(":")[0]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(python_command(sys.executable, "autotune._workload_check", json.dumps(workload.to_dict())),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise WorkloadError(
+                f"importing {mod_name!r} for --model {workload.model} did not finish in {timeout_s:g} s: the import "
+                f"hangs (a lock, a network mount, a prompt?); fix the module, or set {IMPORT_TIMEOUT_ENV}=SECONDS "
+                "if it is only slow") from None
+        finally:
+            try:  # threads or processes the user's import started go with it
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        err.seek(0)
+        last_err = ([ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()] or [""])[-1]
+    try:
+        answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        code = proc.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        raise WorkloadError(f"importing {mod_name!r} for --model {workload.model} ended the interpreter ({how})"
+                            + (f": {last_err[:300]}" if last_err else "")) from None
+    if "error" in answer:
+        raise WorkloadError(answer["error"])
+
+
+def _import_timeout_s() -> float:
+    raw = os.environ.get(IMPORT_TIMEOUT_ENV)
+    if not raw:
+        return IMPORT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise WorkloadError(f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a positive number of seconds "
+                            f"(e.g. {IMPORT_TIMEOUT_ENV}=300)")
+    return value
 
 
 def _load_callable(spec: str) -> Callable[..., Any]:
@@ -113,7 +211,7 @@ def check(workload: Workload) -> None:
     from . import text
 
     if workload.is_callable:
-        _load_callable(workload.model)
+        _check_in_child(workload)
     elif text.is_text(workload.model):
         return text.check(workload)
     else:
@@ -236,11 +334,9 @@ def _parts(out: dict, name: str) -> dict[str, Any]:
 
 
 def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
-    offered = {"image_size": workload.image_size, "task": workload.task, "num_classes": workload.num_classes}
+    check_signature(fn, workload)
     try:
-        params = inspect.signature(fn).parameters
-        accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        kwargs = offered if accepts_any else {k: v for k, v in offered.items() if k in params}
+        kwargs = _offered(inspect.signature(fn).parameters, workload)
     except (TypeError, ValueError):
         kwargs = {}
     out = fn(**kwargs)
@@ -276,7 +372,24 @@ def _call_user(fn: Callable[..., Any], workload: Workload) -> Built:
 
 def build(workload: Workload, *, seed: int = 0, config: Any = None) -> Built:
     """Build model, dataset and loss in this process (the trial's child); ``config`` (the trial's
-    ``TrialConfig``) gives the text workload its batch size and length bucketing."""
+    ``TrialConfig``) gives the text workload its batch size and length bucketing.
+
+    Anything the build raises, short of running out of memory, is a ``WorkloadError``: the build takes no knob
+    of the config that could make it fail, so every trial would fail the same way, and the search stops at the
+    first (a callable that raises, or calls ``sys.exit()``). The cause stays chained, for the traceback."""
+    from .oom import is_oom
+
+    try:
+        return _build(workload, seed=seed, config=config)
+    except WorkloadError:
+        raise
+    except (Exception, SystemExit) as exc:
+        if is_oom(exc):
+            raise
+        raise WorkloadError(f"building the workload {workload.model} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _build(workload: Workload, *, seed: int, config: Any) -> Built:
     if workload.is_callable:
         return _call_user(_load_callable(workload.model), workload)
     from . import text

@@ -167,6 +167,76 @@ def test_a_run_of_another_study_on_this_machine_is_refused_before_it_writes_anyt
         first.wait()
 
 
+def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(tmp_path):
+    """``--model os:system``: one line, exit 2, and no database, study or trial left behind."""
+    out = run_cli("run", "--model", "os:system", "--device", "cpu", "--storage", f"sqlite:///{tmp_path}/s/s.db",
+                  "--trials", "3", "--no-progress")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # nothing before it: one line
+    assert out.stderr.startswith("autotune run: error: os:system cannot be called as a workload")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path):
+    """Any exception from the user's callable is the workload's, not a config's: the first trial ends the run
+    (it used to fail every trial until the patience ran out, then report "converged")."""
+    from autotune.errors import WorkloadError
+
+    space = space_from_dict({"name": "b", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [4, 8, 16]}},
+                             "baseline": {"batch_size": 4}}, hardware=HW)
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/b.db", hardware=HW, progress=False,
+                  log=lambda m: None, finalists=1, finalist_rounds=1, patience=2)
+    with pytest.raises(WorkloadError) as info:
+        tuner.run(trials=3)
+    msg = str(info.value)
+    assert "building the workload tests.workloads_fixtures:broken_build raised RuntimeError: cannot open" in msg
+    assert "\n" not in msg and "trial-0.log" in msg
+    trials = tuner.study().trials
+    assert [t.state.name for t in trials if t.state.is_finished()] == ["FAIL"]
+    assert "cannot open /data/shards" in trials[0].user_attrs["traceback"]
+    assert "RuntimeError: cannot open" in (tuner.artifacts_dir / "trial-0.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_sigkill_during_the_finalists_loses_no_finished_round(tmp_path):
+    """The real thing: `autotune run` SIGKILLed once its first finalist round is stored; the next run keeps that
+    round and measures only the second."""
+    space = _space_file(tmp_path)
+    storage = f"sqlite:///{tmp_path}/f.db"
+    cmd = _run_cmd(space, storage, "--trials", "2")
+    cmd[cmd.index("--rounds") + 1] = "2"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                name = optuna.get_all_study_summaries(storage)[0].study_name
+                runs = (optuna.load_study(study_name=name, storage=storage).user_attrs.get("finalist_rounds")
+                        or {}).get("runs") or {}
+            except Exception:
+                continue
+            if sum(k.startswith("0:") for k in runs) == 2:  # round 1: the finalist and the baseline
+                break
+        else:
+            pytest.fail("the first finalist round was not stored before the run ended")
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cmd[cmd.index("--trials") + 1] = "0"
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "round 1/2: measured by an earlier, interrupted run of these finalists; kept" in out.stderr
+    lines = out.stderr.splitlines()
+    assert len([ln for ln in lines if ln.startswith("  round 1/2 bs=") and ln.endswith("(kept)")]) == 2, lines
+    assert len([ln for ln in lines if ln.startswith("  round 2/2 bs=") and not ln.endswith("(kept)")]) == 2, lines
+
+
 @pytest.mark.slow
 def test_sigkill_twenty_times_loses_nothing(tmp_path):
     """SIGKILL the tuner 20 times at random moments; then it must finish with every finished trial intact."""

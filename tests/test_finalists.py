@@ -255,3 +255,46 @@ def test_two_finalist_rounds_do_not_pool_the_search_trials(tmp_path):
     assert rec.finalist_rounds == 2 and not rec.search_round_pooled
     assert len(rec.samples_per_s) == 2 * len(SPREAD)
     assert not any("one finalist round only" in n for n in rec.notes)
+
+
+def test_a_kill_during_the_finalists_keeps_their_finished_rounds_and_the_resume_measures_the_rest(tmp_path):
+    """Each finalist run is stored as it returns; stopped in round 2, the next run takes round 1 from the study,
+    re-measures round 2 whole (a round's configs run at one moment of the machine), and recommends from both.
+    (Before, the stop lost round 1: the resume measured both rounds again.)"""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    inner = _runner(speed, peak)
+    calls: list[str] = []
+
+    def stopped_in_round_2(workload, config, measure, **kw):
+        name = kw["log_path"].name if kw.get("log_path") else ""
+        calls.append(name)
+        if name.startswith("finalist-1-") and sum(c.startswith("finalist-1-") for c in calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) in the second run of round 2
+        return inner(workload, config, measure, **kw)
+
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=stopped_in_round_2, log=logs.append)
+    try:
+        tuner.run(trials=4)
+        raise AssertionError("the run was not stopped")
+    except KeyboardInterrupt:
+        pass
+    round_1 = [c for c in calls if c.startswith("finalist-0-")]
+    assert len(round_1) == 3  # two finalists and the baseline
+    stored = tuner.study().user_attrs["finalist_rounds"]["runs"]
+    assert len(stored) == 4 and sum(k.startswith("0:") for k in stored) == 3  # round 1, and round 2's first run
+
+    resumed: list[str] = []
+    logs.clear()
+
+    def counting(workload, config, measure, **kw):
+        resumed.append(kw["log_path"].name if kw.get("log_path") else "")
+        return inner(workload, config, measure, **kw)
+
+    again = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=counting, log=logs.append)
+    rec = again.finalize()
+    assert resumed and all(n.startswith("finalist-1-") for n in resumed) and len(resumed) == 3, resumed
+    assert any("round 1/2: measured by an earlier, interrupted run" in m for m in logs), logs
+    assert rec is not None and rec.finalist_rounds == 2 and len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert again.study().user_attrs.get("finalist_rounds") is None  # done: a later run measures afresh

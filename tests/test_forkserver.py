@@ -147,6 +147,28 @@ def test_the_server_and_its_trial_die_with_the_parent(tmp_path):
     assert not alive, f"outlived their parent: {alive}"
 
 
+def test_a_server_that_dies_mid_trial_is_said_to_have_died_not_taken_for_the_oom_killer():
+    """The trial's fork server is killed (SIGTERM) while the trial hangs in its step: the trial dies with it
+    (its parent-death signal), and the reason says so, with the server's fate; it used to read "killed by
+    SIGKILL (possibly the kernel's OOM killer)"."""
+    with ForkServers() as servers:
+        killed = []
+
+        def on_event(ev: dict) -> None:
+            if ev["event"] == "built" and not killed:
+                killed.extend(servers.pids())
+                os.kill(killed[0], signal.SIGTERM)
+
+        t0 = time.monotonic()
+        r = run_trial(wl("hang"), TrialConfig(batch_size=8), SPEC.replace(timeout_s=60), servers=servers,
+                      on_event=on_event)
+    assert killed and time.monotonic() - t0 < 50  # not the time limit: the death is seen at once
+    assert r.status == "crashed", r.reason
+    assert r.reason == (f"the fork server (pid {killed[0]}) that started this trial died (killed by SIGTERM), "
+                        "and the trial with it"), r.reason
+    assert "OOM" not in r.reason
+
+
 def test_off_by_the_environment_switch(monkeypatch):
     monkeypatch.setenv(ENV_SWITCH, "0")
     assert default_servers().enabled is False

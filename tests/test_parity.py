@@ -133,6 +133,22 @@ def test_a_child_that_hangs_is_killed_at_the_timeout():
     assert not r.ok and "did not finish in 3 s" in r.reason
 
 
+def test_the_check_runs_under_the_trials_memory_cap():
+    """A config whose check grows without bound (200 MiB a step) is killed at the cap the trials ran under, as a
+    trial is, and fails the check with the reason; nothing of its tree is left. (It ran uncapped before: the
+    hog grew to its 8 GiB safety stop, then hung until the 600 s timeout.)"""
+    import time
+
+    import psutil
+
+    t0 = time.monotonic()
+    r = parity_check(_workload("tests.workloads_fixtures:memory_hog"), TrialConfig(batch_size=8, amp="bf16"),
+                     steps=STEPS, timeout_s=120, memory_cap_mb=1536)
+    assert not r.ok and "over the 1.50 GiB memory cap" in r.reason, r.reason
+    assert time.monotonic() - t0 < 100
+    assert not psutil.pid_exists(r.child_pid) or psutil.Process(r.child_pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_first_passing_takes_the_next_candidate_and_keeps_every_verdict():
     seen = []
 

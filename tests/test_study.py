@@ -616,6 +616,7 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
 
     def passing(workload, config, **kw):
         checked.append(config)
+        assert kw["memory_cap_mb"] == tuner.measure.memory_cap_mb  # the check is watched as the trials were
         return ParityResult(ok=True, steps=kw["steps"], reason="fake: within tolerance")
 
     def fake(workload, config, measure, **kw):  # channels_last 1.5x: the walk goes on from the likely winner

@@ -59,6 +59,35 @@ def test_check_malformed_callable_spec(spec):
         check(Workload(model=spec))
 
 
+def test_check_refuses_a_callable_that_needs_an_argument_autotune_does_not_pass():
+    """``--model os:system`` resolves to a callable, but one that needs ``command``: every trial would fail."""
+    with pytest.raises(WorkloadError) as info:
+        check(Workload(model="os:system"))
+    msg = str(info.value)
+    assert "os:system cannot be called as a workload" in msg and "'command'" in msg and "\n" not in msg
+
+
+def test_check_ends_an_import_that_hangs(tmp_path, monkeypatch):
+    """A module that blocks at import (a lock, a prompt) is imported in a child that is killed at the timeout."""
+    import time
+
+    import psutil
+
+    (tmp_path / "stuck_at_import.py").write_text(
+        "import os, pathlib, time\n"
+        "pathlib.Path('pid').write_text(str(os.getpid()))\n"
+        "time.sleep(3600)\n"
+        "def build(image_size=32):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOTUNE_IMPORT_TIMEOUT_S", "2")
+    t0 = time.monotonic()
+    with pytest.raises(WorkloadError, match=r"importing 'stuck_at_import' .* did not finish in 2 s"):
+        check(Workload(model="stuck_at_import:build"))
+    assert time.monotonic() - t0 < 15
+    pid = int((tmp_path / "pid").read_text())  # the child did import it (in the current folder) ...
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # ... and is gone
+
+
 def test_check_accepts_good_names():
     check(Workload(model="resnet18"))
     check(Workload(model=f"{FIX}:tiny"))

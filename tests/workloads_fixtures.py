@@ -445,3 +445,60 @@ class _LaunchCheck(nn.Module):
 
 def launch_check(image_size: int = 32):
     return _LaunchCheck(), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+# --- workloads that cannot build: broken for every config, so the first trial ends the run -----------------
+
+def broken_build(image_size: int = 32):
+    """Raises when called, as a workload whose data or model cannot be made does."""
+    raise RuntimeError("cannot open /data/shards: no such file")
+
+
+# --- a descendant that leaves the trial's process group (autotune.proctree) -------------------------------
+
+_DAEMON = """
+import os, sys, time
+if os.fork():
+    os._exit(0)  # the intermediate exits at once: its child is an orphan from the start
+os.setsid()      # and leaves the trial's session and process group
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(3600)
+"""
+
+
+def _start_daemon() -> None:
+    """Start a double-forked grandchild that calls ``os.setsid()`` and sleeps; its pid goes to the file
+    ``$AUTOTUNE_TEST_PIDFILE``. Returns once it is up."""
+    import subprocess
+    import sys
+
+    path = os.environ["AUTOTUNE_TEST_PIDFILE"]
+    subprocess.run([sys.executable, "-c", _DAEMON, path], check=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # longer than a memory sample: the parent has seen it, as it sees a long-lived helper
+
+
+def setsid_grandchild(image_size: int = 32):
+    """The tiny workload, whose build starts a setsid'd, double-forked grandchild (a data server, a daemon)."""
+    _start_daemon()
+    return tiny(image_size)
+
+
+def setsid_grandchild_then_abort(image_size: int = 32):
+    """The same, and then the trial dies abruptly (SIGABRT) in its first step, with no chance to clean up."""
+    _start_daemon()
+    return _misbehaving(os.abort, image_size)
+
+
+def chatty(image_size: int = 32):
+    """The tiny workload, after printing 8 MiB (100,000 numbered lines of 84 bytes) while it builds."""
+    import sys
+
+    for i in range(100_000):
+        sys.stdout.write(f"chatty line {i:06d} " + "x" * 64 + "\n")
+    sys.stdout.flush()
+    return tiny(image_size)

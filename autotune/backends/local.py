@@ -117,9 +117,9 @@ class _Objective:
             return trial.should_prune()
 
         private_dir(tuner.artifacts_dir)  # made by Tuner.run; again if someone removed it meanwhile
+        log_path = tuner.artifacts_dir / f"trial-{trial.number}.log"
         try:
-            result = tuner.runner(tuner.workload, config, tuner.measure, on_window=on_window,
-                                  log_path=tuner.artifacts_dir / f"trial-{trial.number}.log")
+            result = tuner.runner(tuner.workload, config, tuner.measure, on_window=on_window, log_path=log_path)
         except KeyboardInterrupt:
             trial.set_user_attr(keys.STATUS, "interrupted")
             trial.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
@@ -127,7 +127,10 @@ class _Objective:
         if result.user_error:  # wrong for every config: stop the study with the one-line reason
             trial.set_user_attr(keys.STATUS, "error")
             trial.set_user_attr(keys.REASON, result.reason)
-            raise WorkloadError(result.reason.removeprefix("WorkloadError: "))
+            if result.traceback:
+                trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
+            raise WorkloadError(f"{result.reason.removeprefix('WorkloadError: ')} (trial {trial.number}; its "
+                                f"traceback is in {log_path})")
         return protocol.record(trial, result, limit=tuner.limit)
 
     def _wait_for_twin_in_flight(self, trial, config: TrialConfig) -> None:
