@@ -14,7 +14,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import trials as keys
 from .config import MeasureSpec, TrialConfig
@@ -244,6 +244,69 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float =
 
 # --- the choice ---------------------------------------------------------------------------------------
 
+class Scored(NamedTuple):
+    """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
+
+    config: TrialConfig
+    trial: Any
+    summary: Any
+    peak_mb: float
+
+
+def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
+               notes: list[str]) -> tuple[list[Scored], list[tuple]]:
+    """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
+    (config, trial), each out with a note saying why."""
+    from ._units import format_mb
+
+    scored, out = [], []
+    usable = limit.usable_mb
+    for c, t in zip(configs, trials):
+        if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
+            ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
+                                        f"{100 * limit.margin:.0f}% margin leaves of the cap")
+        alloc = ev.device_allocated.get(c.key())
+        if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
+            ev.failures[c.key()].append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
+                                        f"{100 * (1 - limit.margin):.0f}% of the "
+                                        f"{format_mb(limit.device_mb)} device memory cap the margin leaves")
+        if ev.failures[c.key()]:
+            out.append((c, t))
+            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
+        elif ev.rounds[c.key()]:
+            scored.append(Scored(c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
+    return scored, out
+
+
+def _numerics_pass(tuner, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
+                   notes: list[str]) -> tuple[int | None, list[Scored], Any, int]:
+    """Check the chosen config's numerics, then the next best's while one fails (``parity.first_passing``):
+    (the index in the ranking of the one that passed, or None; the ranking; its parity result; how many were
+    checked)."""
+    ranked = [chosen] + [x for x in scored if x is not chosen]
+    index, checked = _check_numerics(tuner, ranked, base_trial)
+    for (config, result), x in zip(checked, ranked):
+        if result.steps:  # checked in a child (an fp32 eager config passes without one)
+            tuner.record_parity(x.trial.number, result)
+            notes.append(result.note(f"{config.short()} (trial {x.trial.number})"))
+        if not result.ok and result.checked:
+            ev.failures[config.key()].append(f"numerics: {result.reason}")
+    return index, ranked, (checked[index][1] if index is not None else None), len(checked)
+
+
+def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None:
+    """The baseline's median from its finalist rounds (even if it is out), else from its search trial."""
+    base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
+    base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
+        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
+        why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
+               else "not re-measured: the time budget was short")
+        notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
+                     "less certain")
+    return summarize(base_xs).median if base_xs else None
+
+
 def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial, *,
            check_numerics: bool = True) -> Recommendation | None:
     """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
@@ -259,23 +322,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     from ._units import format_mb
 
     notes: list[str] = []
-    scored, out = [], []
     limit = tuner.limit
-    usable = limit.usable_mb
-    for c, t in zip(configs, trials):
-        if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
-            ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
-                                        f"{100 * limit.margin:.0f}% margin leaves of the cap")
-        alloc = ev.device_allocated.get(c.key())
-        if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
-            ev.failures[c.key()].append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
-                                        f"{100 * (1 - limit.margin):.0f}% of the "
-                                        f"{format_mb(limit.device_mb)} device memory cap the margin leaves")
-        if ev.failures[c.key()]:
-            out.append((c, t))
-            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
-        elif ev.rounds[c.key()]:
-            scored.append((c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
+    scored, out = _qualified(limit, configs, trials, ev, notes)
     if not scored:
         return None
     if ev.rounds_run == 1 and len(configs) > 1:
@@ -300,20 +348,13 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     if tuner.parity_steps and not check_numerics:
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
     elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
-        ranked = [chosen] + [x for x in scored if x is not chosen]
-        index, checked = _check_numerics(tuner, ranked, base_trial)
-        for (config, result), x in zip(checked, ranked):
-            if result.steps:  # checked in a child (an fp32 eager config passes without one)
-                tuner.record_parity(x[1].number, result)
-                notes.append(result.note(f"{config.short()} (trial {x[1].number})"))
-            if not result.ok and result.checked:
-                ev.failures[config.key()].append(f"numerics: {result.reason}")
-        failed = ranked[:len(checked) - 1] if index is not None else ranked
+        index, ranked, parity, n_checked = _numerics_pass(tuner, chosen, scored, base_trial, ev, notes)
+        failed = ranked[:n_checked - 1] if index is not None else ranked
         scored = [x for x in scored if x not in failed]
-        out += [(x[0], x[1]) for x in failed]
+        out += [(x.config, x.trial) for x in failed]
         if index is None:
             return None
-        chosen, parity = ranked[index], checked[index][1]
+        chosen = ranked[index]
         tied = tied and index == 0
     if tied:
         _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
@@ -325,15 +366,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     if others:
         ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
         margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
-    base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
-    base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None  # its finalist rounds, even if it is out
-    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
-        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
-        why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
-               else "not re-measured: the time budget was short")
-        notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
-                     "less certain")
-    base_med = summarize(base_xs).median if base_xs else None
+    base_med = _baseline_median(base_trial, ev, notes)
     s = chosen[2]
     if s.noisy:
         notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
