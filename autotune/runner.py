@@ -136,14 +136,7 @@ def run_trial(
     >>> r.status, r.median_samples_per_s > 0                  # doctest: +SKIP
     ('ok', True)
     """
-    check_min_cap(measure.memory_cap_mb, workload.device)
-    if workload.device == "cpu" and config.amp == "fp16":
-        raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
-    if config.malloc in PRELOAD_LIBS and preload_path(config.malloc) is None:
-        # the loader would skip the missing preload with a warning and the trial would measure glibc's malloc
-        raise ConfigError(f"malloc={config.malloc}: {' or '.join(PRELOAD_LIBS[config.malloc])} is not installed "
-                          f"here: install it ({install_hint(config.malloc)}) or pick another --malloc")
-
+    _check_runnable(workload, config, measure)
     own_log = log_path is None
     if own_log:
         fd, tmp = tempfile.mkstemp(prefix="autotune-trial-", suffix=".log")
@@ -152,9 +145,8 @@ def run_trial(
     log_path = Path(log_path)
     log = _open_log(log_path)
 
-    spawned_at = time.time()
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
-               "spawned_at": spawned_at}
+               "spawned_at": time.time()}
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
     rfd, wfd = os.pipe()
@@ -171,96 +163,134 @@ def run_trial(
             )
     os.close(wfd)
     memory = MemoryWatch(proc.pid, lender=getattr(proc, "server_pid", None))
-    events: list[dict] = []
-    windows: list[dict] = []
-    buf = b""
-    stop: tuple[str, str] | None = None  # (status, reason) when the parent ends the trial
-    last_mem = 0.0
+    channel = _Channel(on_window, on_event)
+    try:
+        _watch(proc, rfd, channel, memory, measure, t0)
+    finally:
+        os.close(rfd)
+        log.join()  # the tree is gone: the log is complete
+    wall_s = time.monotonic() - t0
+    status, reason, sig, user_error, traceback_text = _verdict(channel, proc, log_path)
+    if own_log:
+        if status != "ok" and not traceback_text:
+            traceback_text = _tail(log_path) or None
+        log_path.unlink(missing_ok=True)
+    return _result(config, channel, memory, status=status, reason=reason, wall_s=wall_s, sig=sig,
+                   traceback_text=traceback_text, user_error=user_error)
 
-    def handle(line: bytes) -> None:
-        nonlocal stop
+
+def _check_runnable(workload: Workload, config: TrialConfig, measure: MeasureSpec) -> None:
+    """Refuse, as a ConfigError, what no child could run: a cap below a start, fp16 on the CPU, a missing
+    preloaded allocator."""
+    check_min_cap(measure.memory_cap_mb, workload.device)
+    if workload.device == "cpu" and config.amp == "fp16":
+        raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
+    if config.malloc in PRELOAD_LIBS and preload_path(config.malloc) is None:
+        # the loader would skip the missing preload with a warning and the trial would measure glibc's malloc
+        raise ConfigError(f"malloc={config.malloc}: {' or '.join(PRELOAD_LIBS[config.malloc])} is not installed "
+                          f"here: install it ({install_hint(config.malloc)}) or pick another --malloc")
+
+
+class _Channel:
+    """The child's events as they arrive (JSON lines), the measured windows, and the parent's decision to stop
+    (``stop``: (status, reason)), which ``on_window`` may make."""
+
+    def __init__(self, on_window: WindowCallback | None, on_event: Callable[[dict], None] | None) -> None:
+        self.on_window, self.on_event = on_window, on_event
+        self.events: list[dict] = []
+        self.windows: list[dict] = []
+        self.stop: tuple[str, str] | None = None
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.handle(line)
+
+    def flush(self) -> None:
+        for line in self.buf.split(b"\n"):
+            if line.strip():
+                self.handle(line)
+        self.buf = b""
+
+    def handle(self, line: bytes) -> None:
         try:
             ev = json.loads(line)
         except ValueError:
             return
-        events.append(ev)
-        if on_event is not None:
-            on_event(ev)
+        self.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
         if ev.get("event") == "window":
-            if stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
+            if self.stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
                 return
-            windows.append(ev)
-            if on_window is not None and stop is None and on_window(ev["index"], ev["samples_per_s"]):
-                stop = ("pruned", f"stopped after {len(windows)} window(s): cannot beat the best so far")
+            self.windows.append(ev)
+            if self.on_window is not None and self.on_window(ev["index"], ev["samples_per_s"]):
+                self.stop = ("pruned", f"stopped after {len(self.windows)} window(s): cannot beat the best so far")
 
+    def by_event(self) -> dict[str, dict]:
+        return {e.get("event"): e for e in self.events}
+
+
+def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: MeasureSpec, t0: float) -> None:
+    """Read the child's events, sample its memory and the clock until it ends or the parent ends it (over the
+    cap, past the time limit, pruned); then kill whatever is left of its tree and drain the channel."""
+    last_mem = 0.0
     try:
-        while stop is None:
+        while channel.stop is None:
             ready, _, _ = select.select([rfd], [], [], _POLL_S)
             if ready:
                 chunk = os.read(rfd, 65536)
                 if not chunk:  # the child closed its end: it is exiting
                     break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    handle(line)
+                channel.feed(chunk)
             now = time.monotonic()
             if now - last_mem >= _MEMORY_EVERY_S:
                 last_mem = now
                 over = memory.sample(measure.memory_cap_mb)
                 if over is not None:
-                    stop = ("over_memory",
-                            f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
-            if stop is None and now - t0 > measure.timeout_s:
-                stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
-            if stop is None and not ready and proc.poll() is not None:
+                    channel.stop = ("over_memory",
+                                    f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
+            if channel.stop is None and now - t0 > measure.timeout_s:
+                channel.stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
+            if channel.stop is None and not ready and proc.poll() is not None:
                 break
         memory.sample(None)  # a last reading of the tree (the workers at least) before it goes
-        if stop is None:
+        if channel.stop is None:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                stop = ("timeout", "the child did not exit after it closed its channel")
+                channel.stop = ("timeout", "the child did not exit after it closed its channel")
         _kill_tree(proc, memory)  # DataLoader workers hold the pipe open; they go before we drain it
-        buf += _drain(rfd)
+        channel.feed(_drain(rfd))
     except BaseException:  # Ctrl-C or SIGTERM in the parent: the child must not outlive it
         _kill_tree(proc, memory)
         raise
-    finally:
-        os.close(rfd)
-        log.join()  # the tree is gone: the log is complete
-    for line in buf.split(b"\n"):
-        if line.strip():
-            handle(line)
+    channel.flush()
 
-    wall_s = time.monotonic() - t0
-    by = {e.get("event"): e for e in events}
-    built, warm, done, failed = by.get("built", {}), by.get("warmup", {}), by.get("done"), by.get("failed")
-    rc = proc.returncode
-    sig = None
-    user_error = False
-    traceback_text = None
-    if stop is not None:
-        status, reason = stop
-    elif done is not None:
-        status, reason = "ok", ""
-    elif failed is not None:
+
+def _verdict(channel: _Channel, proc, log_path: Path) -> tuple[str, str, str | None, bool, str | None]:
+    """(status, reason, signal name, the workload's own fault, traceback) from how the trial ended."""
+    by = channel.by_event()
+    done, failed, rc = by.get("done"), by.get("failed"), proc.returncode
+    if channel.stop is not None:
+        return (*channel.stop, None, False, None)
+    if done is not None:
+        return "ok", "", None, False, None
+    if failed is not None:
         user_error = failed["kind"] == "workload"
-        status, reason = ("error" if user_error else failed["kind"]), failed["message"]
-        traceback_text = failed.get("traceback")
-    elif rc is not None and rc < 0:
+        return ("error" if user_error else failed["kind"]), failed["message"], None, user_error, failed.get("traceback")
+    if rc is not None and rc < 0:
         sig = signal.Signals(-rc).name
-        status, reason = "crashed", _killed(proc, sig)
-        traceback_text = _tail(log_path)
-    else:
-        status, reason = "crashed", f"exited with code {rc} without a result"
-        traceback_text = _tail(log_path)
-    if own_log:
-        if status != "ok" and not traceback_text:
-            traceback_text = _tail(log_path) or None
-        log_path.unlink(missing_ok=True)
+        return "crashed", _killed(proc, sig), sig, False, _tail(log_path)
+    return "crashed", f"exited with code {rc} without a result", None, False, _tail(log_path)
 
-    done = done or {}
+
+def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, status: str, reason: str,
+            wall_s: float, sig: str | None, traceback_text: str | None, user_error: bool) -> TrialResult:
+    by = channel.by_event()
+    built, warm, done, windows = by.get("built", {}), by.get("warmup", {}), by.get("done") or {}, channel.windows
     return TrialResult(
         status=status,
         reason=reason,
