@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .contract import StepOut, split_batch
@@ -131,7 +132,6 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     torch.manual_seed(spec.seed)
 
     from ._device import get_device
-    from .errors import WorkloadError
     from .workloads import build
 
     dev = device if device is not None else get_device(workload.device)
@@ -153,73 +153,157 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch, accumulation_steps=accumulation,
          user_parts=list(built.user_parts), device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
 
-    it = iter(loader)
-    last_loss: list[Any] = [None]
-    tokens = [0, False]  # tokens counted by the workload's count so far; whether it counts any
+    stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
+    warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+    totals = _measure(stepper, spec, warm, send)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
+    out = {
+        # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
+        # CPU time while measuring: high when the allocator hands memory back and faults it in again every step
+        "kernel_cpu_share": kernel / (user + kernel) if user + kernel > 0 else None,
+        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, totals["all_steps"]),
+        "final_loss": stepper.check_loss(),
+        "data_wait_s_per_step": statistics.median(totals["waits"]),
+        "compute_s_per_step": statistics.median(totals["comps"]),
+        "peak_device_mb": dev.peak_memory_mb(),
+        "peak_device_allocated_mb": dev.peak_allocated_mb(),
+        "samples_per_step": totals["samples"] / max(1, totals["steps"]),
+    }
+    if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
+        out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
+                                  workload.device, payload["config"])
+        send("profiled", **out["profile"])
+    return out
 
-    def step(timer: Any = None) -> int:
+
+class _Stepper:
+    """The trial's steps over its loader: one optimizer step is ``accumulation`` micro-batches; the device's
+    step timer is told when each batch is in hand and when its work is issued (the step never synchronises);
+    the last loss and the tokens the workload's count gave are kept for the checks and the figures."""
+
+    def __init__(self, loader: Any, train_step: Callable[[Any], StepOut], accumulation: int, timer: Any,
+                 amp: str) -> None:
+        self.loader, self.it = loader, iter(loader)
+        self.train_step, self.accumulation, self.timer, self.amp = train_step, accumulation, timer, amp
+        self.last_loss: Any = None
+        self.tokens = 0
+        self.counts_tokens = False  # the workload's count gives tokens
+
+    def step(self, timer: Any = None) -> int:
         """One optimizer step (``accumulation`` micro-batches with a global batch); returns its samples."""
-        return sum(micro_step(timer) for _ in range(accumulation))
+        return sum(self.micro_step(timer) for _ in range(self.accumulation))
 
-    def micro_step(timer: Any = None) -> int:
-        """One batch; returns its samples. ``timer`` (the device's step timer) is told when the batch is in hand
-        and when the step's work is issued; the step itself never synchronises."""
-        nonlocal it
+    def micro_step(self, timer: Any = None) -> int:
+        """One batch; returns its samples."""
+        from .errors import WorkloadError
+
         try:
-            batch = next(it)
+            batch = next(self.it)
         except StopIteration:  # an epoch ended: a new iterator (and, without persistent workers, new workers)
-            it = iter(loader)
-            batch = next(it, None)
+            self.it = iter(self.loader)
+            batch = next(self.it, None)
             if batch is None:
-                raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)")
+                raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)") from None
         if timer is not None:
             timer.fetched()
-        result = train_step(batch)
-        last_loss[0] = result.loss
+        result = self.train_step(batch)
+        self.last_loss = result.loss
         if result.tokens is not None:
-            tokens[0] += result.tokens
-            tokens[1] = True
+            self.tokens += result.tokens
+            self.counts_tokens = True
         if timer is not None:
             timer.done()
         return result.samples
 
-    timer = dev.step_timer()
-
-    def timed_step() -> float:
+    def timed_step(self) -> float:
         """One step, synchronised at its end: its whole time (warm-up only; a window synchronises once)."""
-        timer.start()
-        step(timer)
-        return sum(timer.finish())
+        self.timer.start()
+        self.step(self.timer)
+        return sum(self.timer.finish())
 
-    def check_loss() -> float | None:
-        if last_loss[0] is None:
+    def check_loss(self) -> float | None:
+        if self.last_loss is None:
             return None
-        value = float(last_loss[0].float().item())
+        value = float(self.last_loss.float().item())
         if not math.isfinite(value):
             raise FloatingPointError(
-                f"loss became {value} with amp={config.amp}: this config breaks the numerics of training"
+                f"loss became {value} with amp={self.amp}: this config breaks the numerics of training"
             )
         return value
 
-    # --- warm-up: the first step, then (when asked) per-step until step times settle ---------------------
-    # The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
-    # its own (compile_s is measured by dynamo's clock, ``compile_seconds``), and the warm-up's clock, for
-    # warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
+    def window(self, spec: Any) -> dict:
+        """One measured window of at least ``spec.window_s`` seconds and ``spec.min_window_steps`` steps: the
+        device is synchronised once, at its end, so the host runs ahead as a real training loop does."""
+        samples = steps = 0
+        tokens0 = self.tokens
+        self.timer.start()
+        start = time.perf_counter()
+        while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
+            samples += self.step(self.timer)
+            steps += 1
+        w_wait, w_comp = self.timer.finish()
+        elapsed = time.perf_counter() - start
+        counted = {"tokens_per_s": (self.tokens - tokens0) / elapsed} if self.counts_tokens else {}
+        return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
+                "compute_s": w_comp / steps, "started": start, "elapsed": elapsed, "samples": samples, **counted}
+
+
+@dataclass
+class _WarmUp:
+    """What the warm-up saw: when it began and when the first step ended (``t_warm``, ``t_settle``), the first
+    step's time, the per-step times after it, and dynamo's compile clock before the first step."""
+
+    t_warm: float
+    first_s: float
+    t_settle: float
+    times: list[float]
+    k: int
+    compiling: bool
+    compiled_before: float | None
+
+    def event(self, first: dict, unsettled: list[dict], confirmed: bool | None) -> dict:
+        """The ``warmup`` event's fields: it ends where ``first``, the first window kept as measured, began.
+        ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
+        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it was not checked (one window, or settle_windows 0)."""
+        steady = statistics.median(self.times[-self.k:]) if self.times else first["elapsed"] / first["steps"]
+        # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
+        # any recompile); only a torch without it falls back to the first step's excess over a settled step.
+        compiled_after = compile_seconds() if self.compiling else None
+        if self.compiled_before is not None and compiled_after is not None:
+            compile_s: float | None = compiled_after - self.compiled_before
+        else:
+            compile_s = max(0.0, self.first_s - steady) if self.compiling else None
+            if self.compiling:
+                print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
+                      flush=True)
+        return dict(warmup_s=first["started"] - self.t_warm,
+                    warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
+                    step_s=steady, first_step_s=self.first_s, warmup_windows=[w["samples_per_s"] for w in unsettled],
+                    settled=confirmed)
+
+
+def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool) -> _WarmUp:
+    """The first step, then (when asked) per-step until step times settle.
+
+    The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
+    its own (compile_s is measured by dynamo's clock, ``compile_seconds``), and the warm-up's clock, for
+    warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
+    With warmup_min_steps > 1: settled = the median of the last k step times is within tolerance of the k
+    before them. The limit ends a warm-up that never settles, but only after 2k steps beyond the first, so
+    "settled" has a meaning. By default (1) no step beyond the first is spent here: the windows settle it."""
     dev.reset_peak_memory()
-    compiling = config.compile_mode != "none"
     compiled_before = compile_seconds() if compiling else None
     t_warm = time.perf_counter()
-    first_s = timed_step()
-    check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
+    first_s = stepper.timed_step()
+    stepper.check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
     t_settle = time.perf_counter()
     times: list[float] = []
-    # With warmup_min_steps > 1: settled = the median of the last k step times is within tolerance of the k
-    # before them. The limit ends a warm-up that never settles, but only after 2k steps beyond the first, so
-    # "settled" has a meaning. By default (1) no step beyond the first is spent here: the windows settle it.
     k = max(1, min(3, spec.warmup_min_steps // 2))
     while spec.warmup_min_steps > 1:
-        times.append(timed_step())
-        check_loss()
+        times.append(stepper.timed_step())
+        stepper.check_loss()
         n = len(times)
         if n < 2 * k:
             continue
@@ -230,74 +314,39 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
             if abs(recent - before) <= spec.settle_tolerance * before:
                 break
+    return _WarmUp(t_warm, first_s, t_settle, times, k, compiling, compiled_before)
 
-    # --- measurement windows, streamed as they finish --------------------------------------------------
-    # The device is synchronised once per window, at its end: within it the host runs ahead of the device as a
-    # real training loop does, so host work that overlaps the device's is not charged to the step. The data
-    # wait / compute split comes from the step timer (host clock on the CPU, device events on CUDA).
-    # The warm-up ends where the windows say it does: the first window is held until settle_windows more
-    # are in, and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the
-    # warm-up's tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged.
+
+def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
+    """The measured windows, streamed as they finish; returns the totals over them.
+
+    The warm-up ends where the windows say it does: the first window is held until settle_windows more are in,
+    and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the warm-up's
+    tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged."""
     from .measure import MAX_UNSETTLED_WINDOWS, window_settled
 
-    def window() -> dict:
-        samples = steps = 0
-        tokens0 = tokens[0]
-        timer.start()
-        start = time.perf_counter()
-        while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
-            samples += step(timer)
-            steps += 1
-        w_wait, w_comp = timer.finish()
-        elapsed = time.perf_counter() - start
-        counted = {"tokens_per_s": (tokens[0] - tokens0) / elapsed} if tokens[1] else {}
-        return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
-                "compute_s": w_comp / steps, "started": start, "elapsed": elapsed, "samples": samples, **counted}
-
-    waits: list[float] = []
-    comps: list[float] = []
-    all_steps = measured_steps = measured_samples = 0
+    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0}
     held: list[dict] = []
     unsettled: list[dict] = []
     later = min(spec.settle_windows, spec.windows - 1)
     settled = later == 0
     sent = 0
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
-
-    def warmed_up(first: dict, *, confirmed: bool | None) -> None:
-        """Send the ``warmup`` event, which ends where ``first``, the first window kept as measured, began.
-        ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
-        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it was not checked (one window, or settle_windows 0)."""
-        steady = statistics.median(times[-k:]) if times else first["elapsed"] / first["steps"]
-        # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
-        # any recompile); only a torch without it falls back to the first step's excess over a settled step.
-        compiled_after = compile_seconds() if compiling else None
-        if compiled_before is not None and compiled_after is not None:
-            compile_s: float | None = compiled_after - compiled_before
-        else:
-            compile_s = max(0.0, first_s - steady) if compiling else None
-            if compiling:
-                print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
-                      flush=True)
-        send("warmup", warmup_s=first["started"] - t_warm,
-             warmup_steps=1 + len(times) + sum(w["steps"] for w in unsettled), compile_s=compile_s, step_s=steady,
-             first_step_s=first_s, warmup_windows=[w["samples_per_s"] for w in unsettled], settled=confirmed)
 
     def emit(w: dict) -> None:
-        nonlocal sent, measured_steps, measured_samples
-        measured_steps += w["steps"]
-        measured_samples += w["samples"]
-        waits.append(w["data_wait_s"])
-        comps.append(w["compute_s"])
+        nonlocal sent
+        totals["steps"] += w["steps"]
+        totals["samples"] += w["samples"]
+        totals["waits"].append(w["data_wait_s"])
+        totals["comps"].append(w["compute_s"])
         send("window", index=sent, **{key: v for key, v in w.items() if key not in ("started", "elapsed", "samples")})
         sent += 1
 
     while sent < spec.windows:
-        w = window()
-        all_steps += w["steps"]
+        w = stepper.window(spec)
+        totals["all_steps"] += w["steps"]
         if settled:
             if sent == 0:  # not checked: one window only, or settle_windows 0
-                warmed_up(w, confirmed=None)
+                send("warmup", **warm.event(w, unsettled, None))
             emit(w)
             continue
         held.append(w)
@@ -305,34 +354,16 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
             continue
         rates = [x["samples_per_s"] for x in held]
         confirmed = window_settled(rates[0], rates[1:], spec.settle_tolerance)
-        if confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS or time.perf_counter() - t_settle > spec.warmup_max_s:
+        if (confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS
+                or time.perf_counter() - warm.t_settle > spec.warmup_max_s):
             settled = True
-            warmed_up(held[0], confirmed=confirmed)
+            send("warmup", **warm.event(held[0], unsettled, confirmed))
             for x in held:
                 emit(x)
             held = []
         else:
             unsettled.append(held.pop(0))
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
-    final_loss = check_loss()
-    out = {
-        # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
-        # CPU time while measuring: high when the allocator hands memory back and faults it in again every step
-        "kernel_cpu_share": kernel / (user + kernel) if user + kernel > 0 else None,
-        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, all_steps),
-        "final_loss": final_loss,
-        "data_wait_s_per_step": statistics.median(waits),
-        "compute_s_per_step": statistics.median(comps),
-        "peak_device_mb": dev.peak_memory_mb(),
-        "peak_device_allocated_mb": dev.peak_allocated_mb(),
-        "samples_per_step": measured_samples / max(1, measured_steps),
-    }
-    if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
-        out["profile"] = _profile(step, payload["profile_dir"], _PROFILE_STEPS,
-                                  workload.device, payload["config"])
-        send("profiled", **out["profile"])
-    return out
+    return totals
 
 
 _PROFILE_STEPS = 5  # enough to see a steady step's operators; a trace of many steps is slow to open
