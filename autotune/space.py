@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .config import TrialConfig, device_family
+from .config import KNOBS, TrialConfig, device_family
 from .errors import SpaceError
 
 __all__ = ["Param", "SearchSpace", "load_space", "default_space_path"]
@@ -182,10 +182,19 @@ def default_space_path(device: str) -> Path:
         return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
 
 
-def _parse_scalar(raw: Any, cores: int) -> Any:
+def _parse_scalar(raw: Any, cores: int, knob: str | None = None) -> Any:
+    """A value from the YAML: ``cores`` is this machine's usable cores; a knob that takes words gets back the
+    word YAML 1.1 read as a boolean (an unquoted ``off`` is false: ``amp: [off, bf16]`` means amp off)."""
     if raw == "cores":
         return cores
+    words = _WORDS.get(knob or "", ())
+    if isinstance(raw, bool) and ("on" if raw else "off") in words:
+        return "on" if raw else "off"
     return raw
+
+
+_WORDS = {k.field: k.choices for k in KNOBS if k.kind == "choice"}
+_YAML_BOOL = " (YAML reads an unquoted yes/no/on/off as true/false: write the word in quotes)"
 
 
 def load_space(path: str | Path | None = None, *, hardware=None, device: str = "cpu") -> SearchSpace:
@@ -256,7 +265,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raw = spec["choices"]
             if not isinstance(raw, list) or not raw:
                 raise SpaceError(f"{where}: choices must be a non-empty list")
-            choices = [_parse_scalar(c, cores) for c in raw]
+            choices = [_parse_scalar(c, cores, name) for c in raw]
         elif "low" in spec and "high" in spec:
             if ptype != "int":
                 raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
@@ -300,7 +309,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             try:
                 TrialConfig(**{name: c})
             except Exception as exc:  # ConfigError
-                raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}") from None
+                raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}{_YAML_BOOL if isinstance(c, bool) else ''}") from None
         choices = _trim(name, choices, hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
                         oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
         if not choices:
@@ -315,7 +324,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             raise SpaceError(f"{src}: fixed.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
         if k in seen:
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
-        v = _parse_scalar(v, cores)
+        v = _parse_scalar(v, cores, k)
         kept = _trim(k, [v], hardware=hardware, is_cpu=is_cpu, cores=cores, notes=notes,
                      oversubscribe=bool(doc.get("oversubscribe", False)), device=trial_device)
         if not kept:
@@ -326,7 +335,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
     except Exception as exc:
         raise SpaceError(f"{src}: fixed: {exc}") from None
 
-    baseline = {k: _parse_scalar(v, cores) for k, v in (doc.get("baseline") or {}).items()}
+    baseline = {k: _parse_scalar(v, cores, k) for k, v in (doc.get("baseline") or {}).items()}
     for k in baseline:
         if k not in _KNOBS:
             raise SpaceError(f"{src}: baseline.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
