@@ -106,10 +106,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
     else:
         print(rec.summary())
-        print(f"export it with: autotune export --study-name {tuner.study_name} -o best.yaml")
+        print(f"export it with: {export_hint(tuner.study_name, args.storage)}")
     if logger is not None:
         _finish_mlflow(logger, tuner, rec)
     return 0 if rec is not None else 1
+
+
+def export_hint(study_name: str, storage: str | None) -> str:
+    """The command that exports this study: with the ``--storage`` the run used (its password, if any, as ***),
+    quoted for a shell.
+
+    >>> export_hint("s1", "postgresql://u:secret@db/x")
+    "autotune export --storage 'postgresql://u:***@db/x' --study-name s1 -o best.yaml"
+    """
+    import shlex
+
+    where = ["--storage", _redacted(storage)] if storage else []
+    return shlex.join(["autotune", "export", *where, "--study-name", study_name, "-o", "best.yaml"])
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user part as ***, up to the last @ before the host (a password may hold @)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    user, at, host = netloc.rpartition("@")
+    if at and ":" in user:
+        user = user.split(":", 1)[0] + ":***"
+    return scheme + sep + user + at + host + slash + path
 
 
 def _close_mlflow(logger, tuner, status: str) -> None:
@@ -167,6 +190,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                "data_wait_share", "config", "role", "reason"]].copy()
     if tokens:
         view["tokens_per_s"] = view["tokens_per_s"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
+    for col in ("samples_per_s", "speedup"):  # a trial that measured nothing shows nothing (not "None")
+        view[col] = view[col].map(lambda v: "" if v is None or v != v else v)
     view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
     view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
     view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")

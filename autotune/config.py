@@ -59,8 +59,10 @@ class Workload(Record):
         check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
                "a torchvision model name or package.module:callable")
         check(self.task in TASKS, "task", self.task, f"one of {', '.join(TASKS)}")
-        check(is_int(self.image_size) and 16 <= self.image_size <= 4096, "image_size", self.image_size,
-               "an integer from 16 to 4096 (pixels; tokens for a text model's --seq-len)")
+        text = self.model in TEXT_MODELS  # its image_size is the sequence length: named as the user named it
+        check(is_int(self.image_size) and 16 <= self.image_size <= 4096, "seq_len" if text else "image_size",
+              self.image_size, "an integer from 16 to 4096 (tokens, --seq-len)" if text else
+              "an integer from 16 to 4096 (pixels, --image-size; tokens for a text model's --seq-len)")
         check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
                "cpu, cuda or cuda:N")
         check(is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
@@ -141,7 +143,8 @@ class TrialConfig(Record):
               f"one of {', '.join(AFFINITY_MODES)} (close/spread: OpenMP threads pinned to cores)")
         for name in ("intra_op_threads", "inter_op_threads"):
             v = getattr(self, name)
-            check(v is None or (is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number >= 1")
+            check(v is None or (is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number from 1 to 1024 "
+                  f"({'--threads' if name == 'intra_op_threads' else '--interop-threads'})")
         if self.num_workers == 0:
             # Meaningless without workers (and DataLoader refuses prefetch_factor then): normalise.
             object.__setattr__(self, "prefetch_factor", None)

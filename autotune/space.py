@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from ._malloc import PRELOAD_LIBS, install_hint, preload_path
-from .config import TrialConfig, device_family
+from .config import KNOBS, TrialConfig, device_family
 from .errors import SpaceError
 
 __all__ = ["Param", "SearchSpace", "load_space", "default_space_path"]
@@ -183,10 +183,19 @@ def default_space_path(device: str) -> Path:
         return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
 
 
-def _parse_scalar(raw: Any, cores: int) -> Any:
+def _parse_scalar(raw: Any, cores: int, knob: str | None = None) -> Any:
+    """A value from the YAML: ``cores`` is this machine's usable cores; a knob that takes words gets back the
+    word YAML 1.1 read as a boolean (an unquoted ``off`` is false: ``amp: [off, bf16]`` means amp off)."""
     if raw == "cores":
         return cores
+    words = _WORDS.get(knob or "", ())
+    if isinstance(raw, bool) and ("on" if raw else "off") in words:
+        return "on" if raw else "off"
     return raw
+
+
+_WORDS = {k.field: k.choices for k in KNOBS if k.kind == "choice"}
+_YAML_BOOL = " (YAML reads an unquoted yes/no/on/off as true/false: write the word in quotes)"
 
 
 def load_space(path: str | Path | None = None, *, hardware=None, device: str = "cpu") -> SearchSpace:
@@ -248,7 +257,8 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
             try:
                 TrialConfig(**{name: c})
             except Exception as exc:  # ConfigError
-                raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}") from None
+                raise SpaceError(f"{where}: choice {c!r} is invalid: {exc}"
+                                 f"{_YAML_BOOL if isinstance(c, bool) else ''}") from None
         choices = trim(name, choices)
         if not choices:
             raise SpaceError(f"{where}: no choice is usable on this machine ({'; '.join(notes[-1:])})")
@@ -291,7 +301,7 @@ def _param_choices(name: str, spec: Any, where: str, cores: int) -> tuple[str, l
         raw = spec["choices"]
         if not isinstance(raw, list) or not raw:
             raise SpaceError(f"{where}: choices must be a non-empty list")
-        choices = [_parse_scalar(c, cores) for c in raw]
+        choices = [_parse_scalar(c, cores, name) for c in raw]
     elif "low" in spec and "high" in spec:
         if ptype != "int":
             raise SpaceError(f"{where}: low/high need type int; use choices for {ptype}")
@@ -344,7 +354,7 @@ def _fixed(doc: dict, src: str, seen: dict[str, Param], cores: int, trim: Any, n
             raise SpaceError(f"{src}: fixed.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")
         if k in seen:
             raise SpaceError(f"{src}: {k} is both searched and fixed; remove it from one of them")
-        v = _parse_scalar(v, cores)
+        v = _parse_scalar(v, cores, k)
         kept = trim(k, [v])
         if not kept:
             raise SpaceError(f"{src}: fixed.{k}={v!r} cannot run on this machine: {notes[-1]}")
@@ -359,7 +369,7 @@ def _fixed(doc: dict, src: str, seen: dict[str, Param], cores: int, trim: Any, n
 def _baseline(doc: dict, src: str, params: list[Param], cores: int, notes: list[str]) -> dict:
     """The baseline (PyTorch's defaults by convention): an omitted knob takes its plainest choice, thread and
     worker counts are clamped to the usable cores."""
-    baseline = {k: _parse_scalar(v, cores) for k, v in (doc.get("baseline") or {}).items()}
+    baseline = {k: _parse_scalar(v, cores, k) for k, v in (doc.get("baseline") or {}).items()}
     for k in baseline:
         if k not in _KNOBS:
             raise SpaceError(f"{src}: baseline.{k}: unknown parameter; allowed: {', '.join(sorted(_KNOBS))}")

@@ -19,6 +19,10 @@ def _rows(tmp_path):
         (TRIAL + ["--batch-size", "3.5"], "invalid int value: '3.5'"),
         (TRIAL + ["--memory-cap", "0"], "must be positive"),
         (TRIAL + ["--memory-cap=-2GiB"], "does not parse"),
+        (TRIAL + ["--model", "transformer_tiny", "--seq-len", "0"],
+         "seq_len=0 is not allowed: an integer from 16 to 4096 (tokens, --seq-len)"),
+        (TRIAL + ["--threads", "9999"], "intra_op_threads=9999 is not allowed: None or a whole number from 1 to 1024 "
+                                        "(--threads)"),
         (RUN + ["--model", "tests.workloads_fixtures:wrong_return", "--storage", f"sqlite:///{tmp_path}/w.db"],
          "must return (model, dataset, loss_fn)"),
         (RUN + ["--storage", f"sqlite:///{not_a_dir}/a.db"], "cannot create"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shlex
 
 import pytest
 import yaml
@@ -101,13 +102,41 @@ def test_run_show_export_round_trip(tmp_path, space_file):
     measured = [r for r in rows if not r["status"].startswith("copy of")]  # copies do not use up --trials
     assert len(measured) == 2 and {r["config"] for r in measured} == {"bs=8 w=0", "bs=16 w=0"}
 
-    best = tmp_path / "best.yaml"
-    exported = run_cli("export", "--storage", storage, "-o", str(best))
+    # the closing hint is a command that works as printed: it names the storage the run used
+    hint = next(ln for ln in out.stdout.splitlines() if ln.startswith("export it with: "))
+    assert f"--storage {storage}" in hint, hint
+    hinted = shlex.split(hint.removeprefix("export it with: "))
+    assert hinted[0] == "autotune"
+    best = tmp_path / hinted[hinted.index("-o") + 1]
+    exported = run_cli(*hinted[1:-1], str(best))
     assert exported.returncode == 0, exported.stderr
     rec = Recommendation.from_yaml(best)
     assert rec.median_samples_per_s > 0 and rec.config.batch_size in (8, 16)
     assert rec.reproduce.startswith("autotune trial --model tests.workloads_fixtures:tiny")
     assert rec.fingerprint and rec.versions["torch"]
+
+
+def test_the_export_hint_names_the_storage_without_its_password():
+    from autotune.cli_study import export_hint
+
+    assert export_hint("s", None) == "autotune export --study-name s -o best.yaml"
+    assert export_hint("s", "postgresql://tuner:p@ss:w0rd@db.lan:5432/autotune") == (
+        "autotune export --storage 'postgresql://tuner:***@db.lan:5432/autotune' --study-name s -o best.yaml")
+
+
+def test_show_leaves_blank_what_a_failed_trial_did_not_measure(tmp_path):
+    """Every trial failed: their samples/s and speedup are blank, not "None" (an all-None column)."""
+    from autotune.config import TrialResult
+
+    from .test_study import make_tuner
+
+    def crashed(workload, config, measure, **kw):
+        return TrialResult(status="crashed", reason="killed by SIGSEGV", wall_s=1.0, batch_size=config.batch_size)
+
+    make_tuner(tmp_path, finalists=1, runner=crashed, parity_steps=0).run(trials=2)
+    shown = run_cli("show", "--storage", f"sqlite:///{tmp_path}/t.db")
+    assert shown.returncode == 0, shown.stderr
+    assert "crashed" in shown.stdout and "None" not in shown.stdout, shown.stdout
 
 
 def test_show_picks_the_only_study_with_trials_over_an_empty_one(tmp_path):

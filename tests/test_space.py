@@ -125,6 +125,34 @@ def test_cpu_trimming_drops_fp16_and_reduce_overhead_with_notes(tmp_path):
     assert "pin_memory=true dropped" in notes
 
 
+def test_an_unquoted_off_is_amp_off_and_an_unquoted_on_says_to_quote_it(tmp_path):
+    """YAML 1.1 reads an unquoted ``off`` as false: for amp, whose values are words, it means "off" (it was
+    refused as "choice False"); a boolean no word stands for is refused with how to write it."""
+    path = write(tmp_path, """\
+        device: cpu
+        parameters:
+          amp: {type: categorical, choices: [off, bf16]}
+        baseline: {amp: off}
+        """)
+    sp = load_space(path, hardware=fake_hw(flags=("amx_bf16",), compiler="/usr/bin/g++"))
+    assert choices(sp, "amp") == ("off", "bf16") and sp.baseline["amp"] == "off"
+    fixed = write(tmp_path, """\
+        device: cpu
+        parameters:
+          batch_size: {type: int, choices: [16, 32]}
+        fixed: {amp: off}
+        """, name="fixed.yaml")
+    assert load_space(fixed, hardware=fake_hw()).fixed["amp"] == "off"
+    yes = write(tmp_path, """\
+        device: cpu
+        parameters:
+          amp: {type: categorical, choices: [yes, bf16]}
+        """, name="yes.yaml")
+    with pytest.raises(SpaceError) as info:
+        load_space(yes, hardware=fake_hw())
+    assert "choice True is invalid" in str(info.value) and "write the word in quotes" in str(info.value)
+
+
 def test_reduce_overhead_never_on_cpu_even_when_it_is_the_only_compile_mode(tmp_path):
     path = write(tmp_path, """\
         parameters:

@@ -159,7 +159,7 @@ def test_a_tuner_searches_the_fitted_space(tmp_path):
     (["--model", "transformer", "--channels-last"], "--channels-last applies to 4-D image tensors"),
     (["--model", "resnet18", "--bucket-by-length"], "not a text workload"),
     (["--model", "transformer", "--data", "/tmp"], "drop --data"),
-    (["--model", "transformer", "--seq-len", "8"], "image_size=8 is not allowed"),
+    (["--model", "transformer", "--seq-len", "8"], "seq_len=8 is not allowed"),
 ])
 def test_the_cli_refuses_a_bad_text_option_in_one_line(argv, says, capsys):
     assert cli_main(["trial", *argv, "--device", "cpu"]) == 2
