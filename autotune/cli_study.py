@@ -121,18 +121,10 @@ def export_hint(study_name: str, storage: str | None) -> str:
     """
     import shlex
 
-    where = ["--storage", _redacted(storage)] if storage else []
+    from ._redact import redact
+
+    where = ["--storage", redact(storage)] if storage else []
     return shlex.join(["autotune", "export", *where, "--study-name", study_name, "-o", "best.yaml"])
-
-
-def _redacted(url: str) -> str:
-    """``url`` with the password of its user part as ***, up to the last @ before the host (a password may hold @)."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    user, at, host = netloc.rpartition("@")
-    if at and ":" in user:
-        user = user.split(":", 1)[0] + ":***"
-    return scheme + sep + user + at + host + slash + path
 
 
 def _close_mlflow(logger, tuner, status: str) -> None:
