@@ -17,7 +17,8 @@ import re
 __all__ = ["redact"]
 
 # scheme://user:password@ as SQLAlchemy reads it (a password holds no '@'); the user may be empty
-_USERINFO = re.compile(r"(\b[A-Za-z][\w+.-]*://[^:/@\s'\"]*):[^@\s]*@")
+# the password runs to the LAST @ before the host (a password may hold @; the path's / ends the netloc)
+_USERINFO = re.compile(r"(\b[A-Za-z][\w+.-]*://[^:/@\s'\"]*):[^\s'\"/]*@")
 _QUERY = re.compile(r"(?i)([?&](?:password|passwd|pwd)=)[^&\s'\"#]*")
 
 
