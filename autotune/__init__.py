@@ -23,11 +23,11 @@ _LAZY = {
     "recommend": ("api", "recommend"),
     "tune": ("api", "tune"),
     "Recommendation": ("recommendation", "Recommendation"),
-    "Tuner": ("study", "Tuner"),
-    "run_trial": ("runner", "run_trial"),
-    "detect_hardware": ("hardware", "detect"),
-    "load_space": ("space", "load_space"),
-    "SearchSpace": ("space", "SearchSpace"),
+    "Tuner": ("search.tuner", "Tuner"),
+    "run_trial": ("trial.runner", "run_trial"),
+    "detect_hardware": ("machine.hardware", "detect"),
+    "load_space": ("search.space", "load_space"),
+    "SearchSpace": ("search.space", "SearchSpace"),
     "TrialConfig": ("config", "TrialConfig"),
     "TrialResult": ("result", "TrialResult"),
     "Workload": ("config", "Workload"),
@@ -37,7 +37,7 @@ _LAZY = {
     "WorkloadError": ("errors", "WorkloadError"),
     "SpaceError": ("errors", "SpaceError"),
     "StorageError": ("errors", "StorageError"),
-    "is_oom": ("oom", "is_oom"),
+    "is_oom": ("machine.oom", "is_oom"),
 }
 
 

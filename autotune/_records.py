@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from .errors import ConfigError
+from autotune.errors import ConfigError
 
 __all__ = ["Record", "check", "is_int", "is_num", "finite_or_none"]
 

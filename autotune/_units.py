@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import ConfigError
+from autotune.errors import ConfigError
 
 _MEM_UNITS = {
     "": 1, "b": 1,

@@ -1,5 +1,5 @@
 """The library's front door: ``recommend()``, the recommended config for a workload on this machine, and
-``tune()``, the same for the user's own training (a workload function: ``autotune.contract``).
+``tune()``, the same for the user's own training (a workload function: ``autotune.workloads.contract``).
 
 >>> from autotune import recommend, tune                             # doctest: +SKIP
 >>> rec = recommend("resnet18", budget="20m", memory_cap="12GiB")    # doctest: +SKIP
@@ -12,11 +12,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from . import trials as keys
-from .config import MeasureSpec, Workload
-from .errors import AutotuneError, WorkloadError
-from .recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
-from .storage import open_storage
+from autotune.search import trials as keys
+from autotune.config import MeasureSpec, Workload
+from autotune.errors import AutotuneError, WorkloadError
+from autotune.recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
+from autotune.search.storage import open_storage
 
 __all__ = ["recommend", "tune"]
 
@@ -30,35 +30,35 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     """The recommended config for a workload on this machine.
 
     ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
-    ``autotune.contract``: it may return its own optimizer, step, collate_fn, sampler and count); a function
+    ``autotune.workloads.contract``: it may return its own optimizer, step, collate_fn, sampler and count); a function
     must be importable by reference: a lambda or a nested function is refused with a ``WorkloadError``.
 
     Answers from the study storage when this hardware and workload were tuned before (no trial is run);
     warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
     facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
-    until the search converges (``autotune.convergence``; at most 8 h).
+    until the search converges (``autotune.search.convergence``; at most 8 h).
 
     ``run_length`` (a duration like "6h") or ``planned_steps`` says how long the training this is for runs
     (default: an hour, assumed): a ``torch.compile`` config wins only if its gain over that run pays back its
-    compile time (``autotune.payback``). A stored recommendation priced for another run length is not reused.
+    compile time (``autotune.search.payback``). A stored recommendation priced for another run length is not reused.
 
     ``global_batch`` keeps N samples per optimizer step: only the batch sizes that divide N are searched, as
-    micro-batches with N / micro-batch gradient accumulation steps (``autotune.global_batch``); the
+    micro-batches with N / micro-batch gradient accumulation steps (``autotune.workloads.global_batch``); the
     recommendation's ``accumulation_steps`` and ``apply().accumulation_steps`` say how many.
 
     ``device_memory_cap`` (on a GPU, e.g. "10GiB") is the most PyTorch's allocator may hold in a trial, enforced
     while it runs; by default the GPU's free memory when the run starts, less the CUDA context's share.
     """
-    from ._units import parse_duration_s, parse_memory_mb
-    from .hardware import detect
-    from .gpu_check import check_cuda_usable
-    from .limits import check_cap_against_machine
-    from .payback import RunLength
-    from .space import load_space
-    from .study import Tuner
-    from .contract import reference
-    from .workloads import check
+    from autotune._units import parse_duration_s, parse_memory_mb
+    from autotune.machine.hardware import detect
+    from autotune.machine.gpu_check import check_cuda_usable
+    from autotune.machine.limits import check_cap_against_machine
+    from autotune.search.payback import RunLength
+    from autotune.search.space import load_space
+    from autotune.search.tuner import Tuner
+    from autotune.workloads.contract import reference
+    from autotune.workloads.build import check
 
     run = RunLength.parse(run_length, planned_steps)
     model = reference(model)
@@ -71,7 +71,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     check_cap_against_machine(cap, hw, device)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
     if device_memory_cap is not None:
-        from .limits import check_device_cap
+        from autotune.machine.limits import check_device_cap
 
         device_cap = parse_memory_mb(device_memory_cap, what="device_memory_cap")
         check_device_cap(device_cap, hw, device)
@@ -116,14 +116,14 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
 def tune(workload: str | Callable[..., Any], **kwargs: Any) -> Recommendation:
     """The recommended config for the user's own training: ``workload`` is a function at a module's top level
     (or its ``"package.module:function"`` name) that returns the model, the data and, as it likes, its own
-    optimizer, step, collate_fn, sampler and count (the workload contract: ``autotune.contract``). The keyword
+    optimizer, step, collate_fn, sampler and count (the workload contract: ``autotune.workloads.contract``). The keyword
     arguments are ``recommend()``'s.
 
     >>> rec = tune(mymodule.build, image_size=64, budget="10m")     # doctest: +SKIP
     >>> rec.user_parts                                               # doctest: +SKIP
     ('optimizer', 'collate_fn', 'step', 'count')
     """
-    from .contract import reference
+    from autotune.workloads.contract import reference
 
     ref = reference(workload)
     if ":" not in ref:

@@ -3,7 +3,7 @@ preparation, autocast, the grad scaler, the accumulation steps). Re-exported by 
 
 from __future__ import annotations
 
-from .config import TrialConfig
+from autotune.config import TrialConfig
 
 __all__ = ["Applied"]
 
@@ -12,7 +12,7 @@ class Applied:
     """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
 
     def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1) -> None:
-        from ._device import CPUDevice, CUDADevice
+        from autotune.machine.device import CPUDevice, CUDADevice
 
         self.config = config
         # micro-batches per optimizer step: backward each (the loss divided by this), step and zero_grad after

@@ -11,19 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ._affinity import AFFINITY_MODES
-from ._affinity import env_for as affinity_env
-from ._malloc import MALLOC_MODES, env_for
-from ._records import Record, check, finite_or_none, is_int, is_num
-from .result import MEMORY_STATUSES, STATUSES, TrialResult
+from autotune._records import Record, check, finite_or_none, is_int, is_num
+from autotune.result import MEMORY_STATUSES, STATUSES, TrialResult
 
 __all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
            "COMPILE_MODES", "finite_or_none",
-           "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "launch_env", "THREAD_ENV_VARS"]
+           "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "MALLOC_MODES", "AFFINITY_MODES"]
 
 AMP_MODES = ("off", "bf16", "fp16")
-TEXT_MODELS = ("transformer", "transformer_tiny")  # the built-in text workload's names (sizes: autotune.text)
+TEXT_MODELS = ("transformer", "transformer_tiny")  # the built-in text workload's names (sizes: autotune.workloads.text)
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+# The host allocator (autotune.machine.malloc) and OpenMP thread placement (autotune.machine.affinity): the
+# knobs' words are declared here with the knobs; what each does to a process is the machine's.
+MALLOC_MODES = ("default", "retain", "hugepages", "jemalloc", "tcmalloc")
+AFFINITY_MODES = ("default", "close", "spread")
 TASKS = ("train", "infer")
 
 
@@ -37,11 +38,11 @@ class Workload(Record):
     """What is measured: a model by name, its data, the task and the device.
 
     ``model`` is a torchvision classification model name (``resnet18``), the built-in text workload
-    (``transformer``, ``autotune.text``: ``image_size`` is then the maximum sequence length) or
+    (``transformer``, ``autotune.workloads.text``: ``image_size`` is then the maximum sequence length) or
     ``package.module:callable``. ``data_dir`` is an ImageFolder of real images; ``None`` means synthetic JPEGs
     decoded by PIL (synthetic token sequences for text).
     ``global_batch`` (training only) keeps the user's samples per optimizer step: the batch size is then a
-    micro-batch that divides it, with gradient accumulation (``autotune.global_batch``); None: no accumulation.
+    micro-batch that divides it, with gradient accumulation (``autotune.workloads.global_batch``); None: no accumulation.
     """
 
     _kind: ClassVar[str] = "workload"
@@ -85,7 +86,7 @@ class Workload(Record):
 
     @property
     def size_label(self) -> str:
-        """``224px``; for the built-in text workload (``autotune.text``, where image_size is the maximum sequence
+        """``224px``; for the built-in text workload (``autotune.workloads.text``, where image_size is the maximum sequence
         length) ``len128``."""
         return f"len{self.image_size}" if self.model in TEXT_MODELS else f"{self.image_size}px"
 
@@ -121,8 +122,8 @@ class TrialConfig(Record):
     inter_op_threads: int | None = None
     cudnn_benchmark: bool = False
     malloc: str = "default"
-    bucket_by_length: bool = False  # text workloads: batches of similar lengths (autotune.text)
-    affinity: str = "default"  # OpenMP threads pinned to cores (autotune._affinity)
+    bucket_by_length: bool = False  # text workloads: batches of similar lengths (autotune.workloads.text)
+    affinity: str = "default"  # OpenMP threads pinned to cores (autotune.machine.affinity)
 
     def __post_init__(self) -> None:
         check(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
@@ -245,7 +246,7 @@ KNOBS: tuple[Knob, ...] = (
          "OMP_PLACES, and KMP_AFFINITY/KMP_BLOCKTIME for Intel's OpenMP (default: %(default)s)",
          choices=AFFINITY_MODES, label="affinity"),
     Knob("bucket_by_length", "--bucket-by-length", "switch",
-         "text workloads: batches of sequences of similar length, so less padding (autotune.text)", label="bucket"),
+         "text workloads: batches of sequences of similar length, so less padding (autotune.workloads.text)", label="bucket"),
 )
 _KNOB = {k.field: k for k in KNOBS}
 _THREADS = ("intra_op_threads", "inter_op_threads")
@@ -349,18 +350,3 @@ class MeasureSpec(Record):
                "a share of the cap from 0 to 0.9 (0.1 keeps 10% of the cap free)")
         check(self.device_memory_cap_mb is None or (is_num(self.device_memory_cap_mb) and self.device_memory_cap_mb > 0),
               "device_memory_cap_mb", self.device_memory_cap_mb, "None or a positive number of MiB")
-
-
-# Thread-count variables the OpenMP, MKL and OpenBLAS runtimes read once, when they load.
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def launch_env(config: TrialConfig) -> dict[str, str]:
-    """The environment variables a process must start with to run ``config`` as it was measured: the thread
-    runtimes read their counts and affinity at load, the loader its preloads at start and glibc its malloc
-    settings at the first allocation. The trial's child gets exactly these (``runner.child_env``); a
-    recommendation lists them for the user's launch."""
-    env = {v: str(config.intra_op_threads) for v in THREAD_ENV_VARS} if config.intra_op_threads else {}
-    env.update(env_for(config.malloc))
-    env.update(affinity_env(config.affinity))
-    return env

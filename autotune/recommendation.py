@@ -25,12 +25,13 @@ from typing import Any, Iterator
 
 import yaml
 
-from ._redact import redact
-from ._affinity import env_for as affinity_env
-from ._malloc import apply_in_process, env_for
-from .applied import Applied
-from .config import TrialConfig, Workload, knob_args, knob_summary, launch_env
-from .errors import ConfigError
+from autotune._redact import redact
+from autotune.machine.affinity import env_for as affinity_env
+from autotune.machine.malloc import apply_in_process, env_for
+from autotune.applied import Applied
+from autotune.config import TrialConfig, Workload, knob_args, knob_summary
+from autotune.machine.launch_env import launch_env
+from autotune.errors import ConfigError
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
            "stored_recommendation", "tokens_per_sample"]
@@ -49,7 +50,7 @@ def _now() -> str:
 def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
     """The `autotune trial` command that measures this config again: the workload's flags, then the knobs'
     (``config.knob_args``), then the memory cap."""
-    from .text import is_text
+    from autotune.workloads.text import is_text
 
     size_flag = "--seq-len" if is_text(workload.model) else "--image-size"  # the same flag, spelled for text
     args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
@@ -105,7 +106,7 @@ class Recommendation:
     # as a further round (only one finalist round fit); None / False in older exports and provisional ones
     finalist_rounds: int | None = None
     search_round_pooled: bool = False
-    # which parts of the training the figures ran that were the user's own (autotune.contract.PARTS: optimizer,
+    # which parts of the training the figures ran that were the user's own (autotune.workloads.contract.PARTS: optimizer,
     # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
     user_parts: tuple[str, ...] = ()
     # the facts `python -m torch.utils.collect_env` reports where it was measured (envstamp.collect_env_stamp)
@@ -114,7 +115,7 @@ class Recommendation:
     # measured compile time, effective throughput and break-even, whether compile was dropped for not paying
     # back, where the study's inductor cache lives; None in older exports and provisional ones
     compile: dict | None = None
-    # real tokens per sample as the workload counted them (text: autotune.text), over the finalists' search
+    # real tokens per sample as the workload counted them (text: autotune.workloads.text), over the finalists' search
     # trials (a property of the data, not of the config); None when it counts no tokens
     tokens_per_sample: float | None = None
 
@@ -221,7 +222,7 @@ class Recommendation:
         text = "# autotune recommendation: measured, not guessed. Reproduce with provenance.reproduce.\n"
         text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False, width=10**6)  # one-line reproduce
         if path is not None:
-            from ._atomic import atomic_write
+            from autotune._atomic import atomic_write
 
             atomic_write(Path(path), text)
         return text
@@ -261,7 +262,7 @@ class Recommendation:
     @property
     def accumulation_steps(self) -> int:
         """Micro-batches (of ``config.batch_size``) per optimizer step: global batch / batch size, else 1."""
-        from .global_batch import accumulation_steps
+        from autotune.workloads.global_batch import accumulation_steps
 
         return accumulation_steps(self.global_batch, self.config.batch_size)
 
@@ -312,13 +313,13 @@ class Recommendation:
         """Differences between the versions this was measured with and the running ones (empty if none):
         torch, torchvision, CUDA and the driver, then the other facts of its collect_env stamp that changed
         (compiler, OS, libc, cuDNN, the torch-related packages...; see ``envstamp.stamp_changes``)."""
-        from .hardware import detect
+        from autotune.machine.hardware import detect
 
         now = versions_of(detect(with_torch=False))
         changed = [f"{k} {self.versions.get(k)} -> {now.get(k)}" for k in ("torch", "torchvision", "cuda", "driver")
                    if self.versions.get(k) != now.get(k) and (self.versions.get(k) or now.get(k))]
         if self.env_stamp:
-            from .envstamp import collect_env_stamp, stamp_changes
+            from autotune.machine.envstamp import collect_env_stamp, stamp_changes
 
             changed += stamp_changes(self.env_stamp, collect_env_stamp())
         return changed
@@ -332,7 +333,7 @@ class Recommendation:
         >>> lt = rec.lightning()                                                            # doctest: +SKIP
         >>> trainer = L.Trainer(max_epochs=3, **lt.trainer_kwargs, callbacks=[lt.callback])  # doctest: +SKIP
         """
-        from .integrations.lightning import settings
+        from autotune.integrations.lightning import settings
 
         return settings(self)
 
@@ -343,7 +344,7 @@ class Recommendation:
 
         >>> args = TrainingArguments(output_dir="out", **rec.training_arguments())   # doctest: +SKIP
         """
-        from .integrations.hf import training_arguments
+        from autotune.integrations.hf import training_arguments
 
         return training_arguments(self, strict=strict)
 
@@ -354,7 +355,7 @@ class Recommendation:
                  + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
                     f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
         if self.global_batch:
-            from .global_batch import describe
+            from autotune.workloads.global_batch import describe
 
             lines.append(f"  {describe(self.config.batch_size, self.global_batch)} (an optimizer step every "
                          f"{self.global_batch} samples, as measured)")
@@ -362,7 +363,7 @@ class Recommendation:
             lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "
                          "per sample, as the workload counts them)")
         if self.user_parts:
-            lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.contract)")
+            lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.workloads.contract)")
         if self.margin_vs_runner_up is not None:
             lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
                          + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"
@@ -371,13 +372,13 @@ class Recommendation:
                             + (" and the search trials" if self.search_round_pooled else "")
                             if self.finalist_rounds else ""))
         if self.headroom_mb() is not None:
-            from ._units import format_mb
+            from autotune._units import format_mb
 
             lines.append(f"  peak memory {format_mb(self.peak_host_mb)} of the {format_mb(self.memory_cap_mb)} cap: "
                          f"{format_mb(self.headroom_mb())} to spare beyond the {100 * (self.memory_margin or 0):.0f}% "
                          "margin")
         if self.device_memory_cap_mb is not None and (self.peak_device_allocated_mb or self.peak_device_mb):
-            from ._units import format_mb as mb
+            from autotune._units import format_mb as mb
             lines.append(f"  device memory {mb(self.peak_device_allocated_mb or self.peak_device_mb)} in tensors, "
                          f"{mb(self.peak_device_mb)} reserved, under the {mb(self.device_memory_cap_mb)} device cap")
         if self.compile and self.compile.get("configs"):
@@ -390,7 +391,7 @@ class Recommendation:
 def versions_of(hw) -> dict[str, Any]:
     import platform
 
-    from . import __version__
+    from autotune import __version__
 
     out: dict[str, Any] = {"autotune": __version__, "python": platform.python_version()}
     try:

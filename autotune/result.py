@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ._records import Record, check
-from .measure import Summary, summarize
+from autotune._records import Record, check
+from autotune.measure import Summary, summarize
 
 __all__ = ["TrialResult", "STATUSES", "MEMORY_STATUSES"]
 
@@ -52,7 +52,7 @@ class TrialResult(Record):
     traceback: str | None = None
     batch_size: int | None = None
     user_error: bool = False  # the workload itself is wrong (e.g. a callable returning the wrong things)
-    samples_per_step: float | None = None  # as the workload counts them (autotune.contract), over the windows
+    samples_per_step: float | None = None  # as the workload counts them (autotune.workloads.contract), over the windows
     tokens_per_s: tuple[float, ...] = ()  # per window, when the workload's count gives tokens
     user_parts: tuple[str, ...] = ()  # the workload's own parts the trial ran (optimizer, step, count...)
 
@@ -138,7 +138,7 @@ class TrialResult(Record):
 
     def describe(self) -> str:
         """Multi-line text a person reads after ``autotune trial``."""
-        from ._units import format_mb
+        from autotune._units import format_mb
 
         lines = [f"status        {self.status}" + (f"  ({self.reason})" if self.reason else "")]
         if self.samples_per_s:
@@ -178,7 +178,7 @@ class TrialResult(Record):
                 lines.append("warning       the first windows never settled within the warm-up limit: "
                              "the windows are kept as measured")
         if self.user_parts:
-            lines.append(f"user's parts  {', '.join(self.user_parts)} (the rest is autotune's; see autotune.contract)")
+            lines.append(f"user's parts  {', '.join(self.user_parts)} (the rest is autotune's; see autotune.workloads.contract)")
         if self.final_loss is not None:
             lines.append(f"final loss    {self.final_loss:.4f}")
         if self.wall_s is not None:

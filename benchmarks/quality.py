@@ -6,7 +6,7 @@ the built-in text transformer; ``--workloads`` for others):
 1. Its own ground truth: every combination of the likely-winner bundle's knobs (bf16 where the CPU has it,
    channels_last for images, malloc retain, length bucketing for text) x the batch sizes, each through the same
    isolated runner, in shuffled order.
-2. autotune with no budget (it stops by itself: ``autotune.convergence``) on the same space (``--space grid``,
+2. autotune with no budget (it stops by itself: ``autotune.search.convergence``) on the same space (``--space grid``,
    the default with ``--quick``) or on the stock CPU space (``--space stock``), recording every trial.
 3. Interleaved re-measurement (rounds rotate the order) of the grid's top three, the recommendation and
    PyTorch's defaults, and of the grid's best with the CPU launch knobs (``malloc`` jemalloc / tcmalloc where
@@ -38,16 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune._malloc import preload_path  # noqa: E402
+from autotune.machine.malloc import preload_path  # noqa: E402
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
-from autotune.space import load_space, space_from_dict  # noqa: E402
-from autotune.study import Tuner  # noqa: E402
-from autotune.text import fit_space  # noqa: E402
-from autotune.workloads import check  # noqa: E402
+from autotune.trial.runner import run_trial  # noqa: E402
+from autotune.search.space import load_space, space_from_dict  # noqa: E402
+from autotune.search.tuner import Tuner  # noqa: E402
+from autotune.workloads.text import fit_space  # noqa: E402
+from autotune.workloads.build import check  # noqa: E402
 
 WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
 FULL = {"image_size": 128, "batches": "16,32,64", "space": "stock", "windows": 3, "window_seconds": 2.0, "rounds": 3,
@@ -58,7 +58,7 @@ QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_
 
 def space_doc(batches, baseline_batch: int) -> dict:
     """The bundle's knobs x the batch sizes; the text workload trades channels_last for length bucketing
-    (``autotune.text.fit_space``)."""
+    (``autotune.workloads.text.fit_space``)."""
     return {"name": "quality", "device": "cpu",
             "parameters": {"batch_size": {"type": "int", "choices": list(batches)},
                            "amp": {"type": "categorical", "choices": ["off", "bf16"]},

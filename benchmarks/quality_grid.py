@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
-from autotune.space import space_from_dict  # noqa: E402
-from autotune.study import Tuner  # noqa: E402
+from autotune.trial.runner import run_trial  # noqa: E402
+from autotune.search.space import space_from_dict  # noqa: E402
+from autotune.search.tuner import Tuner  # noqa: E402
 
 _PEAK_CHILD = r"""
 import json, sys, time, torch

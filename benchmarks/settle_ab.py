@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
+from autotune.trial.runner import run_trial  # noqa: E402
 
 CONFIGS = [TrialConfig(batch_size=64, intra_op_threads=2, inter_op_threads=1),
            TrialConfig(batch_size=128, amp="bf16", channels_last=True, intra_op_threads=2, inter_op_threads=1),

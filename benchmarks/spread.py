@@ -2,7 +2,7 @@
 """How reproducible is one measurement? Run the same config N times, each in a fresh process, and report the
 spread of the medians.
 
-Each run goes through ``autotune.runner.run_trial`` exactly as a tuning trial does (fresh child, warm-up, measured
+Each run goes through ``autotune.trial.runner.run_trial`` exactly as a tuning trial does (fresh child, warm-up, measured
 windows). The spread of the run medians is the noise floor: configs closer than it cannot be told apart on this
 machine. Raw window samples of every run are written to a JSON file.
 
@@ -32,14 +32,14 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a source checkout without installing
 
-from autotune._malloc import MALLOC_MODES  # noqa: E402
+from autotune.machine.malloc import MALLOC_MODES  # noqa: E402
 from autotune.config import AMP_MODES, MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
-from autotune.hardware import detect  # noqa: E402
+from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
 from autotune._atomic import atomic_write  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
-from autotune.workloads import check  # noqa: E402
+from autotune.trial.runner import run_trial  # noqa: E402
+from autotune.workloads.build import check  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--malloc", choices=MALLOC_MODES, nargs="+", default=["default"], metavar="MODE",
                    help="one or more of: %(choices)s. retain: glibc keeps freed memory; hugepages: retain + "
-                        "PyTorch's transparent huge pages (see autotune/_malloc.py). Several: runs interleaved")
+                        "PyTorch's transparent huge pages (see autotune/machine/malloc.py). Several: runs interleaved")
     p.add_argument("--device", default="cpu")
     p.add_argument("--windows", type=int, default=default.windows, help="default: the runner's, %(default)s")
     p.add_argument("--window-seconds", type=float, default=default.window_s, help="default: the runner's, %(default)s")

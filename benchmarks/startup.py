@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
-from autotune.forkserver import ForkServers  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
+from autotune.trial.forkserver import ForkServers  # noqa: E402
+from autotune.trial.runner import run_trial  # noqa: E402
 
 
 def row(r) -> dict:

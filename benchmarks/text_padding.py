@@ -1,6 +1,6 @@
 """Does padding matter for the text workload? tokens/s of a training step, interleaved, in one process.
 
-Three ways to batch the same synthetic sequences (``autotune.text``): padded to the batch's longest in random
+Three ways to batch the same synthetic sequences (``autotune.workloads.text``): padded to the batch's longest in random
 order (the workload's collate), the same padded up to a multiple of 64, and length-bucketed (batches of similar
 lengths: indices sorted by length within chunks of 50 batches, the batches shuffled, as HF's group_by_length).
 Real (non-pad) tokens per second of AdamW training steps, rounds interleaved (A B C, B C A, ...).
@@ -30,8 +30,8 @@ def main() -> None:
     import torch
 
     from autotune.config import Workload
-    from autotune.text import PAD, pad_collate
-    from autotune.workloads import build
+    from autotune.workloads.text import PAD, pad_collate
+    from autotune.workloads.build import build
 
     if args.threads:
         torch.set_num_threads(args.threads)

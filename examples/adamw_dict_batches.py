@@ -1,7 +1,7 @@
 """Tune your own training, not a stand-in: AdamW, gradient clipping, dict batches and a custom collate.
 
 The workload function ``build`` returns, besides the model and dataset, its own optimizer factory, collate_fn,
-training step and count (the workload contract: ``autotune.contract``). Every trial then measures this step:
+training step and count (the workload contract: ``autotune.workloads.contract``). Every trial then measures this step:
 AdamW's two extra copies of the weights are in the measured peak memory, the clipping in the step time. Run it
 from the repository root (the folder that contains ``examples/``):
 

@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    from autotune._device import nvml_gpus
+    from autotune.machine.device import nvml_gpus
 
     gpus, status = nvml_gpus()
     reason = (f"no CUDA GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}); NVML: "

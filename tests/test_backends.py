@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import protocol
-from autotune.backends import SearchBackend, load_backend
+from autotune.search import protocol
+from autotune.search.backends import SearchBackend, load_backend
 from autotune.config import TrialResult
 from autotune.errors import AutotuneError
 from tests.test_study import make_tuner
@@ -44,7 +44,7 @@ class _AskTell(SearchBackend):
 
 
 def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monkeypatch):
-    import autotune.backends as backends
+    import autotune.search.backends as backends
 
     ran = []
 
@@ -69,9 +69,9 @@ def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
     trial reserves the cores its threads and workers use."""
     import dataclasses
 
-    from autotune.backends.ray.cluster import gpu_trial, node_memory_cap_mb
-    from autotune.hardware import detect
-    from autotune.limits import default_memory_cap_mb
+    from autotune.search.backends.ray.cluster import gpu_trial, node_memory_cap_mb
+    from autotune.machine.hardware import detect
+    from autotune.machine.limits import default_memory_cap_mb
 
     node = dataclasses.replace(detect(with_torch=False), ram_available_mb=64_000.0, ram_total_mb=65_536.0,
                                gpus=({"index": 0}, {"index": 1}, {"index": 2}, {"index": 3}))
@@ -84,7 +84,7 @@ def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
 
 
 def test_a_ray_gpu_trial_runs_on_its_one_gpu_whatever_cuda_n_the_study_names():
-    from autotune.backends.ray.cluster import trial_device
+    from autotune.search.backends.ray.cluster import trial_device
     from autotune.config import Workload
 
     # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPU: inside the worker it is cuda:0, and cuda:1 names nothing

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from autotune.batch_walk import next_steps
-from autotune.hardware import detect
-from autotune.space import space_from_dict
+from autotune.search.batch_walk import next_steps
+from autotune.machine.hardware import detect
+from autotune.search.space import space_from_dict
 
 SPACE = space_from_dict({"name": "walk", "device": "cpu",
                          "parameters": {"batch_size": {"type": "int", "choices": [8, 16, 32, 64]},

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.report import PLOTS
+from autotune.view.report import PLOTS
 
 from . import report_fixtures
 from .conftest import REPO_ROOT

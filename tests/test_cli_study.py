@@ -117,7 +117,7 @@ def test_run_show_export_round_trip(tmp_path, space_file):
 
 
 def test_the_export_hint_names_the_storage_without_its_password():
-    from autotune.cli_study import export_hint
+    from autotune.cli.study import export_hint
 
     assert export_hint("s", None) == "autotune export --study-name s -o best.yaml"
     assert export_hint("s", "postgresql://tuner:p@ss:w0rd@db.lan:5432/autotune") == (

@@ -170,8 +170,8 @@ def test_knob_args_order_and_form():
 ])
 @pytest.mark.parametrize("device", ["cpu", "cuda:0"])
 def test_knob_args_round_trip_through_the_trial_parser(cfg, device):
-    from autotune.cli import build_parser
-    from autotune.cli_args import config_from_args
+    from autotune.cli.main import build_parser
+    from autotune.cli.args import config_from_args
 
     args = build_parser().parse_args(["trial", "--device", device, *knob_args(cfg)])
     assert config_from_args(args, args.device) == cfg.replace(cudnn_benchmark=device != "cpu")

@@ -1,4 +1,4 @@
-"""The workload contract (``autotune.contract``): each part checked in this process, fast; then through the real
+"""The workload contract (``autotune.workloads.contract``): each part checked in this process, fast; then through the real
 runner (a child process per trial), which is slow.
 
 In-process tests build steps with ``_worker.make_step`` on the CPU device, as a trial's child does.
@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import contract
-from autotune._device import CPUDevice
-from autotune._worker import make_step
+from autotune.workloads import contract
+from autotune.machine.device import CPUDevice
+from autotune.trial.worker import make_step
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
-from autotune.contract import StepContext, count_batch, loader_kwargs, move, reference
+from autotune.workloads.contract import StepContext, count_batch, loader_kwargs, move, reference
 from autotune.errors import WorkloadError
-from autotune.workloads import build
+from autotune.workloads.build import build
 
 FIX = "tests.workloads_fixtures:"
 Pair = collections.namedtuple("Pair", "image mask")
@@ -123,7 +123,7 @@ def _batch():
 
 
 def _parts(**kw):
-    from autotune.workloads import Built
+    from autotune.workloads.build import Built
 
     return Built(None, None, None, **kw)
 
@@ -245,7 +245,7 @@ QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_s=0.0, warmup_min_steps=
 
 
 def trial(name: str, **config) -> TrialResult:
-    from autotune.runner import run_trial
+    from autotune.trial.runner import run_trial
 
     return run_trial(Workload(model=FIX + name, image_size=32), TrialConfig(**{"batch_size": 8, **config}), QUICK)
 
@@ -286,7 +286,7 @@ def test_adamw_peak_is_above_sgds_by_its_two_copies_of_the_weights():
 
 @pytest.mark.slow  # one parity child, ~10 s
 def test_the_numerics_check_runs_the_users_step_on_its_dict_batches(tmp_path):
-    from autotune.parity import parity_check
+    from autotune.trial.parity import parity_check
 
     r = parity_check(Workload(model="examples.adamw_dict_batches:build", image_size=16),
                      TrialConfig(batch_size=8, amp="bf16", channels_last=True), steps=4,

@@ -5,8 +5,8 @@ the measured cost of a trial and what a gain would save over the planned run (or
 from __future__ import annotations
 
 from autotune.config import TrialResult
-from autotune.convergence import MAX_PATIENCE, MIN_PATIENCE, PLANNED_ROLES, patience
-from autotune.trials import STATUS
+from autotune.search.convergence import MAX_PATIENCE, MIN_PATIENCE, PLANNED_ROLES, patience
+from autotune.search.trials import STATUS
 from tests.test_study import make_tuner, tiny_space
 
 # 12 batch sizes x channels_last x 2 worker counts (what 2 cores keep): 48 configs
@@ -85,8 +85,8 @@ def test_only_a_feasible_gain_beyond_the_noise_restarts_the_count():
     from optuna.distributions import IntDistribution
     from optuna.trial import TrialState, create_trial
 
-    from autotune.convergence import convergence
-    from autotune.trials import MemoryLimit
+    from autotune.search.convergence import convergence
+    from autotune.search.trials import MemoryLimit
 
     study = optuna.create_study(direction="maximize")
     t0 = datetime.datetime(2026, 11, 23)

@@ -1,4 +1,4 @@
-"""The planned search (autotune.coordinate) and compile last (autotune.compile_last): a bundle of likely winners
+"""The planned search (autotune.search.coordinate) and compile last (autotune.search.compile_last): a bundle of likely winners
 holding one harmful knob does not hide the others' gain, effects within the noise are decided on a second
 measurement of both configs, compile runs only once the eager search has settled, and a run with no budget
 stops by itself.
@@ -16,10 +16,10 @@ from optuna.trial import TrialState, create_trial
 
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
-from autotune.coordinate import candidates, complete, plan
-from autotune.hardware import detect
-from autotune.space import Param, space_from_dict
-from autotune.study import Tuner
+from autotune.search.coordinate import candidates, complete, plan
+from autotune.machine.hardware import detect
+from autotune.search.space import Param, space_from_dict
+from autotune.search.tuner import Tuner
 
 # every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler, malloc glibc)
 HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36",
@@ -175,7 +175,7 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
                                   (BASE, 100.0, {"repeat_of": 0}), ({**BASE, "channels_last": True}, 80.0, {}, 0.6)]
                           + [({**BASE, "batch_size": bs, "amp": amp}, 50.0, {}, 0.6) for bs in (8, 32, 64)
                              for amp in ("off", "bf16")] + [({**BASE, "malloc": "retain", "batch_size": 8}, 50.0, {}, 0.6)])
-    from autotune.convergence import noise_of
+    from autotune.search.convergence import noise_of
 
     assert noise_of(study.get_trials()) == 0.6  # the study's noise now; the decisions above were taken at 5%
     again = plan(space, study.get_trials(), noise=0.05)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune._device import CUDADevice, nvml_gpus
-from autotune.gpu_check import CudaBuild
+from autotune.machine.device import CUDADevice, nvml_gpus
+from autotune.machine.gpu_check import CudaBuild
 from autotune.applied import Applied
 from autotune.config import TrialConfig
 
@@ -38,7 +38,7 @@ if torch.version.cuda is None:
 
 
 def _model_step(dev: CUDADevice):
-    from autotune._worker import make_step
+    from autotune.trial.worker import make_step
 
     step = make_step(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2)), nn.CrossEntropyLoss(),
                      TrialConfig(batch_size=2, amp="fp16", channels_last=True), dev, train=True)

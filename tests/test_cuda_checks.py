@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.gpu_check import CudaBuild, check_cuda_usable, cuda_in_forked_worker, cuda_problem
+from autotune.machine.gpu_check import CudaBuild, check_cuda_usable, cuda_in_forked_worker, cuda_problem
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from autotune.global_batch import check_cudagraphs, restrict_space
-from autotune.hardware import detect
-from autotune.limits import check_device_cap, default_device_memory_cap_mb
-from autotune.space import space_from_dict
+from autotune.workloads.global_batch import check_cudagraphs, restrict_space
+from autotune.machine.hardware import detect
+from autotune.machine.limits import check_device_cap, default_device_memory_cap_mb
+from autotune.search.space import space_from_dict
 
 CU130 = CudaBuild("2.14.1+cu130", "13.0", ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"), True)
 

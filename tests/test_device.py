@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
-from autotune import hardware
-from autotune._device import (CPUDevice, CUDADevice, EventStepTimer, GPUInfo, HostStepTimer, autocast_dtype_name,
-                              cuda_device_gpus, get_device, nvml_gpus)
+from autotune.machine import hardware
+from autotune.machine.device import (CPUDevice, CUDADevice, EventStepTimer, GPUInfo, HostStepTimer,
+                                     autocast_dtype_name, cuda_device_gpus, get_device, nvml_gpus)
 from autotune.errors import ConfigError
 
 NO_CUDA = not torch.cuda.is_available()

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from autotune import diagnose as dg
-from autotune.diagnose import Diagnosis, diagnose
+from autotune.search import diagnose as dg
+from autotune.search.diagnose import Diagnosis, diagnose
 
 OK = {"status": "ok", "median_samples_per_s": 100.0, "wall_s": 10.0}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import cli
+from autotune.cli import main as cli
 from autotune.config import TrialResult
 
 from .conftest import run_cli

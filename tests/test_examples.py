@@ -24,7 +24,7 @@ import optuna
 import pytest
 
 from autotune.config import TrialConfig, Workload
-from autotune.hardware import detect
+from autotune.machine.hardware import detect
 
 from tests.conftest import REPO_ROOT, run_cli
 
@@ -79,7 +79,7 @@ def test_custom_workload_trial_via_the_cli():
 def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
     from autotune.recommendation import Recommendation, reproduce_command, versions_of
-    from autotune.storage import open_storage, study_name_for
+    from autotune.search.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu")
     config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1,
@@ -223,7 +223,7 @@ def test_train_example_accumulates_to_the_global_batch(tmp_path):
     """A stored recommendation for global batch 32 with micro-batch 16 (the shipped space's smallest): the
     example's loop takes an optimizer step every run.accumulation_steps (2) micro-batches."""
     from autotune.recommendation import Recommendation, reproduce_command, versions_of
-    from autotune.storage import open_storage, study_name_for
+    from autotune.search.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu", global_batch=32)
     config = TrialConfig(batch_size=16)

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from autotune import MeasureSpec, Workload
-from autotune.hardware import detect
-from autotune.space import space_from_dict
-from autotune.study import Tuner
+from autotune.machine.hardware import detect
+from autotune.search.space import space_from_dict
+from autotune.search.tuner import Tuner
 
 from .conftest import run_cli
 
@@ -34,7 +34,7 @@ def _orphans() -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline", "ppid"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            if "autotune._worker" in cmd and p.info["ppid"] == 1:
+            if "autotune.trial.worker" in cmd and p.info["ppid"] == 1:
                 out.append(p)
         except psutil.Error:
             pass

@@ -4,7 +4,7 @@ interval of the ratio of medians over the interleaved rounds, not the windows' s
 from __future__ import annotations
 
 from autotune.config import TrialResult
-from autotune.finalists import ratio_interval
+from autotune.search.finalists import ratio_interval
 from tests.test_study import QUICK, make_tuner
 
 SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
@@ -120,7 +120,7 @@ def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(t
 # --- device memory on a GPU (through the seam: a fake GPU row and a fake runner) --------------------------
 
 def test_device_memory_is_judged_on_the_tensors_peak_against_the_device_cap_and_the_margin():
-    from autotune.trials import outcome
+    from autotune.search.trials import outcome
 
     # 7000 MiB reserved (cache and cuDNN workspaces) but 6000 MiB in tensors, under a 7680 MiB device cap
     ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=7000.0,
@@ -138,8 +138,8 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
     import dataclasses
 
     from autotune import Workload
-    from autotune.hardware import detect
-    from autotune.study import Tuner
+    from autotune.machine.hardware import detect
+    from autotune.search.tuner import Tuner
     from tests.test_study import tiny_space
 
     gpu = {"index": 0, "name": "Fake 8G", "memory_total_mb": 8192.0, "compute_capability": "8.0",
@@ -173,8 +173,8 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
 def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_path):
     """bf16 is fastest but the workload's bf16 loss diverges (a real check, in a child): the next best, which
     trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
-    from autotune.space import space_from_dict
-    from autotune.trials import trial_rows
+    from autotune.search.space import space_from_dict
+    from autotune.search.trials import trial_rows
     from tests.test_study import HW
 
     space = space_from_dict({"name": "amp", "device": "cpu",
@@ -215,7 +215,7 @@ def _trial(number: int, batch_size: int, wall_s: float):
 def test_a_short_budget_buys_two_rounds_of_fewer_finalists_before_one_round_of_more():
     """Four candidates (three finalists and the baseline) at ~10 s a run: 45 s holds one round of all four
     (the old plan: four, once each) but two rounds only of two; 25 s holds no two rounds of anything."""
-    from autotune.finalists import plan
+    from autotune.search.finalists import plan
 
     top, base = [_trial(1, 64, 10.0), _trial(2, 32, 10.0), _trial(3, 16, 10.0)], _trial(0, 8, 10.0)
     measure = QUICK.replace(windows=1, window_s=0.001)  # next to no extra time for a finalist's longer windows

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
-from autotune.forkserver import ENV_SWITCH, ForkServerError, ForkServers, default_servers, forkable
-from autotune.runner import run_trial
+from autotune.trial.forkserver import ENV_SWITCH, ForkServerError, ForkServers, default_servers, forkable
+from autotune.trial.runner import run_trial
 
 SPEC = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, warmup_max_s=5, timeout_s=120)
 

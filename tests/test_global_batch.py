@@ -11,12 +11,12 @@ import pytest
 from autotune import MeasureSpec, Recommendation, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.errors import ConfigError
-from autotune.global_batch import accumulation_steps, describe, restrict_space
-from autotune.hardware import detect
+from autotune.workloads.global_batch import accumulation_steps, describe, restrict_space
+from autotune.machine.hardware import detect
 from autotune.recommendation import reproduce_command
-from autotune.space import space_from_dict
-from autotune.storage import study_name_for
-from autotune.study import Tuner
+from autotune.search.space import space_from_dict
+from autotune.search.storage import study_name_for
+from autotune.search.tuner import Tuner
 
 from tests.conftest import run_cli
 
@@ -87,8 +87,8 @@ def test_a_user_step_accumulates_through_the_context():
     """In-process: the contract's ctx counts the micro-batches; optimizer_step acts on the last one only."""
     import torch
 
-    from autotune._device import CPUDevice
-    from autotune._worker import make_step
+    from autotune.machine.device import CPUDevice
+    from autotune.trial.worker import make_step
 
     seen: list[int] = []
 
@@ -121,7 +121,7 @@ def test_a_user_step_accumulates_through_the_context():
 def test_a_real_trial_steps_the_optimizer_once_per_global_batch(tmp_path, monkeypatch):
     """A trial in a child with global batch 16, micro-batch 4: the workload's optimizer stepped once every 4
     micro-batches and zeroed the gradients only after a step; samples per step is the global batch."""
-    from autotune.runner import run_trial
+    from autotune.trial.runner import run_trial
 
     counts = tmp_path / "counts.json"
     monkeypatch.setenv("AUTOTUNE_TEST_COUNTS", str(counts))  # the child inherits it; the fixture writes there

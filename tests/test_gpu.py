@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
-from autotune.runner import run_trial
+from autotune.trial.runner import run_trial
 
 from .conftest import TINY, run_cli
 
@@ -47,7 +47,7 @@ def test_fp16_grad_scaler_channels_last_and_cudnn_benchmark_on_cuda(device, tmp_
 def test_a_cuda_trial_fits_the_minimum_host_cap(tmp_path):
     """MIN_CUDA_MEMORY_CAP_MB was estimated without a GPU: a small trial with its CUDA context, the CUDA
     libraries' pages and pinned batches must fit under it (the figure goes to docs/gpu.md)."""
-    from autotune.limits import MIN_CUDA_MEMORY_CAP_MB
+    from autotune.machine.limits import MIN_CUDA_MEMORY_CAP_MB
 
     r = run_trial(_wl("cuda"), TrialConfig(batch_size=32, pin_memory=True, num_workers=1), SPEC,
                   log_path=tmp_path / "log")

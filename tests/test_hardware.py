@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from autotune import hardware
-from autotune.hardware import cgroup_cpu_quota, cgroup_memory_limit_mb, detect
+from autotune.machine import hardware
+from autotune.machine.hardware import cgroup_cpu_quota, cgroup_memory_limit_mb, detect
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_describe_and_to_dict(hw):
 @pytest.mark.parametrize("text, mode", [("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
                                         ("always madvise [never]\n", "never"), ("garbage", None)])
 def test_thp_mode_read_from_sysfs(tmp_path, text, mode):
-    from autotune._malloc import thp_mode
+    from autotune.machine.malloc import thp_mode
 
     f = tmp_path / "enabled"
     f.write_text(text)
@@ -65,7 +65,7 @@ def test_thp_mode_read_from_sysfs(tmp_path, text, mode):
 
 
 def test_detect_reports_the_kernels_thp_mode(hw):
-    from autotune._malloc import thp_mode
+    from autotune.machine.malloc import thp_mode
 
     assert hw.thp == thp_mode()
     assert f"transparent huge pages {hw.thp or 'unknown'}" in hw.describe()

@@ -176,7 +176,7 @@ def test_an_integration_without_its_extra_names_the_install_command(monkeypatch,
 
 
 def test_run_with_mlflow_but_without_mlflow_exits_2_in_one_line(monkeypatch, capsys):
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     code = main(["run", "--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu",
@@ -357,7 +357,7 @@ def test_mlflow_store_it_cannot_use_is_one_line(tmp_path, monkeypatch):
 def test_collect_env_stamp_has_collect_envs_facts_and_names_what_changed():
     from torch.utils.collect_env import get_env_info
 
-    from autotune.envstamp import collect_env_stamp, stamp_changes
+    from autotune.machine.envstamp import collect_env_stamp, stamp_changes
 
     stamp = collect_env_stamp()
     assert "error" not in stamp, stamp
@@ -377,7 +377,7 @@ def test_collect_env_stamp_has_collect_envs_facts_and_names_what_changed():
 
 
 def test_recommendation_yaml_keeps_the_stamp_and_recommend_names_the_changed_facts(tmp_path):
-    from autotune.envstamp import collect_env_stamp
+    from autotune.machine.envstamp import collect_env_stamp
     from autotune.recommendation import Recommendation, VersionMismatchWarning
     from tests.test_recommend import TINY, _store, recommend_fn
 

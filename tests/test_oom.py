@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import oom
-from autotune.oom import is_oom
+from autotune.machine import oom
+from autotune.machine.oom import is_oom
 
 
 # Whole messages as each allocator writes them (not the classifier's own fragments, so a wrong fragment in

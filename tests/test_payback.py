@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-import autotune.payback as payback
+import autotune.search.payback as payback
 from autotune.config import TrialConfig, TrialResult, Workload
 from autotune.errors import ConfigError
-from autotune.payback import (DEFAULT_RUN_S, Priced, RunLength, break_even, effective_samples_per_s, price)
-from autotune.runner import child_env
+from autotune.search.payback import DEFAULT_RUN_S, Priced, RunLength, break_even, effective_samples_per_s, price
+from autotune.trial.runner import child_env
 from tests.test_study import HW, QUICK, make_tuner, tiny_space
 
 
@@ -172,7 +172,7 @@ def test_the_child_env_puts_inductors_cache_in_the_studys_folder(tmp_path):
 def test_compile_s_is_measured_and_a_second_trial_loads_the_cache(tmp_path):
     """A real compile trial (~20-90 s on 2 CPUs): compile_s from dynamo's counters, the cache filled, and the
     same config again compiles from the cache."""
-    from autotune.runner import run_trial
+    from autotune.trial.runner import run_trial
 
     assert HW.can_compile or pytest.skip("no C++ compiler")
     cache = tmp_path / "inductor-cache"

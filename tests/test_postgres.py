@@ -37,7 +37,7 @@ def pg_url() -> str:
         pytest.skip("AUTOTUNE_TEST_POSTGRES_URL is not set: `source .ci/postgres.sh` starts a throwaway PostgreSQL "
                     "server (Debian's postgresql package) and sets it")
     from autotune.errors import StorageError
-    from autotune.storage import open_storage
+    from autotune.search.storage import open_storage
 
     try:
         storage = open_storage(URL)
@@ -72,7 +72,7 @@ def _cmd(url: str, name: str, space, *, model: str = TINY, window_s: float = 0.2
 
 
 def _study(url: str, name: str):
-    from autotune.storage import open_storage
+    from autotune.search.storage import open_storage
 
     return optuna.load_study(study_name=name, storage=open_storage(url))
 
@@ -187,9 +187,9 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_by_another(pg_ur
 def test_a_study_refuses_a_worker_on_other_hardware(tmp_path):
     from autotune import MeasureSpec, Workload
     from autotune.errors import StorageError
-    from autotune.hardware import detect
-    from autotune.space import space_from_dict
-    from autotune.study import Tuner
+    from autotune.machine.hardware import detect
+    from autotune.search.space import space_from_dict
+    from autotune.search.tuner import Tuner
 
     hw = detect()
     other = dataclasses.replace(hw, usable_cores=hw.usable_cores + 8)
@@ -203,7 +203,7 @@ def test_a_study_refuses_a_worker_on_other_hardware(tmp_path):
 
 
 def test_recommendations_use_only_trials_of_the_study_hardware(tmp_path):
-    from autotune.trials import feasible_by_config
+    from autotune.search.trials import feasible_by_config
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/f.db", study_name="mixed", direction="maximize")
     study.set_user_attr("fingerprint", "aaaaaaaaaa")

@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
-from autotune.forkserver import ForkServers
-from autotune.runner import run_trial
+from autotune.trial.forkserver import ForkServers
+from autotune.trial.runner import run_trial
 
 SPEC = MeasureSpec(windows=1, window_s=0.1, settle_windows=0, timeout_s=120)
 

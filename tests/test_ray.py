@@ -8,8 +8,8 @@ import optuna
 import pytest
 import yaml
 
-from autotune.hardware import detect
-from autotune.pruning import NoHopePruner
+from autotune.machine.hardware import detect
+from autotune.search.pruning import NoHopePruner
 
 from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
@@ -59,8 +59,8 @@ def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
 @pytest.mark.slow
 def test_ray_prunes_through_the_scheduler_and_kills_the_trial_child(tmp_path):
     from autotune import MeasureSpec, Workload
-    from autotune.space import space_from_dict
-    from autotune.study import Tuner
+    from autotune.search.space import space_from_dict
+    from autotune.search.tuner import Tuner
 
     hw = detect()
     space = space_from_dict({"name": "tiny", "device": "cpu",
@@ -89,7 +89,7 @@ def _trial_children_writing_under(root) -> list[int]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "autotune._worker" in " ".join(p.info["cmdline"] or ()) and any(
+            if "autotune.trial.worker" in " ".join(p.info["cmdline"] or ()) and any(
                     f.path.startswith(str(root)) for f in p.open_files()):
                 found.append(p.pid)
         except psutil.Error:

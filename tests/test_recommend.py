@@ -18,11 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from autotune import recommend as recommend_fn
-from autotune.cli import build_parser
+from autotune.cli.main import build_parser
 from autotune.config import TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError
 from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, reproduce_command,
-                                    stored_recommendation, versions_of)
+                                     stored_recommendation, versions_of)
 from tests.conftest import REPO_ROOT
 
 TINY = "tests.workloads_fixtures:tiny"
@@ -330,8 +330,9 @@ def test_check_versions_is_empty_for_this_process_and_reports_an_edited_torch():
 
 
 def test_check_versions_on_a_gpu_machine_does_not_report_the_unchanged_driver(monkeypatch):
-    from autotune import _device, hardware
-    from autotune._device import GPUInfo
+    from autotune.machine import device as _device
+    from autotune.machine import hardware
+    from autotune.machine.device import GPUInfo
 
     fake = lambda nvml=None: ([GPUInfo(0, "Fake GPU", 16384.0, "550.54", "8.0")], "ok")  # noqa: E731
     monkeypatch.setattr(_device, "nvml_gpus", fake)
@@ -344,8 +345,8 @@ def test_check_versions_on_a_gpu_machine_does_not_report_the_unchanged_driver(mo
 # --- recommend() answering from the storage (no trial is run) ------------------------------------------------
 
 def _store(tmp_path, rec: Recommendation) -> str:
-    from autotune.hardware import detect
-    from autotune.storage import open_storage, study_name_for
+    from autotune.machine.hardware import detect
+    from autotune.search.storage import open_storage, study_name_for
 
     url = f"sqlite:///{tmp_path}/rec.db"
     name = study_name_for(rec.workload, detect().fingerprint)

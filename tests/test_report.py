@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli_report import is_loopback
-from autotune.report import PLOTS
+from autotune.cli.report import is_loopback
+from autotune.view.report import PLOTS
 
 from . import report_fixtures
 from .conftest import run_cli
@@ -146,7 +146,7 @@ def _traces(html: str, div: str) -> list[dict]:
 def test_the_objective_is_named_on_new_and_resumed_studies(nine, tmp_path):
     import optuna
 
-    from autotune.study import Tuner
+    from autotune.search.tuner import Tuner
 
     tuner, _ = nine
     stored = optuna.load_study(study_name=tuner.study_name, storage=tuner.storage_url)
@@ -162,7 +162,7 @@ def test_the_objective_is_named_on_new_and_resumed_studies(nine, tmp_path):
 
 
 def test_few_trials_show_no_importances_but_the_one_knob_effects(nine):
-    from autotune.report import build_report
+    from autotune.view.report import build_report
 
     tuner, _ = nine
     study = tuner.study()
@@ -196,7 +196,7 @@ def test_with_enough_trials_the_importances_are_drawn_without_the_note(nine, tmp
     import optuna
     from optuna.trial import create_trial
 
-    from autotune.report import build_report
+    from autotune.view.report import build_report
 
     tuner, _ = nine
     db = tmp_path / "more.db"
@@ -222,7 +222,7 @@ def test_the_dashboard_note_says_the_importances_are_noise_and_lists_the_effects
 
     import optuna_dashboard
 
-    from autotune.effects import save_dashboard_note
+    from autotune.search.effects import save_dashboard_note
 
     tuner, logs = nine
     note = optuna_dashboard.get_note(tuner.study())  # written by the run
@@ -236,7 +236,7 @@ def test_the_dashboard_note_says_the_importances_are_noise_and_lists_the_effects
 
 
 def test_the_memory_axis_fits_the_data_and_a_far_cap_is_marked_at_the_edge():
-    from autotune.report import _memory
+    from autotune.view.report import _memory
 
     rows = [{"trial": i, "peak_host_mb": 300.0 + 50 * i, "samples_per_s": 100.0 + i, "status": "ok",
              "feasible": True, "config": f"c{i}"} for i in range(5)]  # 300 .. 500 MiB

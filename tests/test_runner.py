@@ -20,12 +20,13 @@ import psutil
 import pytest
 import torch
 
-from autotune import _worker, runner
-from autotune._device import CPUDevice, CUDADevice
-from autotune._malloc import thp_mode
+from autotune.trial import worker as _worker
+from autotune.trial import runner
+from autotune.machine.device import CPUDevice, CUDADevice
+from autotune.machine.malloc import thp_mode
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.errors import ConfigError
-from autotune.runner import child_env, run_trial
+from autotune.trial.runner import child_env, run_trial
 
 FIX = "tests.workloads_fixtures"
 SPEC = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, warmup_max_s=5, timeout_s=120)
@@ -114,7 +115,7 @@ def test_ok_with_a_dataloader_worker_leaves_no_process_behind():
     stragglers = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "autotune._worker" in cmd and marker in cmd and not _gone(p.info["pid"]):
+        if "autotune.trial.worker" in cmd and marker in cmd and not _gone(p.info["pid"]):
             stragglers.append(p.info["pid"])
     assert stragglers == []
 
@@ -427,7 +428,7 @@ def test_malloc_hugepages_faults_what_retain_cannot_keep():
 
 PRELUDE = """\
 import json, os, signal, sys, time
-_AT = sys.argv.index("autotune._worker")  # argv: script -c BOOTSTRAP autotune._worker FD PAYLOAD (_launch)
+_AT = sys.argv.index("autotune.trial.worker")  # argv: script -c BOOTSTRAP autotune.trial.worker FD PAYLOAD (_launch)
 FD = int(sys.argv[_AT + 1])
 PAYLOAD = json.loads(sys.argv[_AT + 2])
 chan = os.fdopen(FD, "w")
@@ -610,7 +611,7 @@ def test_parent_interrupted_kills_the_child(fake):
 def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
     """malloc=jemalloc/tcmalloc preloads the library into the trial's process (fork server or not) and
     affinity=close pins OpenMP's threads; the same workload fails without them (its check can fail)."""
-    from autotune._malloc import preload_path
+    from autotune.machine.malloc import preload_path
 
     if preload_path(mode) is None:
         pytest.skip(f"{mode} is not installed here (.ci/run installs it)")
@@ -624,10 +625,10 @@ def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
 
 
 def test_a_preloaded_allocator_that_is_not_installed_is_trimmed_and_refused(monkeypatch):
-    from autotune._malloc import PRELOAD_LIBS
+    from autotune.machine.malloc import PRELOAD_LIBS
     from autotune.errors import ConfigError
-    from autotune.hardware import detect
-    from autotune.space import space_from_dict
+    from autotune.machine.hardware import detect
+    from autotune.search.space import space_from_dict
 
     monkeypatch.setitem(PRELOAD_LIBS, "jemalloc", ("libnot-installed-allocator.so.9",))
     hw = dataclasses.replace(detect(with_torch=False), libc="glibc 2.36")

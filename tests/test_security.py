@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import StorageError
-from autotune.storage import MACHINE_LOCK_ENV, machine_lock
+from autotune.search.storage import MACHINE_LOCK_ENV, machine_lock
 
 from .conftest import TINY, run_cli
 
@@ -113,7 +113,7 @@ def test_a_lock_held_by_another_user_is_reported_with_the_holder_at_once(lock_en
 def test_the_run_lock_beside_a_database_refuses_a_planted_symlink(shared_dir, tmp_path):
     """The per-study run lock sits beside the database (in /tmp for a database there): a link planted at its
     predictable name is refused in one line, and the file it points to is not truncated (it used to be)."""
-    from autotune.storage import run_lock
+    from autotune.search.storage import run_lock
 
     victim = tmp_path / "secret"
     victim.write_text("do not touch\n")
@@ -173,8 +173,8 @@ def test_no_child_imports_modules_planted_in_the_working_folder(project):
     script = (
         "import sys; del sys.path[0]\n"
         "from autotune import MeasureSpec, TrialConfig, Workload\n"
-        "from autotune.envstamp import collect_env_stamp\nfrom autotune.parity import parity_check\n"
-        "from autotune.runner import run_trial\n"
+        "from autotune.machine.envstamp import collect_env_stamp\nfrom autotune.trial.parity import parity_check\n"
+        "from autotune.trial.runner import run_trial\n"
         "wl = Workload(model='mymod:build', image_size=16, device='cpu')\n"
         "import os, psutil\nparents = []\n"
         "def seen(ev):\n    if ev.get('event') == 'started':\n        parents.append(psutil.Process(ev['pid']).ppid())\n"

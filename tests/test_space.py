@@ -17,8 +17,8 @@ import yaml
 
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, SpaceError
-from autotune.hardware import detect
-from autotune.space import SearchSpace, default_space_path, load_space, space_from_dict
+from autotune.machine.hardware import detect
+from autotune.search.space import SearchSpace, default_space_path, load_space, space_from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_YAML = REPO_ROOT / "search_spaces" / "cpu.yaml"

@@ -130,3 +130,40 @@ def test_the_check_sees_a_loop_and_a_private_import(tmp_path, monkeypatch):
         test_nothing_assigns_another_modules_attributes()
     (pkg / "c.py").write_text("def long():\n" + "    x = 1\n" * 101)
     assert _long_functions(pkg / "c.py", MAX_FUNCTION_LINES) == ["autotune/c.py:1 long (102 lines)"]
+
+
+# Each folder imports only downward (its __init__ docstring says so): cli -> view -> search -> trial ->
+# workloads -> machine -> the records at the top. The top's public door (api, recommendation, applied and the
+# package's lazy __init__) may import any folder but cli; integrations sit beside view.
+RECORDS = {"config", "result", "measure", "errors", "_records", "_units", "_atomic", "_redact"}
+DOOR = {"", "api", "recommendation", "applied"}
+ALLOWED = {
+    "machine": set(),
+    "workloads": {"machine"},
+    "trial": {"workloads", "machine"},
+    "search": {"trial", "workloads", "machine"},
+    "view": {"search", "trial", "workloads", "machine"},
+    "integrations": {"search", "trial", "workloads", "machine"},
+    "cli": {"view", "search", "trial", "workloads", "machine", "integrations"},
+}
+
+
+def _layer(mod: str) -> str:
+    parts = mod.split(".")
+    if len(parts) > 1 and parts[1] in ALLOWED:
+        return parts[1]
+    return "records" if len(parts) > 1 and parts[1] in RECORDS else "door"
+
+
+def test_each_folder_imports_only_downward():
+    wrong = []
+    for mod in MODS:
+        src = _layer(mod)
+        for dst_mod in _imports(mod)[0]:
+            dst = _layer(dst_mod)
+            if dst == src or dst == "records" or (src == "door" and dst != "cli") or (src in ALLOWED and dst in ALLOWED[src]):
+                continue
+            if src in ALLOWED and dst == "door" and dst_mod.split(".")[-1] in DOOR - {""} and src in ("cli", "integrations", "view", "search"):
+                continue  # the recommendation record is read by the search (finalists) and written out by views
+            wrong.append(f"{mod} ({src}) imports {dst_mod} ({dst})")
+    assert wrong == []

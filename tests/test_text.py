@@ -1,4 +1,4 @@
-"""The built-in text workload (``autotune.text``): each part in this process, fast; a real trial through the runner
+"""The built-in text workload (``autotune.workloads.text``): each part in this process, fast; a real trial through the runner
 (a child process), slow; the CLI's one-line refusals."""
 
 from __future__ import annotations
@@ -9,17 +9,18 @@ import statistics
 import pytest
 import torch
 
-from autotune import text
-from autotune._device import CPUDevice
-from autotune._worker import make_step
-from autotune.cli import main as cli_main
+from autotune.workloads import text
+from autotune.search.space import fit_workload
+from autotune.machine.device import CPUDevice
+from autotune.trial.worker import make_step
+from autotune.cli.main import main as cli_main
 from autotune.config import TEXT_MODELS, MeasureSpec, TrialConfig, Workload
-from autotune.contract import count_batch, loader_kwargs
+from autotune.workloads.contract import count_batch, loader_kwargs
 from autotune.errors import WorkloadError
 from autotune.recommendation import tokens_per_sample
-from autotune.space import load_space
-from autotune.storage import study_name_for
-from autotune.workloads import build, check, list_models
+from autotune.search.space import load_space
+from autotune.search.storage import study_name_for
+from autotune.workloads.build import build, check, list_models
 from tests.test_recommend import make_rec
 from tests.test_space import fake_hw, names
 
@@ -127,28 +128,28 @@ def test_text_models_are_listed_checked_and_named_by_their_length():
 def test_the_space_for_text_has_no_channels_last_and_searches_bucketing():
     sp = load_space(hardware=fake_hw(cores=4), device="cpu")
     assert "channels_last" in names(sp) and "bucket_by_length" not in names(sp)  # the shipped space: images
-    for_text = text.fit_space(sp, Workload(model="transformer"))
+    for_text = fit_workload(sp, Workload(model="transformer"))
     assert "channels_last" not in names(for_text) and "bucket_by_length" in names(for_text)
     assert for_text.fixed["channels_last"] is False and for_text.baseline_config().channels_last is False
     assert for_text.baseline_config().bucket_by_length is False  # the baseline stays PyTorch's plain loader
     assert any("channels_last dropped" in n for n in for_text.notes)
     assert for_text.likely_params()["bucket_by_length"] is True
-    assert text.fit_space(for_text, Workload(model="transformer")) is for_text  # fitting twice changes nothing
-    assert text.fit_space(sp, Workload(model="resnet18")) is sp  # an image workload's space as it was
+    assert fit_workload(for_text, Workload(model="transformer")) is for_text  # fitting twice changes nothing
+    assert fit_workload(sp, Workload(model="resnet18")) is sp  # an image workload's space as it was
 
 
 def test_a_space_that_names_bucketing_is_respected_and_images_never_search_it():
     sp = load_space(hardware=fake_hw(cores=4), device="cpu")
     pinned = dataclasses.replace(sp, fixed={**sp.fixed, "bucket_by_length": True})
-    assert "bucket_by_length" not in names(text.fit_space(pinned, Workload(model="transformer")))
-    assert text.fit_space(pinned, Workload(model="transformer")).baseline_config().bucket_by_length is True
-    for_image = text.fit_space(pinned, Workload(model="resnet18"))
+    assert "bucket_by_length" not in names(fit_workload(pinned, Workload(model="transformer")))
+    assert fit_workload(pinned, Workload(model="transformer")).baseline_config().bucket_by_length is True
+    for_image = fit_workload(pinned, Workload(model="resnet18"))
     assert for_image.fixed["bucket_by_length"] is False and any("not a text workload" in n for n in for_image.notes)
     assert tuple(text.TEXT_MODELS) == TEXT_MODELS  # the names config.py knows are the sizes text.py builds
 
 
 def test_a_tuner_searches_the_fitted_space(tmp_path):
-    from autotune.study import Tuner
+    from autotune.search.tuner import Tuner
 
     tuner = Tuner(Workload(model="transformer", image_size=64), hardware=fake_hw(cores=2),
                   storage=f"sqlite:///{tmp_path}/t.db", progress=False)
@@ -193,7 +194,7 @@ QUICK = MeasureSpec(windows=3, window_s=0.3, min_window_steps=2, warmup_min_step
 
 @pytest.mark.slow  # one child: ~10-15 s on 2 shared cores
 def test_a_real_text_trial_reports_tokens_per_second_from_the_counted_tokens():
-    from autotune.runner import run_trial
+    from autotune.trial.runner import run_trial
 
     result = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), QUICK)
     assert result.ok, result.reason

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
-from autotune.runner import run_trial
-from autotune.triallog import LOG_HEAD_BYTES, LOG_TAIL_BYTES, CappedLog
+from autotune.trial.runner import run_trial
+from autotune.trial.triallog import LOG_HEAD_BYTES, LOG_TAIL_BYTES, CappedLog
 
 PRINT = "import sys\nfor i in range({n}): sys.stdout.write(f'line {{i:05d}} ' + 'y' * 20 + '\\n')\n"
 

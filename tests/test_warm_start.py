@@ -9,10 +9,10 @@ import optuna
 
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
-from autotune.hardware import detect
-from autotune.space import space_from_dict
-from autotune.study import Tuner
-from autotune.warm_start import earlier_winners, params_for
+from autotune.machine.hardware import detect
+from autotune.search.space import space_from_dict
+from autotune.search.tuner import Tuner
+from autotune.search.warm_start import earlier_winners, params_for
 
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120,
                     memory_cap_mb=4096.0)
@@ -79,7 +79,7 @@ def test_a_new_study_on_the_same_hardware_queues_the_earlier_winner_mapped_into_
     assert warm.user_attrs["queued_config"] == TrialConfig(batch_size=24, channels_last=False).to_dict()
     assert any("warm start" in m and a.study_name in m for m in logs)
     b.run(trials=3)  # measured like any trial; `show` names its role
-    from autotune.trials import trial_rows
+    from autotune.search.trials import trial_rows
 
     row = next(r for r in trial_rows(b.study()) if r["trial"] == 2)
     assert row["status"] == "ok" and row["role"] == f"warm start: {a.study_name[: -len(HW.fingerprint) - 1]} " \

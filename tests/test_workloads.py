@@ -11,7 +11,7 @@ from PIL import Image
 
 from autotune.config import Workload
 from autotune.errors import WorkloadError
-from autotune.workloads import Built, SyntheticJPEGDataset, _transforms, build, check, list_models
+from autotune.workloads.build import Built, SyntheticJPEGDataset, _transforms, build, check, list_models
 
 FIX = "tests.workloads_fixtures"
 

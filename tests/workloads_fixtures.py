@@ -290,7 +290,7 @@ def bf16_nan(image_size: int = 32):
     return _BreaksUnderBF16(nan=True), _images(image_size, n=64), nn.CrossEntropyLoss()
 
 
-# --- the workload contract's optional parts (autotune.contract) -------------------------------------------
+# --- the workload contract's optional parts (autotune.workloads.contract) -------------------------------------------
 
 def _wide(optimizer):
     """A ~42 MB linear stack (10.5 M float32 parameters) on 32 px images: its optimizer state shows in the peak."""
@@ -454,7 +454,7 @@ def broken_build(image_size: int = 32):
     raise RuntimeError("cannot open /data/shards: no such file")
 
 
-# --- a descendant that leaves the trial's process group (autotune.proctree) -------------------------------
+# --- a descendant that leaves the trial's process group (autotune.trial.proctree) -------------------------------
 
 _DAEMON = """
 import os, sys, time

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import MissingExtraError
+from autotune.errors import MissingExtraError
 
 __all__ = ["require"]
 

@@ -21,9 +21,9 @@ import os
 import warnings
 from typing import Any
 
-from .._malloc import env_for
-from ..errors import ConfigError
-from . import require
+from autotune.machine.malloc import env_for
+from autotune.errors import ConfigError
+from autotune.integrations import require
 
 __all__ = ["training_arguments", "notes", "FIELDS"]
 

@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from . import require
+from autotune.integrations import require
 
 __all__ = ["LightningSettings", "AutotuneCallback", "settings", "trainer_kwargs", "PRECISION"]
 

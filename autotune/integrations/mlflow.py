@@ -28,8 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import AutotuneError
-from . import require
+from autotune.errors import AutotuneError
+from autotune.integrations import require
 
 __all__ = ["MLflowLogger", "STUDY_TAG", "TRIAL_TAG", "EXPERIMENT"]
 

@@ -1,0 +1,319 @@
+"""The study commands: `run` (search, resume), `show` (table of trials), `export` (the recommendation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from autotune.cli.args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
+                               measure_from_args, select_study, workload_from_args)
+from autotune._redact import redact
+from autotune.errors import AutotuneError
+
+RUN_EPILOG = """\
+examples:
+  autotune run --model resnet18                                   # until the search converges (at most 8h)
+  autotune run --model resnet18 --timeout 8h --memory-cap 12GiB   # overnight; Ctrl-C or a kill loses nothing
+  autotune run --model resnet18 --timeout 8h                      # next night: resumes the same study
+  autotune run --model resnet18 --run-length 6h                   # compile must pay back within a 6h run
+  autotune run --model mypkg.models:build --image-size 128 --trials 30
+
+How it works: trial 0 measures PyTorch's defaults (the baseline), trial 1 the usual winners together; then each
+of those apart, the batch size walked from the best config so far, the other knobs one at a time; then Optuna's
+TPE sampler proposes configs from the search space (search_spaces/cpu.yaml or cuda.yaml, trimmed to this
+machine; --space for your own); torch.compile is tried last, on the best eager config (docs/search.md).
+Each trial runs in a fresh child process; one that ran out of memory teaches the sampler the memory boundary;
+one that cannot beat the best is stopped early. At the end the top configs and the baseline are re-measured,
+interleaved, with longer windows, and the winner by median is stored in the study (see `autotune export`).
+The study is named after the workload and this machine's hardware fingerprint, so re-running resumes it.
+A new study also measures, right after trial 1, the winners of up to 3 earlier studies in the same storage on
+this hardware (another model, image size or task), mapped to its space (--no-warm-start: not).
+
+When it stops: after --trials N trials, when --timeout leaves only the finalists' time, or when the search has
+settled, whichever comes first. Settled means the sampler's last --patience trials did not improve the best
+config by more than the measured noise (at least 5%), or it keeps proposing configs already measured, and
+compile was then tried on the best eager config. The default patience is where one more trial is expected to
+cost more than it saves over the planned run (--run-length, an hour if not given): 6 trials at ~25 s each, 34
+at ~5 s (3 to 40; the progress bar counts them). With no budget, --ceiling (default 8h) is the time budget for
+a search that never settles.
+"""
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotune._units import parse_duration_s
+    from autotune.machine.hardware import detect
+    from autotune.search.payback import RunLength
+    from autotune.search.space import load_space
+    from autotune.search.storage import check_storage
+    from autotune.search.tuner import Tuner
+    from autotune.workloads.build import check
+
+    hw = detect()
+    workload = workload_from_args(args)
+    measure = measure_from_args(args, hardware=hw, device=workload.device)
+    from autotune.machine.gpu_check import check_cuda_usable
+
+    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
+    timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
+    if args.trials is not None and args.trials < 0:
+        raise AutotuneError(f"--trials {args.trials} must be 0 or more")
+    if args.parity_steps < 0:
+        raise AutotuneError(f"--parity-steps {args.parity_steps} must be 0 (no check) or more")
+    ceiling_s = parse_duration_s(args.ceiling, what="--ceiling", require_unit=True)
+    run_length = RunLength.parse(args.run_length, args.planned_steps, what=("--run-length", "--planned-steps"),
+                                 require_unit=True)
+    if args.patience is not None and args.patience < 0:
+        raise AutotuneError(f"--patience {args.patience} must be 0 (never stop on convergence) or more")
+    if args.trials is None and timeout_s is None and args.patience == 0:
+        raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
+                            "--timeout DURATION (e.g. --timeout 8h)")
+    space = load_space(args.space, hardware=hw, device=workload.device)
+    check(workload)
+    check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
+    logger = None
+    if args.mlflow:  # reached now, not after hours of trials
+        from autotune.integrations.mlflow import MLflowLogger
+
+        logger = MLflowLogger(args.mlflow, experiment=args.mlflow_experiment,
+                              log=lambda msg: print(f"autotune run: {msg}", file=sys.stderr, flush=True))
+        logger.check()
+    tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
+                  hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
+                  parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
+                  progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
+                  run_length=run_length, warm_start=not args.no_warm_start)
+
+    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
+          file=sys.stderr)
+    try:
+        rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
+                        ceiling_s=ceiling_s)
+    except KeyboardInterrupt:
+        print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} (study {tuner.study_name}); "
+              "run the same command again to resume", file=sys.stderr)
+        _close_mlflow(logger, tuner, "KILLED")
+        return 130
+    except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
+        _close_mlflow(logger, tuner, "FAILED")
+        raise
+    if rec is None:
+        print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
+    else:
+        print(rec.summary())
+        print(f"export it with: {export_hint(tuner.study_name, args.storage)}")
+    if logger is not None:
+        _finish_mlflow(logger, tuner, rec)
+    return 0 if rec is not None else 1
+
+
+def export_hint(study_name: str, storage: str | None) -> str:
+    """The command that exports this study: with the ``--storage`` the run used (its password, if any, as ***),
+    quoted for a shell.
+
+    >>> export_hint("s1", "postgresql://u:secret@db/x")
+    "autotune export --storage 'postgresql://u:***@db/x' --study-name s1 -o best.yaml"
+    """
+    import shlex
+
+    from autotune._redact import redact
+
+    where = ["--storage", redact(storage)] if storage else []
+    return shlex.join(["autotune", "export", *where, "--study-name", study_name, "-o", "best.yaml"])
+
+
+def _close_mlflow(logger, tuner, status: str) -> None:
+    """Close the study's parent run, if this run opened one (a trial finished), with ``status``."""
+    if logger is not None and logger.opened(tuner.study_name):
+        try:
+            logger.finish(tuner.study(), None, status=status)
+        except AutotuneError as exc:
+            print(f"autotune run: {exc}", file=sys.stderr)
+
+
+def _finish_mlflow(logger, tuner, rec) -> None:
+    """The study's parent run gets the recommendation YAML and the HTML report (without the profiler run that
+    `autotune report` adds) as artifacts, and is closed."""
+    from autotune.view.report import build_report, write_report
+
+    study = tuner.study()
+    out = tuner.artifacts_dir / "report.html"
+    html = build_report(study, storage_url=tuner.storage_url,
+                        profile_note="Not profiled: `autotune run --mlflow` logs the report without a profiler run; "
+                                     "`autotune report` adds one.", report_path=out)
+    write_report(out, html)
+    logger.finish(study, rec, report_path=out)
+    print(f"autotune run: logged to MLflow at {redact(logger.tracking_uri)} (experiment {logger.experiment}, run "
+          f"{study.study_name})", file=sys.stderr)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from autotune.search.trials import baseline_value, trial_rows
+
+    study, url = select_study(args)
+    rows = trial_rows(study)
+    if not rows:
+        print(f"study {study.study_name} has no trials yet")
+        return 0
+    df = pd.DataFrame(rows)
+    base = baseline_value(study)
+    df["speedup"] = df["samples_per_s"].map(lambda v: round(v / base, 2) if (base and v) else None)
+    # best first: measured trials that fit the memory limit by throughput, then the rest by trial number
+    df["_rank"] = df.apply(lambda r: -(r["samples_per_s"] or 0) if r["status"] == "ok" and r["feasible"] is not False
+                           else float("inf"), axis=1)
+    df = df.sort_values(["_rank", "trial"]).drop(columns=["_rank"])
+    if args.csv:
+        from pathlib import Path
+
+        from autotune._atomic import atomic_write
+
+        _a_file(args.csv, "--csv", "trials.csv")
+        atomic_write(Path(args.csv), df.to_csv(index=False))
+        print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
+    tokens = ["tokens_per_s"] if df["tokens_per_s"].notna().any() else []  # a text workload's real tokens/s
+    view = df[["trial", "status", "samples_per_s", *tokens, "speedup", "rel_iqr", "peak_host_mb",
+               "data_wait_share", "config", "role", "reason"]].copy()
+    if tokens:
+        view["tokens_per_s"] = view["tokens_per_s"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
+    for col in ("samples_per_s", "speedup"):  # a trial that measured nothing shows nothing (not "None")
+        view[col] = view[col].map(lambda v: "" if v is None or v != v else v)
+    view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
+    view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
+    view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
+    view["reason"] = view["reason"].fillna("").map(lambda s: s if len(s) <= 60 else s[:57] + "...")
+    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "rel_iqr": "IQR", "peak_host_mb": "peak MiB",
+                                "data_wait_share": "data wait"})
+    if args.limit:
+        view = view.head(args.limit)
+    print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "
+          + (f"{base:.1f} samples/s in the search (speedups below are against it)" if base else "not measured"))
+    rec = study.user_attrs.get("recommendation")
+    if rec:
+        m = rec["measured"]
+        print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "
+              f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
+              f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}"
+              + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
+        print(view.to_string(index=False, na_rep=""))
+    if args.explain:  # what limited each trial, one line each, in the table's order
+        from autotune.search.diagnose import explain_study
+
+        print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
+        print("\n".join(explain_study(study, view["trial"].tolist())))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from autotune._atomic import atomic_write
+    from autotune.search.finalists import provisional
+    from autotune.recommendation import stored_recommendation
+
+    study, url = select_study(args)
+    rec = stored_recommendation(study) or provisional(study, storage=url)
+    if rec.provisional:
+        print("autotune export: note: the run was stopped before its finalists were re-measured; this is the "
+              "best search trial (marked provisional)", file=sys.stderr)
+    text = rec.to_yaml() if args.format == "yaml" else json.dumps(rec.to_dict(), indent=2) + "\n"
+    if args.output and args.output != "-":
+        _a_file(args.output, "-o", "best.yaml")
+        atomic_write(Path(args.output), text)
+        print(f"wrote {args.output}: {rec.config.short()}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _a_file(path: str, flag: str, example: str) -> None:
+    """Refuse an output path that is a folder, naming a file in it instead."""
+    from pathlib import Path
+
+    if Path(path).is_dir():
+        raise AutotuneError(f"{flag} {path} is a folder: name a file, e.g. {flag} {Path(path) / example}")
+
+
+def add_study_commands(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("run", help="tune: run (or resume) a study and recommend a config",
+                       description="Tune a workload on this machine: an Optuna study of isolated trials, then a "
+                       "re-measurement of the finalists.", epilog=RUN_EPILOG, formatter_class=fmt)
+    add_workload_args(p)
+    g = p.add_argument_group("budget")
+    g.add_argument("--trials", type=int, default=None, metavar="N", help="run N more trials")
+    g.add_argument("--timeout", default=None, metavar="DURATION",
+                   help="stop searching in time for the finalists to finish by then, e.g. 20m, 8h")
+    g.add_argument("--patience", type=int, default=None, metavar="K",
+                   help="stop the search once K of the sampler's trials in a row did not beat the best by more than "
+                        "the noise (default: from the measured cost of a trial and what a gain saves over the "
+                        "planned run, 3 to 40; 0: never, then a budget is needed)")
+    g.add_argument("--ceiling", default="8h", metavar="DURATION",
+                   help="with neither --trials nor --timeout: the time budget of a search that does not converge "
+                        "(default: %(default)s)")
+    g.add_argument("--finalists", type=int, default=3, metavar="K",
+                   help="top configs re-measured (with the baseline) before recommending (default: %(default)s)")
+    g.add_argument("--rounds", type=int, default=2, help="interleaved finalist rounds (default: %(default)s)")
+    g.add_argument("--parity-steps", type=int, default=30, metavar="N",
+                   help="before recommending bf16/fp16, channels_last or compile, train N steps with it and with "
+                        "fp32 eager from the same weights and batches; a config whose loss diverges is not "
+                        "recommended (0: no check; default: %(default)s)"),
+    g = p.add_argument_group("the real run (torch.compile must pay back its compile time over it)")
+    r = g.add_mutually_exclusive_group()
+    r.add_argument("--run-length", default=None, metavar="DURATION",
+                   help="how long the training you tune for runs, e.g. 6h: a compile mode wins only if its "
+                        "steady-state gain over that run exceeds its measured compile time (default: 1h, assumed; "
+                        "the YAML's `compile` section says so and records the break-even)")
+    r.add_argument("--planned-steps", type=int, default=None, metavar="N",
+                   help="the same as a number of training steps (each config's own batch size)")
+    add_measure_args(p)
+    add_study_args(p, creates=True)
+    p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
+                   "for the device, trimmed to this machine)")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed, for a repeatable sequence of configs")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="a new study does not measure the winners of earlier studies in the storage on this "
+                        "hardware (another model, size or task) among its first trials")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: trials one at a time on this machine; ray: trials spread over a Ray cluster "
+                        "through Ray Tune (default: %(default)s)")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="with --backend ray: the cluster to join (e.g. auto); default: start a local Ray")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    g = p.add_argument_group("MLflow (pip install \"autotune[mlflow]\")")
+    g.add_argument("--mlflow", default=None, metavar="URI",
+                   help="log each finished trial as a run nested under one parent run per study (resumed with "
+                        "it), and the recommendation YAML and the HTML report as its artifacts, e.g. "
+                        "sqlite:///mlflow.db or http://host:5000")
+    g.add_argument("--mlflow-experiment", default="autotune", metavar="NAME",
+                   help="the MLflow experiment (default: %(default)s)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="table of a study's trials, best first (--csv FILE too)",
+                       description="Show a study's trials, best first: status, median throughput, speedup over "
+                       "the baseline, spread, peak memory, share of step time waiting for data, config, reason.",
+                       formatter_class=fmt)
+    add_study_args(p)
+    add_study_selector_args(p)
+    p.add_argument("--csv", default=None, metavar="FILE", help="also write every trial to a CSV file")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="show only the first N rows")
+    p.add_argument("--explain", action="store_true",
+                   help="also say, per trial, what limited it (input, compute, memory, compile) and the lever")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("export", help="write the recommendation (YAML/JSON) with its provenance",
+                       description="Write the study's recommendation: config, measured throughput and spread, "
+                       "speedup over the baseline, peak memory vs cap, hardware and fingerprint, versions, "
+                       "runner-ups and the command that reproduces the measurement.", formatter_class=fmt)
+    add_study_args(p)
+    add_study_selector_args(p)
+    p.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="default: standard output")
+    p.set_defaults(func=cmd_export)

@@ -1,0 +1,33 @@
+"""How autotune starts a Python child (a trial, a fork server, the numerics check, ``collect_env``): as
+``python -m MODULE`` would, but without the working folder on the child's ``sys.path``.
+
+``python -m`` and ``python -c`` put the current folder first on the path, so a ``json.py`` or ``random.py``
+there (a shared folder, or a project that has a ``queue.py``) would be imported by every trial in place of the
+standard library's: code run by whoever wrote the file, or a broken tuner. Python 3.11's ``-P`` leaves the folder
+out, but 3.10 (the oldest autotune supports) has no such flag, and a trial's interpreter need not be this one;
+so the child starts with ``-c`` and a bootstrap that drops the entry ``-c`` added before anything is imported,
+then runs the module as ``-m`` would (``sys.argv[0]`` its file, ``__name__`` ``"__main__"``). ``SAFE_PATH_ENV``
+in the child's environment does the same for whatever the child starts (``PYTHONSAFEPATH``, 3.11 and later).
+
+The user's workload module is still found in the working folder: ``workloads`` appends that folder to the end
+of ``sys.path`` (after the standard library and site-packages) and imports the module the user named from it.
+
+>>> python_command(sys.executable, "autotune.trial.worker", "5")[3:]
+['autotune.trial.worker', '5']
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["python_command", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
+
+# first lines of any `python -c` program autotune runs: the path entry `-c` added is the working folder
+SAFE_PATH_PRELUDE = "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
+_RUN_MODULE = "import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+
+
+def python_command(python: str, module: str, *args: str) -> list[str]:
+    """The argv that runs ``python -m module args...`` with nothing from the working folder importable."""
+    return [python, "-c", SAFE_PATH_PRELUDE + _RUN_MODULE, module, *args]

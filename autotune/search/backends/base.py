@@ -1,0 +1,54 @@
+"""The backend interface: where a study's search trials run.
+
+``Tuner.run`` owns the study's life: it opens and checks the study, takes the run lock, queues the first trials
+and the retries, hands the search to a backend, and re-measures the finalists. A backend owns only the search:
+asking Optuna for trials, running them, and recording each through the trial protocol
+(``autotune.search.protocol``), the same functions for every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Callable, Iterator
+
+__all__ = ["SearchBackend"]
+
+
+class SearchBackend(abc.ABC):
+    """Runs a study's search trials. Subclass it and implement ``search``.
+
+    Like Optuna's ``BaseSampler``, the one abstract method says what it may assume and what it must do;
+    ``connect`` is an optional hook with a do-nothing default.
+    """
+
+    def __init__(self, *, address: str | None = None) -> None:
+        self.address = address  # the cluster to join, for backends that have one
+
+    @abc.abstractmethod
+    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+        """Run up to ``trials`` more search trials (None: no count limit) into ``study``; return how many ran.
+
+        May assume: ``study`` is ``tuner.study()``, opened and checked against this hardware; the run lock is
+        held; the baseline, the likely winner, the first batch-walk steps and the retries of interrupted
+        trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None without a
+        time budget.
+
+        Must: record every trial through ``autotune.search.protocol`` (``begin``; ``claim`` where several trials of
+        the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child process (``tuner.runner`` locally, or the
+        same runner on another machine), call ``tuner.after_trial(study)`` after each finished trial,
+        start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the finalists need the
+        time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt`` included):
+        an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says
+        the workload itself is wrong (``TrialResult.user_error``) stops the search with ``WorkloadError``.
+        Must not re-measure the finalists: the tuner does.
+        """
+
+    @contextlib.contextmanager
+    def connect(self, tuner) -> Iterator[Callable | None]:
+        """Set up where trials run, before the study is opened, and tear it down after the finalists.
+        ``Tuner.run`` always enters it around ``search``; a backend may rely on that.
+
+        May change the tuner's hardware (``tuner.adopt_hardware``) when trials run on other machines than
+        this one. Yields the runner for the finalists, or None for ``tuner.runner`` on this machine."""
+        yield None

@@ -1,0 +1,137 @@
+"""The Ray backend: the same study, run by Ray Tune (``Tuner`` + ``OptunaSearch``) over a cluster.
+
+Design (why it looks like this):
+
+* **One study, one storage.** ``OptunaSearch`` accepts an Optuna storage and a study name and loads the study
+  with ``load_if_exists``, so it asks and tells *in the tuner's own study*: ``show``, ``export``,
+  ``recommend()`` and optuna-dashboard see Ray's trials exactly like local ones. The searcher (``search.py``)
+  records each trial the way the local backend does, through the same trial protocol (``autotune.search.protocol``):
+  ``Tuner.space.suggest`` (as the define-by-run space), ``answer_from_study`` (configs known to run out of
+  memory or measured before are recorded without running), ``record`` (figures as user attrs, memory
+  constraint, and ``autotune.search.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which spreads
+  concurrent trials apart. The searcher runs in the driver, so only the driver needs to reach the storage.
+  The tuner's own ``run`` opens, locks and seeds the study and re-measures the finalists, as for every backend.
+* **Honest timings.** Each trial runs the unchanged runner (``autotune.trial.runner.run_trial``: a fresh child
+  process, memory watched, killed at the cap or the time limit) inside a Tune actor that asks for a whole
+  node's CPUs on CPU workloads (so one trial per node: two would share cores and spoil both timings), or for
+  one GPU plus one core per DataLoader worker and one for the main process on CUDA workloads. Ray's
+  ``OMP_NUM_THREADS`` default is undone in the actor, so "PyTorch defaults" mean the same as locally.
+* **One pruning mechanism: Tune's scheduler.** ``OptunaSearch`` uses Optuna's ``NopPruner``; ``PruneScheduler``
+  (a FIFO scheduler) applies the tuner's ``NoHopePruner`` rule to each window a trial reports and returns
+  ``STOP``. The actor (``actor.py``) is a class ``Trainable`` so that Tune's stop reaches ``cleanup``, which kills the
+  trial's child process group at once (a function trainable's thread would be abandoned with the child
+  still running and stealing cores from the next trial).
+* **Hardware.** A probe task with a trial's resources reports what the trial nodes are. When they differ
+  from this machine (a laptop driving a cluster), the study is the nodes' (named after their fingerprint,
+  space trimmed to their cores) and the finalists are re-measured on one such node
+  (``cluster.remote_runner``); otherwise here. Each trial records its node's fingerprint and
+  recommendations only use trials of the study's fingerprint.
+* **Faults.** A trial whose actor or node dies is retried by Tune (``FailureConfig(max_failures=2)``) under
+  the same Optuna trial; on a heartbeat-enabled storage (PostgreSQL/MySQL) the driver keeps each running
+  trial's heartbeat, so if the *driver* dies another worker fails and re-queues its trials.
+  A config another trial is measuring right now is not measured again at the same time: the later trial
+  waits (deferred in the driver, no node held) and copies the result.
+
+>>> Tuner(Workload(model="resnet18")).run(trials=40, backend="ray", address="auto")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Iterator
+
+from autotune.machine.safefs import private_dir
+from autotune.errors import WorkloadError
+from autotune.machine.limits import default_device_memory_cap_mb
+from autotune.search.backends.base import SearchBackend
+from autotune.search.backends.ray.actor import make_trainable
+from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, remote_runner,
+                                                  resources_for, trial_shape)
+from autotune.search.backends.ray.search import make_scheduler, make_search
+
+__all__ = ["RayBackend"]
+
+
+class RayBackend(SearchBackend):
+    """Search trials as Ray Tune trials, spread over the cluster at ``address`` (None: a local Ray)."""
+
+    def __init__(self, *, address: str | None = None) -> None:
+        super().__init__(address=address)
+        self._base: dict[str, float] = {}
+        self._capacity = 1
+
+    @contextlib.contextmanager
+    def connect(self, tuner) -> Iterator:
+        """Join (or start) Ray; find out what the trial nodes are, and make the study theirs if they are not
+        this machine (then the finalists run on one of them)."""
+        ray, _ = import_ray()
+        started = connect(ray, self.address, tuner.hardware.usable_cores)
+        try:
+            self._base, self._capacity = trial_shape(ray, tuner.workload)
+            hw, node = probe(ray, self._base)
+            cap, per_node = node_memory_cap_mb(hw, tuner.workload.device,
+                                               tuner.measure.memory_cap_mb if tuner.cap_given else None)
+            if cap != tuner.measure.memory_cap_mb:
+                tuner.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
+                          + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
+                tuner.set_memory_cap(cap)
+            if tuner.workload.device != "cpu" and not tuner.device_cap_given:
+                # Ray gives each trial one GPU of its choosing (CUDA_VISIBLE_DEVICES): "cuda" there, whatever N
+                # the workload names (``trial_device``); its free memory is the node's, not this machine's
+                tuner.set_device_memory_cap(default_device_memory_cap_mb(hw, "cuda"))
+            if hw.fingerprint == tuner.hardware.fingerprint:
+                yield None
+                return
+            tuner.adopt_hardware(hw)
+            tuner.log(f"trials run on Ray nodes unlike this machine ({hw.summary_line()}, fingerprint "
+                      f"{hw.fingerprint}); study {tuner.study_name} is theirs and the finalists are re-measured there")
+            yield remote_runner(ray, self._base, node, tuner.workload.device)
+        finally:
+            if started:
+                ray.shutdown()
+
+    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+        if not self._base:
+            raise RuntimeError("RayBackend.search runs inside RayBackend.connect (Tuner.run enters it)")
+        if trials == 0:
+            return 0
+        _, tune = import_ray()
+        from ray.tune.search.optuna import OptunaSearch
+
+        search = make_search(OptunaSearch)(tuner, deadline=deadline, budget_s=budget_s)
+        trainable = tune.with_resources(
+            tune.with_parameters(make_trainable(tune), workload=tuner.workload.to_dict(),
+                                 measure=tuner.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
+            resources_for(self._base, tuner.workload.device))
+        root = (private_dir(tuner.artifacts_dir) / "ray").resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        per_trial = ", ".join(f"{v:g} {k}" for k, v in self._base.items()) if tuner.workload.device == "cpu" else \
+            "1 GPU + 1 CPU per DataLoader worker and one for the main process"
+        tuner.log(f"Ray Tune: {per_trial} per trial, up to {self._capacity} at once; Tune's files in {root}")
+        runner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(search),
+                                        num_samples=trials if trials is not None else -1,
+                                        max_concurrent_trials=self._capacity, reuse_actors=False,
+                                        trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
+            run_config=tune.RunConfig(name=f"{tuner.study_name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                      storage_path=str(root), verbose=0,
+                                      checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+                                      failure_config=tune.FailureConfig(max_failures=2)),
+        )
+        # Tune's new console output prints tables even at verbose=0; the tuner logs one line per trial instead.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        # Ctrl-C/SIGTERM stop the run like the local backend's (KeyboardInterrupt: finished trials are kept, a
+        # re-run resumes the study), not Tune's way (end gracefully, then go on to the finalists).
+        os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+        try:
+            runner.fit()
+        except BaseException:
+            search.close(wait=False)
+            raise
+        search.close()
+        if search.abort is not None:
+            raise WorkloadError(search.abort.removeprefix("WorkloadError: "))
+        return search.told

@@ -1,0 +1,119 @@
+"""The Tune actor that runs one trial: the unchanged runner (a fresh child process, memory watched, killed
+at the cap or the time limit) in a thread, one Tune result per measured window."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import threading
+from pathlib import Path
+
+from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.search.backends.ray.cluster import PLAN_KEY, trial_device
+
+__all__ = ["make_trainable", "kill_trial_children", "METRIC"]
+
+METRIC = "samples_per_s"
+
+
+def make_trainable(tune):
+    """The Tune trainable class that runs one trial (a class so that Tune's stop reaches ``cleanup``)."""
+
+    class _TrialActor(tune.Trainable):
+        """One trial in a Tune actor: the runner in a thread, one Tune result per measured window, the whole
+        TrialResult (JSON) in the last one. ``cleanup`` (Tune's stop: pruned, or the run ended) kills the
+        trial's child process group so nothing outlives the actor."""
+
+        def setup(self, config: dict, *, workload: dict, measure: dict, omp: str | None = None) -> None:
+            self._events: queue.Queue = queue.Queue()
+            self._stop = threading.Event()
+            self._thread = None
+            plan = config[PLAN_KEY]
+            if plan.get("shortcut"):
+                self._events.put(("shortcut", None))
+                return
+            # Ray sets OMP_NUM_THREADS to the actor's CPUs. A CPU trial holds the whole node: the child must
+            # see what a local run sees. GPU trials share a node: torch's default threads are bounded by the
+            # reservation (one core for the main process, ``gpu_trial``).
+            if workload["device"] == "cpu":
+                if omp is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = omp
+            elif not plan["config"].get("intra_op_threads"):
+                os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
+            args = (trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(plan["config"]),
+                    MeasureSpec.from_dict(measure))
+            log = Path(self.logdir or ".") / f"trial-{plan.get('number')}.log"
+            self._thread = threading.Thread(target=self._run, args=(*args, log), daemon=True)
+            self._thread.start()
+
+        def _run(self, workload, config, measure, log) -> None:
+            try:
+                from autotune.machine.hardware import detect
+                from autotune.trial.runner import run_trial
+                from autotune.search.storage import machine_lock
+
+                def on_event(ev: dict) -> None:  # windows go to Tune with their step-time split
+                    if ev.get("event") == "window":
+                        self._events.put(("window", {k: ev.get(k) for k in
+                                                     ("index", "samples_per_s", "steps", "data_wait_s", "compute_s")}))
+
+                # a CPU trial holds the node, whoever started it; GPU trials share it, one per GPU (Ray's job)
+                here = (machine_lock(f"a Ray trial ({log.name})") if workload.device == "cpu"
+                        else contextlib.nullcontext())
+                with here:
+                    result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
+                                       on_event=on_event, log_path=log)
+                self._events.put(("done", (result, detect(with_torch=False).fingerprint)))
+            except BaseException as exc:  # noqa: BLE001 - reported to Tune as this trial's error
+                import traceback
+
+                self._events.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+        def step(self) -> dict:
+            kind, payload = self._events.get()
+            if kind == "window":
+                return {METRIC: payload["samples_per_s"], "window": payload["index"], "steps": payload["steps"],
+                        "data_wait_s": payload["data_wait_s"], "compute_s": payload["compute_s"]}
+            if kind == "shortcut":
+                return {METRIC: 0.0, "shortcut": True, "done": True}
+            if kind == "done":
+                result, fingerprint = payload
+                return {METRIC: result.median_samples_per_s or 0.0, "trial_result": json.dumps(result.to_dict()),
+                        "fingerprint": fingerprint, "node": os.uname().nodename, "done": True}
+            raise RuntimeError(payload)
+
+        # A trial is not resumable mid-measurement: Tune's restart after a failure measures it afresh.
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            return None
+
+        def load_checkpoint(self, checkpoint) -> None:
+            return None
+
+        def cleanup(self) -> None:
+            self._stop.set()
+            if self._thread is not None and self._thread.is_alive():
+                kill_trial_children()
+                self._thread.join(timeout=30)
+
+    return _TrialActor
+
+
+def kill_trial_children() -> None:
+    """SIGKILL the process group of each trial child of this actor (the child leads its own group)."""
+    import psutil
+
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for c in children:
+        try:
+            if "autotune.trial.worker" in " ".join(c.cmdline()):
+                os.killpg(c.pid, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass

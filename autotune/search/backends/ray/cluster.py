@@ -1,0 +1,159 @@
+"""The Ray cluster as the backend sees it: joining it, what a trial asks of it, what its nodes are, and
+running one trial on a chosen node (the finalists)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
+from autotune.errors import AutotuneError
+
+__all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "node_memory_cap_mb",
+           "gpu_trial", "PLAN_KEY", "trial_device"]
+
+INSTALL = 'pip install "ray[tune]"'
+# The one key of a Tune trial's config: {"config": {...}, "number": n, "shortcut": bool}
+PLAN_KEY = "autotune"
+
+
+def import_ray():
+    """``(ray, ray.tune)``, or an AutotuneError with the install command."""
+    try:
+        import ray
+        from ray import tune
+        from ray.tune.search.optuna import OptunaSearch  # noqa: F401 - checked here, used by search.py
+    except ImportError as exc:
+        raise AutotuneError(f"--backend ray needs Ray Tune ({exc}): {INSTALL}") from None
+    return ray, tune
+
+
+def connect(ray, address: str | None, usable_cores: int) -> bool:
+    """Join the cluster at ``address``, or start a local Ray with this machine's usable cores.
+    Returns True when this call started Ray (and so shuts it down)."""
+    import logging
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=usable_cores, include_dashboard=False, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+        raise AutotuneError(f"cannot start or join {where}: {first}") from None
+    return True
+
+
+def _nodes(ray) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def trial_shape(ray, workload: Workload) -> tuple[dict[str, float], int]:
+    """(resources of a measured trial without its DataLoader share, how many run at once on the cluster)."""
+    nodes = _nodes(ray)
+    if workload.device == "cpu":
+        cpus = max((n["Resources"].get("CPU", 0) for n in nodes), default=0)
+        if cpus < 1:
+            raise AutotuneError("the Ray cluster has no node with a CPU to run trials on")
+        # a whole node per trial: the largest nodes' core count, so one trial per node and only that kind
+        return {"CPU": float(cpus)}, max(1, sum(int(n["Resources"].get("CPU", 0) // cpus) for n in nodes))
+    gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes)
+    if gpus < 1:
+        raise AutotuneError(f"--device {workload.device} but the Ray cluster has no GPU")
+    return {"CPU": 1.0, "GPU": 1.0}, gpus
+
+
+def trial_device(workload: Workload) -> Workload:
+    """The workload as a Ray worker runs it. Ray hands each GPU trial one GPU by setting CUDA_VISIBLE_DEVICES
+    to it, so inside the worker that GPU is ``cuda:0`` and ``cuda:1`` names no device at all: any CUDA device
+    becomes plain ``cuda`` (the study keeps the name the user gave)."""
+    if workload.device == "cpu":
+        return workload
+    return workload.replace(device="cuda")
+
+
+def gpu_trial(config: dict) -> dict[str, float]:
+    """A CUDA trial's reservation (trials share a node): one GPU, the main process's intra-op threads (one
+    when torch's default is left: the actor then sets OMP_NUM_THREADS=1) and one core per DataLoader
+    worker."""
+    threads = int(config.get("intra_op_threads") or 1)
+    return {"CPU": float(threads + int(config.get("num_workers") or 0)), "GPU": 1.0}
+
+
+def node_memory_cap_mb(hardware, device: str, requested_mb: float | None) -> tuple[float, int]:
+    """``(cap per trial, trials at once on one node)`` for trials on a node of ``hardware``: the node's default
+    cap (a share of its available memory) divided among the trials it runs at once (one per node on the CPU,
+    one per GPU), and no more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
+    from autotune.machine.limits import default_memory_cap_mb, min_memory_cap_mb
+
+    per_node = 1 if device == "cpu" else max(1, len(hardware.gpus))
+    cap = max(min_memory_cap_mb(device), default_memory_cap_mb(hardware) / per_node)  # below it no trial even starts
+    return (min(cap, requested_mb) if requested_mb else cap), per_node
+
+
+def resources_for(base: dict[str, float], device: str):
+    """The per-trial resource request (a callable of the trial's config, for ``tune.with_resources``)."""
+    from ray.tune import PlacementGroupFactory
+
+    def resources(config: dict) -> PlacementGroupFactory:
+        plan = config.get(PLAN_KEY) or {}
+        if plan.get("shortcut"):  # recorded by the driver without running: hold no node
+            return PlacementGroupFactory([{"CPU": 0.01}])
+        if device == "cpu":
+            return PlacementGroupFactory([dict(base)])
+        return PlacementGroupFactory([gpu_trial(plan.get("config") or {})])
+
+    return resources
+
+
+def probe(ray, base: dict[str, float]):
+    """(Hardware, node id) of a node of the kind trials run on, asked with a trial's resources."""
+    from autotune.machine.hardware import Hardware
+
+    @ray.remote(max_retries=0)
+    def node_hardware():
+        from autotune.machine.hardware import detect
+
+        return detect().to_dict(), ray.get_runtime_context().get_node_id()
+
+    opts = {"num_cpus": base.get("CPU", 1.0), "num_gpus": base.get("GPU", 0.0)}
+    try:
+        hw, node = ray.get(node_hardware.options(**opts).remote(), timeout=600)
+    except ray.exceptions.GetTimeoutError:
+        raise AutotuneError(f"no Ray node could take a trial ({opts}) within 10 minutes: is the cluster busy, "
+                            "or are its nodes smaller than that?") from None
+    return Hardware.from_dict(hw), node
+
+
+def remote_runner(ray, base: dict[str, float], node: str, device: str):
+    """A trial runner (as ``Tuner.runner``) that runs on ``node`` with a trial's resources: every finalist
+    on the same node, so they are compared on one machine."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(max_retries=0)
+    def remote(workload: dict, config: dict, measure: dict) -> dict:
+        from autotune.trial.runner import run_trial
+        from autotune.search.storage import machine_lock
+
+        cpu = workload["device"] == "cpu"
+        if cpu:  # a whole node: torch's defaults as locally
+            os.environ.pop("OMP_NUM_THREADS", None)
+        elif not config.get("intra_op_threads"):
+            os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
+        with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
+            return run_trial(trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(config),
+                             MeasureSpec.from_dict(measure)).to_dict()
+
+    def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
+        res = base if device == "cpu" else gpu_trial(config.to_dict())
+        ref = remote.options(num_cpus=res.get("CPU", 1.0), num_gpus=res.get("GPU", 0.0),
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                             ).remote(workload.to_dict(), config.to_dict(), measure.to_dict())
+        return TrialResult.from_dict(ray.get(ref))
+
+    return run

@@ -1,0 +1,468 @@
+"""The finalists: the time the search leaves them, which of them fit the time left, their interleaved
+re-measurement, and the recommendation chosen from it.
+
+A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
+measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
+is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory (device, then
+host, then threads) wins; a winner with reduced precision, channels_last or compile must pass the numerics
+check (``parity``) first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+from autotune.search import trials as keys
+from autotune.config import MeasureSpec, TrialConfig
+from autotune.machine.envstamp import collect_env_stamp
+from autotune.search.finalist_rounds import SavedRounds
+from autotune.errors import AutotuneError
+from autotune.measure import summarize
+from autotune.trial.parity import check_seconds, first_passing
+from autotune.search.payback import Priced, price
+from autotune.recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
+from autotune.search.trials import baseline_value, feasible_by_config
+
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s", "out_of_time", "search_left_s",
+           "long_trial_s", "plan", "Evidence",
+           "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
+
+# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
+FINALIST_SHARE = 0.30
+# The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
+# top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
+NUMERICS_SHARE = 0.30
+# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
+WINDOW_FACTOR = 2
+
+
+def finalist_measure(search: MeasureSpec) -> MeasureSpec:
+    """How a finalist is measured: as a search trial, with ``WINDOW_FACTOR`` times longer windows."""
+    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+
+
+# --- the budget ---------------------------------------------------------------------------------------
+
+def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None = None) -> float:
+    """Time the search leaves for the finalists: all rounds at the typical trial's length, but at most
+    ``FINALIST_SHARE`` of the budget (``plan`` then fits fewer finalists and rounds into it)."""
+    if not trial_walls or finalists <= 0:
+        return 0.0
+    typical = sorted(trial_walls)[len(trial_walls) // 2]
+    full = typical * 1.3 * (finalists + 1) * rounds
+    return min(full, FINALIST_SHARE * budget_s) if budget_s else full
+
+
+def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
+                rounds: int, check_s: float = 0.0) -> bool:
+    """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
+    one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
+    fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
+    the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
+    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value.
+    ``check_s``: the expected numerics check of the best config so far, reserved too (at most
+    ``NUMERICS_SHARE`` of the budget)."""
+    if deadline is None:
+        return False
+    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s)
+    return left <= 0 or (bool(trial_walls) and left < long_trial_s(trial_walls))
+
+
+def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
+                  check_s: float = 0.0) -> float:
+    """Seconds the search has left before the finalists' reserve and the numerics check's (``out_of_time``)."""
+    reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
+    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
+    return deadline - time.monotonic() - reserve
+
+
+def long_trial_s(trial_walls: list[float]) -> float:
+    """A long trial of those so far: the nearest-rank 90th percentile of their walls (0 with none)."""
+    walls = sorted(trial_walls)
+    return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
+
+
+def expected_check_s(trial, base, *, steps: int) -> float:
+    """The expected numerics check of ``trial``'s config (``parity.check_seconds``), from its measured rate and
+    the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
+    if base is None or not base.value or trial is None or not trial.value:
+        return 0.0
+    return check_seconds(keys.config_of(trial), samples_per_s=trial.value, fp32_samples_per_s=base.value, steps=steps)
+
+
+# --- who is re-measured, for how many rounds -------------------------------------------------------------
+
+def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | None,
+         log: Callable[[str], None]) -> tuple[list, int] | None:
+    """``(candidate trials, rounds)`` to re-measure: ``top`` (best first) and the baseline trial ``base``
+    unless it is one of them; ``measure`` is the search trials' (see ``finalist_measure``).
+    With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
+    estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
+
+    One round is not a comparison (each config measured once, the very luck re-measuring exists to remove),
+    so two rounds come first: the most finalists for which two rounds fit, shrinking in this order: fewer
+    finalists (down to the top two), then the baseline is not re-measured (its search figure stands in),
+    then only the top one and the baseline. Only when no two rounds fit does one round run (of the most
+    finalists it fits), and ``choose`` then pools each finalist's search trial as a second round
+    (``pool_search_round``) and says so."""
+    base_key = TrialConfig.from_dict(base.user_attrs[keys.CONFIG]).key() if base is not None else None
+
+    def candidates(k: int, with_base: bool = True) -> list:
+        cands = list(top[:k])
+        if with_base and base is not None and all(TrialConfig.from_dict(t.user_attrs[keys.CONFIG]).key() != base_key
+                                                  for t in cands):
+            cands.append(base)
+        return cands
+
+    extra_s = measure.windows * measure.window_s * (WINDOW_FACTOR - 1)  # a finalist's longer windows
+
+    def round_s(cands: list) -> float:  # estimated from the search trials' wall times
+        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + extra_s for t in cands)
+
+    if left_s is None:
+        return candidates(len(top)), rounds
+    options = [candidates(k) for k in range(len(top), 1, -1)]
+    options += [candidates(2, with_base=False)] if len(top) >= 2 else []
+    options += [candidates(1)]
+    wanted = min(rounds, 2)
+    cands = next((c for c in options if wanted * round_s(c) <= left_s), None)
+    if cands is None:  # not two rounds of any of them: one round, of the most that fit
+        cands = next((c for c in options if round_s(c) <= left_s), options[-1])
+    fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
+    if fit < 1:
+        log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
+            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it")
+        return None
+    if cands != options[0] or fit < rounds:
+        log(f"the time budget leaves room for {len(cands)} finalist(s) "
+            f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of {rounds} round(s)"
+            + ("; their search trials count as a second round" if min(fit, rounds) == 1 and len(cands) > 1 else ""))
+    return cands, min(rounds, fit)
+
+
+def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) -> bool:
+    """With only one finalist round, count each finalist's search trial (the same config, measured earlier)
+    as a round before it, so the choice rests on two measurements of each and ``ratio_interval`` has two
+    rounds to resample. A second-best stand-in: the search round is not interleaved, and it is the round
+    that put these configs among the finalists (its luck favours them), hence only when no second
+    finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
+    windows)."""
+    done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
+    if len(done) < 2 or not all(t.user_attrs.get("samples_per_s") for _, t in done):
+        return False
+    for c, t in done:
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs["samples_per_s"]])
+    ev.pooled = True
+    return True
+
+
+# --- the re-measurement -------------------------------------------------------------------------------
+
+@dataclass
+class Evidence:
+    """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
+    host and device memory over them, and why it is out: each round it did not finish ok ("round 2:
+    over_memory (...)"), too little memory left under the margin, or a failed numerics check."""
+
+    rounds: dict[tuple, list[list[float]]]
+    peaks: dict[tuple, float]
+    failures: dict[tuple, list[str]]
+    device_peaks: dict[tuple, float | None]
+    rounds_run: int = 0  # the interleaved finalist rounds that ran
+    pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
+    compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
+    # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
+    device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
+
+    def samples(self, key: tuple) -> list[float]:
+        return [x for r in self.rounds[key] for x in r]
+
+
+def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
+              log: Callable[[str], None], saved=None) -> Evidence:
+    """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
+    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it."""
+    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
+                  {c.key(): None for c in configs})
+    ev.rounds_run = rounds
+    saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
+    log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
+        f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    for r in range(rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        kept = saved.round(r)
+        if kept is not None:
+            log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
+        for c in order:
+            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
+                workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log"))
+            if res.ok:
+                ev.rounds[c.key()].append(list(res.samples_per_s))
+                ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
+                if res.peak_device_mb is not None:
+                    ev.device_peaks[c.key()] = max(ev.device_peaks[c.key()] or 0.0, res.peak_device_mb)
+                if res.peak_device_allocated_mb is not None:
+                    ev.device_allocated[c.key()] = max(ev.device_allocated.get(c.key(), 0.0),
+                                                       res.peak_device_allocated_mb)
+                if res.compile_s is not None:
+                    ev.compile_s.setdefault(c.key(), []).append(res.compile_s)
+            else:
+                ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
+            log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
+                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason) + (" (kept)" if kept else ""))
+    return ev
+
+
+def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: the ratio of the medians of ``a`` and ``b`` (windows grouped by round) and a
+    percentile-bootstrap interval of it. Each resample draws rounds with replacement, the same rounds for both
+    (they ran interleaved, on the same moment of the machine), then windows within each drawn round: the
+    interval holds the drift between rounds as well as the spread within them."""
+    import random
+
+    def med(xs: list[float]) -> float:
+        return summarize(xs).median
+
+    ratio = med([x for r in a for x in r]) / med([x for r in b for x in r])
+    rng = random.Random(seed)
+    stats = []
+    paired = min(len(a), len(b))
+    for _ in range(resamples):
+        drawn = [rng.randrange(paired) for _ in range(paired)] if paired > 1 else [0] * paired
+        ra = [x for i in drawn for x in rng.choices(a[i], k=len(a[i]))]
+        rb = [x for i in drawn for x in rng.choices(b[i], k=len(b[i]))]
+        stats.append(med(ra) / med(rb))
+    stats.sort()
+    tail = (1 - level) / 2
+    return ratio, stats[int(tail * (resamples - 1))], stats[int((1 - tail) * (resamples - 1))]
+
+
+# --- the choice ---------------------------------------------------------------------------------------
+
+class Scored(NamedTuple):
+    """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
+
+    config: TrialConfig
+    trial: Any
+    summary: Any
+    peak_mb: float
+
+
+def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
+               notes: list[str]) -> tuple[list[Scored], list[tuple]]:
+    """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
+    (config, trial), each out with a note saying why."""
+    from autotune._units import format_mb
+
+    scored, out = [], []
+    usable = limit.usable_mb
+    for c, t in zip(configs, trials):
+        if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
+            ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
+                                        f"{100 * limit.margin:.0f}% margin leaves of the cap")
+        alloc = ev.device_allocated.get(c.key())
+        if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
+            ev.failures[c.key()].append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
+                                        f"{100 * (1 - limit.margin):.0f}% of the "
+                                        f"{format_mb(limit.device_mb)} device memory cap the margin leaves")
+        if ev.failures[c.key()]:
+            out.append((c, t))
+            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
+        elif ev.rounds[c.key()]:
+            scored.append(Scored(c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
+    return scored, out
+
+
+def _numerics_pass(tuner, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
+                   notes: list[str]) -> tuple[int | None, list[Scored], Any, int]:
+    """Check the chosen config's numerics, then the next best's while one fails (``parity.first_passing``):
+    (the index in the ranking of the one that passed, or None; the ranking; its parity result; how many were
+    checked)."""
+    ranked = [chosen] + [x for x in scored if x is not chosen]
+    index, checked = _check_numerics(tuner, ranked, base_trial)
+    for (config, result), x in zip(checked, ranked):
+        if result.steps:  # checked in a child (an fp32 eager config passes without one)
+            tuner.record_parity(x.trial.number, result)
+            notes.append(result.note(f"{config.short()} (trial {x.trial.number})"))
+        if not result.ok and result.checked:
+            ev.failures[config.key()].append(f"numerics: {result.reason}")
+    return index, ranked, (checked[index][1] if index is not None else None), len(checked)
+
+
+def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None:
+    """The baseline's median from its finalist rounds (even if it is out), else from its search trial."""
+    base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
+    base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
+        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
+        why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
+               else "not re-measured: the time budget was short")
+        notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
+                     "less certain")
+    return summarize(base_xs).median if base_xs else None
+
+
+def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial, *,
+           check_numerics: bool = True) -> Recommendation | None:
+    """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
+    left too little memory, or failed the numerics check).
+
+    A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
+    whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
+    unless another is within noise of it and lighter on memory (device memory first, then host, then
+    threads): "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
+    (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
+    with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
+    if it does not, the next best is checked, and so on (an fp32 eager config passes without a check)."""
+    from autotune._units import format_mb
+
+    notes: list[str] = []
+    limit = tuner.limit
+    scored, out = _qualified(limit, configs, trials, ev, notes)
+    if not scored:
+        return None
+    if ev.rounds_run == 1 and len(configs) > 1:
+        notes.append("one finalist round only (the time budget or --rounds left no second): "
+                     + ("each finalist's search trial counts as a second round; it was not interleaved and it is "
+                        "the round that picked them, so the margin is less certain than two interleaved rounds'"
+                        if ev.pooled else "the choice rests on one measurement of each")
+                     + "; a longer --timeout gives two")
+    # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
+    pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(tuner, c, t, ev))
+                     for c, t, s, _ in scored], tuner.run_length)
+    notes += pricing.notes
+    scored.sort(key=lambda x: -x[2].median * pricing.factor[x[0].key()])
+    best = scored[0]
+    rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
+    # configs within noise of the top: prefer less memory, then fewer cores busy
+    close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
+    chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
+                                       (x[0].intra_op_threads or 99) + x[0].num_workers))
+    tied = chosen is not best  # won a tie on memory/threads
+    parity = None
+    if tuner.parity_steps and not check_numerics:
+        notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
+    elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+        index, ranked, parity, n_checked = _numerics_pass(tuner, chosen, scored, base_trial, ev, notes)
+        failed = ranked[:n_checked - 1] if index is not None else ranked
+        scored = [x for x in scored if x not in failed]
+        out += [(x.config, x.trial) for x in failed]
+        if index is None:
+            return None
+        chosen = ranked[index]
+        tied = tied and index == 0
+    if tied:
+        _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
+                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
+                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads")
+    others = [x for x in scored if x is not chosen]
+    margin = interval = None
+    if others:
+        ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
+        margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
+    base_med = _baseline_median(base_trial, ev, notes)
+    s = chosen[2]
+    if s.noisy:
+        notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
+    hw = tuner.hardware
+    return Recommendation(
+        config=chosen[0], workload=tuner.workload,
+        median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
+        samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
+        baseline_samples_per_s=None if base_med is None else round(base_med, 3),
+        speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
+        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
+        memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
+        peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
+        margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
+        hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
+                  "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
+        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
+        study_name=tuner.study_name,
+        storage=tuner.storage_url, trial_number=chosen[1].number,
+        runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
+                           "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
+                           "trial": x[1].number} for x in others]
+                         + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
+                             "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
+        notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
+        parity=None if parity is None or not parity.steps else parity.to_dict(),
+        finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
+        user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
+        compile={**pricing.record, "cache_dir": str(tuner.compile_cache_dir)},
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
+    )
+
+
+def _check_numerics(tuner, ranked: list, base_trial) -> tuple[int | None, list]:
+    """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
+    expect = expected_check_s(ranked[0][1], base_trial, steps=tuner.parity_steps)
+    if expect:
+        tuner.log(f"checking the numerics of {ranked[0][0].short()} against fp32 eager ({tuner.parity_steps} steps "
+                  f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
+    return first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity, steps=tuner.parity_steps,
+                         log_path=tuner.artifacts_dir / "parity.log", memory_cap_mb=tuner.measure.memory_cap_mb)
+
+
+def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[float | None, float | None]:
+    """``(cold, cached)`` compile seconds of a compiled finalist, (None, None) for an eager one. Cold: the
+    longest compile measured for its graph in the study (its own trial and rounds, and every trial with the
+    same compile mode, batch size, amp and channels_last, whatever its loader knobs): what a fresh process
+    pays; cached: the shortest, what a process that finds the study's inductor cache pays."""
+    if config.compile_mode == "none":
+        return None, None
+    graph = (config.compile_mode, config.batch_size, config.amp, config.channels_last)
+    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get("compile_s")]
+    for t in tuner.study().get_trials(deepcopy=False):
+        c = t.user_attrs.get(keys.CONFIG)
+        if c and (c.get("compile_mode"), c.get("batch_size"), c.get("amp"), c.get("channels_last")) == graph:
+            seen.append(t.user_attrs.get("compile_s"))
+    seen = [x for x in seen if isinstance(x, (int, float))]
+    if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
+        return 0.0, None
+    return max(seen), (min(seen) if len(seen) > 1 else None)
+
+
+def provisional(study, *, storage: str = "") -> Recommendation:
+    """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
+    (the run was stopped before the end, or the budget left no time for them)."""
+    from autotune.config import Workload
+
+    checks = study.user_attrs.get(keys.PARITY) or {}
+    feasible = {k: t for k, t in feasible_by_config(study).items()
+                if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
+    if not feasible:
+        raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
+                            "`autotune run` longer, or see `autotune show` for why trials failed")
+    best = max(feasible.values(), key=lambda t: t.value or 0)
+    ua = best.user_attrs
+    xs = ua.get("samples_per_s") or [best.value]
+    s = summarize(xs)
+    base = baseline_value(study)
+    workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
+    config = TrialConfig.from_dict(ua[keys.CONFIG])
+    space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
+    limit = keys.MemoryLimit.of_study(study)
+    cap = limit.cap_mb
+    return Recommendation(
+        config=config, workload=workload, median_samples_per_s=round(s.median, 3),
+        iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
+        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
+        memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
+        peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
+        hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
+        fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
+        env_stamp=collect_env_stamp(),
+        study_name=study.study_name, storage=storage, trial_number=best.number,
+        notes=("provisional: the best search trial, not re-measured against the runners-up; "
+               "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
+        reproduce=reproduce_command(workload, config, cap), provisional=True,
+        user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),
+    )

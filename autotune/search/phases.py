@@ -1,0 +1,108 @@
+"""When the search stops, phase by phase, for every backend.
+
+1. The planned search (``coordinate``): the baseline, the likely winners, each of them apart, the batch walk
+   from the best config so far, the other knobs one at a time. Nothing stops it but the budget.
+2. The sampler (TPE, never proposing compile: ``compile_gate.holding_back``) until the eager search settles:
+   it converged (``convergence``: a patience from the cost of a trial), it keeps proposing configs the study
+   already answered (the space is exhausted), or the budget has room for the compile trial and no more (once
+   the planned search is done: a budget too small for it never reaches compile).
+3. Compile last (``compile_last``): the best eager config with the space's compile modes, when the compile
+   gate says one fits the time left. Then the search stops, saying why (``stop_reason``), and the finalists
+   are re-measured.
+
+A study from before the planned search (no ``search_plan`` attribute) goes through 2 and 3 as well.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autotune.search import compile_last
+from autotune.search import finalists as fin
+from autotune.search import queue as study_queue
+from autotune.search import trials as keys
+from autotune.search.convergence import noise_of
+from autotune.search.trials import feasible_by_config
+
+__all__ = ["run_seconds", "advance", "stop_reason", "status_line"]
+
+
+def run_seconds(tuner, study) -> float:
+    """The planned run in seconds: ``--run-length``, or ``--planned-steps`` at the best config's batch size and
+    rate so far (an hour while nothing ran)."""
+    run = tuner.run_length
+    if run.seconds is not None:
+        return float(run.seconds)
+    feasible = feasible_by_config(study, tuner.hardware.fingerprint, tuner.limit)
+    best = max(feasible.values(), key=lambda t: t.value or 0.0, default=None)
+    if best is None or not best.value:
+        return 3600.0
+    return run.steps * keys.config_of(best).batch_size / best.value
+
+
+def advance(tuner, study) -> None:
+    """After a trial: compile's next mode on the best eager config where the one before paid (``compile_last``)."""
+    compile_last.advance(study, tuner.space, noise=noise_of(study.get_trials(deepcopy=False)),
+                         fingerprint=tuner.hardware.fingerprint, limit=tuner.limit, enqueue=study_queue.enqueue,
+                         log=tuner.log)
+
+
+def _eager_over(tuner, study, *, walls: list[float], deadline: float | None, budget_s: float | None,
+                trials_left: int | None, exhausted: int) -> str | None:
+    """Why the eager search is over now, or None."""
+    conv = tuner.convergence(study)
+    if conv.converged:
+        return conv.why()
+    if exhausted:
+        return (f"the space looks exhausted: the sampler proposed {exhausted} configs in a row that the study had "
+                "already answered")
+    plan = tuner.plan(study)
+    if (not compile_last.modes(tuner.space) or tuner.compile_gate.reason(study) is not None
+            or (plan is not None and not plan.done)
+            or compile_last.best_eager(study, fingerprint=tuner.hardware.fingerprint, limit=tuner.limit) is None):
+        # no compile to leave room for, or no eager search settled to try it on: the budget ends the search
+        return None
+    if trials_left is not None and trials_left <= 1:
+        return "the budget's last trial is compile's"
+    if deadline is not None and walls:
+        left = fin.search_left_s(walls, deadline, budget_s, finalists=tuner.finalists, rounds=tuner.finalist_rounds,
+                                 check_s=tuner.numerics_check_s(study))
+        expected, _ = tuner.compile_gate.expected_s(study.get_trials(deepcopy=False))
+        if expected <= left < expected + fin.long_trial_s(walls):
+            return f"the time left for the search ({left:.0f} s) is the compile trial's (~{expected:.0f} s)"
+    return None
+
+
+def stop_reason(tuner, study, *, walls: list[float], deadline: float | None = None, budget_s: float | None = None,
+                trials_left: int | None = None, exhausted: int = 0) -> str | None:
+    """Why the search stops before its next trial, or None to go on. ``exhausted``: how many proposals in a row
+    the study answered, once the backend takes that for an exhausted space (else 0). Settling the eager
+    search queues compile on its best config (``compile_last.settle``), so the search goes on until that ran."""
+    # --patience 0 reopens a study whose eager search converged earlier: search on until the budget ends it
+    if study.user_attrs.get(keys.EAGER_SETTLED) is None or tuner.patience == 0:
+        why = _eager_over(tuner, study, walls=walls, deadline=deadline, budget_s=budget_s, trials_left=trials_left,
+                          exhausted=exhausted)
+        if why is None:
+            return None
+        compile_last.settle(study, tuner.space, why=why, blocked=tuner.compile_gate.reason(study),
+                            fingerprint=tuner.hardware.fingerprint, limit=tuner.limit, enqueue=study_queue.enqueue,
+                            log=tuner.log)
+    advance(tuner, study)
+    if compile_last.pending(study):
+        return None
+    return compile_last.summary(study)
+
+
+def status_line(tuner, study, deadline: float | None = None) -> str:
+    """The progress bar's account of the phase: the planned search's step, the sampler's count towards
+    converging, or compile last; and the time left."""
+    if study.user_attrs.get(keys.EAGER_SETTLED) is not None:
+        part = "compile last" if compile_last.pending(study) else "settled"
+    else:
+        plan = tuner.plan(study)
+        conv = tuner.convergence(study)
+        part = (f"planned: {plan.label()}" if plan is not None and not plan.done
+                else conv.progress() if conv.patience else "sampler")
+    if deadline is not None:
+        part += f", {max(0, deadline - time.monotonic()) / 60:.0f} min left"
+    return part

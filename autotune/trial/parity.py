@@ -1,0 +1,338 @@
+"""The numerics guard: does a config's reduced-precision / channels_last / compiled arithmetic still train like
+fp32 eager?
+
+bf16/fp16 autocast, channels_last and ``torch.compile`` change the arithmetic, so a config that differs from fp32
+eager in those knobs (``needs_parity(config)``) is checked before it is recommended: ``parity_check`` trains the
+workload's model for ``steps`` steps twice in one fresh child process (``autotune.trial.parity_child``), from the same
+initial weights on the same seeded batches: once as the *reference* (amp off, no channels_last, no compile) and
+once as the *candidate* (the config's numerics knobs). Both use the batch size and threads of the config and
+``num_workers=0``; everything else (model on the device, optimizer, grad scaler, autocast) is the trial's own
+step (``_worker.make_step``), so the check runs the arithmetic that was measured.
+
+Divergence (train): each loss curve is smoothed by a trailing moving average of ``SMOOTH_STEPS`` steps (single
+batches' losses jitter with the batch; the trajectory is what must agree), and at every step the relative
+difference ``|cand - ref| / max(|ref|, LOSS_FLOOR)`` is taken; ``max_rel_diff`` is its largest value over the
+steps, ``final_rel_diff`` its last. Relative, because loss scales differ between workloads; the floor keeps a
+loss near zero from turning noise into a huge ratio.
+
+Training can be chaotic: on resnet18 at 32 px, batch 16, even fp32 channels_last (the same sums in another
+order) drifted 15% from fp32 eager within 30 steps. So the child trains a third copy, the *control*: fp32 eager
+from the initial weights nudged by a relative 1e-6 (rounding-sized), and its drift from the reference is the
+``noise_floor``. The config passes when every candidate loss is finite and
+``max_rel_diff <= limit = max(tolerance, FLOOR_FACTOR * noise_floor)``: precision loss is judged against what
+fp32 itself does from a nudge, never against an exact replay that unstable training cannot give. Task ``infer`` has no trajectory: the outputs of each batch are compared,
+``||out_cand - out_ref|| / ||out_ref||``, and the same tolerance applies.
+
+The default tolerance, ``DEFAULT_TOLERANCE = 0.05``, sits with margin above what honest configs showed on a CPU
+over 30 steps where training is stable (bf16 + channels_last: 0.0001 on the tiny test net, 0.006 on resnet18 at
+64 px batch 32, 0.004 on mobilenet_v3_small at 32 px; infer: 0.006 on resnet18's outputs) and far below what a
+broken config does (a NaN, or the test's biased logits: 7.1).
+
+>>> from autotune.config import TrialConfig
+>>> needs_parity(TrialConfig(amp="bf16")), needs_parity(TrialConfig(num_workers=4))
+(True, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from autotune.machine.launch import python_command
+from autotune.machine.safefs import open_append
+from autotune._records import Record, check, is_int, is_num
+from autotune.config import TrialConfig, Workload
+from autotune.trial.runner import child_env
+from autotune.trial.triallog import CappedLog
+
+__all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
+           "check_seconds", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
+
+DEFAULT_STEPS = 30
+DEFAULT_TOLERANCE = 0.05
+SMOOTH_STEPS = 5
+LOSS_FLOOR = 1e-3
+FLOOR_FACTOR = 3.0
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def needs_parity(config: TrialConfig) -> bool:
+    """True when ``config`` changes the arithmetic against fp32 eager: autocast, channels_last or compile."""
+    return config.amp != "off" or config.channels_last or config.compile_mode != "none"
+
+
+CHECK_STARTUP_S = 10.0  # a check's child: start-up and building the model three times, roughly
+
+
+def check_seconds(config: TrialConfig, *, samples_per_s: float, fp32_samples_per_s: float,
+                  steps: int = DEFAULT_STEPS) -> float:
+    """What the numerics check of ``config`` is expected to take, in seconds: ``steps`` steps of the candidate
+    at its measured rate, and twice ``steps`` of fp32 eager (the reference and the control) at ``config``'s batch
+    size, at fp32 eager's measured rate (the baseline trial's); 0 for a config that needs no check.
+
+    >>> check_seconds(TrialConfig(batch_size=64, amp="bf16"), samples_per_s=80.0, fp32_samples_per_s=40.0)
+    130.0
+    """
+    if not needs_parity(config) or steps <= 0:
+        return 0.0
+    batch = config.batch_size
+    return CHECK_STARTUP_S + steps * batch / samples_per_s + 2 * steps * batch / fp32_samples_per_s
+
+
+def reference_config(config: TrialConfig) -> TrialConfig:
+    """fp32 eager with ``config``'s batch size and threads, data loaded in the process (the check's reference)."""
+    return config.replace(amp="off", channels_last=False, compile_mode="none", num_workers=0, pin_memory=False)
+
+
+@dataclass(frozen=True)
+class ParityResult(Record):
+    """The outcome of one parity check; ``reason`` says in one line why it passed or not.
+
+    Losses are floats (NaN where a loss was not finite; a curve stops at its first non-finite loss); ``to_dict``
+    writes non-finite values as None so the record is plain JSON. ``compared`` is ``loss`` (train: smoothed loss
+    curves) or ``output`` (infer: each batch's outputs); ``rel_diffs`` holds the per-step relative differences.
+    """
+
+    _kind: ClassVar[str] = "parity result"
+
+    ok: bool
+    steps: int
+    losses_reference: tuple = ()
+    losses_candidate: tuple = ()
+    max_rel_diff: float | None = None
+    final_rel_diff: float | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    reason: str = ""
+    compared: str = "loss"
+    rel_diffs: tuple = ()
+    losses_control: tuple = ()
+    noise_floor: float | None = None
+    limit: float | None = None
+    seconds: float | None = None
+    child_pid: int | None = None
+    # False when the check could not run for want of memory: no numerics verdict either way
+    checked: bool = True
+    skipped_steps: tuple = ()  # steps (1-based) fp16's GradScaler skipped, left out of every curve
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.ok, bool), "ok", self.ok, "true or false")
+        check(is_int(self.steps) and self.steps >= 0, "steps", self.steps, "a whole number >= 0")
+        check(is_num(self.tolerance) and self.tolerance > 0, "tolerance", self.tolerance, "a positive number")
+        check(self.compared in ("loss", "output"), "compared", self.compared, "loss or output")
+        for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
+            object.__setattr__(self, name, tuple(math.nan if v is None else float(v) for v in getattr(self, name)))
+
+    def note(self, who: str) -> str:
+        """One line for a recommendation's notes: ``who`` (e.g. "b64 bf16 cl (trial 12)") and the verdict."""
+        verdict = ("passes the numerics check" if self.ok else "was not checked" if not self.checked
+                   else "is not recommended")
+        return f"{who} {verdict}: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
+            d[name] = [v if math.isfinite(v) else None for v in d[name]]
+        d["skipped_steps"] = list(d["skipped_steps"])
+        for name in ("max_rel_diff", "final_rel_diff", "noise_floor", "limit"):
+            if d[name] is not None and not math.isfinite(d[name]):
+                d[name] = None
+        return d
+
+
+def _smooth(xs: list[float], k: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= k:
+            acc -= xs[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def divergence(reference: list[float], candidate: list[float], *, smooth: int = SMOOTH_STEPS) -> list[float]:
+    """Per-step relative difference of the two loss curves after a trailing moving average of ``smooth`` steps.
+
+    >>> [round(d, 3) for d in divergence([2.0, 2.0, 2.0], [2.0, 2.2, 2.4], smooth=1)]
+    [0.0, 0.1, 0.2]
+    >>> [round(d, 3) for d in divergence([2.0, 2.0, 2.0], [2.0, 2.2, 2.4], smooth=2)]
+    [0.0, 0.05, 0.15]
+    """
+    n = min(len(reference), len(candidate))
+    ref, cand = _smooth(list(reference[:n]), smooth), _smooth(list(candidate[:n]), smooth)
+    return [abs(c - r) / max(abs(r), LOSS_FLOOR) for r, c in zip(ref, cand)]
+
+
+def _first_bad(xs: tuple) -> int | None:
+    return next((i for i, x in enumerate(xs) if not math.isfinite(x)), None)
+
+
+def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResult:
+    """Turn the child's curves (``raw``: losses_reference, losses_candidate, and for infer output_rel_diffs) into
+    a verdict with its reason. ``label`` names the candidate's knobs in the reason."""
+    ref = tuple(math.nan if v is None else float(v) for v in raw["losses_reference"])
+    cand = tuple(math.nan if v is None else float(v) for v in raw["losses_candidate"])
+    control = tuple(math.nan if v is None else float(v) for v in raw.get("losses_control") or ())
+    compared = raw.get("compared", "loss")
+    common = dict(steps=steps, losses_reference=ref, losses_candidate=cand, losses_control=control,
+                  tolerance=tolerance,
+                  compared=compared, seconds=raw.get("seconds"), child_pid=raw.get("pid"),
+                  skipped_steps=tuple(raw.get("skipped_steps") or ()))
+    bad_ref = _first_bad(ref) if compared == "loss" else None
+    if bad_ref is not None:
+        return ParityResult(ok=False, reason=f"the fp32 eager reference's loss became {ref[bad_ref]} at step "
+                            f"{bad_ref + 1}: the workload diverges without {label}, so parity cannot be judged",
+                            **common)
+    bad = _first_bad(cand)
+    if bad is not None:
+        return ParityResult(ok=False, reason=f"numerics diverge: with {label} the loss became {cand[bad]} at step "
+                            f"{bad + 1} of {steps} while fp32 eager stayed finite", **common)
+    if compared == "output":
+        diffs = [math.nan if v is None else float(v) for v in raw["output_rel_diffs"]]
+        what = "the outputs"
+    else:
+        diffs = divergence(list(ref), list(cand))
+        what = f"the loss ({SMOOTH_STEPS}-step moving average)"
+    if not diffs:
+        return ParityResult(ok=False, reason="the parity check ran no steps", **common)
+    if any(not math.isfinite(d) for d in diffs):
+        i = _first_bad(tuple(diffs))
+        return ParityResult(ok=False, rel_diffs=tuple(diffs), reason=f"numerics diverge: with {label} the outputs "
+                            f"became non-finite at batch {i + 1}", **common)
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    floor = None
+    if control:  # how far fp32 drifts from a rounding-sized nudge: chaotic training earns a wider limit
+        floor = math.inf if _first_bad(control) is not None else max(divergence(list(ref), list(control)))
+    limit = tolerance if floor is None else max(tolerance, FLOOR_FACTOR * floor)
+    common.update(rel_diffs=tuple(diffs), max_rel_diff=diffs[worst], final_rel_diff=diffs[-1], noise_floor=floor,
+                  limit=limit)
+    bound = f"tolerance {tolerance:.1%}" + (f", fp32 drifts {floor:.2%} on its own" if floor else "")
+    if diffs[worst] > limit:
+        return ParityResult(ok=False, reason=f"numerics diverge: with {label} {what} differs from fp32 eager by "
+                            f"{diffs[worst]:.1%} at step {worst + 1} of {len(diffs)} (limit {limit:.1%}: {bound})",
+                            **common)
+    return ParityResult(ok=True, reason=f"{what} with {label} stays within {diffs[worst]:.2%} of fp32 eager over "
+                        f"{len(diffs)} steps (limit {limit:.1%}: {bound})", **common)
+
+
+def _label(config: TrialConfig) -> str:
+    parts = [f"amp={config.amp}"] if config.amp != "off" else []
+    parts += ["channels_last"] if config.channels_last else []
+    parts += [f"compile={config.compile_mode}"] if config.compile_mode != "none" else []
+    return " + ".join(parts) or "fp32 eager"
+
+
+def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAULT_STEPS, seed: int = 0,
+                 tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 log_path: str | os.PathLike | None = None, memory_cap_mb: float | None = None) -> ParityResult:
+    """Check that ``config``'s numerics knobs train ``workload`` like fp32 eager; never raises for a bad config.
+
+    Runs in a fresh child (its own process group, killed whole at ``timeout_s``); the child's stdout and stderr
+    go to ``log_path`` (a temporary file, removed afterwards, when None). A config without numerics knobs passes
+    at once without a child. A child that crashes or times out gives ``ok=False`` with the reason; the numerics
+    of a config that cannot even be checked are not vouched for. With ``memory_cap_mb`` (the trials' cap) the
+    child's tree is watched as a trial's is (``memwatch.MemoryWatch``: it holds three copies of the model) and
+    killed over the cap, which fails the check with the reason.
+
+    Example (about 3 s on 2 CPU cores)::
+
+        parity_check(Workload(model="tests.workloads_fixtures:tiny", image_size=16),
+                     TrialConfig(batch_size=8, amp="bf16", channels_last=True), steps=10)
+    """
+    check(is_int(steps) and steps >= 1, "steps", steps, "a whole number >= 1", "try 30")
+    check(is_num(tolerance) and tolerance > 0, "tolerance", tolerance, "a positive number", "try 0.05")
+    check(is_num(timeout_s) and timeout_s > 0, "timeout_s", timeout_s, "a positive number of seconds")
+    label = _label(config)
+    if not needs_parity(config):
+        return ParityResult(ok=True, steps=0, tolerance=tolerance,
+                            reason="fp32 eager: the arithmetic is the reference's, nothing to check")
+    with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"
+        spec = {"workload": workload.to_dict(), "candidate": config.replace(num_workers=0).to_dict(),
+                "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
+                "result_path": str(result_path)}
+        start = time.perf_counter()
+        with CappedLog(log) as out:  # the user's code prints here: under a trial log's cap (autotune.trial.triallog)
+            proc = subprocess.Popen(python_command(sys.executable, "autotune.trial.parity_child"), stdin=subprocess.PIPE,
+                                    stdout=out, stderr=out, env=child_env(config), start_new_session=True)
+        stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
+        out.join()
+        seconds = time.perf_counter() - start
+        if stopped:
+            return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
+                                reason=f"the parity check of {label} {stopped}")
+        raw = json.loads(result_path.read_text()) if result_path.exists() else None
+        if raw is not None and raw.get("oom"):
+            return ParityResult(ok=False, checked=False, steps=steps, tolerance=tolerance, child_pid=proc.pid,
+                                seconds=seconds, reason=f"not checked: out of memory in the numerics check of {label} "
+                                f"({raw.get('error')}); its numerics are not vouched for")
+        if proc.returncode != 0 or raw is None or "error" in raw:
+            why = (raw or {}).get("error") or _tail(log) or f"exit code {proc.returncode}"
+            return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
+                                reason=f"the parity check of {label} failed: {why}")
+    raw["seconds"] = seconds
+    return judge(raw, steps=steps, tolerance=tolerance, label=label)
+
+
+def first_passing(ranked: Sequence[TrialConfig], workload: Workload, *,
+                  check: Callable[..., ParityResult] | None = None,
+                  **kwargs: Any) -> tuple[int | None, list[tuple[TrialConfig, ParityResult]]]:
+    """Check ``ranked`` configs (best first) in turn until one passes, or could not be checked for want of
+    memory (``checked=False``: no verdict, so it is not passed over as if it had failed); return its index (None
+    if none did) and every config checked with its result. fp32 eager configs pass without a child. ``kwargs``
+    go to ``check`` (``parity_check`` unless a test passes another)."""
+    run = check or parity_check
+    checked: list[tuple[TrialConfig, ParityResult]] = []
+    for i, config in enumerate(ranked):
+        result = run(workload, config, **kwargs)
+        checked.append((config, result))
+        if result.ok or not result.checked:
+            return i, checked
+    return None, checked
+
+
+def _watch(proc: subprocess.Popen, spec: bytes, *, timeout_s: float, memory_cap_mb: float | None) -> str | None:
+    """Feed the check's child its spec and watch it to its end as the runner watches a trial: its tree's memory
+    against the cap every 0.1 s, the time limit; its whole tree is killed at the end (compile workers, anything
+    that left its group). Returns why it was stopped, or None when it ended by itself."""
+    from autotune._units import format_mb
+    from autotune.trial.memwatch import MemoryWatch
+
+    memory = MemoryWatch(proc.pid)
+    stopped = None
+    try:
+        with contextlib.suppress(BrokenPipeError):  # a child that died at once: its exit code tells
+            proc.stdin.write(spec)
+            proc.stdin.close()
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            over = memory.sample(memory_cap_mb)
+            if over is not None:
+                stopped = f"was killed at {format_mb(over)}, over the {format_mb(memory_cap_mb)} memory cap"
+                break
+            if time.monotonic() > deadline:
+                stopped = f"did not finish in {timeout_s:g} s"
+                break
+            time.sleep(0.1)
+    finally:
+        memory.kill()
+        proc.wait()
+    return stopped
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

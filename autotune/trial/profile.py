@@ -1,0 +1,79 @@
+"""One short torch.profiler run of a config, in a fresh child process like every trial.
+
+The child warms up, measures one short window (so the profiled steps are steady-state: compile and warm-up are
+excluded), then runs 5 more steps under ``torch.profiler`` and writes, into ``out_dir``:
+
+* ``trace.pt.trace.json``: a Chrome trace (open it at ui.perfetto.dev or chrome://tracing, or point
+  TensorBoard's profiler plugin at the folder);
+* ``top_ops.json``: the operators that took the most self time over those steps.
+
+>>> p = profile_config(Workload(model="resnet18", image_size=64), TrialConfig(batch_size=16),
+...                    "trials/my-study/profile")                           # doctest: +SKIP
+>>> p.trace_path, p.top_ops[0]["name"]                                      # doctest: +SKIP
+(PosixPath('trials/my-study/profile/trace.pt.trace.json'), 'aten::convolution_backward')
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
+
+__all__ = ["Profile", "profile_config", "TRACE_NAME", "TOP_OPS_NAME"]
+
+TRACE_NAME = "trace.pt.trace.json"
+TOP_OPS_NAME = "top_ops.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a profiler run produced. ``ok`` False means no trace: ``reason`` says why (the trial's status)."""
+
+    config: TrialConfig
+    result: TrialResult
+    out_dir: Path
+    trace_path: Path | None = None
+    top_ops: tuple[dict[str, Any], ...] = ()
+    sort_by: str = "self_cpu_ms"
+    steps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.trace_path is not None
+
+    @property
+    def reason(self) -> str:
+        if self.ok:
+            return ""
+        return f"{self.result.status}: {self.result.reason}" if self.result.reason else self.result.status
+
+
+def profile_config(workload: Workload, config: TrialConfig, out_dir: str | Path, *,
+                   memory_cap_mb: float | None = None, timeout_s: float = 600.0,
+                   log_path: str | Path | None = None) -> Profile:
+    """Profile a few steady-state steps of ``config`` in a fresh child process; never raises for a failed run.
+
+    The trial machinery is reused as is (thread settings before torch starts, the memory cap, the time limit);
+    a run that fails (out of memory, timeout...) returns a ``Profile`` with ``ok`` False and the reason.
+    """
+    from autotune.trial.runner import run_trial
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (out / TRACE_NAME, out / TOP_OPS_NAME):  # never report an older run's trace as this one
+        stale.unlink(missing_ok=True)
+    # one window, so nothing confirms where the warm-up ended: a per-step warm-up of 6+ steps and 1+ s settles it
+    measure = MeasureSpec(windows=1, window_s=0.5, warmup_min_steps=6, warmup_min_s=1.0, warmup_max_s=60.0,
+                          timeout_s=timeout_s,
+                          memory_cap_mb=memory_cap_mb)
+    result = run_trial(workload, config, measure, log_path=log_path or out / "profile.log", profile_dir=out)
+    top = out / TOP_OPS_NAME
+    trace = out / TRACE_NAME
+    if not (result.ok and top.exists() and trace.exists()):
+        return Profile(config=config, result=result, out_dir=out)
+    doc = json.loads(top.read_text())
+    return Profile(config=config, result=result, out_dir=out, trace_path=trace, top_ops=tuple(doc["ops"]),
+                   sort_by=doc.get("sort_by", "self_cpu_ms"), steps=int(doc.get("steps", 0)))

@@ -1,0 +1,335 @@
+"""The parent side of one trial: start a fresh child, watch it, contain it, and turn what happened into a result.
+
+The child (``_worker.py``) measures; the parent only watches: it reads the child's streamed events, reads the
+kernel's memory high-water marks of the child and its DataLoader workers (``memwatch.MemoryWatch``), and kills the whole
+process group at the memory cap, at the time limit, or when ``on_window`` asks to stop (pruning). The parent
+never times anything itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from autotune.machine.launch import SAFE_PATH_ENV, python_command
+from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
+from autotune._units import format_mb
+from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
+from autotune.machine.launch_env import launch_env
+from autotune.errors import ConfigError
+from autotune.trial.forkserver import ForkServers, default_servers, forkable
+from autotune.machine.limits import MIN_MEMORY_CAP_MB, check_min_cap
+from autotune.measure import median_or_none
+from autotune.trial.memwatch import MemoryWatch
+from autotune.trial.triallog import CappedLog
+
+__all__ = ["run_trial", "MIN_MEMORY_CAP_MB", "child_env", "WindowCallback"]
+
+_POLL_S = 0.05
+_MEMORY_EVERY_S = 0.1
+
+# on_window(index, samples_per_s) -> True to stop the trial now (pruned)
+WindowCallback = Callable[[int, float], bool]
+
+
+def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
+              compile_cache_dir: str | Path | None = None) -> dict[str, str]:
+    """The child's environment: OpenMP/MKL read their thread counts once, at load, and glibc its malloc
+    settings at the first allocation, so they are set here. With ``compile_cache_dir`` (a study's, see
+    ``Tuner.compile_cache_dir``), inductor's caches (FX graphs, AOTAutograd, compiled kernels; Triton's on a
+    GPU) live there, so a compile config's later trials load what its first one compiled."""
+    env = dict(os.environ if base is None else base)
+    env.update(launch_env(config))
+    if compile_cache_dir is not None:
+        cache = Path(compile_cache_dir).resolve()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+        env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(SAFE_PATH_ENV)  # what the child starts does not import from the working folder either (_launch)
+    # The package must be importable by the child even when the parent runs from a source checkout.
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _kill_tree(proc: subprocess.Popen, memory: MemoryWatch) -> None:
+    """SIGKILL the child's tree: its process group (it and its DataLoader workers) and every descendant the
+    memory watch saw, in the group or not (``MemoryWatch.kill``); then reap the child and wait for the rest."""
+    import psutil
+
+    stragglers = []
+    for pid in memory.kill():
+        try:
+            stragglers.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+        pass
+    psutil.wait_procs(stragglers, timeout=5)
+
+
+def _killed(proc, sig: str) -> str:
+    """Why a child died by signal ``sig``: its fork server died under it (``ForkedChild.lost_server``: said as
+    it happened, not taken for an out-of-memory kill), else the signal, SIGKILL being maybe the OOM killer's."""
+    lost = getattr(proc, "lost_server", None)
+    if lost:
+        return lost
+    return f"killed by {sig}" + (" (possibly the kernel's OOM killer)" if sig == "SIGKILL" else "")
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _open_log(path: Path):
+    """The trial's log, appended to under a size cap (``CappedLog``): a link planted at its path is refused (one
+    line), not written through."""
+    try:
+        return CappedLog(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the trial log {path}: "
+                          f"{'it is a symbolic link' if exc.errno == errno.ELOOP else exc.strerror}") from None
+
+
+def run_trial(
+    workload: Workload,
+    config: TrialConfig,
+    measure: MeasureSpec = MeasureSpec(),
+    *,
+    on_window: WindowCallback | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    log_path: str | Path | None = None,
+    python: str = sys.executable,
+    profile_dir: str | Path | None = None,
+    compile_cache_dir: str | Path | None = None,
+    servers: ForkServers | None = None,
+) -> TrialResult:
+    """Measure one config in a fresh child process and return what happened; never raises for trial failures.
+
+    ``on_window(index, samples_per_s)`` is called for each measured window as it arrives; returning True
+    stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr. With
+    ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
+    ``top_ops.json`` there (see ``autotune.trial.profile``); the measured figures are not affected.
+    ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
+    ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
+    process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
+
+    >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
+    ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
+    >>> r.status, r.median_samples_per_s > 0                  # doctest: +SKIP
+    ('ok', True)
+    """
+    _check_runnable(workload, config, measure)
+    own_log = log_path is None
+    if own_log:
+        fd, tmp = tempfile.mkstemp(prefix="autotune-trial-", suffix=".log")
+        os.close(fd)
+        log_path = Path(tmp)
+    log_path = Path(log_path)
+    log = _open_log(log_path)
+
+    payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
+               "spawned_at": time.time()}
+    if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
+        payload["profile_dir"] = str(Path(profile_dir).resolve())
+    rfd, wfd = os.pipe()
+    env = child_env(config, compile_cache_dir=compile_cache_dir)
+    servers = default_servers() if servers is None else servers
+    t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
+    with log:  # the child's stdout/stderr, under a size cap (autotune.trial.triallog)
+        proc = servers.launch(env, python, payload, log.fileno(), wfd) if forkable(workload.device, python) else None
+        if proc is None:  # the cold path: a fresh interpreter
+            proc = subprocess.Popen(
+                python_command(python, "autotune.trial.worker", str(wfd), json.dumps(payload)),
+                pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,  # own process group: one kill reaches the workers
+            )
+    os.close(wfd)
+    memory = MemoryWatch(proc.pid, lender=getattr(proc, "server_pid", None))
+    channel = _Channel(on_window, on_event)
+    try:
+        _watch(proc, rfd, channel, memory, measure, t0)
+    finally:
+        os.close(rfd)
+        log.join()  # the tree is gone: the log is complete
+    wall_s = time.monotonic() - t0
+    status, reason, sig, user_error, traceback_text = _verdict(channel, proc, log_path)
+    if own_log:
+        if status != "ok" and not traceback_text:
+            traceback_text = _tail(log_path) or None
+        log_path.unlink(missing_ok=True)
+    return _result(config, channel, memory, status=status, reason=reason, wall_s=wall_s, sig=sig,
+                   traceback_text=traceback_text, user_error=user_error)
+
+
+def _check_runnable(workload: Workload, config: TrialConfig, measure: MeasureSpec) -> None:
+    """Refuse, as a ConfigError, what no child could run: a cap below a start, fp16 on the CPU, a missing
+    preloaded allocator."""
+    check_min_cap(measure.memory_cap_mb, workload.device)
+    if workload.device == "cpu" and config.amp == "fp16":
+        raise ConfigError("amp=fp16 is not supported on the CPU; use bf16 or off")
+    if config.malloc in PRELOAD_LIBS and preload_path(config.malloc) is None:
+        # the loader would skip the missing preload with a warning and the trial would measure glibc's malloc
+        raise ConfigError(f"malloc={config.malloc}: {' or '.join(PRELOAD_LIBS[config.malloc])} is not installed "
+                          f"here: install it ({install_hint(config.malloc)}) or pick another --malloc")
+
+
+class _Channel:
+    """The child's events as they arrive (JSON lines), the measured windows, and the parent's decision to stop
+    (``stop``: (status, reason)), which ``on_window`` may make."""
+
+    def __init__(self, on_window: WindowCallback | None, on_event: Callable[[dict], None] | None) -> None:
+        self.on_window, self.on_event = on_window, on_event
+        self.events: list[dict] = []
+        self.windows: list[dict] = []
+        self.stop: tuple[str, str] | None = None
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.handle(line)
+
+    def flush(self) -> None:
+        for line in self.buf.split(b"\n"):
+            if line.strip():
+                self.handle(line)
+        self.buf = b""
+
+    def handle(self, line: bytes) -> None:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            return
+        self.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+        if ev.get("event") == "window":
+            if self.stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
+                return
+            self.windows.append(ev)
+            if self.on_window is not None and self.on_window(ev["index"], ev["samples_per_s"]):
+                self.stop = ("pruned", f"stopped after {len(self.windows)} window(s): cannot beat the best so far")
+
+    def by_event(self) -> dict[str, dict]:
+        return {e.get("event"): e for e in self.events}
+
+
+def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: MeasureSpec, t0: float) -> None:
+    """Read the child's events, sample its memory and the clock until it ends or the parent ends it (over the
+    cap, past the time limit, pruned); then kill whatever is left of its tree and drain the channel."""
+    last_mem = 0.0
+    try:
+        while channel.stop is None:
+            ready, _, _ = select.select([rfd], [], [], _POLL_S)
+            if ready:
+                chunk = os.read(rfd, 65536)
+                if not chunk:  # the child closed its end: it is exiting
+                    break
+                channel.feed(chunk)
+            now = time.monotonic()
+            if now - last_mem >= _MEMORY_EVERY_S:
+                last_mem = now
+                over = memory.sample(measure.memory_cap_mb)
+                if over is not None:
+                    channel.stop = ("over_memory",
+                                    f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
+            if channel.stop is None and now - t0 > measure.timeout_s:
+                channel.stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
+            if channel.stop is None and not ready and proc.poll() is not None:
+                break
+        memory.sample(None)  # a last reading of the tree (the workers at least) before it goes
+        if channel.stop is None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                channel.stop = ("timeout", "the child did not exit after it closed its channel")
+        _kill_tree(proc, memory)  # DataLoader workers hold the pipe open; they go before we drain it
+        channel.feed(_drain(rfd))
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: the child must not outlive it
+        _kill_tree(proc, memory)
+        raise
+    channel.flush()
+
+
+def _verdict(channel: _Channel, proc, log_path: Path) -> tuple[str, str, str | None, bool, str | None]:
+    """(status, reason, signal name, the workload's own fault, traceback) from how the trial ended."""
+    by = channel.by_event()
+    done, failed, rc = by.get("done"), by.get("failed"), proc.returncode
+    if channel.stop is not None:
+        return (*channel.stop, None, False, None)
+    if done is not None:
+        return "ok", "", None, False, None
+    if failed is not None:
+        user_error = failed["kind"] == "workload"
+        return ("error" if user_error else failed["kind"]), failed["message"], None, user_error, failed.get("traceback")
+    if rc is not None and rc < 0:
+        sig = signal.Signals(-rc).name
+        return "crashed", _killed(proc, sig), sig, False, _tail(log_path)
+    return "crashed", f"exited with code {rc} without a result", None, False, _tail(log_path)
+
+
+def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, status: str, reason: str,
+            wall_s: float, sig: str | None, traceback_text: str | None, user_error: bool) -> TrialResult:
+    by = channel.by_event()
+    built, warm, done, windows = by.get("built", {}), by.get("warmup", {}), by.get("done") or {}, channel.windows
+    return TrialResult(
+        status=status,
+        reason=reason,
+        samples_per_s=tuple(w["samples_per_s"] for w in windows),
+        window_steps=tuple(w["steps"] for w in windows),
+        data_wait_s_per_step=done.get("data_wait_s_per_step") or median_or_none([w["data_wait_s"] for w in windows]),
+        compute_s_per_step=done.get("compute_s_per_step") or median_or_none([w["compute_s"] for w in windows]),
+        kernel_cpu_share=done.get("kernel_cpu_share"),
+        minor_faults_per_step=done.get("minor_faults_per_step"),
+        peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
+        peak_host_rss_mb=round(memory.peak_rss_mb, 1) if memory.peak_rss_mb else None,
+        peak_device_mb=done.get("peak_device_mb"),
+        peak_device_allocated_mb=done.get("peak_device_allocated_mb"),
+        device_memory_cap_mb=built.get("device_memory_cap_mb"),
+        startup_s=built.get("startup_s"),
+        warmup_s=warm.get("warmup_s"),
+        compile_s=warm.get("compile_s"),
+        warmup_steps=warm.get("warmup_steps"),
+        warmup_windows=tuple(warm.get("warmup_windows") or ()),
+        settled=warm.get("settled"),
+        final_loss=done.get("final_loss"),
+        wall_s=round(wall_s, 3),
+        signal=sig,
+        traceback=traceback_text,
+        batch_size=config.batch_size,
+        user_error=user_error,
+        samples_per_step=done.get("samples_per_step"),
+        tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
+        user_parts=tuple(built.get("user_parts") or ()),
+    )
+
+
+def _drain(fd: int) -> bytes:
+    out = b""
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 65536):
+            out += chunk
+    except OSError:
+        pass
+    return out

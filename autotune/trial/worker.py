@@ -1,0 +1,447 @@
+"""The child side of one trial. Run as ``python -m autotune.trial.worker FD PAYLOAD_JSON`` by ``runner.py``.
+
+It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the
+trial log): ``started``, ``built``, ``warmup``, one ``window`` per measured window, then ``done`` or ``failed``.
+Step times come from the device's step timer; the device is synchronised once per measured window, never per
+step (warm-up steps are synchronised one by one, to see when they settle).
+Thread settings are applied before torch is imported; everything else happens in ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from autotune.workloads.contract import StepOut, split_batch
+from autotune.trial.proctree import adopt_orphans, die_with_parent, kill_descendants
+
+__all__ = ["die_with_parent", "apply_threads", "make_step", "compile_seconds", "run", "main"]
+
+Send = Callable[..., None]
+
+
+def apply_threads(config: dict) -> None:
+    """Set torch's intra/inter-op threads from a config dict (``TrialConfig.to_dict()``); unset means default."""
+    import torch
+
+    if config.get("intra_op_threads"):
+        torch.set_num_threads(int(config["intra_op_threads"]))
+    if config.get("inter_op_threads"):
+        torch.set_num_interop_threads(int(config["inter_op_threads"]))  # only legal before any parallel work
+
+
+def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
+              parts: Any = None, accumulation_steps: int = 1) -> Callable[[Any], StepOut]:
+    """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
+    grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
+    config's autocast. autotune's step never synchronises; fp16's ``GradScaler.step`` does, once a step (it
+    reads the found-inf flag), as in any fp16 loop, so that wait is measured as part of fp16's cost. Shared by
+    the worker and the parity check (the same arithmetic); ``.scaler`` on the result is its GradScaler or None.
+
+    ``parts`` (a ``workloads.Built``) brings the user's own optimizer, step and count (``autotune.workloads.contract``);
+    without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
+    With ``accumulation_steps`` > 1 (a global batch) each call is one micro-batch and the optimizer steps on
+    every ``accumulation_steps``-th (``autotune.workloads.global_batch.default_step`` for autotune's own step).
+    """
+    import torch
+
+    from autotune.workloads.contract import StepContext, count_batch, default_count, make_optimizer, move, user_step
+
+    model = model.to(dev.torch_device())
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train(train)
+    optimizer = make_optimizer(getattr(parts, "optimizer", None), model) if train else None
+    scaler = dev.grad_scaler(config.amp) if train else None
+    step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
+    count = getattr(parts, "count", None)
+    own_step = getattr(parts, "step", None)
+    if own_step is not None or accumulation_steps > 1:
+        from autotune.workloads.global_batch import default_step
+
+        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train, accumulation_steps=accumulation_steps)
+        stepper = user_step(own_step or default_step, count, step_model, optimizer, ctx)
+        stepper.scaler = scaler  # type: ignore[attr-defined]
+        return stepper
+
+    def step(batch: Any) -> StepOut:
+        counted = count_batch(count, batch) if count is not None else None  # on the host, as loaded
+        x, y = split_batch(batch)
+        non_blocking = config.pin_memory
+        x = move(x, dev, non_blocking=non_blocking, channels_last=config.channels_last)
+        if y is not None:
+            y = move(y, dev, non_blocking=non_blocking)
+        n = counted or (default_count(batch), None)
+        if train:
+            optimizer.zero_grad(set_to_none=True)
+            with dev.autocast(config.amp):
+                out = step_model(x)
+                loss = loss_fn(out, y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            return StepOut(loss.detach(), out.detach(), *n)
+        with torch.inference_mode(), dev.autocast(config.amp):
+            out = step_model(x)
+            loss = loss_fn(out, y).detach() if (loss_fn and y is not None) else None
+        return StepOut(loss, out, *n)
+
+    step.scaler = scaler  # type: ignore[attr-defined]
+    return step
+
+
+def compile_seconds() -> float | None:
+    """Wall seconds torch.compile has spent compiling in this process so far, from dynamo's own counters
+    (``calculate_time_spent``: every frame compiled, plus the backward graphs compiled lazily at the first
+    backward); None where this torch does not keep them. Loading a graph from inductor's cache counts too,
+    at what the load cost."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return float(calculate_time_spent()["total_wall_time"])
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def run(payload: dict, send: Send, *, device: Any = None) -> dict:
+    """Build the workload, warm up, measure the windows; return the ``done`` event's fields.
+
+    ``device`` stands in for ``get_device(workload.device)`` (tests pass a fake one to count synchronisations).
+    """
+    from autotune.config import MeasureSpec, TrialConfig, Workload
+
+    workload = Workload.from_dict(payload["workload"])
+    config = TrialConfig.from_dict(payload["config"])
+    spec = MeasureSpec.from_dict(payload["measure"])
+
+    import torch
+
+    apply_threads(payload["config"])
+    torch.manual_seed(spec.seed)
+
+    from autotune.machine.device import get_device
+    from autotune.workloads.build import build
+
+    dev = device if device is not None else get_device(workload.device)
+    dev.prepare(config, memory_cap_mb=spec.device_memory_cap_mb)  # on CUDA the allocator enforces the cap
+    built = build(workload, seed=spec.seed, config=config)
+    train = workload.task == "train"
+    from autotune.workloads.global_batch import accumulation_steps
+
+    accumulation = accumulation_steps(workload.global_batch, config.batch_size)  # 1 without a global batch
+    train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built,
+                           accumulation_steps=accumulation)
+
+    from autotune.workloads.contract import loader_kwargs, steps_per_epoch
+
+    loader = torch.utils.data.DataLoader(built.dataset, **loader_kwargs(built, config, spec.seed))
+    per_epoch = steps_per_epoch(loader)
+    if per_epoch == 0:
+        raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
+    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch, accumulation_steps=accumulation,
+         user_parts=list(built.user_parts), device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
+
+    stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
+    warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+    totals = _measure(stepper, spec, warm, send)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
+    out = {
+        # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
+        # CPU time while measuring: high when the allocator hands memory back and faults it in again every step
+        "kernel_cpu_share": kernel / (user + kernel) if user + kernel > 0 else None,
+        "minor_faults_per_step": (ru1.ru_minflt - ru0.ru_minflt) / max(1, totals["all_steps"]),
+        "final_loss": stepper.check_loss(),
+        "data_wait_s_per_step": statistics.median(totals["waits"]),
+        "compute_s_per_step": statistics.median(totals["comps"]),
+        "peak_device_mb": dev.peak_memory_mb(),
+        "peak_device_allocated_mb": dev.peak_allocated_mb(),
+        "samples_per_step": totals["samples"] / max(1, totals["steps"]),
+    }
+    if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
+        out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
+                                  workload.device, payload["config"])
+        send("profiled", **out["profile"])
+    return out
+
+
+class _Stepper:
+    """The trial's steps over its loader: one optimizer step is ``accumulation`` micro-batches; the device's
+    step timer is told when each batch is in hand and when its work is issued (the step never synchronises);
+    the last loss and the tokens the workload's count gave are kept for the checks and the figures."""
+
+    def __init__(self, loader: Any, train_step: Callable[[Any], StepOut], accumulation: int, timer: Any,
+                 amp: str) -> None:
+        self.loader, self.it = loader, iter(loader)
+        self.train_step, self.accumulation, self.timer, self.amp = train_step, accumulation, timer, amp
+        self.last_loss: Any = None
+        self.tokens = 0
+        self.counts_tokens = False  # the workload's count gives tokens
+
+    def step(self, timer: Any = None) -> int:
+        """One optimizer step (``accumulation`` micro-batches with a global batch); returns its samples."""
+        return sum(self.micro_step(timer) for _ in range(self.accumulation))
+
+    def micro_step(self, timer: Any = None) -> int:
+        """One batch; returns its samples."""
+        from autotune.errors import WorkloadError
+
+        try:
+            batch = next(self.it)
+        except StopIteration:  # an epoch ended: a new iterator (and, without persistent workers, new workers)
+            self.it = iter(self.loader)
+            batch = next(self.it, None)
+            if batch is None:
+                raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)") from None
+        if timer is not None:
+            timer.fetched()
+        result = self.train_step(batch)
+        self.last_loss = result.loss
+        if result.tokens is not None:
+            self.tokens += result.tokens
+            self.counts_tokens = True
+        if timer is not None:
+            timer.done()
+        return result.samples
+
+    def timed_step(self) -> float:
+        """One step, synchronised at its end: its whole time (warm-up only; a window synchronises once)."""
+        self.timer.start()
+        self.step(self.timer)
+        return sum(self.timer.finish())
+
+    def check_loss(self) -> float | None:
+        if self.last_loss is None:
+            return None
+        value = float(self.last_loss.float().item())
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss became {value} with amp={self.amp}: this config breaks the numerics of training"
+            )
+        return value
+
+    def window(self, spec: Any) -> dict:
+        """One measured window of at least ``spec.window_s`` seconds and ``spec.min_window_steps`` steps: the
+        device is synchronised once, at its end, so the host runs ahead as a real training loop does."""
+        samples = steps = 0
+        tokens0 = self.tokens
+        self.timer.start()
+        start = time.perf_counter()
+        while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
+            samples += self.step(self.timer)
+            steps += 1
+        w_wait, w_comp = self.timer.finish()
+        elapsed = time.perf_counter() - start
+        counted = {"tokens_per_s": (self.tokens - tokens0) / elapsed} if self.counts_tokens else {}
+        return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
+                "compute_s": w_comp / steps, "started": start, "elapsed": elapsed, "samples": samples, **counted}
+
+
+@dataclass
+class _WarmUp:
+    """What the warm-up saw: when it began and when the first step ended (``t_warm``, ``t_settle``), the first
+    step's time, the per-step times after it, and dynamo's compile clock before the first step."""
+
+    t_warm: float
+    first_s: float
+    t_settle: float
+    times: list[float]
+    k: int
+    compiling: bool
+    compiled_before: float | None
+
+    def event(self, first: dict, unsettled: list[dict], confirmed: bool | None) -> dict:
+        """The ``warmup`` event's fields: it ends where ``first``, the first window kept as measured, began.
+        ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
+        (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it was not checked (one window, or settle_windows 0)."""
+        steady = statistics.median(self.times[-self.k:]) if self.times else first["elapsed"] / first["steps"]
+        # Measured: dynamo's own clock over every compile of the warm-up (forward, the lazily compiled backward,
+        # any recompile); only a torch without it falls back to the first step's excess over a settled step.
+        compiled_after = compile_seconds() if self.compiling else None
+        if self.compiled_before is not None and compiled_after is not None:
+            compile_s: float | None = compiled_after - self.compiled_before
+        else:
+            compile_s = max(0.0, self.first_s - steady) if self.compiling else None
+            if self.compiling:
+                print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
+                      flush=True)
+        return dict(warmup_s=first["started"] - self.t_warm,
+                    warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
+                    step_s=steady, first_step_s=self.first_s, warmup_windows=[w["samples_per_s"] for w in unsettled],
+                    settled=confirmed)
+
+
+def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool) -> _WarmUp:
+    """The first step, then (when asked) per-step until step times settle.
+
+    The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
+    its own (compile_s is measured by dynamo's clock, ``compile_seconds``), and the warm-up's clock, for
+    warmup_min_s and the warmup_max_s limit, starts after it, so a slow first step cannot end the warm-up.
+    With warmup_min_steps > 1: settled = the median of the last k step times is within tolerance of the k
+    before them. The limit ends a warm-up that never settles, but only after 2k steps beyond the first, so
+    "settled" has a meaning. By default (1) no step beyond the first is spent here: the windows settle it."""
+    dev.reset_peak_memory()
+    compiled_before = compile_seconds() if compiling else None
+    t_warm = time.perf_counter()
+    first_s = stepper.timed_step()
+    stepper.check_loss()  # a config that breaks the numerics fails now, not after the whole warm-up
+    t_settle = time.perf_counter()
+    times: list[float] = []
+    k = max(1, min(3, spec.warmup_min_steps // 2))
+    while spec.warmup_min_steps > 1:
+        times.append(stepper.timed_step())
+        stepper.check_loss()
+        n = len(times)
+        if n < 2 * k:
+            continue
+        since = time.perf_counter() - t_settle
+        if since > spec.warmup_max_s:
+            break
+        if since >= spec.warmup_min_s and 1 + n >= spec.warmup_min_steps:
+            recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
+            if abs(recent - before) <= spec.settle_tolerance * before:
+                break
+    return _WarmUp(t_warm, first_s, t_settle, times, k, compiling, compiled_before)
+
+
+def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
+    """The measured windows, streamed as they finish; returns the totals over them.
+
+    The warm-up ends where the windows say it does: the first window is held until settle_windows more are in,
+    and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the warm-up's
+    tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged."""
+    from autotune.measure import MAX_UNSETTLED_WINDOWS, window_settled
+
+    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0}
+    held: list[dict] = []
+    unsettled: list[dict] = []
+    later = min(spec.settle_windows, spec.windows - 1)
+    settled = later == 0
+    sent = 0
+
+    def emit(w: dict) -> None:
+        nonlocal sent
+        totals["steps"] += w["steps"]
+        totals["samples"] += w["samples"]
+        totals["waits"].append(w["data_wait_s"])
+        totals["comps"].append(w["compute_s"])
+        send("window", index=sent, **{key: v for key, v in w.items() if key not in ("started", "elapsed", "samples")})
+        sent += 1
+
+    while sent < spec.windows:
+        w = stepper.window(spec)
+        totals["all_steps"] += w["steps"]
+        if settled:
+            if sent == 0:  # not checked: one window only, or settle_windows 0
+                send("warmup", **warm.event(w, unsettled, None))
+            emit(w)
+            continue
+        held.append(w)
+        if len(held) <= later:
+            continue
+        rates = [x["samples_per_s"] for x in held]
+        confirmed = window_settled(rates[0], rates[1:], spec.settle_tolerance)
+        if (confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS
+                or time.perf_counter() - warm.t_settle > spec.warmup_max_s):
+            settled = True
+            send("warmup", **warm.event(held[0], unsettled, confirmed))
+            for x in held:
+                emit(x)
+            held = []
+        else:
+            unsettled.append(held.pop(0))
+    return totals
+
+
+_PROFILE_STEPS = 5  # enough to see a steady step's operators; a trace of many steps is slow to open
+
+
+def _profile(step: Callable[[], Any], profile_dir: str, steps: int, device: str, config: dict) -> dict:
+    """Run ``steps`` more steps under torch.profiler; write a Chrome trace and the top operators as JSON.
+
+    The trace is named ``*.pt.trace.json`` so TensorBoard's profiler plugin finds it; Perfetto opens it as is.
+    """
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    out = Path(profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    on_device = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=activities) as prof:
+        for i in range(steps):
+            with record_function(f"autotune.step#{i}"):
+                step()
+    trace = out / "trace.pt.trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in prof.key_averages() if not e.key.startswith("autotune.step")]
+    total_cpu = sum(e.self_cpu_time_total for e in events) or 1.0
+    key = (lambda e: -e.self_device_time_total) if on_device else (lambda e: -e.self_cpu_time_total)
+    ops = [{"name": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1000, 3),
+            "self_cpu_share": round(e.self_cpu_time_total / total_cpu, 4),
+            "cpu_total_ms": round(e.cpu_time_total / 1000, 3),
+            **({"self_device_ms": round(e.self_device_time_total / 1000, 3)} if on_device else {})}
+           for e in sorted(events, key=key)[:25]]
+    top = out / "top_ops.json"
+    top.write_text(json.dumps({"steps": steps, "device": device, "config": config,
+                               "sort_by": "self_device_ms" if on_device else "self_cpu_ms", "ops": ops}, indent=1))
+    return {"trace": str(trace), "top_ops": str(top), "steps": steps}
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    adopt_orphans()  # a descendant that calls setsid and loses its parent stays in this tree (autotune.trial.proctree)
+    fd = int(argv[1])
+    payload = json.loads(argv[2])
+    chan = os.fdopen(fd, "w", buffering=1)
+
+    def send(event: str, **fields: Any) -> None:
+        chan.write(json.dumps({"event": event, **fields}) + "\n")
+        chan.flush()
+
+    # Threads for OpenMP/MKL are read once when the libraries load: the parent sets them in our environment,
+    # this is a second guard for anyone starting the worker by hand.
+    threads = payload["config"].get("intra_op_threads")
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(var, str(threads))
+    send("started", pid=os.getpid())
+    try:
+        result = run(payload, send)
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
+        from autotune.errors import WorkloadError
+        from autotune.machine.gpu_check import cuda_in_forked_worker
+        from autotune.machine.oom import is_oom
+
+        forked_cuda = cuda_in_forked_worker(exc)
+        kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) or forked_cuda else "error"
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)  # the trial's log keeps it too, where the one-line reason points
+        sys.stderr.flush()
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
+        send("failed", kind=kind, message=forked_cuda or message, traceback=tb[-8000:])
+        chan.close()
+        kill_descendants()  # nothing the trial started outlives it, in its group or not
+        os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it
+    send("done", **result)
+    chan.close()
+    kill_descendants()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
