@@ -129,3 +129,16 @@ def test_trial_runs_for_real_with_json_output():
     assert out["figures"]["median_samples_per_s"] > 0
     assert out["config"]["batch_size"] == 8
     assert out["workload"]["model"] == TINY and out["workload"]["device"] == "cpu"
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback():
+    """`autotune env | head -1`: the pipe closes early; the command ends quietly (a real pipe, a real child)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "env"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does after its line
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and proc.returncode == 0, err.decode()[-2000:]

@@ -204,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `autotune env | head`: the reader has gone; say nothing more to it
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a full disk, a damaged database: one line (autotune.cli.errors); a bug keeps its traceback
         from autotune.cli.errors import environment_error
 
