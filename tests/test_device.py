@@ -132,16 +132,22 @@ def test_event_timer_splits_by_the_device_timeline_and_synchronises_once():
     dev = _FakeCUDA(clock)
     timer = dev.step_timer()
     timer.start()                       # device idle at t=0
-    clock.now = 0.010; timer.fetched()  # first batch in hand: the device sat 10 ms waiting for it
-    clock.now = 0.050; timer.done()     # its kernels end at 50 ms
-    clock.now = 0.052; timer.fetched()  # next batch fetched while they ran: only 2 ms of idle device
-    clock.now = 0.090; timer.done()
+    clock.now = 0.010
+    timer.fetched()                     # first batch in hand: the device sat 10 ms waiting for it
+    clock.now = 0.050
+    timer.done()                        # its kernels end at 50 ms
+    clock.now = 0.052
+    timer.fetched()                     # next batch fetched while they ran: only 2 ms of idle device
+    clock.now = 0.090
+    timer.done()
     assert dev.syncs == 0               # nothing synchronises inside the window
     wait, compute = timer.finish()
     assert dev.syncs == 1
     assert wait == pytest.approx(0.012) and compute == pytest.approx(0.078)
     timer.start()                       # a new window starts afresh
-    clock.now = 0.1; timer.fetched(); timer.done()
+    clock.now = 0.1
+    timer.fetched()
+    timer.done()
     assert timer.finish() == pytest.approx((0.010, 0.0)) and dev.syncs == 2
 
 

@@ -19,7 +19,7 @@ from autotune.cli import main as cli
 from autotune.config import TrialResult
 
 from .conftest import run_cli
-from .test_study import HW, make_tuner, tiny_space
+from .test_study import make_tuner
 
 WORKLOAD = ["--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu"]
 

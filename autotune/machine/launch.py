@@ -12,13 +12,12 @@ in the child's environment does the same for whatever the child starts (``PYTHON
 The user's workload module is still found in the working folder: ``workloads`` appends that folder to the end
 of ``sys.path`` (after the standard library and site-packages) and imports the module the user named from it.
 
+>>> import sys
 >>> python_command(sys.executable, "autotune.trial.worker", "5")[3:]
 ['autotune.trial.worker', '5']
 """
 
 from __future__ import annotations
-
-import sys
 
 __all__ = ["python_command", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
 

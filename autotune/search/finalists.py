@@ -319,8 +319,6 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
     with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
     if it does not, the next best is checked, and so on (an fp32 eager config passes without a check)."""
-    from autotune._units import format_mb
-
     notes: list[str] = []
     limit = tuner.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from autotune.machine.launch import python_command
-from autotune.machine.safefs import open_append
 from autotune._records import Record, check, is_int, is_num
 from autotune.config import TrialConfig, Workload
 from autotune.trial.runner import child_env

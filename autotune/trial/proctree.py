@@ -14,7 +14,6 @@ have to reap every orphan of everything it ever started).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 

@@ -19,7 +19,6 @@ after ``AUTOTUNE_IMPORT_TIMEOUT_S`` seconds (default 120) with a one-line ``Work
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import io
 import os

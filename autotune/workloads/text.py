@@ -34,7 +34,6 @@ measures it, the recommendation says it (``bucket`` in its config), and applying
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
