@@ -21,11 +21,11 @@ from autotune.search.storage import open_storage
 __all__ = ["recommend", "tune"]
 
 
-def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "train", image_size: int = 224, data_dir: str | None = None,
-              device: str | None = None, budget: str | float | None = "20m", trials: int | None = None,
-              memory_cap: str | float | None = None, storage: str | None = None, space: str | None = None,
-              study_name: str | None = None, measure=None, rerun: bool = False, progress: bool = True,
-              run_length: str | float | None = None, planned_steps: int | None = None,
+def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "train", image_size: int = 224,
+              data_dir: str | None = None, device: str | None = None, budget: str | float | None = "20m",
+              trials: int | None = None, memory_cap: str | float | None = None, storage: str | None = None,
+              space: str | None = None, study_name: str | None = None, measure=None, rerun: bool = False,
+              progress: bool = True, run_length: str | float | None = None, planned_steps: int | None = None,
               global_batch: int | None = None, device_memory_cap: str | float | None = None) -> Recommendation:
     """The recommended config for a workload on this machine.
 

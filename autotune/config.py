@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from autotune._records import Record, check, finite_or_none, is_int, is_num
 from autotune.result import MEMORY_STATUSES, STATUSES, TrialResult
 
-__all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES", "AMP_MODES",
-           "COMPILE_MODES", "finite_or_none",
+__all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES",
+           "AMP_MODES", "COMPILE_MODES", "finite_or_none",
            "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "MALLOC_MODES", "AFFINITY_MODES"]
 
 AMP_MODES = ("off", "bf16", "fp16")
@@ -42,7 +42,8 @@ class Workload(Record):
     ``package.module:callable``. ``data_dir`` is an ImageFolder of real images; ``None`` means synthetic JPEGs
     decoded by PIL (synthetic token sequences for text).
     ``global_batch`` (training only) keeps the user's samples per optimizer step: the batch size is then a
-    micro-batch that divides it, with gradient accumulation (``autotune.workloads.global_batch``); None: no accumulation.
+    micro-batch that divides it, with gradient accumulation (``autotune.workloads.global_batch``); None: no
+    accumulation.
     """
 
     _kind: ClassVar[str] = "workload"
@@ -64,8 +65,8 @@ class Workload(Record):
         check(is_int(self.image_size) and 16 <= self.image_size <= 4096, "seq_len" if text else "image_size",
               self.image_size, "an integer from 16 to 4096 (tokens, --seq-len)" if text else
               "an integer from 16 to 4096 (pixels, --image-size; tokens for a text model's --seq-len)")
-        check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device", self.device,
-               "cpu, cuda or cuda:N")
+        check(isinstance(self.device, str) and (self.device == "cpu" or self.device.startswith("cuda")), "device",
+              self.device, "cpu, cuda or cuda:N")
         check(is_int(self.num_classes) and self.num_classes >= 2, "num_classes", self.num_classes,
                "an integer >= 2")
         check(is_int(self.dataset_size) and self.dataset_size >= 1, "dataset_size", self.dataset_size,
@@ -86,8 +87,8 @@ class Workload(Record):
 
     @property
     def size_label(self) -> str:
-        """``224px``; for the built-in text workload (``autotune.workloads.text``, where image_size is the maximum sequence
-        length) ``len128``."""
+        """``224px``; for the built-in text workload (``autotune.workloads.text``, where image_size is the maximum
+        sequence length) ``len128``."""
         return f"len{self.image_size}" if self.model in TEXT_MODELS else f"{self.image_size}px"
 
     def label(self) -> str:
@@ -246,7 +247,8 @@ KNOBS: tuple[Knob, ...] = (
          "OMP_PLACES, and KMP_AFFINITY/KMP_BLOCKTIME for Intel's OpenMP (default: %(default)s)",
          choices=AFFINITY_MODES, label="affinity"),
     Knob("bucket_by_length", "--bucket-by-length", "switch",
-         "text workloads: batches of sequences of similar length, so less padding (autotune.workloads.text)", label="bucket"),
+         "text workloads: batches of sequences of similar length, so less padding (autotune.workloads.text)",
+         label="bucket"),
 )
 _KNOB = {k.field: k for k in KNOBS}
 _THREADS = ("intra_op_threads", "inter_op_threads")
@@ -338,15 +340,20 @@ class MeasureSpec(Record):
                self.min_window_steps, "a whole number >= 1")
         check(is_int(self.warmup_min_steps) and self.warmup_min_steps >= 1, "warmup_min_steps",
                self.warmup_min_steps, "a whole number >= 1")
-        check(is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s, "a number of seconds >= 0")
-        check(is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s, "a positive number of seconds")
+        check(is_num(self.warmup_min_s) and self.warmup_min_s >= 0, "warmup_min_s", self.warmup_min_s,
+              "a number of seconds >= 0")
+        check(is_num(self.warmup_max_s) and self.warmup_max_s > 0, "warmup_max_s", self.warmup_max_s,
+              "a positive number of seconds")
         check(is_int(self.settle_windows) and self.settle_windows >= 0, "settle_windows", self.settle_windows,
               "a whole number >= 0 (0: the first window is not checked)")
-        check(is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance", self.settle_tolerance, "between 0 and 1")
-        check(is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s, "a positive number of seconds")
-        check(self.memory_cap_mb is None or (is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb", self.memory_cap_mb,
-               "None or a positive number of MiB")
+        check(is_num(self.settle_tolerance) and 0 < self.settle_tolerance < 1, "settle_tolerance",
+              self.settle_tolerance, "between 0 and 1")
+        check(is_num(self.timeout_s) and self.timeout_s > 0, "timeout_s", self.timeout_s,
+              "a positive number of seconds")
+        check(self.memory_cap_mb is None or (is_num(self.memory_cap_mb) and self.memory_cap_mb > 0), "memory_cap_mb",
+              self.memory_cap_mb, "None or a positive number of MiB")
         check(is_num(self.memory_margin) and 0 <= self.memory_margin < 0.9, "memory_margin", self.memory_margin,
                "a share of the cap from 0 to 0.9 (0.1 keeps 10% of the cap free)")
-        check(self.device_memory_cap_mb is None or (is_num(self.device_memory_cap_mb) and self.device_memory_cap_mb > 0),
+        check(self.device_memory_cap_mb is None
+              or (is_num(self.device_memory_cap_mb) and self.device_memory_cap_mb > 0),
               "device_memory_cap_mb", self.device_memory_cap_mb, "None or a positive number of MiB")

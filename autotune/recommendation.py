@@ -106,8 +106,8 @@ class Recommendation:
     # as a further round (only one finalist round fit); None / False in older exports and provisional ones
     finalist_rounds: int | None = None
     search_round_pooled: bool = False
-    # which parts of the training the figures ran that were the user's own (autotune.workloads.contract.PARTS: optimizer,
-    # collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
+    # which parts of the training the figures ran that were the user's own (autotune.workloads.contract.PARTS:
+    # optimizer, collate_fn, sampler, step, count); empty: autotune's step, SGD and len(x) samples
     user_parts: tuple[str, ...] = ()
     # the facts `python -m torch.utils.collect_env` reports where it was measured (envstamp.collect_env_stamp)
     env_stamp: dict | None = None
@@ -200,8 +200,8 @@ class Recommendation:
                 margin_interval=None if m.get("margin_interval") is None else tuple(m["margin_interval"]),
                 memory_margin=m.get("memory_margin"), peak_device_mb=m.get("peak_device_mb"),
                 peak_device_allocated_mb=m.get("peak_device_allocated_mb"),
-                device_memory_cap_mb=m.get("device_memory_cap_mb", m.get("device_memory_mb")), parity=d.get("parity"), env_stamp=d.get("collect_env"),
-                compile=d.get("compile"),
+                device_memory_cap_mb=m.get("device_memory_cap_mb", m.get("device_memory_mb")),
+                parity=d.get("parity"), env_stamp=d.get("collect_env"), compile=d.get("compile"),
                 finalist_rounds=m.get("finalist_rounds"), search_round_pooled=bool(m.get("search_round_pooled")),
                 noisy=bool(m.get("noisy", False)), fingerprint=str(hw.pop("fingerprint", "")), hardware=hw,
                 versions=dict(d["versions"]), study_name=str(p.get("study_name", "")),
@@ -220,7 +220,8 @@ class Recommendation:
     def to_yaml(self, path: str | Path | None = None) -> str:
         """YAML text; with ``path``, also written atomically (temp file + rename: a reader never sees half)."""
         text = "# autotune recommendation: measured, not guessed. Reproduce with provenance.reproduce.\n"
-        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False, width=10**6)  # one-line reproduce
+        # width: the reproduce command stays on one line
+        text += yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False, width=10**6)
         if path is not None:
             from autotune._atomic import atomic_write
 
@@ -363,11 +364,12 @@ class Recommendation:
             lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "
                          "per sample, as the workload counts them)")
         if self.user_parts:
-            lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} (autotune.workloads.contract)")
+            lines.append(f"  measured with the workload's own {', '.join(self.user_parts)} "
+                         "(autotune.workloads.contract)")
         if self.margin_vs_runner_up is not None:
             lines.append(f"  {100 * self.margin_vs_runner_up:+.1f}% vs the runner-up {self.runners_up[0]['short']}"
-                         + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to {100 * self.margin_interval[1]:+.1f}%)"
-                            if self.margin_interval else "")
+                         + (f" (95% interval {100 * self.margin_interval[0]:+.1f}% to "
+                            f"{100 * self.margin_interval[1]:+.1f}%)" if self.margin_interval else "")
                          + (f", over {self.finalist_rounds} interleaved finalist round(s)"
                             + (" and the search trials" if self.search_round_pooled else "")
                             if self.finalist_rounds else ""))

@@ -159,7 +159,8 @@ class TrialResult(Record):
                          f"{self.minor_faults_per_step or 0:,.0f} page faults per step")
         mem = f"peak memory   host {format_mb(self.peak_host_mb)}"
         if self.peak_device_mb is not None:
-            mem += f", device {format_mb(self.peak_device_allocated_mb)} in tensors, {format_mb(self.peak_device_mb)} reserved"
+            mem += (f", device {format_mb(self.peak_device_allocated_mb)} in tensors, "
+                    f"{format_mb(self.peak_device_mb)} reserved")
             if self.device_memory_cap_mb is not None:
                 mem += f" (cap {format_mb(self.device_memory_cap_mb)})"
         lines.append(mem)
@@ -172,13 +173,14 @@ class TrialResult(Record):
             lines.append(t)
             if self.warmup_windows:
                 rates = ", ".join(f"{x:.1f}" for x in self.warmup_windows)
-                lines.append(f"warm-up tail  {len(self.warmup_windows)} window(s) ({rates} samples/s) outside the later "
-                             "windows' range: counted as warm-up, not measured")
+                lines.append(f"warm-up tail  {len(self.warmup_windows)} window(s) ({rates} samples/s) outside the "
+                             "later windows' range: counted as warm-up, not measured")
             if self.settled is False:
                 lines.append("warning       the first windows never settled within the warm-up limit: "
                              "the windows are kept as measured")
         if self.user_parts:
-            lines.append(f"user's parts  {', '.join(self.user_parts)} (the rest is autotune's; see autotune.workloads.contract)")
+            lines.append(f"user's parts  {', '.join(self.user_parts)} "
+                         "(the rest is autotune's; see autotune.workloads.contract)")
         if self.final_loss is not None:
             lines.append(f"final loss    {self.final_loss:.4f}")
         if self.wall_s is not None:

@@ -24,7 +24,8 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                         "built-in text workload, autotune.workloads.text) or package.module:callable returning (model, "
                         "dataset, loss_fn); default: %(default)s")
     g.add_argument("--task", choices=("train", "infer"), default="train",
-                   help="train = forward+backward+optimizer step; infer = inference_mode forward (default: %(default)s)")
+                   help="train = forward+backward+optimizer step; infer = inference_mode forward "
+                        "(default: %(default)s)")
     g.add_argument("--image-size", "--seq-len", type=int, default=224, metavar="SIZE",
                    help="square crop size; for a text model (transformer) the maximum sequence length in tokens, "
                         "for which --seq-len is the same flag (default: %(default)s)")
@@ -134,7 +135,8 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = 
         check_cap_against_machine(cap, hardware, device)
     return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
                        timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
-                       memory_cap_mb=cap, memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),
+                       memory_cap_mb=cap,
+                       memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),
                        device_memory_cap_mb=device_cap)
 
 

@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "trial", help="measure ONE config in an isolated child process",
         description="Measure one configuration in a fresh child process: warm up (the first step; a first window "
-        "that the next two do not confirm is warm-up too), then measure windows and report median throughput, spread, data-wait vs compute time and peak memory. The "
-        "child is killed at the memory cap or time limit.",
+        "that the next two do not confirm is warm-up too), then measure windows and report median throughput, "
+        "spread, data-wait vs compute time and peak memory. The child is killed at the memory cap or time limit.",
         epilog="example:\n  autotune trial --model resnet18 --image-size 128 --batch-size 64 --num-workers 1 "
                "--amp bf16 --channels-last --threads 2", formatter_class=_fmt())
     add_workload_args(p)
@@ -209,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as exc:  # a full disk, a damaged database: one line (autotune.cli.errors); a bug keeps its traceback
+    except Exception as exc:
+        # a full disk, a damaged database: one line (autotune.cli.errors); a bug keeps its traceback
         from autotune.cli.errors import environment_error
 
         message = environment_error(exc, storage=getattr(args, "storage", None))

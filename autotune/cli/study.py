@@ -95,8 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
                         ceiling_s=ceiling_s)
     except KeyboardInterrupt:
-        print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} (study {tuner.study_name}); "
-              "run the same command again to resume", file=sys.stderr)
+        print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} "
+              f"(study {tuner.study_name}); run the same command again to resume", file=sys.stderr)
         _close_mlflow(logger, tuner, "KILLED")
         return 130
     except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
@@ -185,11 +185,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     for col in ("samples_per_s", "speedup"):  # a trial that measured nothing shows nothing (not "None")
         view[col] = view[col].map(lambda v: "" if v is None or v != v else v)
     view["rel_iqr"] = view["rel_iqr"].map(lambda v: f"{100 * v:.1f}%" if v is not None and v == v else "")
-    view["data_wait_share"] = view["data_wait_share"].map(lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
+    view["data_wait_share"] = view["data_wait_share"].map(
+        lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
     view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
     view["reason"] = view["reason"].fillna("").map(lambda s: s if len(s) <= 60 else s[:57] + "...")
-    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "rel_iqr": "IQR", "peak_host_mb": "peak MiB",
-                                "data_wait_share": "data wait"})
+    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "rel_iqr": "IQR",
+                                "peak_host_mb": "peak MiB", "data_wait_share": "data wait"})
     if args.limit:
         view = view.head(args.limit)
     print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "

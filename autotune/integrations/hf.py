@@ -35,7 +35,8 @@ FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloa
 
 def _fields(rec) -> dict[str, Any]:
     c = rec.config
-    out: dict[str, Any] = {"per_device_train_batch_size": c.batch_size, "gradient_accumulation_steps": rec.accumulation_steps,
+    out: dict[str, Any] = {"per_device_train_batch_size": c.batch_size,
+                           "gradient_accumulation_steps": rec.accumulation_steps,
                            "dataloader_num_workers": c.num_workers, "dataloader_pin_memory": c.pin_memory}
     if c.num_workers > 0:  # TrainingArguments refuses a prefetch factor without workers
         out["dataloader_persistent_workers"] = c.persistent_workers

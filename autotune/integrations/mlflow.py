@@ -179,7 +179,8 @@ class MLflowLogger:
     # --- the end of a run -----------------------------------------------------------------------------
     def finish(self, study, rec=None, *, report_path: str | Path | None = None, status: str = "FINISHED") -> None:
         """Close the study's parent run with ``status`` (``KILLED`` for an interrupted run): the recommendation
-        (its config as ``recommended.*`` tags, its figures as metrics, ``recommendation.yaml``) and ``report_path`` as artifacts."""
+        (its config as ``recommended.*`` tags, its figures as metrics, ``recommendation.yaml``) and ``report_path`` as
+        artifacts."""
         from mlflow.entities import Metric
 
         run_id = self._guard(self.parent_run, study)

@@ -121,7 +121,8 @@ class Hardware:
     torch_cpu_capability: str | None
     compiler: str | None
     libc: str | None = None  # "glibc 2.36": the malloc knob needs glibc
-    thp: str | None = None  # transparent huge pages: always / madvise / never (malloc=hugepages needs one of the first two)
+    # transparent huge pages: always / madvise / never (malloc=hugepages needs one of the first two)
+    thp: str | None = None
     # How CUDA numbers the GPUs for this process and the trials it starts (they inherit the environment); None
     # when unset. Kept with the snapshot so a Ray node's Hardware answers for that node's worker, not ours.
     cuda_visible_devices: str | None = None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from autotune._units import format_mb
 from autotune.errors import ConfigError
 
-__all__ = ["MIN_MEMORY_CAP_MB", "MIN_CUDA_MEMORY_CAP_MB", "min_memory_cap_mb", "DEFAULT_CAP_SHARE", "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine",
-           "MIN_DEVICE_MEMORY_CAP_MB", "default_device_memory_cap_mb", "check_device_cap"]
+__all__ = ["MIN_MEMORY_CAP_MB", "MIN_CUDA_MEMORY_CAP_MB", "min_memory_cap_mb", "DEFAULT_CAP_SHARE",
+           "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine", "MIN_DEVICE_MEMORY_CAP_MB",
+           "default_device_memory_cap_mb", "check_device_cap"]
 
 # A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
 # kill every trial before it measures anything.

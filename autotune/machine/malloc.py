@@ -16,9 +16,9 @@ performance guides reach the same effect by preloading jemalloc or tcmalloc; ``r
 blocks of 2 MiB and more to 2 MiB and asks for transparent huge pages (``madvise(MADV_HUGEPAGE)``). What ``retain``
 leaves is a block over glibc's 32 MiB mmap limit that does not fit the heap top when it is asked for: mapped anew
 and handed back every step (resnet18 at batch 64 and 128 px: its 64 MiB first activation, 16,384 faults a step);
-with huge pages that is 32 faults (the kernel still zeroes the memory). Measured on this project's Sapphire Rapids VM (resnet18, 128 px,
-batch 64, fp32; 8 fresh processes per mode, interleaved, ``benchmarks/spread.py``): glibc's defaults 125-178k page
-faults per step (how many depends on the process's own heap history) and 8-12% of CPU time in the kernel;
+with huge pages that is 32 faults (the kernel still zeroes the memory). Measured on this project's Sapphire Rapids VM
+(resnet18, 128 px, batch 64, fp32; 8 fresh processes per mode, interleaved, ``benchmarks/spread.py``): glibc's defaults
+125-178k page faults per step (how many depends on the process's own heap history) and 8-12% of CPU time in the kernel;
 ``retain`` 1.1-17k faults (mostly 16,386: the one 64 MiB block above), 0.2-1.5%; ``hugepages`` 0-120 faults,
 0.1-1.1%. Both were 1.105x the defaults' throughput (median of per-round ratios), hugepages / retain 1.018
 (0.98-1.04): equal within the VM's noise on that workload. Its cost is memory: huge pages are resident whole
@@ -57,7 +57,8 @@ __all__ = ["MALLOC_MODES", "ENV", "THP_ENV", "PRELOAD_LIBS", "JEMALLOC_CONF", "a
 
 # The libraries a preloaded allocator is looked for as, first found wins (Debian/Ubuntu, Fedora, conda).
 PRELOAD_LIBS = {"jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
-                "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so")}
+                "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so",
+                             "libtcmalloc.so")}
 _PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}
 # torch.backends.xeon.run_cpu's settings for jemalloc: huge allocations from the OS directly, purging in a
 # background thread, transparent huge pages for its metadata where the kernel allows
@@ -159,8 +160,8 @@ def apply_in_process(mode: str) -> str | None:
     if not available():
         return "it needs glibc"
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    values = {_M_MMAP_THRESHOLD: settings["MALLOC_MMAP_THRESHOLD_"], _M_TRIM_THRESHOLD: settings["MALLOC_TRIM_THRESHOLD_"],
-              _M_TOP_PAD: settings["MALLOC_TOP_PAD_"]}
+    values = {_M_MMAP_THRESHOLD: settings["MALLOC_MMAP_THRESHOLD_"],
+              _M_TRIM_THRESHOLD: settings["MALLOC_TRIM_THRESHOLD_"], _M_TOP_PAD: settings["MALLOC_TOP_PAD_"]}
     ok = True
     for param, value in values.items():
         # mallopt takes an int; the "never trim" threshold saturates to INT_MAX, which glibc reads the same way

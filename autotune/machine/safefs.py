@@ -46,7 +46,8 @@ def private_dir(path: Path) -> Path:
         raise StorageError(f"cannot create {path}: {exc.strerror}") from None
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise StorageError(f"refusing {path}: it is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a folder'}, "
+        raise StorageError(f"refusing {path}: it is "
+                           f"{'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a folder'}, "
                            "not a folder autotune made; remove it or put the study database elsewhere (--storage)")
     if st.st_uid != os.geteuid():
         raise StorageError(f"refusing {path}: it belongs to another user ({_user(st.st_uid)}), who could plant "

@@ -87,7 +87,8 @@ def holding_back(inner, gate: CompileGate):
         def sample_relative(self, study, trial, search_space):
             params = inner.sample_relative(study, trial, search_space)
             dist = search_space.get(_KNOB)
-            if params.get(_KNOB, "none") != "none" and "none" in getattr(dist, "choices", ()) and self._hold(study, trial):
+            if (params.get(_KNOB, "none") != "none" and "none" in getattr(dist, "choices", ())
+                    and self._hold(study, trial)):
                 params = {**params, _KNOB: "none"}
             return params
 

@@ -18,11 +18,11 @@ space's order (compile excluded: it is tried last, ``compile_last``), its other 
 config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
-IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above it one trial each says nothing, so both are measured
-once more (a trial with ``repeat_of``), and the candidate wins only if the 95% interval of the ratio of their
-medians over the two rounds (``finalists.ratio_interval``) is above 1. A candidate at or below the incumbent
-has shown no gain and is not repeated. A comparison reads each config's first one or two measurements in
-trial order, so a later repeat never changes a decision taken before it.
+IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above
+it one trial each says nothing, so both are measured once more (a trial with ``repeat_of``), and the candidate wins only
+if the 95% interval of the ratio of their medians over the two rounds (``finalists.ratio_interval``) is above 1. A
+candidate at or below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or
+two measurements in trial order, so a later repeat never changes a decision taken before it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
 the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that

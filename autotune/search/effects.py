@@ -103,7 +103,8 @@ def one_knob_effects(trials) -> list[Effect]:
             knob = one_knob_apart(configs[a.number], configs[b.number])
             if knob is None:
                 continue
-            x, y = (a, b) if _order(knob, getattr(configs[a.number], knob), getattr(configs[b.number], knob)) else (b, a)
+            in_order = _order(knob, getattr(configs[a.number], knob), getattr(configs[b.number], knob))
+            x, y = (a, b) if in_order else (b, a)
             out.append(Effect(knob, getattr(configs[x.number], knob), getattr(configs[y.number], knob),
                               y.value / x.value, x.number, y.number))
     return out

@@ -3,8 +3,8 @@ re-measurement, and the recommendation chosen from it.
 
 A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
 measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
-is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory (device, then
-host, then threads) wins; a winner with reduced precision, channels_last or compile must pass the numerics
+is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory
+(device, then host, then threads) wins; a winner with reduced precision, channels_last or compile must pass the numerics
 check (``parity``) first.
 """
 
@@ -27,8 +27,8 @@ from autotune.search.payback import Priced, price
 from autotune.recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
 from autotune.search.trials import baseline_value, feasible_by_config
 
-__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s", "out_of_time", "search_left_s",
-           "long_trial_s", "plan", "Evidence",
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
+           "out_of_time", "search_left_s", "long_trial_s", "plan", "Evidence",
            "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -453,7 +453,8 @@ def provisional(study, *, storage: str = "") -> Recommendation:
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
         speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
         memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
-        peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb, margin_vs_runner_up=None, noisy=s.noisy,
+        peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb,
+        margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
         env_stamp=collect_env_stamp(),

@@ -28,7 +28,8 @@ __all__ = ["machine_lock", "MACHINE_LOCK_ENV", "lock_holder"]
 
 # The machine-wide lock file; tests (and several simulated machines on one) point it elsewhere.
 MACHINE_LOCK_ENV = "AUTOTUNE_MACHINE_LOCK"
-_machine: dict[str, Any] = {"depth": 0, "thread": None}  # re-entrant in the holding thread: a run's trials and finalists
+# re-entrant in the holding thread: a run's trials and finalists
+_machine: dict[str, Any] = {"depth": 0, "thread": None}
 
 
 @contextlib.contextmanager

@@ -100,8 +100,8 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
     config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
     feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
     is no answer, a pruned twin is none to a re-run of it (``requeue_of``), and a measured twin none to a
-    repeat (``repeat_of``: the planned search measures a config twice where one trial is within the noise). Returns the value (or raises
-    TrialPruned like a run would); None means: run it."""
+    repeat (``repeat_of``: the planned search measures a config twice where one trial is within the noise). Returns the
+    value (or raises TrialPruned like a run would); None means: run it."""
     import optuna
 
     done, memory_failures = known(trial.study, fingerprint, limit)

@@ -97,8 +97,8 @@ class SearchSpace:
     # and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
     # buffers (hugepages was as fast with more memory, so it is left to the search; autotune/machine/malloc.py).
     # On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
-    # PyTorch's default). Length bucketing (text only) cut padding from ~65% to ~4% of the tokens. Measured like any trial.
-    # In order of preference per knob: the first one the trimmed space offers is taken.
+    # PyTorch's default). Length bucketing (text only) cut padding from ~65% to ~4% of the tokens. Measured like any
+    # trial. In order of preference per knob: the first one the trimmed space offers is taken.
     LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
                       "cudnn_benchmark": (True,), "bucket_by_length": (True,)}
 
@@ -404,8 +404,8 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
             dropped = [c for c in kept if c != "none"]
             kept = [c for c in kept if c == "none"]
             if dropped:
-                notes.append(f"compile modes {', '.join(dropped)} dropped: torch.compile needs a C++ compiler (g++) and "
-                             "Python's headers (Python.h)")
+                notes.append(f"compile modes {', '.join(dropped)} dropped: torch.compile needs a C++ compiler "
+                             "(g++) and Python's headers (Python.h)")
         if is_cpu and "reduce-overhead" in kept:
             kept.remove("reduce-overhead")
             notes.append("compile_mode=reduce-overhead dropped: it relies on CUDA graphs")

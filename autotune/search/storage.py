@@ -3,7 +3,8 @@
 ``open_storage`` turns a URL into an Optuna ``RDBStorage`` or a one-line ``StorageError``. ``machine_lock``
 (``autotune.search.locks``) keeps a second measuring process off this machine (two trials at once share its cores and
 spoil each other's timings), ``run_lock`` a second ``autotune run`` off a SQLite study, and ``server_lock`` serialises
-check-then-write steps across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and reports go.
+check-then-write steps across the workers of one PostgreSQL/MySQL study. ``artifacts_dir`` is where a study's logs and
+reports go.
 """
 
 from __future__ import annotations
@@ -275,9 +276,9 @@ def _check_sqlite_file(db: Path) -> None:
 
 @contextlib.contextmanager
 def server_lock(storage, study_name: str) -> Iterator[None]:
-    """The lock of study ``study_name`` shared by every worker of a PostgreSQL/MySQL study (a server-side advisory lock), held around
-    check-then-write steps that must not interleave across machines (queue the baseline once, re-queue an
-    interrupted trial once, queue a batch-walk step once, claim a config). SQLite needs none: one run per
+    """The lock of study ``study_name`` shared by every worker of a PostgreSQL/MySQL study (a server-side advisory
+    lock), held around check-then-write steps that must not interleave across machines (queue the baseline once,
+    re-queue an interrupted trial once, queue a batch-walk step once, claim a config). SQLite needs none: one run per
     SQLite study (``run_lock``). The server releases the lock if the holder dies."""
     engine = getattr(storage, "engine", None)
     dialect = engine.dialect.name if engine is not None else ""

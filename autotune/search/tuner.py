@@ -241,8 +241,10 @@ class Tuner:
             return queue_warm_start(study, self.space, storage=self.storage, fingerprint=self.hardware.fingerprint,
                                     device=self.workload.device, enqueue=study_queue.enqueue, log=self.log)
 
-        study_queue.queue_first_trials(study, self.space, storage=self.storage, single_run=sqlite_path(self.storage_url) is not None,
-                         log=self.log, where=redact(self.storage_url), warm_start=warm if self.warm_start else None)
+        study_queue.queue_first_trials(study, self.space, storage=self.storage,
+                                       single_run=sqlite_path(self.storage_url) is not None, log=self.log,
+                                       where=redact(self.storage_url),
+                                       warm_start=warm if self.warm_start else None)
         self.advance_batch_walk(study)  # a resumed study: what its plan needs and a killed run did not queue
 
     def after_trial(self, study) -> None:
@@ -319,8 +321,8 @@ class Tuner:
             address: str | None = None, ceiling_s: float = CEILING_S):
         """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search settled (the planned search
         done, then the sampler converged or ran out of new configs, then compile tried last on the best eager
-        config: ``phases``), whichever comes first, then re-measure the finalists. With neither ``trials`` nor ``timeout_s``, ``ceiling_s`` (8 h)
-        is the time budget, against a search that never settles.
+        config: ``phases``), whichever comes first, then re-measure the finalists. With neither ``trials`` nor
+        ``timeout_s``, ``ceiling_s`` (8 h) is the time budget, against a search that never settles.
 
         The time budget covers the finalists too: the search stops early enough to leave them room.
         A KeyboardInterrupt (the CLI turns SIGTERM into one) stops at once; every finished trial is in the

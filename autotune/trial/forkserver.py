@@ -89,7 +89,8 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         self.sock = ours
         self.proc = subprocess.Popen(
-            python_command(python, "autotune.trial.worker_forkserver", str(theirs.fileno())), pass_fds=(theirs.fileno(),),
+            python_command(python, "autotune.trial.worker_forkserver", str(theirs.fileno())),
+            pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C in the terminal reaches the tuner, which ends the trial itself
         )

@@ -51,9 +51,9 @@ class MemoryWatch:
 
     PSS splits a shared page among its sharers. For anonymous pages they are all in the tree (a cold child was
     started afresh with exec, so its anonymous pages are shared only with its forks; a child forked by a fork
-    server shares torch's imported heap with the server too, and the server's part is added: ``_lent``), and shared-memory pages
-    are the batches workers hand to the main process. File pages (torch's libraries: hundreds of MiB) are
-    shared with every process on the machine that loaded them, so PSS would charge a share that moves with
+    server shares torch's imported heap with the server too, and the server's part is added: ``_lent``), and
+    shared-memory pages are the batches workers hand to the main process. File pages (torch's libraries: hundreds of
+    MiB) are shared with every process on the machine that loaded them, so PSS would charge a share that moves with
     whatever else runs (up to 400 MiB here); instead the main process is charged its own in full, as when it
     runs alone, and a worker's are taken to be the main process's libraries and not charged again.
 

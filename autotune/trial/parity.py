@@ -20,8 +20,9 @@ order) drifted 15% from fp32 eager within 30 steps. So the child trains a third 
 from the initial weights nudged by a relative 1e-6 (rounding-sized), and its drift from the reference is the
 ``noise_floor``. The config passes when every candidate loss is finite and
 ``max_rel_diff <= limit = max(tolerance, FLOOR_FACTOR * noise_floor)``: precision loss is judged against what
-fp32 itself does from a nudge, never against an exact replay that unstable training cannot give. Task ``infer`` has no trajectory: the outputs of each batch are compared,
-``||out_cand - out_ref|| / ||out_ref||``, and the same tolerance applies.
+fp32 itself does from a nudge, never against an exact replay that unstable training cannot give. Task ``infer`` has no
+trajectory: the outputs of each batch are compared, ``||out_cand - out_ref|| / ||out_ref||``, and the same tolerance
+applies.
 
 The default tolerance, ``DEFAULT_TOLERANCE = 0.05``, sits with margin above what honest configs showed on a CPU
 over 30 steps where training is stable (bf16 + channels_last: 0.0001 on the tiny test net, 0.006 on resnet18 at
@@ -262,8 +263,9 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
                 "result_path": str(result_path)}
         start = time.perf_counter()
         with CappedLog(log) as out:  # the user's code prints here: under a trial log's cap (autotune.trial.triallog)
-            proc = subprocess.Popen(python_command(sys.executable, "autotune.trial.parity_child"), stdin=subprocess.PIPE,
-                                    stdout=out, stderr=out, env=child_env(config), start_new_session=True)
+            proc = subprocess.Popen(python_command(sys.executable, "autotune.trial.parity_child"),
+                                    stdin=subprocess.PIPE, stdout=out, stderr=out, env=child_env(config),
+                                    start_new_session=True)
         stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
         out.join()
         seconds = time.perf_counter() - start

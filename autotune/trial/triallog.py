@@ -34,8 +34,8 @@ class CappedLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # read: the tail moves up; never through a link planted at the path (docs/security.md)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                           0o666)
+        self._fd = os.open(self.path,
+                           os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
         self._pos = os.lseek(self._fd, 0, os.SEEK_END)
         self._head, self._tail = head, tail
         self._head_end = self._pos + head

@@ -150,8 +150,9 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
-    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch, accumulation_steps=accumulation,
-         user_parts=list(built.user_parts), device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
+    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
+         accumulation_steps=accumulation, user_parts=list(built.user_parts),
+         device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
 
     stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")

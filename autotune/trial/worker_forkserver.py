@@ -37,8 +37,8 @@ def _preload() -> None:
     import importlib
 
     for name in ("torch", "torch.utils.data", "PIL.Image", "torchvision", "torchvision.transforms",
-                 "autotune.machine.device", "autotune.trial.worker", "autotune.config", "autotune.errors", "autotune.machine.oom",
-                 "autotune.workloads.build"):
+                 "autotune.machine.device", "autotune.trial.worker", "autotune.config", "autotune.errors",
+                 "autotune.machine.oom", "autotune.workloads.build"):
         try:
             importlib.import_module(name)
         except ImportError:  # a workload without torchvision imports only what it needs

@@ -100,7 +100,8 @@ def _history(study, baseline: float | None):
         fig = optuna.visualization.plot_optimization_history(study, target_name="samples/s")
     if baseline:
         fig.add_hline(y=baseline, line_dash="dash", line_color="#888",
-                      annotation_text=f"baseline (PyTorch defaults) {baseline:.1f}/s", annotation_position="bottom right")
+                      annotation_text=f"baseline (PyTorch defaults) {baseline:.1f}/s",
+                      annotation_position="bottom right")
     fig.update_yaxes(title_text="median samples/s")
     return _titled(fig, title)
 
@@ -179,7 +180,8 @@ def _breakdown(bars: list[tuple[str, dict]]):
 
     title = PLOTS["plot-breakdown"]
     bars = [(name, ua) for name, ua in bars
-            if finite_or_none(ua.get("data_wait_s_per_step")) is not None and finite_or_none(ua.get("compute_s_per_step")) is not None]
+            if finite_or_none(ua.get("data_wait_s_per_step")) is not None
+            and finite_or_none(ua.get("compute_s_per_step")) is not None]
     if not bars:
         return _empty(title, "no measured step times for the baseline or the recommendation")
     names = [name for name, _ in bars]
@@ -249,7 +251,8 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
         t = by_n[r["trial"]]
         d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(by_n.values()),
                      allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
-        iqr, wait, peak = finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]), finite_or_none(r["peak_host_mb"])
+        iqr, wait, peak = (finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]),
+                           finite_or_none(r["peak_host_mb"]))
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
                  f"<code>{_e(r['config'])}</code>", f"{r['samples_per_s']:.1f}",
                  "" if iqr is None else f"{100 * iqr:.1f}%",
@@ -346,7 +349,8 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
                ("hardware", ua.get("hardware") or "-"),
                ("trials", f"{len(trials)} ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))})"),
                ("memory cap", f"{cap:.0f} MiB per trial" if cap else "-"),
-               ("baseline", f"{base:.1f} samples/s (trial {base_t.number}, PyTorch defaults)" if base else "not measured")]
+               ("baseline",
+                f"{base:.1f} samples/s (trial {base_t.number}, PyTorch defaults)" if base else "not measured")]
     if rec is not None:
         speed = f", x{rec.speedup_vs_baseline:.2f} vs the baseline" if rec.speedup_vs_baseline else ""
         summary.append(("recommended", f"{rec.config.short()}: {rec.median_samples_per_s:.1f} samples/s median"

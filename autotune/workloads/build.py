@@ -1,7 +1,8 @@
 """Build a workload by name: model, dataset and loss.
 
 * any torchvision classification model (``resnet18``, ``mobilenet_v3_small``...), always ``weights=None``;
-* the built-in text workload (``transformer``, ``transformer_tiny``: ``autotune.workloads.text``), synthetic token sequences;
+* the built-in text workload (``transformer``, ``transformer_tiny``: ``autotune.workloads.text``), synthetic token
+  sequences;
 * or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys and,
   optionally, its own ``optimizer``, ``collate_fn``, ``sampler``, ``step`` and ``count``: the workload contract,
   documented in one place, ``autotune.workloads.contract``. It is called with the keyword arguments it accepts among
@@ -43,8 +44,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 
 def list_models() -> list[str]:
-    """torchvision's classification models and the built-in text ones (``autotune.workloads.text``): the names ``--model``
-    accepts besides ``module:callable``."""
+    """torchvision's classification models and the built-in text ones (``autotune.workloads.text``): the names
+    ``--model`` accepts besides ``module:callable``."""
     import torchvision
 
     from autotune.workloads.text import TEXT_MODELS
@@ -76,8 +77,8 @@ def check_signature(fn: Callable[..., Any], workload: Workload) -> None:
         sig.bind(**_offered(sig.parameters, workload))
     except TypeError as exc:
         raise WorkloadError(f"{workload.model} cannot be called as a workload: {exc}; autotune calls it with only "
-                            f"the keyword arguments it accepts among {', '.join(OFFERED)} (see autotune.workloads.contract)"
-                            ) from None
+                            f"the keyword arguments it accepts among {', '.join(OFFERED)} "
+                            "(see autotune.workloads.contract)") from None
 
 
 def _check_in_child(workload: Workload) -> None:
@@ -97,7 +98,8 @@ def _check_in_child(workload: Workload) -> None:
     env.update(SAFE_PATH_ENV)  # nothing planted in the working folder is imported (docs/security.md)
     mod_name = workload.model.partition(":")[0]
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(python_command(sys.executable, "autotune.workloads.check_child", json.dumps(workload.to_dict())),
+        proc = subprocess.Popen(python_command(sys.executable, "autotune.workloads.check_child",
+                                               json.dumps(workload.to_dict())),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
                                 start_new_session=True)
         try:
@@ -320,7 +322,8 @@ def _parts(out: dict, name: str) -> dict[str, Any]:
     for key in out:
         close = difflib.get_close_matches(str(key), _KEYS, n=1, cutoff=0.75)
         if key not in _KEYS and close:
-            raise WorkloadError(f"{name} returned key {key!r}: did you mean {close[0]!r}? (see autotune.workloads.contract)")
+            raise WorkloadError(f"{name} returned key {key!r}: did you mean {close[0]!r}? "
+                                "(see autotune.workloads.contract)")
     parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count")}
     for k, v in parts.items():
         if v is not None and not callable(v):

@@ -16,8 +16,8 @@ tokenised corpus costs. The workload brings its own parts:
 * ``count``: ``(samples, real tokens)``, the non-pad tokens, so tokens/s counts text, not padding;
 * ``optimizer``: AdamW, as transformers are trained (its two moment buffers are part of the peak memory).
 
-Channels-last means nothing here (no 4-D image tensors): ``search.space.fit_workload`` takes it out of the search space. The
-text workload's own knob is ``bucket_by_length`` (``--bucket-by-length``): a ``LengthBuckets`` sampler makes
+Channels-last means nothing here (no 4-D image tensors): ``search.space.fit_workload`` takes it out of the search space.
+The text workload's own knob is ``bucket_by_length`` (``--bucket-by-length``): a ``LengthBuckets`` sampler makes
 batches of similar lengths, so 2-4% of a batch is padding instead of ~69% (``--seq-len 128``). On 2 EPYC cores,
 over 5 interleaved rounds at batch 64, it gave 3.15-4.01x (median 3.74x) the real tokens/s with the machine
 quiet (load ~1), 0.93-2.44x (median 1.53x) with it loaded (load 8-10); padding to a multiple of 64 gave
@@ -28,7 +28,8 @@ measures it, the recommendation says it (``bucket`` in its config), and applying
 
 >>> import autotune.workloads.build
 >>> from autotune.config import Workload
->>> built = autotune.workloads.build.build(Workload(model="transformer_tiny", image_size=32, dataset_size=64))   # doctest: +SKIP
+>>> built = autotune.workloads.build.build(Workload(model="transformer_tiny", image_size=32,
+...                                                   dataset_size=64))  # doctest: +SKIP
 >>> tokens, labels = built.collate_fn([built.dataset[i] for i in range(4)])            # doctest: +SKIP
 """
 

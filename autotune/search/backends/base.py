@@ -35,11 +35,11 @@ class SearchBackend(abc.ABC):
         time budget.
 
         Must: record every trial through ``autotune.search.protocol`` (``begin``; ``claim`` where several trials of
-        the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child process (``tuner.runner`` locally, or the
-        same runner on another machine), call ``tuner.after_trial(study)`` after each finished trial,
-        start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the finalists need the
-        time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt`` included):
-        an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says
+        the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child
+        process (``tuner.runner`` locally, or the same runner on another machine), call ``tuner.after_trial(study)``
+        after each finished trial, start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the
+        finalists need the time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt``
+        included): an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says
         the workload itself is wrong (``TrialResult.user_error``) stops the search with ``WorkloadError``.
         Must not re-measure the finalists: the tuner does.
         """

@@ -8,8 +8,8 @@ Design (why it looks like this):
   records each trial the way the local backend does, through the same trial protocol (``autotune.search.protocol``):
   ``Tuner.space.suggest`` (as the define-by-run space), ``answer_from_study`` (configs known to run out of
   memory or measured before are recorded without running), ``record`` (figures as user attrs, memory
-  constraint, and ``autotune.search.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which spreads
-  concurrent trials apart. The searcher runs in the driver, so only the driver needs to reach the storage.
+  constraint, and ``autotune.search.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which
+  spreads concurrent trials apart. The searcher runs in the driver, so only the driver needs to reach the storage.
   The tuner's own ``run`` opens, locks and seeds the study and re-measures the finalists, as for every backend.
 * **Honest timings.** Each trial runs the unchanged runner (``autotune.trial.runner.run_trial``: a fresh child
   process, memory watched, killed at the cap or the time limit) inside a Tune actor that asks for a whole
