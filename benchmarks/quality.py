@@ -177,8 +177,9 @@ def one_workload(name: str, a, hw, measure) -> dict:
 
 def table(rows: list[dict], hw, a, total_s: float) -> str:
     md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {a.image_size} px, batch sizes "
-          f"{'/'.join(map(str, a.batches))}, space: {a.space}; each trial {a.windows} windows of {a.window_seconds:g} s; "
-          f"re-measured {a.rounds} rounds interleaved (windows twice as long); whole benchmark {total_s / 60:.1f} min.", "",
+          f"{'/'.join(map(str, a.batches))}, space: {a.space}; each trial {a.windows} windows of "
+          f"{a.window_seconds:g} s; re-measured {a.rounds} rounds interleaved (windows twice as long); "
+          f"whole benchmark {total_s / 60:.1f} min.", "",
           "| workload | recommendation / best | trials (s) to 95% of best | autotune trials | autotune run | "
           "bf16 / fp32 | jemalloc / tcmalloc / affinity close vs best | recommendation |",
           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -226,7 +227,8 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"quality.py: --batches {a.batches!r}: give whole numbers, e.g. 16,32", file=sys.stderr)
         return 2
-    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"quality-multi-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (Path(a.out) if a.out
+           else ROOT / "benchmarks" / "results" / f"quality-multi-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     hw = detect()
     measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1, timeout_s=600)

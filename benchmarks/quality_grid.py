@@ -117,7 +117,8 @@ def fixed_cost_rows(ok: list[dict], *, cold: bool) -> list[tuple[str, str, str]]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--task", default="train", choices=("train", "infer"))
@@ -132,7 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-min-s", type=float, default=0.0,
                    help="per-step warm-up seconds at least, after the first step (default %(default)s)")
     p.add_argument("--settle-windows", type=int, default=2,
-                   help="later windows that confirm a trial's first (default %(default)s; 0: not checked, the old rule)")
+                   help="later windows that confirm a trial's first "
+                        "(default %(default)s; 0: not checked, the old rule)")
     p.add_argument("--grid-only", action="store_true",
                    help="measure the grid and print its fixed-cost figures; no autotune run, no re-measurement")
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
@@ -194,12 +196,14 @@ def main(argv=None) -> int:
     grid_best = max(ok, key=lambda g: g["median"])
     if a.grid_only:
         text = "\n".join([f"grid of {len(grid)} configs in {grid_wall / 60:.1f} min; {measure.warmup_min_steps}+ "
-                          f"warm-up steps and {measure.warmup_min_s:g}+ s, first window checked by {measure.settle_windows} later, "
-                          f"{measure.windows} windows of "
-                          f"{measure.window_s:g} s", ""] + [f"{a_}: {b}" for a_, b, _ in fixed_cost_rows(ok, cold=a.cold)])
+                          f"warm-up steps and {measure.warmup_min_s:g}+ s, first window checked by "
+                          f"{measure.settle_windows} later, {measure.windows} windows of "
+                          f"{measure.window_s:g} s", ""]
+                         + [f"{a_}: {b}" for a_, b, _ in fixed_cost_rows(ok, cold=a.cold)])
         print("\n" + text)
-        out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(), "measure": measure.to_dict(),
-                                   "grid": grid_rows, "grid_wall_s": grid_wall, "table": text}, indent=1))
+        out.write_text(json.dumps({"machine": hw.to_dict(), "workload": workload.to_dict(),
+                                   "measure": measure.to_dict(), "grid": grid_rows, "grid_wall_s": grid_wall,
+                                   "table": text}, indent=1))
         return 0
 
     # 2. autotune on the same space, with a time budget
@@ -231,7 +235,8 @@ def main(argv=None) -> int:
         for n in names[r % len(names):] + names[: r % len(names)]:
             res = run_trial(workload, contenders[n], measure.replace(window_s=measure.window_s * 2))
             remeasure[n].extend(res.samples_per_s)
-            print(f"re-measure round {r + 1} {n:<15} {res.status:<6} {(res.median_samples_per_s or 0):8.1f}/s", flush=True)
+            print(f"re-measure round {r + 1} {n:<15} {res.status:<6} {(res.median_samples_per_s or 0):8.1f}/s",
+                  flush=True)
     med = {n: summarize(xs).median if xs else float("nan") for n, xs in remeasure.items()}
     # The grid best's own grid figure is the max of many noisy single trials (biased up: the winner's curse);
     # its re-measured median is the fairer bar for "when did autotune first find a config this good".

@@ -44,8 +44,10 @@ from autotune.workloads.build import check  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     default = MeasureSpec()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet18", help="torchvision model or package.module:callable (default: %(default)s)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet18",
+                   help="torchvision model or package.module:callable (default: %(default)s)")
     p.add_argument("--task", choices=("train", "infer"), default="train")
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)

@@ -87,7 +87,8 @@ def main(argv=None) -> int:
             cells.append(f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})")
         print(f"| {mode} | {len(xs)} | " + " | ".join(cells) + " |")
     if first:
-        print(f"\nfirst forked trial (starts the server): wall {first['wall']:.2f} s, start-up {first['startup']:.2f} s")
+        print(f"\nfirst forked trial (starts the server): wall {first['wall']:.2f} s, "
+              f"start-up {first['startup']:.2f} s")
     print("\nmedian (min-max) per mode; the machine's other load moves every figure")
     return 0
 

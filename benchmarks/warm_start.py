@@ -143,7 +143,8 @@ def main(argv=None) -> int:
                         "a killed run resumes it: A and the B runs that finished are not measured again")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/warm-start-<time>.json)")
     a = p.parse_args(argv)
-    out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"warm-start-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (Path(a.out) if a.out
+           else ROOT / "benchmarks" / "results" / f"warm-start-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     hw = detect()
@@ -225,7 +226,8 @@ def main(argv=None) -> int:
         lines.append(f"trials to 95% of {label} ({bar:.1f} samples/s, bar {0.95 * bar:.1f}):")
         for warm in (True, False):
             xs = [reached(r["history"], 0.95 * bar) for r in runs if r["warm"] == warm]
-            lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: {describe(xs, a.trials_b)}")
+            lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: "
+                         f"{describe(xs, a.trials_b)}")
     if med:  # judged by each config's re-measured median where it has one: drift between runs cancels
         lines.append("trials until a config within 95% of the best re-measured median was measured (a config's "
                      "re-measured median where it has one, else its search figure):")
@@ -233,7 +235,8 @@ def main(argv=None) -> int:
             xs = [next((h["n"] for h in r["history"] if h["config"] and h["value"] and
                         med.get(TrialConfig.from_dict(h["config"]).short(), h["value"]) >= 0.95 * best_ref), None)
                   for r in runs if r["warm"] == warm]
-            lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: {describe(xs, a.trials_b)}")
+            lines.append(f"  {'with the warm start   ' if warm else 'without the warm start'}: "
+                         f"{describe(xs, a.trials_b)}")
     warm_cfgs = sorted({h["config"] and TrialConfig.from_dict(h["config"]).short() for r in runs
                         for h in r["history"] if h["warm_start_from"]})
     load_end = Path("/proc/loadavg").read_text().split()[:3]

@@ -80,4 +80,5 @@ if __name__ == "__main__":  # a quick check without autotune: one forward pass
     m, ds, loss_fn = build(32)
     x, y = ds[3]
     out = m(x.unsqueeze(0))
-    print(f"{len(ds)} images of {tuple(x.shape)}, logits {tuple(out.shape)}, loss {loss_fn(out, torch.tensor([y])):.3f}")
+    print(f"{len(ds)} images of {tuple(x.shape)}, logits {tuple(out.shape)}, "
+          f"loss {loss_fn(out, torch.tensor([y])):.3f}")

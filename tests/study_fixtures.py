@@ -11,7 +11,8 @@ from torch.utils.data import TensorDataset
 
 def _data(image_size: int, n: int = 512) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(n, 3, image_size, image_size, generator=g), torch.randint(0, 10, (n,), generator=g))
+    return TensorDataset(torch.randn(n, 3, image_size, image_size, generator=g),
+                         torch.randint(0, 10, (n,), generator=g))
 
 
 class _Sleepy(nn.Module):

@@ -25,7 +25,8 @@ def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_the_folder_is_fsynced_after_the_rename(tmp_path):
     target = tmp_path / "out" / "best.yaml"
-    code = f"from pathlib import Path; from autotune._atomic import atomic_write; atomic_write(Path({str(target)!r}), 'x')"
+    code = ("from pathlib import Path; from autotune._atomic import atomic_write; "
+            f"atomic_write(Path({str(target)!r}), 'x')")
     out = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,fsync,fdatasync,rename,renameat,renameat2",
                           sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     if out.returncode != 0 and "ptrace" in out.stderr:

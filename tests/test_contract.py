@@ -1,5 +1,5 @@
-"""The workload contract (``autotune.workloads.contract``): each part checked in this process, fast; then through the real
-runner (a child process per trial), which is slow.
+"""The workload contract (``autotune.workloads.contract``): each part checked in this process, fast; then through the
+real runner (a child process per trial), which is slow.
 
 In-process tests build steps with ``_worker.make_step`` on the CPU device, as a trial's child does.
 """

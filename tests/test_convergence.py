@@ -52,7 +52,8 @@ def test_a_run_without_a_budget_stops_once_the_flat_region_is_found(tmp_path):
     conv = tuner.convergence(study)
     assert conv.patience == patience(3600, 0.05, 30.0) == 4 and conv.trial_s == 30.0
     assert conv.converged and conv.since == 4  # stopped as soon as it had waited 4 sampler trials, not later
-    measured = sorted((t for t in study.trials if t.user_attrs.get(STATUS) == "ok" and "duplicate_of" not in t.user_attrs),
+    measured = sorted((t for t in study.trials
+                       if t.user_attrs.get(STATUS) == "ok" and "duplicate_of" not in t.user_attrs),
                       key=lambda t: t.datetime_complete)
     assert max(measured, key=lambda t: t.value).params["batch_size"] >= 16  # the flat region was reached
     # the planned search ran first (the bundle, the walk, the workers knob), then exactly 4 sampler trials

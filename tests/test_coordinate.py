@@ -1,5 +1,5 @@
-"""The planned search (autotune.search.coordinate) and compile last (autotune.search.compile_last): a bundle of likely winners
-holding one harmful knob does not hide the others' gain, effects within the noise are decided on a second
+"""The planned search (autotune.search.coordinate) and compile last (autotune.search.compile_last): a bundle of likely
+winners holding one harmful knob does not hide the others' gain, effects within the noise are decided on a second
 measurement of both configs, compile runs only once the eager search has settled, and a run with no budget
 stops by itself.
 
@@ -174,7 +174,8 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 3}),
                                   (BASE, 100.0, {"repeat_of": 0}), ({**BASE, "channels_last": True}, 80.0, {}, 0.6)]
                           + [({**BASE, "batch_size": bs, "amp": amp}, 50.0, {}, 0.6) for bs in (8, 32, 64)
-                             for amp in ("off", "bf16")] + [({**BASE, "malloc": "retain", "batch_size": 8}, 50.0, {}, 0.6)])
+                             for amp in ("off", "bf16")]
+                          + [({**BASE, "malloc": "retain", "batch_size": 8}, 50.0, {}, 0.6)])
     from autotune.search.convergence import noise_of
 
     assert noise_of(study.get_trials()) == 0.6  # the study's noise now; the decisions above were taken at 5%

@@ -44,7 +44,8 @@ def test_a_driver_older_than_the_build_needs_names_both_versions():
 
 
 def test_a_gpu_below_the_builds_oldest_architecture_kaggles_p100():
-    msg = cuda_problem("cuda", [gpu(name="Tesla P100-PCIE-16GB", cc="6.0")], dataclasses.replace(CU130, available=False))
+    msg = cuda_problem("cuda", [gpu(name="Tesla P100-PCIE-16GB", cc="6.0")],
+                       dataclasses.replace(CU130, available=False))
     assert "compute capability 6.0" in msg and "7.5 and newer" in msg and "sm_60" in msg
     # binary compatible within a major (sm_80 runs on 8.6, 8.9), and PTX JIT-compiles for anything newer
     assert cuda_problem("cuda", [gpu(cc="8.9")], dataclasses.replace(CU130, arch_list=("sm_80",))) is None

@@ -127,7 +127,8 @@ TINY_SPACE = """\
     """
 
 
-@pytest.mark.slow  # 40-90 s on 2 cores (two trials + two finalist rounds of resnet18); the seeded test above covers the loop
+# 40-90 s on 2 cores (two trials + two finalist rounds of resnet18); the seeded test above covers the loop
+@pytest.mark.slow
 def test_train_example_tunes_then_answers_from_the_cache(tmp_path):
     space = tmp_path / "tiny.yaml"
     space.write_text(textwrap.dedent(TINY_SPACE))

@@ -59,7 +59,8 @@ def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_pat
     rec = tuner.run(trials=4)
     assert (rec.config.batch_size, rec.config.channels_last) == (8, True)  # the fastest went over the cap
     assert any("bs=16 w=0" in n and "round 2: over_memory" in n for n in rec.notes)
-    assert [r["out"] for r in rec.runners_up if "out" in r] == ["round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
+    assert [r["out"] for r in rec.runners_up if "out" in r] == [
+        "round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
     assert "out" in rec.to_yaml()
 
 
@@ -73,7 +74,8 @@ def _by_peak(speed: dict[int, float], peak: dict[int, float]):
             return TrialResult(status="over_memory", reason="killed over the cap", wall_s=1.0,
                                peak_host_mb=measure.memory_cap_mb, batch_size=config.batch_size)
         v = speed[config.batch_size]
-        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=p, batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=p,
+                           batch_size=config.batch_size)
     return run
 
 
@@ -151,8 +153,8 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
     def fake(workload, config, measure, **kw):
         k = (config.batch_size, config.channels_last)
         windows = (1.0, 1.0, 1.0) if measure.window_s == QUICK.window_s else SPREAD
-        return TrialResult(status="ok", samples_per_s=tuple(speed[k] * f for f in windows), wall_s=1.0, peak_host_mb=500.0,
-                           peak_device_mb=device_peak[k], batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=tuple(speed[k] * f for f in windows), wall_s=1.0,
+                           peak_host_mb=500.0, peak_device_mb=device_peak[k], batch_size=config.batch_size)
 
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=tiny_space(),
                   measure=QUICK.replace(memory_cap_mb=8000.0), storage=f"sqlite:///{tmp_path}/g.db", hardware=hw,

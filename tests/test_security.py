@@ -177,7 +177,8 @@ def test_no_child_imports_modules_planted_in_the_working_folder(project):
         "from autotune.trial.runner import run_trial\n"
         "wl = Workload(model='mymod:build', image_size=16, device='cpu')\n"
         "import os, psutil\nparents = []\n"
-        "def seen(ev):\n    if ev.get('event') == 'started':\n        parents.append(psutil.Process(ev['pid']).ppid())\n"
+        "def seen(ev):\n    if ev.get('event') == 'started':\n"
+        "        parents.append(psutil.Process(ev['pid']).ppid())\n"
         "r = run_trial(wl, TrialConfig(batch_size=8), MeasureSpec(windows=2, window_s=0.2, timeout_s=120),\n"
         "              on_event=seen)\n"
         "assert parents and parents[0] != os.getpid(), 'not forked by the fork server'\n"
@@ -244,7 +245,8 @@ def test_a_stored_study_name_never_leaves_the_folder_beside_the_database(tmp_pat
     page = Path(out.stdout.strip())
     assert page.name == "report.html" and page.parent.parent == db.parent, page
     assert stat.S_IMODE(page.parent.stat().st_mode) == 0o700  # a study's folder is its user's alone (item 4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"] and sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b"]
 
 
 # --- 4. a study's folder and logs in shared places ---------------------------------------------------------------

@@ -1,10 +1,14 @@
 """The package's shape, read from the code with ``ast`` (nothing imported): no import loop (imports inside
 functions count), no private name imported from another autotune module, no module attribute of another
-module assigned (patching), and no file over ~400 lines unless its docstring says why its length is its nature."""
+module assigned (patching), and no file over ~400 lines unless its docstring says why its length is its nature;
+and ``ruff check`` (pyproject.toml's ``[tool.ruff]``) finds nothing."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,9 +165,20 @@ def test_each_folder_imports_only_downward():
         src = _layer(mod)
         for dst_mod in _imports(mod)[0]:
             dst = _layer(dst_mod)
-            if dst == src or dst == "records" or (src == "door" and dst != "cli") or (src in ALLOWED and dst in ALLOWED[src]):
+            if (dst == src or dst == "records" or (src == "door" and dst != "cli")
+                    or (src in ALLOWED and dst in ALLOWED[src])):
                 continue
-            if src in ALLOWED and dst == "door" and dst_mod.split(".")[-1] in DOOR - {""} and src in ("cli", "integrations", "view", "search"):
+            if (src in ALLOWED and dst == "door" and dst_mod.split(".")[-1] in DOOR - {""}
+                    and src in ("cli", "integrations", "view", "search")):
                 continue  # the recommendation record is read by the search (finalists) and written out by views
             wrong.append(f"{mod} ({src}) imports {dst_mod} ({dst})")
     assert wrong == []
+
+
+def test_ruff_is_clean():
+    # ruff is a binary in a wheel: its package being found is what says the binary is there
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "autotune", "tests", "benchmarks", "examples"],
+                         cwd=PKG.parent, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -54,7 +54,8 @@ def test_outcome_maps_each_status():
     for status in ("oom", "over_memory", "skipped"):
         o = outcome(TrialResult(status=status), 1000.0)
         assert o.state == "complete" and o.value == 0.0 and o.memory_constraint > 0
-    assert outcome(TrialResult(status="over_memory", peak_host_mb=3000.0), 1000.0).memory_constraint == pytest.approx(2.0)
+    over = outcome(TrialResult(status="over_memory", peak_host_mb=3000.0), 1000.0)
+    assert over.memory_constraint == pytest.approx(2.0)
     assert outcome(TrialResult(status="pruned"), 1000.0).state == "pruned"
     assert outcome(TrialResult(status="timeout"), 1000.0).state == "pruned"
     assert outcome(TrialResult(status="crashed"), 1000.0).state == "fail"

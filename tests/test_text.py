@@ -1,5 +1,5 @@
-"""The built-in text workload (``autotune.workloads.text``): each part in this process, fast; a real trial through the runner
-(a child process), slow; the CLI's one-line refusals."""
+"""The built-in text workload (``autotune.workloads.text``): each part in this process, fast; a real trial through the
+runner (a child process), slow; the CLI's one-line refusals."""
 
 from __future__ import annotations
 
