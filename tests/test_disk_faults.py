@@ -158,7 +158,7 @@ def test_a_full_disk_under_export_faked_at_the_write(stored, tmp_path, monkeypat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    assert cli.main(["export", "--storage", f"sqlite:///{stored}", "-o", str(target)]) == 2
+    assert cli(["export", "--storage", f"sqlite:///{stored}", "-o", str(target)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"autotune export: error: no space left on the device for {target}: free some space and run the "
                    "command again (what was stored before is intact)")
