@@ -1,7 +1,7 @@
 """The package's shape, read from the code with ``ast`` (nothing imported): no import loop (imports inside
 functions count), no private name imported from another autotune module, no module attribute of another
-module assigned (patching), and no file over ~400 lines unless its docstring says why its length is its nature;
-and ``ruff check`` (pyproject.toml's ``[tool.ruff]``) finds nothing."""
+module assigned (patching), no function over 100 lines (a file's length is free), each folder importing only the
+folders below it; and ``ruff check`` (pyproject.toml's ``[tool.ruff]``) finds nothing."""
 
 from __future__ import annotations
 
