@@ -46,7 +46,7 @@ from autotune.measure import summarize  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
 from autotune.search.space import load_space, space_from_dict  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
-from autotune.workloads.text import fit_space  # noqa: E402
+from autotune.search.space import fit_workload  # noqa: E402
 from autotune.workloads.build import check  # noqa: E402
 
 WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
@@ -58,7 +58,7 @@ QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_
 
 def space_doc(batches, baseline_batch: int) -> dict:
     """The bundle's knobs x the batch sizes; the text workload trades channels_last for length bucketing
-    (``autotune.workloads.text.fit_space``)."""
+    (``autotune.search.space.fit_workload``)."""
     return {"name": "quality", "device": "cpu",
             "parameters": {"batch_size": {"type": "int", "choices": list(batches)},
                            "amp": {"type": "categorical", "choices": ["off", "bf16"]},
@@ -124,7 +124,7 @@ def reached(trials, grid: dict[tuple, dict], bar: float) -> dict | None:
 
 def one_workload(name: str, a, hw, measure) -> dict:
     workload = Workload(model=name, image_size=a.image_size, num_classes=10, dataset_size=a.dataset_size)
-    grid_space = fit_space(space_from_dict(space_doc(a.batches, a.batches[0]), hardware=hw), workload)
+    grid_space = fit_workload(space_from_dict(space_doc(a.batches, a.batches[0]), hardware=hw), workload)
     tmp = Path(tempfile.mkdtemp(prefix="autotune-quality-"))
     tuner = Tuner(workload, space=grid_space if a.space == "grid" else load_space(hardware=hw), measure=measure,
                   storage=f"sqlite:///{tmp}/q.db", hardware=hw, progress=False, seed=a.seed,
