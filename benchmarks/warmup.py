@@ -25,9 +25,9 @@ _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from autotune.config import TrialConfig, Workload
-from autotune._worker import apply_threads, make_step
-from autotune._device import get_device
-from autotune.workloads import build
+from autotune.trial.worker import apply_threads, make_step
+from autotune.machine.device import get_device
+from autotune.workloads.build import build
 import torch
 w = Workload.from_dict(json.loads(sys.argv[2])); c = TrialConfig.from_dict(json.loads(sys.argv[3]))
 n = int(sys.argv[4])

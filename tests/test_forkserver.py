@@ -122,8 +122,8 @@ def test_the_server_and_its_trial_die_with_the_parent(tmp_path):
     code = textwrap.dedent(f"""
         import json, sys
         from autotune.config import MeasureSpec, TrialConfig, Workload
-        from autotune.forkserver import ForkServers
-        from autotune.runner import run_trial
+        from autotune.trial.forkserver import ForkServers
+        from autotune.trial.runner import run_trial
         servers = ForkServers()
         def on_event(ev):
             if ev["event"] == "built":
