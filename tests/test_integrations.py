@@ -281,7 +281,9 @@ def test_mlflow_logs_each_trial_of_a_tuner_run_and_a_resumed_run_reuses_the_pare
     from autotune.integrations.mlflow import STUDY_TAG, TRIAL_TAG, MLflowLogger
 
     def fake(workload, config, measure, **kw):
-        if config.batch_size == 16 and config.channels_last:
+        # batch 16 runs out of memory: the search reaches it by trial 2 (the batch walk from the best of the
+        # baseline and the bundle, which tie here)
+        if config.batch_size == 16:
             return TrialResult(status="oom", reason="out of memory", batch_size=16, peak_host_mb=900.0)
         v = 100.0 + config.batch_size
         return TrialResult(status="ok", samples_per_s=(v, v + 1, v - 1), wall_s=1.0, peak_host_mb=120.0 + v,
