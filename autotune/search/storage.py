@@ -136,12 +136,8 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True, existing: 
             return optuna.storages.RDBStorage(_with_driver(url), skip_table_creation=existing, **kwargs)
     except StorageError:
         raise
-    except ImportError as exc:
-        raise StorageError(f"storage {redact(url)!r} needs a database driver: {redact(str(exc))} "
-                           '(for PostgreSQL: pip install "autotune[postgres]")') from None
-    except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"cannot open storage {redact(url)!r}: {_masked(first, url)}") from None
+    except Exception as exc:
+        raise _storage_error(exc, url) from None
 
 
 # Optuna's own tables (optuna.storages._rdb.models; Alembic's stamp): a database without them holds no study
@@ -246,12 +242,19 @@ def check_storage(url: str | None = None) -> None:
                 pass
         finally:
             engine.dispose()
-    except ImportError as exc:
-        raise StorageError(f"storage {url!r} needs a database driver: {exc} "
-                           '(for PostgreSQL: pip install "autotune[postgres]")') from None
-    except Exception as exc:  # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(f"cannot open storage {url!r}: {first}") from None
+    except Exception as exc:
+        raise _storage_error(exc, url) from None
+
+
+def _storage_error(exc: Exception, url: str) -> StorageError:
+    """The one-line error for a storage that cannot be opened (no driver, a bad URL, an unreachable server),
+    the URL's password masked wherever it appears."""
+    if isinstance(exc, ImportError):
+        return StorageError(f"storage {redact(url)!r} needs a database driver: {redact(str(exc))} "
+                            '(for PostgreSQL: pip install "autotune[postgres]")')
+    # sqlalchemy ArgumentError / OperationalError: bad URL or unreachable server
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StorageError(f"cannot open storage {redact(url)!r}: {_masked(first, url)}")
 
 
 def _check_sqlite_file(db: Path) -> None:
