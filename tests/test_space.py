@@ -77,6 +77,27 @@ def test_default_space_path_finds_the_shipped_files():
     assert default_space_path("cuda:1").read_text() == CUDA_YAML.read_text()
 
 
+_FIND_SPACE = """
+import sys
+sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path.insert(0, {root!r})
+from autotune.search.space import default_space_path
+print(default_space_path("cpu"))
+"""
+
+
+def test_a_source_checkout_that_is_not_installed_finds_its_own_shipped_spaces():
+    """Run from a checkout that pip does not know (never installed, or an editable install made from a checkout
+    since moved: its finder then finds nothing): the spaces are the checkout's ``search_spaces/``. Before the fix
+    it looked under ``autotune/``, where the files never were."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FIND_SPACE.format(root=str(REPO_ROOT))],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert Path(out) == CPU_YAML
+
+
 def test_shipped_cpu_space_loads_on_a_plain_cpu():
     hw = fake_hw(cores=4, flags=("avx2",), compiler=None)
     sp = load_space(hardware=hw, device="cpu")

@@ -179,8 +179,8 @@ def default_space_path(device: str) -> Path:
     family = device_family(device)
     try:
         return Path(str(resources.files("autotune.search_spaces").joinpath(f"{family}.yaml")))
-    except ModuleNotFoundError:  # running from a source checkout that was never installed
-        return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
+    except ModuleNotFoundError:  # a source checkout never installed, or an editable install whose checkout moved
+        return Path(__file__).resolve().parents[2] / "search_spaces" / f"{family}.yaml"
 
 
 def _parse_scalar(raw: Any, cores: int, knob: str | None = None) -> Any:
