@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import yaml
 
 from autotune._redact import redact
+from autotune._yaml import read_yaml
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 from autotune.applied import Applied
@@ -230,16 +231,8 @@ class Recommendation:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Recommendation":
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path} is not a text file; give the YAML that `autotune export` wrote") from None
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        doc = read_yaml(Path(path), ConfigError, label=str(path),
+                        not_text="give the YAML that `autotune export` wrote")
         return cls.from_dict(doc, source=str(path))
 
     # --- use -----------------------------------------------------------------------------------------

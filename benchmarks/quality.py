@@ -53,7 +53,7 @@ WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", 
 FULL = {"image_size": 128, "batches": "16,32,64", "space": "stock", "windows": 3, "window_seconds": 2.0, "rounds": 3,
         "finalist_rounds": 2, "parity_steps": 30, "dataset_size": 4096}
 QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_seconds": 0.5, "rounds": 2,
-         "finalist_rounds": 1, "parity_steps": 10, "dataset_size": 1024}
+         "parity_steps": 10, "dataset_size": 1024}
 
 
 def space_doc(batches, baseline_batch: int) -> dict:
@@ -216,7 +216,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="defaults for a smoke run: 32 px, batch 16/32, the grid's space, windows of 0.5 s, 2 rounds, "
-                        "1 finalist round, 10 parity steps (10-15 min on 2 cores for the four workloads)")
+                        "autotune's default 2 finalist rounds, 10 parity steps (10-15 min on 2 cores for the four "
+                        "workloads)")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-multi-<time>.json)")
     a = p.parse_args(argv)
     for k, v in (QUICK if a.quick else FULL).items():

@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune.config import KNOBS, TrialConfig, device_family
+from autotune._yaml import read_yaml
 from autotune.errors import SpaceError
 
 __all__ = ["Param", "SearchSpace", "load_space", "default_space_path", "fit_workload", "space_for"]
@@ -210,18 +210,8 @@ def load_space(path: str | Path | None = None, *, hardware=None, device: str = "
         hardware = detect(with_torch=False)
     path = Path(path) if path is not None else default_space_path(device)
     src = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpaceError(f"cannot read search space {src}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise SpaceError(f"{src}: not a text file; a search space is YAML (see search_spaces/cpu.yaml)") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpaceError(f"{src}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    doc = read_yaml(path, SpaceError, label=f"search space {src}",
+                    not_text="a search space is YAML (see search_spaces/cpu.yaml)")
     return space_from_dict(doc, hardware=hardware, source=src, device=device)
 
 
