@@ -16,7 +16,7 @@ from autotune.search import trials as keys
 from autotune.config import MeasureSpec, Workload
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
-from autotune.search.storage import open_storage
+from autotune.search.storage import open_storage, study_name_for
 
 __all__ = ["recommend", "tune"]
 
@@ -78,38 +78,59 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
         measure = measure.replace(device_memory_cap_mb=device_cap)
     check_cuda_usable(device, hw)
     sp = load_space(space, hardware=hw, device=workload.device)
-    tuner = Tuner(workload, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
-                  progress=progress, run_length=run)
-    if not rerun:
-        import optuna
 
-        try:
-            existing = optuna.load_study(study_name=tuner.study_name, storage=open_storage(tuner.storage_url))
-        except KeyError:
-            existing = None
-        if existing is not None:
-            rec = stored_recommendation(existing)
-            stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
-            if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb,
-                                                                    rec.peak_device_allocated_mb):
-                rec = None  # no room under the cap of this call (less the margin): not an answer to this question
-            if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
-                rec = None  # tuned over another search space: search this one
-            priced = (rec.compile or {}) if rec is not None else {}
-            if priced.get("configs") and priced.get("planned_run") != run.to_dict():
-                rec = None  # a compile config was priced over another run length: choose again for this one
-            if rec is not None:
-                changed = rec.check_versions()
-                if changed:
-                    warnings.warn(f"the stored recommendation was measured with other versions ({'; '.join(changed)}); "
-                                  "pass rerun=True to measure again", VersionMismatchWarning, stacklevel=2)
-                return rec
-    check(workload)
+    def make_tuner(w: Workload) -> Tuner:
+        return Tuner(w, space=sp, measure=measure, storage=storage, study_name=study_name, hardware=hw,
+                     progress=progress, run_length=run)
+
+    existing = None if rerun else _existing_study(storage, study_name or study_name_for(workload, hw.fingerprint))
+    # the space is fitted to what the workload's data holds: a stored study says what it was fitted to (its answer
+    # costs no run of the user's code); otherwise check reads the first batch, refusing a bad workload in one line
+    stored = ((existing.user_attrs.get(keys.STUDY_WORKLOAD) or {}).get("data") if existing is not None else None)
+    tuner = make_tuner(workload.replace(data=stored) if stored else check(workload))
+    rec = _stored_answer(existing, tuner, run) if existing is not None else None
+    if rec is not None:
+        return rec
+    if stored:  # a search follows: check the workload as it is now, and fit the space to that
+        checked = check(workload)
+        tuner = tuner if checked.data == stored else make_tuner(checked)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
     rec = tuner.run(trials=trials, timeout_s=timeout_s)
     if rec is None:
         raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
                             "budget or memory cap, and see `autotune show` for why trials failed")
+    return rec
+
+
+def _existing_study(storage: str | None, name: str):
+    """The study of that name in ``storage``, or None."""
+    import optuna
+
+    from autotune.search.storage import DEFAULT_STORAGE, check_study_name
+
+    try:
+        return optuna.load_study(study_name=check_study_name(name), storage=open_storage(storage or DEFAULT_STORAGE))
+    except KeyError:
+        return None
+
+
+def _stored_answer(existing, tuner, run) -> Recommendation | None:
+    """The study's stored recommendation if it answers this call (fits its cap, the same space, priced over the
+    same run length), warning when versions changed since; else None."""
+    rec = stored_recommendation(existing)
+    stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
+    if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb, rec.peak_device_allocated_mb):
+        rec = None  # no room under the cap of this call (less the margin): not an answer to this question
+    if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
+        rec = None  # tuned over another search space: search this one
+    priced = (rec.compile or {}) if rec is not None else {}
+    if priced.get("configs") and priced.get("planned_run") != run.to_dict():
+        rec = None  # a compile config was priced over another run length: choose again for this one
+    if rec is not None:
+        changed = rec.check_versions()
+        if changed:
+            warnings.warn(f"the stored recommendation was measured with other versions ({'; '.join(changed)}); "
+                          "pass rerun=True to measure again", VersionMismatchWarning, stacklevel=3)
     return rec
 
 

@@ -8,7 +8,7 @@ measured; it lives in ``result.py`` and is re-exported here). Each validates its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from autotune._records import Record, check, finite_or_none, is_int, is_num
@@ -44,6 +44,10 @@ class Workload(Record):
     ``global_batch`` (training only) keeps the user's samples per optimizer step: the batch size is then a
     micro-batch that divides it, with gradient accumulation (``autotune.workloads.global_batch``); None: no
     accumulation.
+    ``data`` is what the workload's first batch held, read by ``workloads.build.check`` (``workloads.probe``): its
+    tensors' shapes and dtypes, the lengths its ``length`` gave, the keyword arguments a callable took. The search
+    space is fitted to it (``search.space.fit_workload``); None until checked. It is what was seen, not what was
+    asked for, so two workloads compare equal without it.
     """
 
     _kind: ClassVar[str] = "workload"
@@ -56,6 +60,7 @@ class Workload(Record):
     num_classes: int = 1000
     dataset_size: int = 50_000
     global_batch: int | None = None
+    data: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
@@ -75,6 +80,23 @@ class Workload(Record):
               self.global_batch, "None or a whole number of samples per optimizer step >= 1")
         check(self.global_batch is None or self.task == "train", "global_batch", self.global_batch,
               "only with task=train (inference has no optimizer step to accumulate for)", "drop --global-batch")
+        check(self.data is None or isinstance(self.data, dict), "data", self.data,
+              "None or a mapping (what the first batch held, as workloads.probe writes it)")
+
+    def described(self) -> dict[str, Any]:
+        """The workload as a recommendation's YAML records it: what it is, not defaults it ignored. A
+        ``module:callable`` is never given ``dataset_size``, and ``image_size``/``num_classes`` only when it takes
+        them (``data["takes"]``), so those it did not take are left out; ``from_dict`` reads the rest back."""
+        out = self.to_dict()
+        if self.data is None:
+            del out["data"]
+        if self.is_callable:
+            out.pop("dataset_size", None)
+            if self.data is not None:
+                for name in ("image_size", "num_classes"):
+                    if name not in self.data.get("takes", ()):
+                        out.pop(name, None)
+        return out
 
     @property
     def is_callable(self) -> bool:

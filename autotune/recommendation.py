@@ -136,7 +136,8 @@ class Recommendation:
         return {
             "format_version": FORMAT_VERSION,
             "config": self.config.to_dict(),
-            "workload": self.workload.to_dict(),
+            # what the workload is: its data as the first batch showed it, not defaults a callable ignored
+            "workload": self.workload.described(),
             "user_parts": list(self.user_parts),
             "measured": {
                 "median_samples_per_s": self.median_samples_per_s, "iqr_samples_per_s": self.iqr_samples_per_s,

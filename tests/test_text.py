@@ -144,7 +144,7 @@ def test_a_space_that_names_bucketing_is_respected_and_images_never_search_it():
     assert "bucket_by_length" not in names(fit_workload(pinned, Workload(model="transformer")))
     assert fit_workload(pinned, Workload(model="transformer")).baseline_config().bucket_by_length is True
     for_image = fit_workload(pinned, Workload(model="resnet18"))
-    assert for_image.fixed["bucket_by_length"] is False and any("not a text workload" in n for n in for_image.notes)
+    assert for_image.fixed["bucket_by_length"] is False and any("returns no length" in n for n in for_image.notes)
     assert tuple(text.TEXT_MODELS) == TEXT_MODELS  # the names config.py knows are the sizes text.py builds
 
 
@@ -158,7 +158,7 @@ def test_a_tuner_searches_the_fitted_space(tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["--model", "transformer", "--channels-last"], "--channels-last applies to 4-D image tensors"),
-    (["--model", "resnet18", "--bucket-by-length"], "not a text workload"),
+    (["--model", "resnet18", "--bucket-by-length"], "resnet18 returns no length"),
     (["--model", "transformer", "--data", "/tmp"], "drop --data"),
     (["--model", "transformer", "--seq-len", "8"], "seq_len=8 is not allowed"),
 ])

@@ -79,7 +79,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from autotune.machine.hardware import detect
     from autotune.trial.runner import run_trial
     from autotune.search.storage import machine_lock
-    from autotune.workloads.text import check_config
+    from autotune.workloads.probe import check_knobs
     from autotune.workloads.build import check
 
     hw = detect(with_torch=False)
@@ -99,8 +99,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
     check_cudagraphs(workload.device, workload.global_batch, config)
-    check(workload)
-    check_config(workload, config)  # --channels-last for text, --bucket-by-length for images: refused here
+    workload = check(workload)
+    check_knobs(workload, config)  # --channels-last without image tensors, --bucket-by-length without length
     quiet = args.format == "json"
 
     def on_event(ev: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
                             "--timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
-    check(workload)
+    workload = check(workload)  # with what its first batch holds: the space is fitted to it, the YAML records it
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
     logger = None
     if args.mlflow:  # reached now, not after hours of trials

@@ -97,8 +97,9 @@ class SearchSpace:
     # and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
     # buffers (hugepages was as fast with more memory, so it is left to the search; autotune/machine/malloc.py).
     # On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
-    # PyTorch's default). Length bucketing (text only) cut padding from ~65% to ~4% of the tokens. Measured like any
-    # trial. In order of preference per knob: the first one the trimmed space offers is taken.
+    # PyTorch's default). Length bucketing (where the workload gives lengths) cut padding from ~65% to ~4% of the
+    # tokens. Measured like any trial. In order of preference per knob: the first one the trimmed space offers is
+    # taken.
     LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
                       "cudnn_benchmark": (True,), "bucket_by_length": (True,)}
 
@@ -439,24 +440,33 @@ def _gpu_label(hardware, device: str) -> str:
 
 
 def fit_workload(space: SearchSpace, workload: Any) -> SearchSpace:
-    """``space`` for this workload. A text workload does not search channels_last (it has no 4-D image tensors)
-    and does search ``bucket_by_length`` (off in the baseline) unless the space says otherwise (lists or fixes
-    it); any other workload does not search ``bucket_by_length`` (only the text workload's sequences have lengths
-    to group). A knob taken out is fixed false, with a note; a space with nothing to change is returned as is."""
-    from autotune.workloads.text import is_text
+    """``space`` for this workload's data (``workload.data``, read from its first batch by ``workloads.probe``;
+    probed here when the workload was not checked): ``channels_last`` is searched only where a batch holds a 4-D
+    floating-point tensor, ``bucket_by_length`` only where the workload returns ``length`` (and no sampler of its
+    own), and then it is added, off in the baseline, unless the space lists or fixes it. The built-in text workload
+    takes the same path (it returns ``length``). A knob taken out is fixed false, with a note; a space with nothing
+    to change is returned as is."""
+    from autotune.workloads.build import profile
+    from autotune.workloads.probe import searches_bucketing, searches_channels_last
 
-    text = is_text(workload.model)
-    drop = "channels_last" if text else "bucket_by_length"
+    data = workload.data if workload.data is not None else profile(workload)
     params, fixed, baseline, notes = list(space.params), dict(space.fixed), dict(space.baseline), list(space.notes)
-    if any(p.name == drop for p in params) or fixed.get(drop) or baseline.get(drop):
-        params = [p for p in params if p.name != drop]
-        fixed[drop] = baseline[drop] = False
-        notes.append(f"{drop} dropped: " + (f"the text workload {workload.model} has no 4-D image tensors" if text
-                     else f"it groups text sequences by length; {workload.model} is not a text workload"))
-    if text and "bucket_by_length" not in fixed and all(p.name != "bucket_by_length" for p in params):
+    why_not = {"channels_last": None if searches_channels_last(data) else
+               f"the batches of {workload.model} hold no 4-D floating-point (image) tensor",
+               "bucket_by_length": None if searches_bucketing(data) else
+               f"{workload.model} " + ("brings its own sampler" if data.get("sampler") else
+                                       "returns no length (item -> int) to group its items by")}
+    for drop, why in why_not.items():
+        if why and (any(p.name == drop for p in params) or fixed.get(drop) or baseline.get(drop)):
+            params = [p for p in params if p.name != drop]
+            fixed[drop] = baseline[drop] = False
+            notes.append(f"{drop} dropped: {why}")
+    if (not why_not["bucket_by_length"] and "bucket_by_length" not in fixed
+            and all(p.name != "bucket_by_length" for p in params)):
         params.append(Param("bucket_by_length", "bool", (False, True)))
         baseline["bucket_by_length"] = False
-        notes.append("bucket_by_length added: batches of similar lengths pad less (autotune.workloads.text)")
+        notes.append(f"bucket_by_length added: {workload.model} returns length, and batches of similar lengths pad "
+                     "less (autotune.workloads.probe)")
     if params == space.params and fixed == space.fixed:
         return space
     return dataclasses.replace(space, params=params, fixed=fixed, baseline=baseline, notes=notes)
@@ -464,9 +474,10 @@ def fit_workload(space: SearchSpace, workload: Any) -> SearchSpace:
 
 def space_for(workload: Any, hardware: Any, *, space: SearchSpace | None = None) -> SearchSpace:
     """The space a study of ``workload`` searches: ``space`` (default: the shipped one for its device, trimmed
-    to ``hardware``), fitted to the workload's own knobs (``fit_workload``: no channels_last for text, no length
-    bucketing for images) and, with a global batch, to the batch sizes that divide it (and without CUDA graphs
-    on a GPU: ``workloads.global_batch.restrict_space``). The one chain every caller uses."""
+    to ``hardware``), fitted to the workload's data (``fit_workload``: channels_last only for 4-D image tensors,
+    length bucketing only for a workload that returns length) and, with a global batch, to the batch sizes that
+    divide it (and without CUDA graphs on a GPU: ``workloads.global_batch.restrict_space``). The one chain every
+    caller uses."""
     from autotune.workloads.global_batch import restrict_space
 
     base = space or load_space(hardware=hardware, device=workload.device)

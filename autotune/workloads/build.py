@@ -4,17 +4,20 @@
 * the built-in text workload (``transformer``, ``transformer_tiny``: ``autotune.workloads.text``), synthetic token
   sequences;
 * or a user's ``package.module:callable`` returning ``(model, dataset, loss_fn)`` or a dict with those keys and,
-  optionally, its own ``optimizer``, ``collate_fn``, ``sampler``, ``step`` and ``count``: the workload contract,
-  documented in one place, ``autotune.workloads.contract``. It is called with the keyword arguments it accepts among
-  ``image_size``, ``task``, ``num_classes``. This runs the user's code by design: only name callables you trust.
+  optionally, its own ``optimizer``, ``collate_fn``, ``sampler``, ``step``, ``count`` and ``length``: the workload
+  contract, documented in one place, ``autotune.workloads.contract``. It is called with the keyword arguments it
+  accepts among ``image_size``, ``task``, ``num_classes``. This runs the user's code by design: only name callables
+  you trust.
 
 Data is either a folder of real images (``torchvision.datasets.ImageFolder``) or synthetic JPEGs that go through
 a real PIL decode and the standard transforms, so data loading costs what it costs in real training.
 
-``check(workload)`` runs in the parent and is cheap: it catches user mistakes before a child is started. A
-``module:callable`` is imported, resolved and its signature checked in a short-lived child of its own
-(``autotune.workloads.check_child``), so the parent never runs the user's import and an import that hangs is ended
-after ``AUTOTUNE_IMPORT_TIMEOUT_S`` seconds (default 120) with a one-line ``WorkloadError``.
+``check(workload)`` runs in the parent: it catches user mistakes before a trial is started and returns the
+workload with ``data``, what its first batch holds (``autotune.workloads.probe``), which the search space is fitted
+to. A ``module:callable`` is imported, resolved, its signature checked, built and probed in a short-lived child of
+its own (``autotune.workloads.check_child``), so the parent never runs the user's code and an import or build that
+hangs is ended after ``AUTOTUNE_IMPORT_TIMEOUT_S`` seconds (default 120) with a one-line ``WorkloadError``. The
+built-in workloads' data is probed in this process (autotune's own code; a couple of synthetic images at most).
 ``build(workload)`` runs in the child.
 """
 
@@ -31,8 +34,8 @@ from typing import Any, Callable
 from autotune.config import Workload
 from autotune.errors import WorkloadError
 
-__all__ = ["check", "build", "Built", "SyntheticJPEGDataset", "list_models", "resolve", "check_signature",
-           "IMPORT_TIMEOUT_ENV", "IMPORT_TIMEOUT_S"]
+__all__ = ["check", "profile", "build", "Built", "SyntheticJPEGDataset", "list_models", "resolve", "check_signature",
+           "IMPORT_TIMEOUT_ENV", "IMPORT_TIMEOUT_S", "offered_to"]
 
 # How long the parent waits for the check child to import the user's module: importing torch on a loaded machine
 # takes seconds; one that takes minutes is stuck (a lock, a network mount, input()), and is reported, not waited on.
@@ -66,6 +69,14 @@ def _offered(params: Any, workload: Workload) -> dict[str, Any]:
     return {k: v for k, v in offered.items() if k in params}
 
 
+def offered_to(fn: Callable[..., Any], workload: Workload) -> tuple[str, ...]:
+    """The keyword arguments ``fn`` is called with (all offered when it cannot be introspected)."""
+    try:
+        return tuple(_offered(inspect.signature(fn).parameters, workload))
+    except (TypeError, ValueError):  # called with none then (_call_user)
+        return ()
+
+
 def check_signature(fn: Callable[..., Any], workload: Workload) -> None:
     """Refuse a callable that cannot be called as a workload: one that needs an argument autotune does not pass
     (``--model os:system`` needs ``command``) would fail every trial the same way."""
@@ -81,9 +92,10 @@ def check_signature(fn: Callable[..., Any], workload: Workload) -> None:
                             "(see autotune.workloads.contract)") from None
 
 
-def _check_in_child(workload: Workload) -> None:
-    """Import, resolve and check ``workload``'s callable in a child (``autotune.workloads.check_child``), bounded by
-    ``AUTOTUNE_IMPORT_TIMEOUT_S``; the child's whole process group goes when it is done or out of time."""
+def _check_in_child(workload: Workload) -> dict[str, Any]:
+    """Import, resolve, check, build and probe ``workload``'s callable in a child (``autotune.workloads.check_child``),
+    bounded by ``AUTOTUNE_IMPORT_TIMEOUT_S``; the child's whole process group goes when it is done or out of time.
+    Returns what its first batch holds (``probe.probe``)."""
     import json
     import signal
     import subprocess
@@ -106,9 +118,9 @@ def _check_in_child(workload: Workload) -> None:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise WorkloadError(
-                f"importing {mod_name!r} for --model {workload.model} did not finish in {timeout_s:g} s: the import "
-                f"hangs (a lock, a network mount, a prompt?); fix the module, or set {IMPORT_TIMEOUT_ENV}=SECONDS "
-                "if it is only slow") from None
+                f"importing {mod_name!r} for --model {workload.model} and building its first batch did not finish in "
+                f"{timeout_s:g} s: it hangs (a lock, a network mount, a prompt?); fix the module, or set "
+                f"{IMPORT_TIMEOUT_ENV}=SECONDS if it is only slow") from None
         finally:
             try:  # threads or processes the user's import started go with it
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -126,6 +138,7 @@ def _check_in_child(workload: Workload) -> None:
                             + (f": {last_err[:300]}" if last_err else "")) from None
     if "error" in answer:
         raise WorkloadError(answer["error"])
+    return answer["data"]
 
 
 def _import_timeout_s() -> float:
@@ -207,14 +220,16 @@ def _image_files(root: Path) -> tuple[list[str], int, list[str]]:
     return classes, n, empty
 
 
-def check(workload: Workload) -> None:
-    """Refuse a workload that cannot be built, with a one-line WorkloadError that names the fix."""
+def check(workload: Workload) -> Workload:
+    """Refuse a workload that cannot be built, with a one-line WorkloadError that names the fix; else return it
+    with ``data``, what its first batch holds (``probe.probe``)."""
     from autotune.workloads import text
 
     if workload.is_callable:
-        _check_in_child(workload)
+        data = _check_in_child(workload)
     elif text.is_text(workload.model):
-        return text.check(workload)
+        text.check(workload)
+        data = _probe_builtin(workload)
     else:
         names = list_models()
         if workload.model not in names:
@@ -239,6 +254,43 @@ def check(workload: Workload) -> None:
         if empty:
             raise WorkloadError(f"data dir {workload.data_dir!r}: class folder(s) {', '.join(empty[:5])} hold no "
                                 "images; remove them or add images (ImageFolder refuses empty classes)")
+    if not workload.is_callable and not text.is_text(workload.model):
+        data = _probe_builtin(workload)
+    _PROFILES[_profile_key(workload)] = data
+    return workload.replace(data=data)
+
+
+# what check() found, by workload: a Tuner made without a checked workload (tests, the Python API) is fitted
+# without a second check child
+_PROFILES: dict[str, dict[str, Any]] = {}
+
+
+def _profile_key(workload: Workload) -> str:
+    import json
+
+    return json.dumps([workload.replace(data=None).to_dict(), os.getcwd()], sort_keys=True, default=str)
+
+
+def profile(workload: Workload) -> dict[str, Any]:
+    """``workload.data``, else what ``check`` found for it in this process, else ``check(workload).data``."""
+    if workload.data is not None:
+        return workload.data
+    found = _PROFILES.get(_profile_key(workload))
+    return found if found is not None else check(workload).data  # type: ignore[return-value]
+
+
+def _probe_builtin(workload: Workload) -> dict[str, Any]:
+    """The first batch of a built-in workload, from its data alone (no model is built): the text workload's own
+    parts; two synthetic images through the same transform the trial uses (a folder's images go through it too)."""
+    from autotune.workloads import text
+    from autotune.workloads.probe import probe
+
+    if text.is_text(workload.model):
+        parts = text.data_parts(workload)
+        return probe(Built(None, parts.pop("dataset"), None, **parts))
+    dataset = SyntheticJPEGDataset(workload.image_size, 2, num_classes=workload.num_classes, pool_size=2,
+                                   transform=_transforms(workload.image_size, workload.task))
+    return probe(Built(None, dataset, None))
 
 
 def _transforms(image_size: int, task: str):
@@ -304,6 +356,7 @@ class Built:
     sampler: Any = None
     step: Callable[..., Any] | None = None
     count: Callable[[Any], Any] | None = None
+    length: Callable[[Any], Any] | None = None  # item -> its length (not a part of the step: see probe)
 
     @property
     def user_parts(self) -> tuple[str, ...]:
@@ -312,7 +365,7 @@ class Built:
         return user_parts(self)
 
 
-_KEYS = ("model", "dataset", "loss_fn", "loss", "optimizer", "collate_fn", "sampler", "step", "count")
+_KEYS = ("model", "dataset", "loss_fn", "loss", "optimizer", "collate_fn", "sampler", "step", "count", "length")
 
 
 def _parts(out: dict, name: str) -> dict[str, Any]:
@@ -324,7 +377,7 @@ def _parts(out: dict, name: str) -> dict[str, Any]:
         if key not in _KEYS and close:
             raise WorkloadError(f"{name} returned key {key!r}: did you mean {close[0]!r}? "
                                 "(see autotune.workloads.contract)")
-    parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count")}
+    parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count", "length")}
     for k, v in parts.items():
         if v is not None and not callable(v):
             raise WorkloadError(f"{name} returned a {k} of type {type(v).__name__}, not a callable "
@@ -380,9 +433,13 @@ def build(workload: Workload, *, seed: int = 0, config: Any = None) -> Built:
     of the config that could make it fail, so every trial would fail the same way, and the search stops at the
     first (a callable that raises, or calls ``sys.exit()``). The cause stays chained, for the traceback."""
     from autotune.machine.oom import is_oom
+    from autotune.workloads.probe import length_sampler
 
     try:
-        return _build(workload, seed=seed, config=config)
+        built = _build(workload, seed=seed, config=config)
+        if config is not None and config.bucket_by_length:  # any workload that gives length: one path
+            built.sampler = length_sampler(built, config.batch_size, seed=seed)
+        return built
     except WorkloadError:
         raise
     except (Exception, SystemExit) as exc:

@@ -1,9 +1,10 @@
 """The check child of a ``module:callable`` workload. Run as ``python -m autotune.workloads.check_child WORKLOAD_JSON``
 by ``workloads.check``.
 
-It imports the user's module, resolves the callable and checks that it can be called as a workload, in a process
-of its own: the parent then never runs the user's import, and can end one that hangs. It prints one JSON line on
-its stdout, ``{"ok": true}`` or ``{"error": "<one line>"}``; whatever the module prints goes to stderr.
+It imports the user's module, resolves the callable, checks that it can be called as a workload, calls it and reads
+its first batch (``workloads.probe``), in a process of its own: the parent then never runs the user's code, and can
+end one that hangs. It prints one JSON line on its stdout, ``{"ok": true, "data": {...}}`` (what the first batch
+holds) or ``{"error": "<one line>"}``; whatever the module prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)  # the module's prints must not be taken for the answer
     from autotune.config import Workload
     from autotune.errors import WorkloadError
-    from autotune.workloads.build import check_signature, resolve
+    from autotune.workloads.build import build, check_signature, offered_to, resolve
+    from autotune.workloads.probe import probe
 
     workload = Workload.from_dict(json.loads(argv[1]))
     try:
-        check_signature(resolve(workload.model), workload)
-        msg: dict = {"ok": True}
+        fn = resolve(workload.model)
+        check_signature(fn, workload)
+        msg: dict = {"ok": True, "data": probe(build(workload), takes=offered_to(fn, workload))}
     except WorkloadError as exc:
         msg = {"error": str(exc)}
     answer.write(json.dumps(msg) + "\n")

@@ -20,11 +20,23 @@ key             what                                                            
                                                                                  ``loss_fn(model(x), y)``; backward;
                                                                                  optimizer step
 ``count``       ``count(batch) -> samples`` or ``-> (samples, tokens)``          ``len(x)`` samples
+``length``      ``length(item) -> int >= 0``: one dataset item's length (tokens) no length: no bucketing searched
 ==============  ===============================================================  ===================================
 
 What it does not return, autotune supplies exactly as before: the figures then stand for autotune's own step.
 The recommendation and each trial's result record which parts were the user's (``user_parts``), so a reader
 knows what the figures stand for.
+
+**What the data decides.** Before a study is written, ``autotune.workloads.build.check`` calls the workload in a
+child process and collates its first few items into a batch (``autotune.workloads.probe``). The search space
+follows from what that batch holds, not from the model's name: ``channels_last`` is searched only when a batch
+holds a 4-D floating-point tensor (anywhere in a dict, tuple or nested structure); ``bucket_by_length`` only
+when the workload returns ``length`` (and no ``sampler`` of its own): the trial then batches items of similar
+length together (``LengthBuckets``, as Hugging Face's ``group_by_length``), with the lengths ``length`` gives.
+``length`` must return a non-negative int (a 0-d integer tensor or numpy integer is taken); anything else, or a
+``length`` with an ``IterableDataset``, is a one-line error before a study is written. The recommendation's YAML
+``workload`` section records what was seen (``data``: the first batch's tensors' shapes and dtypes, the
+lengths, the keyword arguments the function took) and leaves out the defaults it did not take.
 
 **Batches.** Any structure: a tensor, tuple, list, dict, or nested mixes of them. Before the step, autotune moves
 every tensor in it to the trial's device (``ctx.prepare``) and makes 4-D floating-point tensors channels_last
@@ -90,6 +102,7 @@ A complete workload, to copy (``examples/adamw_dict_batches.py`` is this, runnab
                               nn.Linear(16, 10))
         return {"model": model, "dataset": Pixels(image_size), "optimizer": adamw, "collate_fn": collate,
                 "step": train_step, "count": lambda batch: len(batch["label"])}
+        # a sequence workload would also return "length": lambda item: len(item["input_ids"])
 
     # autotune run --model mymodule:build --image-size 32     or, in Python:
     # rec = autotune.tune(build, image_size=32, budget="10m"); rec.user_parts -> ('optimizer', 'collate_fn', ...)

@@ -14,10 +14,12 @@ tokenised corpus costs. The workload brings its own parts:
   ``tokens != PAD`` (as a BERT's ``pad_token_id``), so the batch stays ``(tokens, labels)`` and autotune's own step
   runs it;
 * ``count``: ``(samples, real tokens)``, the non-pad tokens, so tokens/s counts text, not padding;
-* ``optimizer``: AdamW, as transformers are trained (its two moment buffers are part of the peak memory).
+* ``optimizer``: AdamW, as transformers are trained (its two moment buffers are part of the peak memory);
+* ``length``: an item's length in tokens, which any workload may return (``autotune.workloads.probe``).
 
-Channels-last means nothing here (no 4-D image tensors): ``search.space.fit_workload`` takes it out of the search space.
-The text workload's own knob is ``bucket_by_length`` (``--bucket-by-length``): a ``LengthBuckets`` sampler makes
+Its batches hold no 4-D image tensor, so ``search.space.fit_workload`` leaves channels_last out of the search space,
+as for any workload whose first batch has none. Because it returns ``length``, ``bucket_by_length``
+(``--bucket-by-length``) is searched for it, as for any workload that does: a ``LengthBuckets`` sampler makes
 batches of similar lengths, so 2-4% of a batch is padding instead of ~69% (``--seq-len 128``). On 2 EPYC cores,
 over 5 interleaved rounds at batch 64, it gave 3.15-4.01x (median 3.74x) the real tokens/s with the machine
 quiet (load ~1), 0.93-2.44x (median 1.53x) with it loaded (load 8-10); padding to a multiple of 64 gave
@@ -40,8 +42,8 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 
-__all__ = ["TEXT_MODELS", "PAD", "is_text", "check", "build", "pad_collate", "count_tokens", "attention_mask",
-           "TokenSequences", "LengthBuckets", "check_config", "sequence_lengths"]
+__all__ = ["TEXT_MODELS", "PAD", "is_text", "check", "build", "data_parts", "pad_collate", "count_tokens",
+           "attention_mask", "TokenSequences", "LengthBuckets", "sequence_lengths", "item_length"]
 
 PAD = 0
 MIN_LEN = 8
@@ -62,17 +64,6 @@ def check(workload: Any) -> None:
     if workload.data_dir is not None:
         raise WorkloadError(f"--data {workload.data_dir} is a folder of images; the text workload "
                             f"{workload.model} makes its own token sequences: drop --data")
-
-
-def check_config(workload: Any, config: Any) -> None:
-    """Refuse a knob that means nothing for this workload: ``--channels-last`` for text (no 4-D image tensors),
-    ``--bucket-by-length`` for anything else (only the text workload's sequences have lengths)."""
-    if is_text(workload.model) and config.channels_last:
-        raise WorkloadError(f"--channels-last applies to 4-D image tensors; the text workload {workload.model} "
-                            "has none: drop it")
-    if not is_text(workload.model) and config.bucket_by_length:
-        raise WorkloadError(f"--bucket-by-length groups the text workload's sequences by length; {workload.model} "
-                            "is not a text workload (--model transformer is): drop it")
 
 
 def sequence_lengths(n: int, max_len: int, *, seed: int = 0):
@@ -112,6 +103,11 @@ def pad_collate(items: list) -> tuple[Any, Any]:
     seqs = [s for s, _ in items]
     tokens = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=PAD)
     return tokens, torch.tensor([y for _, y in items], dtype=torch.long)
+
+
+def item_length(item: Any) -> int:
+    """An item's length in tokens (the workload's ``length``)."""
+    return len(item[0])
 
 
 def attention_mask(tokens: Any) -> Any:
@@ -190,20 +186,22 @@ class LengthBuckets:
             yield from (int(i) for i in batches[b])
 
 
+def data_parts(workload: Any, *, seed: int = 0) -> dict[str, Any]:
+    """The text workload's data: the token sequences, the padding collate, the token count and the length."""
+    check(workload)
+    vocab = TEXT_MODELS[workload.model][0]
+    data = TokenSequences(workload.dataset_size, workload.image_size, vocab=vocab, num_classes=workload.num_classes,
+                          seed=seed)
+    return {"dataset": data, "collate_fn": pad_collate, "count": count_tokens, "length": item_length}
+
+
 def build(workload: Any, *, seed: int = 0, config: Any = None) -> dict[str, Any]:
-    """The text workload's parts (``workloads.Built`` fields): model, token sequences, cross-entropy, AdamW, the
-    padding collate and the token count; with ``config.bucket_by_length``, the ``LengthBuckets`` sampler."""
+    """The text workload's parts (``workloads.Built`` fields): model, cross-entropy, AdamW and ``data_parts``.
+    ``config`` is not read: with ``bucket_by_length``, ``workloads.build`` adds the ``LengthBuckets`` sampler from
+    ``length``, as for any workload that returns one."""
     import torch
 
-    check(workload)
     vocab, d_model, layers, heads, ff = TEXT_MODELS[workload.model]
-    max_len = workload.image_size
-    model = _classifier_class()(vocab, d_model, layers, heads, ff, max_len, workload.num_classes)
-    data = TokenSequences(workload.dataset_size, max_len, vocab=vocab, num_classes=workload.num_classes, seed=seed)
-    parts = {"model": model, "dataset": data, "loss_fn": torch.nn.CrossEntropyLoss(), "optimizer": _adamw,
-             "collate_fn": pad_collate, "count": count_tokens}
-    if config is not None and config.bucket_by_length:
-        parts["sampler"] = LengthBuckets(data.lengths, config.batch_size, seed=seed)
-    return parts
-
-
+    parts = data_parts(workload, seed=seed)
+    model = _classifier_class()(vocab, d_model, layers, heads, ff, workload.image_size, workload.num_classes)
+    return {"model": model, "loss_fn": torch.nn.CrossEntropyLoss(), "optimizer": _adamw, **parts}

@@ -1,0 +1,165 @@
+"""What a workload's data is, read from its first batch: the knobs the search offers follow from it.
+
+``probe(built)`` collates the first few items of a built workload (through its ``collate_fn`` and ``sampler``
+when it has them, as the trial's DataLoader will) and returns a plain mapping, kept as ``Workload.data`` and in
+the recommendation's YAML::
+
+    {"items": 4,                                   # items in the probed batch
+     "batch": [{"path": "input_ids", "shape": [4, 57], "dtype": "int64"}, ...],   # its tensors, depth first
+     "image": False,                               # a 4-D floating tensor in it: channels_last can matter
+     "lengths": {"min": 12, "max": 57},            # what the workload's ``length`` gave those items, or None
+     "takes": ["image_size"],                      # the keyword arguments a module:callable took
+     "sampler": False}                             # the workload brings its own sampler
+
+The search space reads it (``search.space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
+floating-point tensor, ``bucket_by_length`` only where the workload gives ``length`` and no sampler of its own.
+The built-in workloads are probed the same way, in this process (their data is autotune's own and cheap to
+make); a ``module:callable`` in the check child (``workloads.check_child``), so the parent never runs user code.
+
+``length`` (a part of the workload contract) is a function of one dataset item returning its length, a
+non-negative int, as Hugging Face's ``group_by_length`` uses; anything else is a one-line ``WorkloadError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.errors import WorkloadError
+
+__all__ = ["PROBE_ITEMS", "probe", "describe_batch", "item_length", "lengths_of", "length_sampler", "check_knobs",
+           "searches_channels_last", "searches_bucketing"]
+
+PROBE_ITEMS = 4  # enough for a padding collate to show its variable lengths; cheap for any dataset
+_MAX_LEAVES = 32  # a batch with more tensors is summarised by its first ones: the YAML stays readable
+
+
+def _leaves(obj: Any, path: str, out: list[tuple[str, Any]]) -> None:
+    import torch
+
+    if len(out) >= _MAX_LEAVES:
+        return
+    if isinstance(obj, torch.Tensor):
+        out.append((path or "batch", obj))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _leaves(v, f"{path}.{k}" if path else str(k), out)
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            _leaves(v, f"{path}[{i}]", out)
+
+
+def describe_batch(batch: Any) -> list[dict[str, Any]]:
+    """The tensors of a batch of any structure, depth first: ``path`` (``[0]``, ``input_ids``, ``x.mask``),
+    ``shape`` and ``dtype``."""
+    found: list[tuple[str, Any]] = []
+    _leaves(batch, "", found)
+    return [{"path": p, "shape": [int(n) for n in t.shape], "dtype": str(t.dtype).removeprefix("torch.")}
+            for p, t in found]
+
+
+def _is_image(leaf: dict[str, Any]) -> bool:
+    return len(leaf["shape"]) == 4 and leaf["dtype"] in ("float32", "float16", "bfloat16", "float64")
+
+
+def item_length(length: Any, item: Any, where: str = "an item") -> int:
+    """``length(item)`` checked: a non-negative int (a 0-d integer tensor or numpy integer is taken as one)."""
+    try:
+        v = length(item)
+    except Exception as exc:
+        raise WorkloadError(f"the workload's length raised {type(exc).__name__} on {where}: {exc}") from None
+    if hasattr(v, "dtype") and getattr(v, "ndim", None) == 0 and "int" in str(v.dtype):
+        v = int(v.item())
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise WorkloadError(f"the workload's length returned {v!r} ({type(v).__name__}) for {where}; it must "
+                            "return the item's length as a non-negative int")
+    return v
+
+
+def _first_items(built: Any) -> list[Any]:
+    import itertools
+
+    import torch
+
+    if isinstance(built.dataset, torch.utils.data.IterableDataset):
+        return list(itertools.islice(iter(built.dataset), PROBE_ITEMS))
+    indices = (list(itertools.islice(iter(built.sampler), PROBE_ITEMS)) if built.sampler is not None
+               else range(min(PROBE_ITEMS, len(built.dataset))))
+    return [built.dataset[i] for i in indices]
+
+
+def probe(built: Any, *, takes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the first batch of ``built`` (a ``workloads.build.Built``) holds; a one-line ``WorkloadError`` when
+    it cannot be made or its ``length`` is not an int >= 0."""
+    import torch
+
+    items = _first_items(built)
+    if not items:
+        raise WorkloadError("the workload's dataset gave no item to make a batch of")
+    collate = built.collate_fn or torch.utils.data.default_collate
+    try:
+        batch = collate(items)
+    except Exception as exc:
+        what = "collate_fn" if built.collate_fn else "items (PyTorch's default collate)"
+        raise WorkloadError(f"the workload's {what} could not make a batch of its first {len(items)} items: "
+                            f"{type(exc).__name__}: {exc}") from None
+    leaves = describe_batch(batch)
+    lengths = None
+    if built.length is not None:
+        if isinstance(built.dataset, torch.utils.data.IterableDataset):
+            raise WorkloadError("the workload returned length with an IterableDataset; grouping by length needs a "
+                                "map-style dataset (__len__/__getitem__): drop length")
+        seen = [item_length(built.length, it, f"item {i}") for i, it in enumerate(items)]
+        lengths = {"min": min(seen), "max": max(seen)}
+    return {"items": len(items), "batch": leaves, "image": any(_is_image(leaf) for leaf in leaves),
+            "lengths": lengths, "takes": list(takes), "sampler": built.sampler is not None}
+
+
+def lengths_of(built: Any) -> Any:
+    """Every item's length (a numpy array), by the workload's ``length``, checked."""
+    import numpy as np
+
+    ds = built.dataset
+    return np.array([item_length(built.length, ds[i], f"item {i}") for i in range(len(ds))], dtype=np.int64)
+
+
+def length_sampler(built: Any, batch_size: int, *, seed: int = 0) -> Any:
+    """The ``LengthBuckets`` sampler (``workloads.text``) over ``built``'s lengths: what ``bucket_by_length``
+    gives any workload that returns ``length``."""
+    from autotune.workloads.text import LengthBuckets
+
+    if built.length is None:
+        raise WorkloadError("--bucket-by-length groups a workload's items by length, and this one returns no "
+                            "length; return length (item -> int) from the workload, or drop it")
+    if built.sampler is not None:
+        raise WorkloadError("--bucket-by-length orders the items by length, and the workload brings its own "
+                            "sampler; drop one of them")
+    return LengthBuckets(lengths_of(built), batch_size, seed=seed)
+
+
+def searches_channels_last(data: dict[str, Any]) -> bool:
+    """Whether channels_last can matter for this data: a 4-D floating tensor in its batches."""
+    return bool(data.get("image"))
+
+
+def searches_bucketing(data: dict[str, Any]) -> bool:
+    """Whether batches can be grouped by length: the workload gives ``length`` and no sampler of its own."""
+    return data.get("lengths") is not None and not data.get("sampler")
+
+
+def check_knobs(workload: Any, config: Any) -> None:
+    """Refuse a knob that means nothing for this workload's data (``workload.data``, set by ``build.check``):
+    ``--channels-last`` without a 4-D image tensor, ``--bucket-by-length`` without ``length``."""
+    data = workload.data
+    if data is None:
+        return
+    if config.channels_last and not searches_channels_last(data):
+        raise WorkloadError(f"--channels-last applies to 4-D image tensors; the batches of {workload.model} hold "
+                            f"none ({_shapes(data)}): drop it")
+    if config.bucket_by_length and not searches_bucketing(data):
+        why = "brings its own sampler" if data.get("sampler") else "returns no length (item -> int)"
+        raise WorkloadError(f"--bucket-by-length groups a workload's items by length; {workload.model} {why}: "
+                            "drop it")
+
+
+def _shapes(data: dict[str, Any]) -> str:
+    return ", ".join(f"{leaf['path']} {leaf['dtype']}{leaf['shape']}" for leaf in data.get("batch", ())[:4])
