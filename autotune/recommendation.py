@@ -332,16 +332,27 @@ class Recommendation:
 
         return settings(self)
 
-    def training_arguments(self, *, strict: bool = True) -> dict[str, Any]:
-        """The Hugging Face ``TrainingArguments`` fields this maps to; ``strict``: refuse (one line, with the
-        fixes) a knob that has no field there, unless this process already runs with it; ``strict=False``
-        warns instead. Needs ``pip install "autotune[hf]"``.
+    def training_arguments(self, *, strict: bool = True, callback: bool = True) -> dict[str, Any]:
+        """The Hugging Face ``TrainingArguments`` fields this maps to. ``callback`` (the default): you pass
+        ``callbacks=[rec.hf_callback()]`` to ``Trainer``, which sets threads, channels_last, cudnn.benchmark and
+        the allocator; ``callback=False``: those are yours to set. ``strict``: refuse (one line, with the fixes) a
+        knob that neither sets, unless this process already runs with it; ``strict=False`` warns instead. Needs
+        ``pip install "autotune[hf]"`` (``autotune.integrations.hf``).
 
         >>> args = TrainingArguments(output_dir="out", **rec.training_arguments())   # doctest: +SKIP
+        >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[rec.hf_callback()])  # doctest: +SKIP
         """
         from autotune.integrations.hf import training_arguments
 
-        return training_arguments(self, strict=strict)
+        return training_arguments(self, strict=strict, callback=callback)
+
+    def hf_callback(self):
+        """A ``transformers.TrainerCallback`` that applies what ``TrainingArguments`` has no field for (threads,
+        channels_last, cudnn.benchmark, the allocator: ``apply()``) in ``on_train_begin`` and restores it in
+        ``on_train_end`` (``restore()`` by hand when training raises). Needs ``pip install "autotune[hf]"``."""
+        from autotune.integrations.hf import trainer_callback
+
+        return trainer_callback(self)
 
     def summary(self) -> str:
         lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",

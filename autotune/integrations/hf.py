@@ -1,22 +1,36 @@
-"""Hugging Face: the ``TrainingArguments`` fields a recommendation maps to, and what has no field there.
+"""Hugging Face: the ``TrainingArguments`` fields a recommendation maps to, and ``AutotuneTrainerCallback`` for
+what has no field there, so the two carry the whole recommendation (as Lightning's ``AutotuneCallback`` does).
 
-Needs ``transformers``: ``pip install "autotune[hf]"``. Reached through ``Recommendation.training_arguments()``,
-which imports this module only when called.
+Needs ``transformers``: ``pip install "autotune[hf]"``. Reached through ``Recommendation.training_arguments()``
+and ``Recommendation.hf_callback()``, which import this module only when called.
 
 >>> args = TrainingArguments(output_dir="out", **rec.training_arguments())      # doctest: +SKIP
+>>> trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[rec.hf_callback()])  # doctest: +SKIP
 
 Mapped: the batch size (``per_device_train_batch_size``; ``gradient_accumulation_steps``: the recommendation's
 ``accumulation_steps``, global batch / batch size when tuned with a global batch, else 1), the DataLoader
 knobs (``dataloader_*``), autocast (``bf16``/``fp16``), torch.compile (``torch_compile``, ``torch_compile_mode``)
 and the CPU device (``use_cpu``). Not mapped, because ``TrainingArguments`` has no field for them: thread
-counts, channels_last, cudnn.benchmark and the malloc mode. Each is left out only when this process already
-runs with it (e.g. ``OMP_NUM_THREADS`` exported to the recommended count); otherwise ``strict=True`` (the
-default) refuses with one line naming each and its fix, and ``strict=False`` returns the fields and warns
-with the same fixes (``notes(rec)`` returns them as a list).
+counts, channels_last, cudnn.benchmark and the malloc mode.
+
+The callback applies those (``Recommendation.apply()``, the machinery Lightning's callback uses, and channels_last
+on the model's weights) in ``on_train_begin`` and restores them in ``on_train_end``: intra-/inter-op threads,
+cudnn.benchmark on a GPU, channels_last, and the malloc mode as far as a running process can take it (``retain``,
+through glibc's ``mallopt``). So ``training_arguments()`` (``callback=True``, the default: you pass
+``callbacks=[rec.hf_callback()]``) refuses only what neither can give: an allocator read at start-up (a preloaded
+jemalloc/tcmalloc, the huge-page half of ``hugepages``), unless the process already runs with it. With
+``callback=False`` every knob without a field is refused unless this process already runs with it (e.g.
+``OMP_NUM_THREADS`` exported to the recommended count). ``strict=True`` (the default) refuses with one line naming
+each and its fix; ``strict=False`` returns the fields and warns with the same fixes (``notes(rec)`` lists them).
+
+``Trainer`` calls no callback when training raises: call ``callback.restore()`` then (it is idempotent), e.g. in
+a ``finally``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import warnings
 from typing import Any
@@ -25,7 +39,7 @@ from autotune.machine.malloc import env_for
 from autotune.errors import ConfigError
 from autotune.integrations import require
 
-__all__ = ["training_arguments", "notes", "FIELDS"]
+__all__ = ["training_arguments", "notes", "FIELDS", "trainer_callback"]
 
 # every TrainingArguments field this module may set
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers",
@@ -51,12 +65,21 @@ def _fields(rec) -> dict[str, Any]:
     return out
 
 
-def notes(rec) -> list[str]:
-    """What the recommendation sets that ``TrainingArguments`` cannot, and this process does not have yet,
-    each with how to set it. Empty when everything maps."""
+def notes(rec, *, callback: bool = False) -> list[str]:
+    """What the recommendation sets that ``TrainingArguments`` cannot (nor, with ``callback``, the callback), and
+    this process does not have yet, each with how to set it. Empty when everything maps."""
     import torch
 
     c, out = rec.config, []
+    malloc_env = env_for(c.malloc)
+    if callback:  # glibc's MALLOC_*_ settings the callback gives through mallopt; the rest is read at start-up
+        malloc_env = {k: v for k, v in malloc_env.items() if not (k.startswith("MALLOC_") and k.endswith("_"))}
+    malloc = []
+    if any(os.environ.get(k) != v for k, v in malloc_env.items()):
+        env = " ".join(f"{k}={v}" for k, v in malloc_env.items())
+        malloc.append(f"malloc={c.malloc}: export {env} before launching the training process")
+    if callback:
+        return malloc
     if c.intra_op_threads and torch.get_num_threads() != c.intra_op_threads:
         out.append(f"threads={c.intra_op_threads}: export OMP_NUM_THREADS={c.intra_op_threads} "
                    f"MKL_NUM_THREADS={c.intra_op_threads} before launching, or call "
@@ -68,18 +91,16 @@ def notes(rec) -> list[str]:
         out.append("channels_last: call model.to(memory_format=torch.channels_last) before Trainer(model=...)")
     if c.cudnn_benchmark and rec.workload.device != "cpu" and not torch.backends.cudnn.benchmark:
         out.append("cudnn_benchmark: set torch.backends.cudnn.benchmark = True before Trainer.train()")
-    malloc_env = env_for(c.malloc)
-    if any(os.environ.get(k) != v for k, v in malloc_env.items()):
-        env = " ".join(f"{k}={v}" for k, v in malloc_env.items())
-        out.append(f"malloc={c.malloc}: export {env} before launching the training process")
-    return out
+    return out + malloc
 
 
-def training_arguments(rec, *, strict: bool = True) -> dict[str, Any]:
+def training_arguments(rec, *, strict: bool = True, callback: bool = True) -> dict[str, Any]:
     """``TrainingArguments(output_dir=..., **training_arguments(rec))``: the fields the recommendation maps to.
 
-    ``strict``: refuse (``ConfigError``, one line) when a knob has no field and this process does not run with
-    it already; with ``strict=False`` the fields are returned and each such knob is warned about with its fix.
+    ``callback``: you pass ``callbacks=[rec.hf_callback()]`` to ``Trainer``, which applies threads, channels_last,
+    cudnn.benchmark and the in-process allocator settings; ``False``: those are yours to set too. ``strict``:
+    refuse (``ConfigError``, one line) when a knob is set by neither and this process does not run with it
+    already; with ``strict=False`` the fields are returned and each such knob is warned about with its fix.
     """
     transformers = require("transformers", "hf", what="transformers")
     fields = _fields(rec)
@@ -88,10 +109,55 @@ def training_arguments(rec, *, strict: bool = True) -> dict[str, Any]:
     if absent:  # a renamed field (e.g. no_cuda became use_cpu in 4.34): say so rather than fail in the call
         raise ConfigError(f"transformers {transformers.__version__} has no TrainingArguments field "
                           f"{', '.join(absent)}; upgrade it: pip install -U \"autotune[hf]\"")
-    todo = notes(rec)
+    todo = notes(rec, callback=callback)
     if todo and strict:
         raise ConfigError("TrainingArguments has no field for " + "; ".join(todo)
+                          + (" (the callback cannot set it in a running process)" if callback else
+                             " (or pass callbacks=[rec.hf_callback()] to Trainer and drop callback=False)")
                           + " (or pass strict=False to get the other fields)")
     for note in todo:
         warnings.warn(f"not in TrainingArguments: {note}", UserWarning, stacklevel=3)
     return fields
+
+
+@functools.cache
+def _callback_class():
+    transformers = require("transformers", "hf", what="transformers")
+
+    class AutotuneTrainerCallback(transformers.TrainerCallback):
+        """Applies a recommendation's process-wide settings when ``Trainer.train()`` begins and restores them when
+        it ends: ``Recommendation.apply()`` (intra-/inter-op threads, cudnn.benchmark on a GPU, the malloc mode as
+        far as a running process takes it) and channels_last on the model's weights (inputs follow the weights'
+        layout in convolutions). ``restore()`` undoes it by hand: ``Trainer`` calls no callback when training raises.
+        """
+
+        def __init__(self, rec) -> None:
+            self.rec = rec
+            self._undo: contextlib.ExitStack | None = None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            import torch
+
+            self.restore()  # a second train() on the same Trainer: apply afresh
+            undo = contextlib.ExitStack()
+            undo.enter_context(self.rec.apply())
+            if self.rec.config.channels_last and model is not None:
+                model.to(memory_format=torch.channels_last)
+                undo.callback(model.to, memory_format=torch.contiguous_format)
+            self._undo = undo
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.restore()
+
+        def restore(self) -> None:
+            if self._undo is not None:
+                undo, self._undo = self._undo, None
+                undo.close()
+
+    return AutotuneTrainerCallback
+
+
+def trainer_callback(rec):
+    """``Trainer(..., callbacks=[trainer_callback(rec)])``: an ``AutotuneTrainerCallback``
+    (``Recommendation.hf_callback()``)."""
+    return _callback_class()(rec)
