@@ -23,6 +23,7 @@ import warnings
 
 from autotune.search import trials as keys
 from autotune.config import TrialConfig, TrialResult
+from autotune.search.optuna_compat import storage_of, trial_id
 from autotune.search.storage import server_lock
 from autotune.search.trials import OWN_ATTRS, MemoryLimit, known, outcome
 
@@ -56,10 +57,10 @@ def begin(trial, config: TrialConfig, *, fingerprint: str) -> None:
     died takes over its history; the claim it copied with the dead trial's attributes is not its own."""
     trial.set_user_attr(keys.CONFIG, config.to_dict())
     trial.set_user_attr(keys.FINGERPRINT, fingerprint)
-    history = trial.storage.get_trial_system_attrs(trial._trial_id).get(keys.RETRY_HISTORY)
+    history = trial.storage.get_trial_system_attrs(trial_id(trial)).get(keys.RETRY_HISTORY)
     if history:
         trial.set_user_attr(keys.RETRY_OF, history[-1])
-        trial.storage.set_trial_system_attr(trial._trial_id, keys.MEASURING, False)
+        trial.storage.set_trial_system_attr(trial_id(trial), keys.MEASURING, False)
 
 
 def claim(trial, config: TrialConfig, *, storage, study_name: str):
@@ -76,7 +77,7 @@ def claim(trial, config: TrialConfig, *, storage, study_name: str):
             if (t.number != trial.number and t.system_attrs.get(keys.MEASURING) and other
                     and TrialConfig.from_dict(other).key() == key):
                 return t
-        trial.storage.set_trial_system_attr(trial._trial_id, keys.MEASURING, True)
+        trial.storage.set_trial_system_attr(trial_id(trial), keys.MEASURING, True)
     return None
 
 
@@ -87,7 +88,7 @@ def wait_for(study, twin_id: int, *, poll_s: float = 1.0):
     import optuna
     from optuna.trial import TrialState
 
-    while (state := study._storage.get_trial(twin_id).state) == TrialState.RUNNING:
+    while (state := storage_of(study).get_trial(twin_id).state) == TrialState.RUNNING:
         time.sleep(poll_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeats are experimental

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from autotune.search import trials as keys
 from autotune.search.batch_walk import evidence, next_steps
 from autotune.search.coordinate import Plan, plan
+from autotune.search.optuna_compat import storage_of, trial_id
 from autotune.search.storage import server_lock
 from autotune.config import TrialConfig
 from autotune.search.trials import ROLES, MemoryLimit, baseline_trial_any, neighbours
@@ -91,9 +92,10 @@ def recover(study, space, *, single_run: bool) -> int:
         interrupted = t.state == TrialState.FAIL and t.user_attrs.get(keys.STATUS) in (
             (None, "interrupted") if single_run else ("interrupted",))
         if stale:
-            study._storage.set_trial_user_attr(t._trial_id, keys.STATUS, "interrupted")
-            study._storage.set_trial_user_attr(t._trial_id, keys.REASON, "the tuner was killed during this trial")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            storage, tid = storage_of(study), trial_id(t)
+            storage.set_trial_user_attr(tid, keys.STATUS, "interrupted")
+            storage.set_trial_user_attr(tid, keys.REASON, "the tuner was killed during this trial")
+            storage.set_trial_state_values(tid, TrialState.FAIL)
         if (stale or interrupted) and t.number not in retried and t.params:
             attrs = {keys.RETRY_OF: t.number}
             for role in ROLES + (keys.REQUEUE_OF,):  # a retried walk step walks on; a retried re-run re-runs

@@ -14,6 +14,7 @@ from autotune.search import trials as keys
 from autotune.machine.safefs import private_dir
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, WorkloadError
+from autotune.search.optuna_compat import trial_id
 from autotune.search.storage import machine_lock, sqlite_path
 from autotune.search.trials import baseline_value
 from autotune.search.backends.base import SearchBackend
@@ -145,7 +146,7 @@ class _Objective:
             trial.set_user_attr(keys.WAITED_FOR, twin.number)
             tuner.log(f"trial {trial.number}: trial {twin.number} (another worker) is measuring the same config; "
                       "waiting to reuse its result")
-            if protocol.wait_for(trial.study, twin._trial_id).name in ("COMPLETE", "PRUNED"):
+            if protocol.wait_for(trial.study, trial_id(twin)).name in ("COMPLETE", "PRUNED"):
                 return  # ``answer_from_study`` finds it among the finished trials
 
 

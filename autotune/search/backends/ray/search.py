@@ -20,6 +20,8 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.measure import median_or_none
 from autotune.search.backends.ray.actor import METRIC
 from autotune.search.backends.ray.cluster import PLAN_KEY
+from autotune.search.optuna_compat import heartbeat, heartbeat_enabled, storage_of
+from autotune.search.optuna_compat import trial_id as storage_trial_id
 
 __all__ = ["make_search", "make_scheduler"]
 
@@ -73,7 +75,6 @@ class _SearchMixin:
     # --- asking ---------------------------------------------------------------------------------
     def suggest(self, trial_id: str):
         import optuna
-        from optuna.storages._heartbeat import is_heartbeat_enabled
 
         self._resolve_deferred()
         if self.abort is not None or self.tuner.out_of_time(self.walls, self.deadline, self.budget_s):
@@ -83,21 +84,21 @@ class _SearchMixin:
         if why is not None:  # the eager search settled and compile was tried last (``phases``)
             self.tuner.stop_reason = why
             return self.FINISHED
-        storage = self._ot_study._storage
+        storage = storage_of(self._ot_study)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeats outside Study.optimize, experimental APIs
-            if is_heartbeat_enabled(storage):
+            if heartbeat_enabled(storage):
                 optuna.storages.fail_stale_trials(self._ot_study)
             params = super().suggest(trial_id)
             trial = self._ot_trials[trial_id]
-            self._heartbeats[trial_id] = _heartbeat(trial._trial_id, storage)
+            self._heartbeats[trial_id] = heartbeat(trial, storage)
         config = self._configs[trial_id] = TrialConfig.from_dict(params["config"])
         # the node's fingerprint replaces this one once the trial ran there
         protocol.begin(trial, config, fingerprint=self.tuner.hardware.fingerprint)
         plan = {"config": config.to_dict(), "number": trial.number, "shortcut": False}
         twin = protocol.claim(trial, config, storage=self.tuner.storage, study_name=self.tuner.study_name)
         if twin is not None:
-            self._deferred.append((trial_id, trial, twin._trial_id))
+            self._deferred.append((trial_id, trial, storage_trial_id(twin)))
             self._handled.add(trial_id)
             return {PLAN_KEY: {**plan, "shortcut": True}}
         if self._finish_known(trial_id, trial, config):
@@ -115,7 +116,7 @@ class _SearchMixin:
         if state == optuna.trial.TrialState.COMPLETE and value is None:
             return False
         self._tell(trial_id, trial, value, state)
-        attrs = self._ot_study._storage.get_trial(trial._trial_id).user_attrs
+        attrs = storage_of(self._ot_study).get_trial(storage_trial_id(trial)).user_attrs
         self.tuner.log(f"trial {trial.number} {attrs.get(keys.STATUS, state.name.lower()):<8} {config.short():<40} "
                        + (f"same as trial {attrs[keys.DUPLICATE_OF]}" if keys.DUPLICATE_OF in attrs
                           else attrs.get(keys.REASON, "")))
@@ -125,7 +126,7 @@ class _SearchMixin:
         import optuna
         from optuna.trial import TrialState
 
-        storage = self._ot_study._storage
+        storage = storage_of(self._ot_study)
         while self._deferred:
             still = []
             for trial_id, trial, twin in self._deferred:
@@ -151,7 +152,7 @@ class _SearchMixin:
             return False
         trial.report(float(result[METRIC]), int(result["window"]))
         self._windows.setdefault(trial_id, []).append(result)
-        frozen = self._ot_study._storage.get_trial(trial._trial_id)
+        frozen = storage_of(self._ot_study).get_trial(storage_trial_id(trial))
         if self.tuner.pruner.prune(self._ot_study, frozen):
             self._pruned[trial_id] = (f"stopped after {len(self._windows[trial_id])} window(s): "
                                       "cannot beat the best so far")
@@ -228,15 +229,6 @@ class _SearchMixin:
                 self._fail(trial_id, self._ot_trials[trial_id], "interrupted",
                            "the Ray run ended before this trial finished")
 
-
-
-def _heartbeat(trial_id: int, storage):
-    """Keep a trial's heartbeat from the driver while Ray runs it (a no-op without heartbeats)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    hb = get_heartbeat_thread(trial_id, storage)
-    hb.__enter__()
-    return hb
 
 
 def make_scheduler(search):
