@@ -11,6 +11,7 @@ from autotune.cli.args import (add_measure_args, add_study_args, add_study_selec
                                measure_from_args, select_study, workload_from_args)
 from autotune._redact import redact
 from autotune.errors import AutotuneError
+from autotune.search import trials as keys
 
 RUN_EPILOG = """\
 examples:
@@ -195,7 +196,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         view = view.head(args.limit)
     print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "
           + (f"{base:.1f} samples/s in the search (speedups below are against it)" if base else "not measured"))
-    rec = study.user_attrs.get("recommendation")
+    rec = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     if rec:
         m = rec["measured"]
         print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from autotune.errors import AutotuneError
 from autotune.integrations import require
+from autotune.search import trials as keys
 
 __all__ = ["MLflowLogger", "STUDY_TAG", "TRIAL_TAG", "EXPERIMENT"]
 
@@ -121,10 +122,10 @@ class MLflowLogger:
             self.client.update_run(run_id, status="RUNNING")
         else:
             ua = study.user_attrs
-            tags = {STUDY_TAG: name, "autotune.hardware": str(ua.get("hardware") or ""),
-                    "autotune.fingerprint": str(ua.get("fingerprint") or "")}
+            tags = {STUDY_TAG: name, "autotune.hardware": str(ua.get(keys.STUDY_HARDWARE) or ""),
+                    "autotune.fingerprint": str(ua.get(keys.STUDY_FINGERPRINT) or "")}
             run_id = self.client.create_run(exp, run_name=name, tags=tags).info.run_id
-            workload = ua.get("workload") or {}
+            workload = ua.get(keys.STUDY_WORKLOAD) or {}
             if workload:
                 self.client.log_batch(run_id, params=_params({f"workload.{k}": v for k, v in workload.items()}))
         self._parents[name] = run_id
@@ -154,7 +155,7 @@ class MLflowLogger:
 
         ua = trial.user_attrs
         parent = self._parents[study.study_name]
-        status = ua.get("status") or trial.state.name.lower()
+        status = ua.get(keys.STATUS) or trial.state.name.lower()
         tags = {_PARENT_TAG: parent, TRIAL_TAG: str(trial.number),
                 "status": str(status), "state": trial.state.name}
         for key, tag in (("bottleneck", "diagnosis"), ("reason", "reason"), ("duplicate_of", "duplicate_of"),
@@ -166,7 +167,7 @@ class MLflowLogger:
                 tags["role"] = role
         run = self.client.create_run(self._experiment(), run_name=f"trial {trial.number}", tags=tags,
                                      start_time=_ms(trial.datetime_start))
-        config = ua.get("config") or ua.get("queued_config") or {}
+        config = ua.get(keys.CONFIG) or ua.get(keys.QUEUED_CONFIG) or {}
         stamp = _ms(trial.datetime_complete) or 0
         metrics = [Metric(k, float(ua[k]), stamp, 0) for k in _METRICS if _number(ua.get(k))]
         if trial.value is not None:

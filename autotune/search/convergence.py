@@ -58,7 +58,7 @@ def patience(run_s: float, gain: float, trial_s: float | None) -> int:
 
 def noise_of(trials) -> float:
     """The noise a gain must clear: the median relative IQR of the trials' windows, at least ``NOISY_REL_IQR``."""
-    spreads = [t.user_attrs["rel_iqr"] for t in trials if isinstance(t.user_attrs.get("rel_iqr"), (int, float))]
+    spreads = [t.user_attrs[keys.REL_IQR] for t in trials if isinstance(t.user_attrs.get(keys.REL_IQR), (int, float))]
     return max(NOISY_REL_IQR, median_or_none(spreads) or 0.0)
 
 

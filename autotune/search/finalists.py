@@ -152,10 +152,10 @@ def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) 
     finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
     windows)."""
     done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
-    if len(done) < 2 or not all(t.user_attrs.get("samples_per_s") for _, t in done):
+    if len(done) < 2 or not all(t.user_attrs.get(keys.SAMPLES) for _, t in done):
         return False
     for c, t in done:
-        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs["samples_per_s"]])
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs[keys.SAMPLES]])
     ev.pooled = True
     return True
 
@@ -298,8 +298,8 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
     """The baseline's median from its finalist rounds (even if it is out), else from its search trial."""
     base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
     base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None
-    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
-        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get(keys.SAMPLES):
+        base_xs = base_trial.user_attrs[keys.SAMPLES]  # its search trial stands in
         why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
                else "not re-measured: the time budget was short")
         notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
@@ -416,11 +416,11 @@ def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[flo
     if config.compile_mode == "none":
         return None, None
     graph = (config.compile_mode, config.batch_size, config.amp, config.channels_last)
-    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get("compile_s")]
+    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get(keys.COMPILE_S)]
     for t in tuner.study().get_trials(deepcopy=False):
         c = t.user_attrs.get(keys.CONFIG)
         if c and (c.get("compile_mode"), c.get("batch_size"), c.get("amp"), c.get("channels_last")) == graph:
-            seen.append(t.user_attrs.get("compile_s"))
+            seen.append(t.user_attrs.get(keys.COMPILE_S))
     seen = [x for x in seen if isinstance(x, (int, float))]
     if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
         return 0.0, None
@@ -440,7 +440,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
                             "`autotune run` longer, or see `autotune show` for why trials failed")
     best = max(feasible.values(), key=lambda t: t.value or 0)
     ua = best.user_attrs
-    xs = ua.get("samples_per_s") or [best.value]
+    xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
     base = baseline_value(study)
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
@@ -451,7 +451,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
     return Recommendation(
         config=config, workload=workload, median_samples_per_s=round(s.median, 3),
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
-        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
+        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get(keys.PEAK),
         memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
         peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None, noisy=s.noisy,

@@ -154,8 +154,8 @@ def requeue_far_pruned(study, space, *, storage, log: Callable[[str], None]) -> 
                     or not t.params or t.number in done or ua.get(keys.REQUEUE_OF) is not None
                     or ua.get(keys.DUPLICATE_OF) is not None):
                 continue
-            ran = ua.get("median_samples_per_s") or statistics.median(t.intermediate_values.values() or [0.0])
-            near = [n.user_attrs.get("median_samples_per_s") for _, n in
+            ran = ua.get(keys.MEDIAN) or statistics.median(t.intermediate_values.values() or [0.0])
+            near = [n.user_attrs.get(keys.MEDIAN) for _, n in
                     neighbours(trials, TrialConfig.from_dict(ua[keys.CONFIG]))
                     if n.user_attrs.get(keys.STATUS) == "ok" and n.user_attrs.get(keys.DUPLICATE_OF) is None]
             near = [v for v in near if v]

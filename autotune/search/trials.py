@@ -1,8 +1,8 @@
 """What a stored study says: the attribute keys trials carry, the one outcome mapping, read-only queries.
 
 The tuner's modules read and write the attributes that carry the protocol through the key constants below
-(as Optuna names ``_CONSTRAINTS_KEY``), so such a key is spelled once; report.py and diagnose.py still read
-a few by their literal names. User attributes are flat so optuna-dashboard shows them as
+(as Optuna names ``_CONSTRAINTS_KEY``), so such a key is spelled once, here; the views and the CLI read them
+through these constants too. User attributes are flat so optuna-dashboard shows them as
 columns; the figures a measured trial stores are ``TrialResult.figures()``'s keys.
 
 ``outcome`` decides what a ``TrialResult`` means to Optuna, once: ok -> COMPLETE with the memory constraint;
@@ -54,6 +54,15 @@ WAITED_FOR = "waited_for"        # the number of the trial (another worker's) th
 BOTTLENECK = "bottleneck"
 TRACEBACK = "traceback"
 NODE = "node"                    # the Ray node that ran it
+# figures of a measured trial (``TrialResult.figures()``'s keys) that the search and the views read back
+SAMPLES = "samples_per_s"        # each measured window's rate
+MEDIAN = "median_samples_per_s"
+REL_IQR = "rel_iqr"              # the windows' spread, relative to their median
+TOKENS = "tokens_per_s"          # each window's tokens/s, where the workload counts tokens
+COMPILE_S = "compile_s"          # seconds torch.compile took in the trial (dynamo's clock)
+DATA_WAIT_SHARE = "data_wait_share"
+DATA_WAIT_S = "data_wait_s_per_step"
+COMPUTE_S = "compute_s_per_step"
 
 # --- system attributes (not shown by the dashboard) ----------------------------------------------------
 MEASURING = "autotune_measuring"  # this trial claimed its config and is measuring it
@@ -333,12 +342,12 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "state": t.state.name,
             "status": (f"copy of #{ua[DUPLICATE_OF]}" if ua.get(DUPLICATE_OF) is not None
                        else ua.get(STATUS, _UNFINISHED.get(t.state.name, "-"))),
-            "samples_per_s": ua.get("median_samples_per_s"),
+            "samples_per_s": ua.get(MEDIAN),
             # when the workload counts tokens (text): the median of the windows' tokens/s
-            "tokens_per_s": statistics.median(ua["tokens_per_s"]) if ua.get("tokens_per_s") else None,
-            "rel_iqr": ua.get("rel_iqr"),
-            "peak_host_mb": ua.get("peak_host_mb"),
-            "data_wait_share": ua.get("data_wait_share"),
+            "tokens_per_s": statistics.median(ua[TOKENS]) if ua.get(TOKENS) else None,
+            "rel_iqr": ua.get(REL_IQR),
+            "peak_host_mb": ua.get(PEAK),
+            "data_wait_share": ua.get(DATA_WAIT_SHARE),
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "role": role(ua, study.user_attrs.get(STUDY_FINGERPRINT)),

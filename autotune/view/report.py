@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune._redact import redact
 from autotune.config import finite_or_none
+from autotune.search import trials as keys
 from autotune.search.diagnose import diagnose, explain_study, levers_allowed, measured_values
 from autotune.errors import AutotuneError
 
@@ -180,13 +181,13 @@ def _breakdown(bars: list[tuple[str, dict]]):
 
     title = PLOTS["plot-breakdown"]
     bars = [(name, ua) for name, ua in bars
-            if finite_or_none(ua.get("data_wait_s_per_step")) is not None
-            and finite_or_none(ua.get("compute_s_per_step")) is not None]
+            if finite_or_none(ua.get(keys.DATA_WAIT_S)) is not None
+            and finite_or_none(ua.get(keys.COMPUTE_S)) is not None]
     if not bars:
         return _empty(title, "no measured step times for the baseline or the recommendation")
     names = [name for name, _ in bars]
-    wait = [1000 * finite_or_none(ua["data_wait_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
-    comp = [1000 * finite_or_none(ua["compute_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
+    wait = [1000 * finite_or_none(ua[keys.DATA_WAIT_S]) for _, ua in bars]  # type: ignore[operator]
+    comp = [1000 * finite_or_none(ua[keys.COMPUTE_S]) for _, ua in bars]  # type: ignore[operator]
     fig = go.Figure([
         go.Bar(y=names, x=wait, name="waiting for data", orientation="h", marker_color="#ff7f0e",
                text=[f"{w:.1f} ms ({100 * w / (w + c):.0f}%)" if w + c else "" for w, c in zip(wait, comp)]),
@@ -239,7 +240,7 @@ def _rows(study) -> list[dict]:
 def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -> str:
     by_n = {t.number: t for t in study.get_trials(deepcopy=False)}
     top = [r for r in rows if r["status"] == "ok" and r["feasible"] is not False and r["samples_per_s"]
-           and by_n[r["trial"]].user_attrs.get("duplicate_of") is None]
+           and by_n[r["trial"]].user_attrs.get(keys.DUPLICATE_OF) is None]
     top.sort(key=lambda r: -r["samples_per_s"])
     if not top:
         return "<p class='muted'>No measured feasible trial yet.</p>"
@@ -250,7 +251,7 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
     for i, r in enumerate(top[:TOP_CONFIGS], 1):
         t = by_n[r["trial"]]
         d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(by_n.values()),
-                     allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
+                     allowed=levers_allowed(study, t.user_attrs.get(keys.CONFIG) or {}, t.value, measured))
         iqr, wait, peak = (finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]),
                            finite_or_none(r["peak_host_mb"]))
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
@@ -311,7 +312,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     from autotune.search.trials import baseline_trial, baseline_value
 
     ua = study.user_attrs
-    cap = finite_or_none(ua.get("memory_cap_mb"))
+    cap = finite_or_none(ua.get(keys.STUDY_MEMORY_CAP))
     rows = _rows(study)
     base_t = baseline_trial(study)
     base = baseline_value(study)
@@ -342,11 +343,11 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     states: dict[str, int] = {}
     for t in trials.values():
         states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
-    workload = ua.get("workload") or {}
+    workload = ua.get(keys.STUDY_WORKLOAD) or {}
     summary = [("study", study.study_name), ("storage", redact(storage_url) or "-"),
                ("workload", " / ".join(str(workload.get(k)) for k in ("model", "task", "image_size", "device")
                                        if workload.get(k) is not None) or "-"),
-               ("hardware", ua.get("hardware") or "-"),
+               ("hardware", ua.get(keys.STUDY_HARDWARE) or "-"),
                ("trials", f"{len(trials)} ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))})"),
                ("memory cap", f"{cap:.0f} MiB per trial" if cap else "-"),
                ("baseline",
@@ -363,7 +364,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     for name, t in (("baseline", base_t), ("recommended", rec_t)):
         if t is not None:
             d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(trials.values()),
-                         allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value))
+                         allowed=levers_allowed(study, t.user_attrs.get(keys.CONFIG) or {}, t.value))
             limits.append(f"<li>{name} (trial {t.number}): <span class=label>{_e(d.label)}</span>: "
                           f"{_e(d.explanation)}</li>")
     per_trial = "\n".join(_e(line) for line in explain_study(study))
