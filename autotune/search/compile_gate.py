@@ -12,7 +12,7 @@ mode (``holding_back``): a proposed mode is replaced by ``"none"`` before the tr
 parameter is the one that ran and Optuna learns only what was measured. Queued trials (fixed parameters: the
 baseline, the planned search's steps, compile last, retries) are not the sampler's and run as queued. Both
 backends use it: the local loop and the Ray searcher each ``start`` the gate with their clock, and both build
-their sampler with ``protocol.make_sampler(hold_back=tuner.compile_gate)``. (Trials of studies from before
+their sampler with ``protocol.make_sampler(hold_back=ctx.compile_gate)``. (Trials of studies from before
 this rule may carry ``held_back``: why the sampler's compile proposal ran without compile then.)
 """
 
