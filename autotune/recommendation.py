@@ -21,7 +21,7 @@ import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import yaml
 
@@ -33,6 +33,9 @@ from autotune.config import TrialConfig, Workload, knob_args, knob_summary
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
            "stored_recommendation", "tokens_per_sample"]
@@ -423,6 +426,6 @@ def tokens_per_sample(*user_attrs: dict) -> float | None:
     return round(tokens / samples, 3) if samples else None
 
 
-def stored_recommendation(study) -> Recommendation | None:
+def stored_recommendation(study: Study) -> Recommendation | None:
     d = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     return Recommendation.from_dict(d) if d else None

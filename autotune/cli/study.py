@@ -6,12 +6,16 @@ import argparse
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from autotune.cli.args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
                                measure_from_args, select_study, workload_from_args)
 from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from autotune.search.tuner import Tuner
 
 RUN_EPILOG = """\
 examples:
@@ -128,7 +132,7 @@ def export_hint(study_name: str, storage: str | None) -> str:
     return shlex.join(["autotune", "export", *where, "--study-name", study_name, "-o", "best.yaml"])
 
 
-def _close_mlflow(logger, tuner, status: str) -> None:
+def _close_mlflow(logger, tuner: Tuner, status: str) -> None:
     """Close the study's parent run, if this run opened one (a trial finished), with ``status``."""
     if logger is not None and logger.opened(tuner.study_name):
         try:
@@ -137,7 +141,7 @@ def _close_mlflow(logger, tuner, status: str) -> None:
             print(f"autotune run: {exc}", file=sys.stderr)
 
 
-def _finish_mlflow(logger, tuner, rec) -> None:
+def _finish_mlflow(logger, tuner: Tuner, rec) -> None:
     """The study's parent run gets the recommendation YAML and the HTML report (without the profiler run that
     `autotune report` adds) as artifacts, and is closed."""
     from autotune.view.report import build_report, write_report

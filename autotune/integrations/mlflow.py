@@ -26,11 +26,15 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.errors import AutotuneError
 from autotune.integrations import require
 from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["MLflowLogger", "STUDY_TAG", "TRIAL_TAG", "EXPERIMENT"]
 
@@ -108,7 +112,7 @@ class MLflowLogger:
         """Whether this logger has opened (found or made) the parent run of ``study_name``."""
         return study_name in self._parents
 
-    def parent_run(self, study) -> str:
+    def parent_run(self, study: Study) -> str:
         """The id of the study's parent run: found by its tag, else created; opened again as RUNNING, and the
         study's finished trials not yet logged under it are logged."""
         name = study.study_name
@@ -138,7 +142,7 @@ class MLflowLogger:
         return run_id
 
     # --- trials ---------------------------------------------------------------------------------------
-    def __call__(self, study, trial) -> None:
+    def __call__(self, study: Study, trial: FrozenTrial) -> None:
         """Log ``trial`` (a finished FrozenTrial of ``study``) as a run nested under the study's parent."""
         if self._failed:
             return
@@ -150,7 +154,7 @@ class MLflowLogger:
             self._failed = True
             self.log(f"MLflow logging stopped: {type(exc).__name__}: {str(exc)[:300]}")
 
-    def _log_trial(self, study, trial) -> None:
+    def _log_trial(self, study: Study, trial: FrozenTrial) -> None:
         from mlflow.entities import Metric
 
         ua = trial.user_attrs
@@ -178,7 +182,8 @@ class MLflowLogger:
         self._logged[study.study_name].add(trial.number)
 
     # --- the end of a run -----------------------------------------------------------------------------
-    def finish(self, study, rec=None, *, report_path: str | Path | None = None, status: str = "FINISHED") -> None:
+    def finish(self, study: Study, rec=None, *, report_path: str | Path | None = None,
+               status: str = "FINISHED") -> None:
         """Close the study's parent run with ``status`` (``KILLED`` for an interrupted run): the recommendation
         (its config as ``recommended.*`` tags, its figures as metrics, ``recommendation.yaml``) and ``report_path`` as
         artifacts."""

@@ -14,12 +14,15 @@ waiting for data 62% of the step: more DataLoader workers or lighter transforms
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
 
 from autotune.config import TrialConfig, finite_or_none
 from autotune.measure import NOISY_REL_IQR
 from autotune.search import trials as keys
 from autotune.search.trials import neighbours
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["Diagnosis", "diagnose", "explain_study", "LABELS", "INPUT_BOUND_SHARE", "MEMORY_BOUND_FRACTION",
            "COMPILE_DOMINATED_SHARE", "KERNEL_HEAVY_SHARE", "levers_allowed", "measured_values", "Near",
@@ -223,7 +226,7 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
     return Diagnosis("compute-bound", f"{wait}, the model's math is the limit: {levers}")
 
 
-def measured_values(study) -> dict[tuple, float]:
+def measured_values(study: Study) -> dict[tuple, float]:
     """Best value per config (as a sorted item tuple) over the study's finished trials."""
     measured: dict[tuple, float] = {}
     for t in study.get_trials(deepcopy=False):
@@ -234,7 +237,7 @@ def measured_values(study) -> dict[tuple, float]:
     return measured
 
 
-def levers_allowed(study, config: Mapping[str, Any], value: float | None,
+def levers_allowed(study: Study, config: Mapping[str, Any], value: float | None,
                    measured: dict[tuple, float] | None = None) -> Allowed:
     """For one trial of ``study``: a lever is allowed when the study's search space holds it and the study has
     not measured this config with that one knob changed as slower (or infeasible). Pass ``measured`` (from
@@ -264,7 +267,7 @@ def levers_allowed(study, config: Mapping[str, Any], value: float | None,
     return allowed
 
 
-def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str]:
+def explain_study(study: Study, trial_numbers: Iterable[int] | None = None) -> list[str]:
     """One ``#N label: explanation`` line per trial of an Optuna study (in ``trial_numbers`` order if given)."""
     cap = study.user_attrs.get(keys.STUDY_MEMORY_CAP)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}

@@ -93,7 +93,7 @@ def long_trial_s(trial_walls: list[float]) -> float:
     return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
 
 
-def expected_check_s(trial, base, *, steps: int) -> float:
+def expected_check_s(trial: FrozenTrial | None, base, *, steps: int) -> float:
     """The expected numerics check of ``trial``'s config (``parity.check_seconds``), from its measured rate and
     the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
     if base is None or not base.value or trial is None or not trial.value:

@@ -23,13 +23,16 @@ import html as _html
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune._redact import redact
 from autotune.config import finite_or_none
 from autotune.search import trials as keys
 from autotune.search.diagnose import diagnose, explain_study, levers_allowed, measured_values
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["build_report", "write_report", "recommended", "PLOTS", "TOP_CONFIGS"]
 
@@ -57,7 +60,7 @@ def _e(x: Any) -> str:
     return _html.escape("" if x is None else str(x))
 
 
-def recommended(study):
+def recommended(study: Study):
     """The study's recommendation (stored by the finalists), else the best feasible trial (provisional),
     else None."""
     from autotune.search.finalists import provisional
@@ -90,7 +93,7 @@ def _empty(title: str, why: str):
     return _titled(fig, title)
 
 
-def _history(study, baseline: float | None):
+def _history(study: Study, baseline: float | None):
     import optuna
 
     title = PLOTS["plot-history"]
@@ -155,7 +158,7 @@ def _memory(rows: list[dict], cap: float | None, base_n: int | None, rec_n: int 
     return _titled(fig, title)
 
 
-def _importances(study, trusted: tuple[bool, int, int]):
+def _importances(study: Study, trusted: tuple[bool, int, int]):
     import optuna
 
     title = PLOTS["plot-importances"]
@@ -213,7 +216,7 @@ def _importances_note(trusted: tuple[bool, int, int]) -> str:
             "draws them anyway. What one knob did, from trials that differ in it only, is in the table below.</p>")
 
 
-def _effects_table(study) -> str:
+def _effects_table(study: Study) -> str:
     from autotune.search.effects import by_change, one_knob_effects
 
     changes = by_change(one_knob_effects(study.get_trials(deepcopy=False)))
@@ -231,13 +234,13 @@ def _effects_table(study) -> str:
     return f"{intro}<table id='one-knob'>{head}{body}</table>"
 
 
-def _rows(study) -> list[dict]:
+def _rows(study: Study) -> list[dict]:
     from autotune.search.trials import trial_rows
 
     return trial_rows(study)
 
 
-def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -> str:
+def _top_table(study: Study, rows: list[dict], base: float | None, cap: float | None) -> str:
     by_n = {t.number: t for t in study.get_trials(deepcopy=False)}
     top = [r for r in rows if r["status"] == "ok" and r["feasible"] is not False and r["samples_per_s"]
            and by_n[r["trial"]].user_attrs.get(keys.DUPLICATE_OF) is None]
@@ -298,7 +301,7 @@ def _profile_section(profile, profile_note: str, report_dir: Path | None) -> str
 
 # --- the page -----------------------------------------------------------------------------------------
 
-def build_report(study, *, storage_url: str = "", profile=None, profile_note: str = "",
+def build_report(study: Study, *, storage_url: str = "", profile=None, profile_note: str = "",
                  report_path: str | Path | None = None) -> str:
     """The report of an Optuna study made by autotune, as one HTML string (no network needed to open it).
 

@@ -24,6 +24,7 @@ from autotune.search.optuna_compat import heartbeat, heartbeat_enabled, storage_
 from autotune.search.optuna_compat import trial_id as storage_trial_id
 
 if TYPE_CHECKING:
+    from ray.tune.experiment import Trial as TuneTrial
     from optuna import Trial
 
     from autotune.search.context import SearchContext
@@ -240,7 +241,7 @@ def make_scheduler(search):
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
     class PruneScheduler(FIFOScheduler):
-        def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        def on_trial_result(self, tune_controller, trial: TuneTrial, result: dict) -> str:
             if search.window(trial.trial_id, result):
                 return TrialScheduler.STOP
             return TrialScheduler.CONTINUE
