@@ -131,11 +131,9 @@ def run_trial(
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
     ``on_window(index, samples_per_s)`` is called for each measured window as it arrives; returning True
-    stops the trial at once (status ``pruned``). ``on_event(event_dict)`` is called with each event the child sends
-    (``autotune.trial.events``: ``{"event": "window", "index": 0, ...}``). ``log_path`` keeps the child's
-    stdout/stderr. With
-    ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
-    ``top_ops.json`` there (see ``autotune.trial.profile``); the measured figures are not affected.
+    stops the trial at once (status ``pruned``); ``on_event`` gets each event's dict (``EventCallback``).
+    ``log_path`` keeps the child's stdout/stderr. With ``profile_dir``, the child then profiles a few more steps
+    (a Chrome trace and ``top_ops.json`` there, ``autotune.trial.profile``); the measured figures are not affected.
     ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
     ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
     process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).

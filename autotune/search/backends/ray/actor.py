@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.trial import events
 from autotune.search.backends.ray.cluster import PLAN_KEY, trial_device
 
 __all__ = ["make_trainable", "kill_trial_children", "METRIC"]
@@ -54,7 +55,6 @@ def make_trainable(tune):
         def _run(self, workload, config, measure, log) -> None:
             try:
                 from autotune.machine.hardware import detect
-                from autotune.trial import events
                 from autotune.trial.runner import run_trial
                 from autotune.search.storage import machine_lock
 
