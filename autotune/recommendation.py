@@ -21,7 +21,7 @@ import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import yaml
 
@@ -33,6 +33,10 @@ from autotune.applied import Applied
 from autotune.config import TrialConfig, Workload, knob_args, knob_summary
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
+from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
            "stored_recommendation", "tokens_per_sample"]
@@ -421,12 +425,12 @@ def tokens_per_sample(*user_attrs: dict) -> float | None:
     may hold mostly short or long sequences (with length bucketing, whole batches of them)."""
     tokens = samples = 0.0
     for ua in user_attrs:
-        t, s = ua.get("tokens_per_s") or [], ua.get("samples_per_s") or []
+        t, s = ua.get(keys.TOKENS) or [], ua.get(keys.SAMPLES) or []
         if t and len(t) == len(s):
             tokens, samples = tokens + sum(t), samples + sum(s)
     return round(tokens / samples, 3) if samples else None
 
 
-def stored_recommendation(study) -> Recommendation | None:
-    d = study.user_attrs.get("recommendation")
+def stored_recommendation(study: Study) -> Recommendation | None:
+    d = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     return Recommendation.from_dict(d) if d else None

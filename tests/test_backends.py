@@ -6,6 +6,7 @@ import pytest
 
 from autotune.search import protocol
 from autotune.search.backends import SearchBackend, load_backend
+from autotune.search.context import SearchOutcome
 from autotune.config import TrialResult
 from autotune.errors import AutotuneError
 from tests.test_study import make_tuner
@@ -30,17 +31,17 @@ class _AskTell(SearchBackend):
         super().__init__(address=address)
         self.seen_queued = None
 
-    def search(self, tuner, study, *, trials, deadline, budget_s) -> int:
+    def search(self, ctx, study, *, trials, deadline, budget_s) -> SearchOutcome:
         self.seen_queued = sum(1 for t in study.trials if t.state.name == "WAITING")
         for _ in range(trials):
             trial = study.ask()
-            config = tuner.space.suggest(trial)
-            protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
+            config = ctx.space.suggest(trial)
+            protocol.begin(trial, config, fingerprint=ctx.fingerprint)
             state, value = protocol.settle(lambda: protocol.record(
-                trial, tuner.runner(tuner.workload, config, tuner.measure), limit=tuner.limit))
+                trial, ctx.runner(ctx.workload, config, ctx.measure), limit=ctx.limit))
             study.tell(trial, value, state=state)
-            tuner.advance_batch_walk(study)
-        return trials
+            ctx.after_trial(study)
+        return SearchOutcome(trials)
 
 
 def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ from autotune.machine.malloc import thp_mode
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.errors import ConfigError
 from autotune.trial.runner import child_env, run_trial
+from autotune.trial.events import to_dict
 
 FIX = "tests.workloads_fixtures"
 SPEC = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, warmup_max_s=5, timeout_s=120)
@@ -170,7 +171,7 @@ def _run_in_process(fixture: str, spec: MeasureSpec, monkeypatch) -> tuple[dict,
     seen: list[tuple[str, dict]] = []
     payload = {"workload": wl(fixture).to_dict(), "config": TrialConfig(batch_size=8).to_dict(),
                "measure": spec.to_dict(), "spawned_at": time.time()}
-    _worker.run(payload, lambda event, **f: seen.append((event, f)))
+    _worker.run(payload, lambda ev: seen.append((ev.NAME, to_dict(ev))))
     return next(f for e, f in seen if e == "warmup"), [f for e, f in seen if e == "window"]
 
 
@@ -336,7 +337,7 @@ def test_a_cuda_window_synchronises_once_not_per_step():
     seen = []
     payload = {"workload": wl("tiny").to_dict(), "config": TrialConfig(batch_size=8).to_dict(),
                "measure": SPEC.replace(windows=3, warmup_min_steps=1).to_dict(), "spawned_at": time.time()}
-    out = _worker.run(payload, lambda event, **f: seen.append((event, dev.syncs, f)), device=dev)
+    out = _worker.run(payload, lambda ev: seen.append((ev.NAME, dev.syncs, to_dict(ev))), device=dev)
     warm = next(f for e, _, f in seen if e == "warmup")
     windows = [f for e, _, f in seen if e == "window"]
     assert len(windows) == 3
@@ -438,6 +439,8 @@ def send(event, **f):
     chan.write(line(event, **f)); chan.flush()
 def window(i, sps):
     return line("window", index=i, samples_per_s=sps, steps=3, data_wait_s=0.001, compute_s=0.01)
+def done(**f):  # the figures the parent does not check here, as autotune.trial.events.Done requires them
+    send("done", **{"kernel_cpu_share": None, "minor_faults_per_step": 0.0, "samples_per_step": 8.0, **f})
 """
 
 
@@ -461,9 +464,9 @@ def test_parent_parses_events_and_ignores_noise(fake, tmp_path):
         chan.write("this is not json\\n")
         send("started", pid=os.getpid())
         send("built", startup_s=0.5, steps_per_epoch=10)
-        send("warmup", warmup_s=0.25, warmup_steps=6, compile_s=None, step_s=0.01)
+        send("warmup", warmup_s=0.25, warmup_steps=6, compile_s=None, step_s=0.01, first_step_s=0.05)
         chan.write(window(0, 100.0) + window(1, 110.0))
-        send("done", final_loss=1.25, data_wait_s_per_step=0.002, compute_s_per_step=0.02, peak_device_mb=None)
+        done(final_loss=1.25, data_wait_s_per_step=0.002, compute_s_per_step=0.02, peak_device_mb=None)
         os._exit(0)
     """)
     events, log = [], tmp_path / "logs" / "t.log"
@@ -475,6 +478,72 @@ def test_parent_parses_events_and_ignores_noise(fake, tmp_path):
     assert (r.data_wait_s_per_step, r.compute_s_per_step) == (0.002, 0.02)
     assert [e["event"] for e in events] == ["started", "built", "warmup", "window", "window", "done"]
     assert "hello from the child" in log.read_text()
+
+
+# one event of each type, as Python source: built in the fake child (and encoded there by the real encoder),
+# and in the test, to compare with what the parent decoded from the pipe
+EVERY_EVENT = """from autotune.trial import events as E
+EVERY = [
+    E.Started(pid=4242),
+    E.Built(startup_s=0.5, steps_per_epoch=10, accumulation_steps=2, user_parts=("optimizer",),
+            device_memory_cap_mb=None),
+    E.Warmup(warmup_s=0.25, warmup_steps=6, compile_s=1.5, step_s=0.01, first_step_s=0.3, warmup_windows=(90.0,),
+             settled=True),
+    E.Window(index=0, samples_per_s=100.0, steps=3, data_wait_s=0.001, compute_s=0.01, tokens_per_s=4000.0),
+    E.Window(index=1, samples_per_s=110.0, steps=3, data_wait_s=0.001, compute_s=0.01),
+    E.Profiled(trace="/p/trace.pt.trace.json", top_ops="/p/top_ops.json", steps=5),
+    E.Done(kernel_cpu_share=0.1, minor_faults_per_step=12.0, final_loss=1.25, data_wait_s_per_step=0.002,
+           compute_s_per_step=0.02, peak_device_mb=None, samples_per_step=8.0,
+           profile={"trace": "/p/trace.pt.trace.json", "top_ops": "/p/top_ops.json", "steps": 5}),
+    E.Failed(kind="oom", message="OutOfMemoryError: out of memory", traceback="Traceback: (after done: not read)"),
+]
+"""
+
+
+def test_every_event_type_round_trips_through_the_pipe(fake, tmp_path):
+    """The child's encoder and the parent's decoder are one schema (autotune.trial.events): each event type, every
+    field, crosses the real pipe unchanged, and the figures land in the result."""
+    from autotune.trial import events
+
+    src = tmp_path / "every_event.py"
+    src.write_text(EVERY_EVENT)
+    ns: dict = {}
+    exec(EVERY_EVENT, ns)
+    sent = ns["EVERY"]
+    assert {type(e) for e in sent} == set(events.EVENTS.values())
+    py = fake(f"""
+        from autotune.trial import events as E
+        ns = {{}}
+        exec(open({str(src)!r}).read(), ns)
+        for ev in ns["EVERY"]:
+            chan.write(E.encode(ev).decode())
+        chan.flush()
+        os._exit(0)
+    """)
+    got: list[dict] = []
+    r = run_trial(wl("tiny"), TrialConfig(batch_size=8), FAST, on_event=got.append, python=py)
+    assert [events.from_dict(d) for d in got] == sent
+    assert r.status == "ok" and r.samples_per_s == (100.0, 110.0) and r.tokens_per_s == (4000.0,)
+    assert (r.startup_s, r.user_parts, r.warmup_s, r.compile_s, r.warmup_windows, r.settled) == (
+        0.5, ("optimizer",), 0.25, 1.5, (90.0,), True)
+    assert (r.kernel_cpu_share, r.minor_faults_per_step, r.samples_per_step, r.final_loss) == (0.1, 12.0, 8.0, 1.25)
+
+
+def test_an_event_field_renamed_on_one_side_fails_loudly(fake):
+    """A child whose window says ``samples_per_sec`` is not read as a window without a rate: the parent raises
+    ``EventError`` naming the fields, and the child is killed."""
+    from autotune.trial.events import EventError
+
+    py = fake("""
+        send("started", pid=os.getpid())
+        send("window", index=0, samples_per_sec=100.0, steps=3, data_wait_s=0.001, compute_s=0.01)
+        time.sleep(300)
+    """)
+    pids = []
+    with pytest.raises(EventError, match=r"'window' has unknown fields \['samples_per_sec'\] and lacks "
+                                         r"\['samples_per_s'\]"):
+        run_trial(wl("tiny"), TrialConfig(batch_size=8), FAST, on_event=lambda d: pids.append(d["pid"]), python=py)
+    assert pids and _wait_gone(pids) == []
 
 
 def test_parent_falls_back_to_window_medians_without_done(fake):
@@ -552,7 +621,7 @@ def test_on_window_false_lets_the_trial_finish(fake):
     py = fake("""
         chan.write(window(0, 100.0)); chan.flush()
         chan.write(window(1, 90.0)); chan.flush()
-        send("done", final_loss=1.0, data_wait_s_per_step=0.0, compute_s_per_step=0.01, peak_device_mb=None)
+        done(final_loss=1.0, data_wait_s_per_step=0.0, compute_s_per_step=0.01, peak_device_mb=None)
         os._exit(0)
     """)
     calls = []
@@ -581,7 +650,7 @@ def test_forked_helpers_holding_the_channel_are_killed(fake, tmp_path):
             time.sleep(300)
             os._exit(0)
         open({str(pidfile)!r}, "w").write(str(pid))
-        send("done", final_loss=1.0, data_wait_s_per_step=0.0, compute_s_per_step=0.01, peak_device_mb=None)
+        done(final_loss=1.0, data_wait_s_per_step=0.0, compute_s_per_step=0.01, peak_device_mb=None)
         os._exit(0)
     """)
     r = run_trial(wl("tiny"), TrialConfig(batch_size=8), FAST, python=py)

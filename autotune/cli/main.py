@@ -77,6 +77,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     from autotune.machine.hardware import detect
+    from autotune.trial import events
     from autotune.trial.runner import run_trial
     from autotune.search.storage import machine_lock
     from autotune.workloads.probe import check_knobs
@@ -103,19 +104,19 @@ def cmd_trial(args: argparse.Namespace) -> int:
     check_knobs(workload, config)  # --channels-last without image tensors, --bucket-by-length without length
     quiet = args.format == "json"
 
-    def on_event(ev: dict[str, Any]) -> None:
+    def on_event(d: dict[str, Any]) -> None:
         if quiet:
             return
-        kind = ev.get("event")
-        if kind == "built":
-            msg = f"built in {ev['startup_s']:.1f} s; warming up"
-        elif kind == "warmup":
-            msg = f"warm-up done: {ev['warmup_steps']} steps in {ev['warmup_s']:.1f} s"
-            if ev.get("warmup_windows"):
-                msg += (f", of which {len(ev['warmup_windows'])} window(s) outside the later windows' range "
-                        f"({', '.join(f'{x:.1f}' for x in ev['warmup_windows'])} samples/s)")
-        elif kind == "window":
-            msg = f"window {ev['index'] + 1}/{measure.windows}: {ev['samples_per_s']:.1f} samples/s"
+        ev = events.from_dict(d)
+        if isinstance(ev, events.Built):
+            msg = f"built in {ev.startup_s:.1f} s; warming up"
+        elif isinstance(ev, events.Warmup):
+            msg = f"warm-up done: {ev.warmup_steps} steps in {ev.warmup_s:.1f} s"
+            if ev.warmup_windows:
+                msg += (f", of which {len(ev.warmup_windows)} window(s) outside the later windows' range "
+                        f"({', '.join(f'{x:.1f}' for x in ev.warmup_windows)} samples/s)")
+        elif isinstance(ev, events.Window):
+            msg = f"window {ev.index + 1}/{measure.windows}: {ev.samples_per_s:.1f} samples/s"
         else:
             return
         print(f"  {msg}", file=sys.stderr, flush=True)

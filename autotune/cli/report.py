@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune.cli.args import add_study_args, add_study_selector_args, select_study
 from autotune.errors import AutotuneError
 from autotune.cli.webguard import guard, is_loopback
+from autotune.search import trials as keys
 
 REPORT_EPILOG = """\
 examples:
@@ -104,8 +105,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else folder / "report.html"
     profile, note = None, ""
     rec = recommended(study)
-    workload = None if rec is None else (
-        Workload.from_dict(study.user_attrs["workload"]) if study.user_attrs.get("workload") else rec.workload)
+    stored = study.user_attrs.get(keys.STUDY_WORKLOAD)
+    workload = None if rec is None else (Workload.from_dict(stored) if stored else rec.workload)
     if args.no_profile:
         note = "Not profiled (--no-profile)."
     elif rec is None:
@@ -126,7 +127,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         with machine_lock(f"autotune report (profiling {rec.config.short()})"):  # a measuring child too
             profile = profile_config(workload, rec.config, prof_dir,
-                                     memory_cap_mb=study.user_attrs.get("memory_cap_mb"))
+                                     memory_cap_mb=study.user_attrs.get(keys.STUDY_MEMORY_CAP))
         if profile.ok:
             print(f"autotune report: Chrome trace {profile.trace_path} (open it at ui.perfetto.dev)", file=sys.stderr)
         else:

@@ -6,11 +6,16 @@ import argparse
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from autotune.cli.args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
                                measure_from_args, select_study, workload_from_args)
 from autotune._redact import redact
 from autotune.errors import AutotuneError
+from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from autotune.search.tuner import Tuner
 
 RUN_EPILOG = """\
 examples:
@@ -127,7 +132,7 @@ def export_hint(study_name: str, storage: str | None) -> str:
     return shlex.join(["autotune", "export", *where, "--study-name", study_name, "-o", "best.yaml"])
 
 
-def _close_mlflow(logger, tuner, status: str) -> None:
+def _close_mlflow(logger, tuner: Tuner, status: str) -> None:
     """Close the study's parent run, if this run opened one (a trial finished), with ``status``."""
     if logger is not None and logger.opened(tuner.study_name):
         try:
@@ -136,7 +141,7 @@ def _close_mlflow(logger, tuner, status: str) -> None:
             print(f"autotune run: {exc}", file=sys.stderr)
 
 
-def _finish_mlflow(logger, tuner, rec) -> None:
+def _finish_mlflow(logger, tuner: Tuner, rec) -> None:
     """The study's parent run gets the recommendation YAML and the HTML report (without the profiler run that
     `autotune report` adds) as artifacts, and is closed."""
     from autotune.view.report import build_report, write_report
@@ -195,7 +200,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         view = view.head(args.limit)
     print(f"study {study.study_name} ({url}): {len(df)} trials, baseline "
           + (f"{base:.1f} samples/s in the search (speedups below are against it)" if base else "not measured"))
-    rec = study.user_attrs.get("recommendation")
+    rec = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     if rec:
         m = rec["measured"]
         print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "

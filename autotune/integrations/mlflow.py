@@ -26,10 +26,15 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.errors import AutotuneError
 from autotune.integrations import require
+from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["MLflowLogger", "STUDY_TAG", "TRIAL_TAG", "EXPERIMENT"]
 
@@ -107,7 +112,7 @@ class MLflowLogger:
         """Whether this logger has opened (found or made) the parent run of ``study_name``."""
         return study_name in self._parents
 
-    def parent_run(self, study) -> str:
+    def parent_run(self, study: Study) -> str:
         """The id of the study's parent run: found by its tag, else created; opened again as RUNNING, and the
         study's finished trials not yet logged under it are logged."""
         name = study.study_name
@@ -121,10 +126,10 @@ class MLflowLogger:
             self.client.update_run(run_id, status="RUNNING")
         else:
             ua = study.user_attrs
-            tags = {STUDY_TAG: name, "autotune.hardware": str(ua.get("hardware") or ""),
-                    "autotune.fingerprint": str(ua.get("fingerprint") or "")}
+            tags = {STUDY_TAG: name, "autotune.hardware": str(ua.get(keys.STUDY_HARDWARE) or ""),
+                    "autotune.fingerprint": str(ua.get(keys.STUDY_FINGERPRINT) or "")}
             run_id = self.client.create_run(exp, run_name=name, tags=tags).info.run_id
-            workload = ua.get("workload") or {}
+            workload = ua.get(keys.STUDY_WORKLOAD) or {}
             if workload:
                 self.client.log_batch(run_id, params=_params({f"workload.{k}": v for k, v in workload.items()}))
         self._parents[name] = run_id
@@ -137,7 +142,7 @@ class MLflowLogger:
         return run_id
 
     # --- trials ---------------------------------------------------------------------------------------
-    def __call__(self, study, trial) -> None:
+    def __call__(self, study: Study, trial: FrozenTrial) -> None:
         """Log ``trial`` (a finished FrozenTrial of ``study``) as a run nested under the study's parent."""
         if self._failed:
             return
@@ -149,12 +154,12 @@ class MLflowLogger:
             self._failed = True
             self.log(f"MLflow logging stopped: {type(exc).__name__}: {str(exc)[:300]}")
 
-    def _log_trial(self, study, trial) -> None:
+    def _log_trial(self, study: Study, trial: FrozenTrial) -> None:
         from mlflow.entities import Metric
 
         ua = trial.user_attrs
         parent = self._parents[study.study_name]
-        status = ua.get("status") or trial.state.name.lower()
+        status = ua.get(keys.STATUS) or trial.state.name.lower()
         tags = {_PARENT_TAG: parent, TRIAL_TAG: str(trial.number),
                 "status": str(status), "state": trial.state.name}
         for key, tag in (("bottleneck", "diagnosis"), ("reason", "reason"), ("duplicate_of", "duplicate_of"),
@@ -166,7 +171,7 @@ class MLflowLogger:
                 tags["role"] = role
         run = self.client.create_run(self._experiment(), run_name=f"trial {trial.number}", tags=tags,
                                      start_time=_ms(trial.datetime_start))
-        config = ua.get("config") or ua.get("queued_config") or {}
+        config = ua.get(keys.CONFIG) or ua.get(keys.QUEUED_CONFIG) or {}
         stamp = _ms(trial.datetime_complete) or 0
         metrics = [Metric(k, float(ua[k]), stamp, 0) for k in _METRICS if _number(ua.get(k))]
         if trial.value is not None:
@@ -177,7 +182,8 @@ class MLflowLogger:
         self._logged[study.study_name].add(trial.number)
 
     # --- the end of a run -----------------------------------------------------------------------------
-    def finish(self, study, rec=None, *, report_path: str | Path | None = None, status: str = "FINISHED") -> None:
+    def finish(self, study: Study, rec=None, *, report_path: str | Path | None = None,
+               status: str = "FINISHED") -> None:
         """Close the study's parent run with ``status`` (``KILLED`` for an interrupted run): the recommendation
         (its config as ``recommended.*`` tags, its figures as metrics, ``recommendation.yaml``) and ``report_path`` as
         artifacts."""

@@ -12,7 +12,7 @@ mode (``holding_back``): a proposed mode is replaced by ``"none"`` before the tr
 parameter is the one that ran and Optuna learns only what was measured. Queued trials (fixed parameters: the
 baseline, the planned search's steps, compile last, retries) are not the sampler's and run as queued. Both
 backends use it: the local loop and the Ray searcher each ``start`` the gate with their clock, and both build
-their sampler with ``protocol.make_sampler(hold_back=tuner.compile_gate)``. (Trials of studies from before
+their sampler with ``protocol.make_sampler(hold_back=ctx.compile_gate)``. (Trials of studies from before
 this rule may carry ``held_back``: why the sampler's compile proposal ran without compile then.)
 """
 
@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from autotune.search import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["CompileGate", "COMPILE_PRIOR_S", "holding_back"]
 
@@ -60,7 +64,7 @@ class CompileGate:
         typical = statistics.median(self.walls) if self.walls else 0.0
         return max(COMPILE_PRIOR_S, typical), "prior: no compile trial measured yet"
 
-    def reason(self, study) -> str | None:
+    def reason(self, study: Study) -> str | None:
         if self.deadline is None:
             return None
         left = self.deadline - time.monotonic() - self.reserve(self.walls, self.budget_s)
@@ -81,10 +85,10 @@ def holding_back(inner, gate: CompileGate):
         def __init__(self) -> None:
             self.inner = inner
 
-        def infer_relative_search_space(self, study, trial):
+        def infer_relative_search_space(self, study: Study, trial: FrozenTrial):
             return inner.infer_relative_search_space(study, trial)
 
-        def sample_relative(self, study, trial, search_space):
+        def sample_relative(self, study: Study, trial: FrozenTrial, search_space):
             params = inner.sample_relative(study, trial, search_space)
             dist = search_space.get(_KNOB)
             if (params.get(_KNOB, "none") != "none" and "none" in getattr(dist, "choices", ())
@@ -92,24 +96,24 @@ def holding_back(inner, gate: CompileGate):
                 params = {**params, _KNOB: "none"}
             return params
 
-        def sample_independent(self, study, trial, param_name, param_distribution):
+        def sample_independent(self, study: Study, trial: FrozenTrial, param_name, param_distribution):
             value = inner.sample_independent(study, trial, param_name, param_distribution)
             if (param_name == _KNOB and value != "none" and "none" in getattr(param_distribution, "choices", ())
                     and self._hold(study, trial)):
                 return "none"
             return value
 
-        def before_trial(self, study, trial) -> None:
+        def before_trial(self, study: Study, trial: FrozenTrial) -> None:
             inner.before_trial(study, trial)
 
-        def after_trial(self, study, trial, state, values) -> None:
+        def after_trial(self, study: Study, trial: FrozenTrial, state, values) -> None:
             inner.after_trial(study, trial, state, values)
 
         def reseed_rng(self) -> None:
             inner.reseed_rng()
 
         @staticmethod
-        def _hold(study, trial) -> bool:
+        def _hold(study: Study, trial: FrozenTrial) -> bool:
             # queued with its compile mode (compile last, a retry): not the sampler's to change
             return _KNOB not in (trial.system_attrs.get(keys.FIXED_PARAMS) or {})
 

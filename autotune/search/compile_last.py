@@ -16,10 +16,13 @@ The state is the study's: ``eager_settled`` (why, and what became of compile) on
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search import trials as keys
 from autotune.search.trials import MemoryLimit, config_of, feasible_by_config
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["modes", "best_eager", "settle", "advance", "pending", "summary"]
 
@@ -31,24 +34,24 @@ def modes(space) -> list[str]:
     return sorted(found, key=lambda m: (m != "default", found.index(m)))
 
 
-def best_eager(study, *, fingerprint: str, limit: MemoryLimit):
+def best_eager(study: Study, *, fingerprint: str, limit: MemoryLimit):
     """The best feasible measured trial without compile, or None."""
     eager = [t for t in feasible_by_config(study, fingerprint, limit).values()
              if config_of(t).compile_mode == "none" and t.params]
     return max(eager, key=lambda t: t.value or 0.0, default=None)
 
 
-def _tried(study) -> list:
+def _tried(study: Study) -> list:
     return sorted((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(keys.COMPILE_LAST)),
                   key=lambda t: t.number)
 
 
-def pending(study) -> bool:
+def pending(study: Study) -> bool:
     """A compile trial is queued or running."""
     return any(not t.state.is_finished() for t in _tried(study))
 
 
-def settle(study, space, *, why: str, blocked: str | None, fingerprint: str, limit: MemoryLimit,
+def settle(study: Study, space, *, why: str, blocked: str | None, fingerprint: str, limit: MemoryLimit,
            enqueue: Callable[..., None], log: Callable[[str], None]) -> None:
     """Record once that the eager search settled (``why``) and queue the first compile mode on the best eager
     config, unless ``blocked`` (the compile gate's reason), the space has no compile mode, or nothing ran."""
@@ -67,7 +70,7 @@ def settle(study, space, *, why: str, blocked: str | None, fingerprint: str, lim
     study.set_user_attr(keys.EAGER_SETTLED, state)
 
 
-def _queue(study, space, base_trial, mode: str, *, enqueue, log) -> None:
+def _queue(study: Study, space, base_trial, mode: str, *, enqueue, log) -> None:
     params = {**base_trial.params, "compile_mode": mode}
     key = space.effective(params).key()
     if any((c := config_of(t, space)) is not None and c.key() == key for t in study.get_trials(deepcopy=False)):
@@ -77,7 +80,7 @@ def _queue(study, space, base_trial, mode: str, *, enqueue, log) -> None:
         f"({config_of(base_trial).short()}, {base_trial.value:.1f} samples/s)")
 
 
-def advance(study, space, *, noise: float, fingerprint: str, limit: MemoryLimit, enqueue: Callable[..., None],
+def advance(study: Study, space, *, noise: float, fingerprint: str, limit: MemoryLimit, enqueue: Callable[..., None],
             log: Callable[[str], None]) -> None:
     """After a compile trial: the next mode on the same eager config when this one beat it by more than
     ``noise`` (a further mode costs a longer compile, worth it only where compile pays at all)."""
@@ -95,7 +98,7 @@ def advance(study, space, *, noise: float, fingerprint: str, limit: MemoryLimit,
         _queue(study, space, base, found[nxt], enqueue=enqueue, log=log)
 
 
-def summary(study) -> str:
+def summary(study: Study) -> str:
     """Why the search stopped: why the eager search settled, and what compile did on its best config."""
     state = study.user_attrs.get(keys.EAGER_SETTLED) or {}
     why = state.get("why", "")

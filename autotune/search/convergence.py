@@ -28,12 +28,17 @@ where the last stopped; copies and answers from the study are not measurements. 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import statistics
 from dataclasses import dataclass
 
 from autotune.search import trials as keys
 from autotune.measure import NOISY_REL_IQR, median_or_none
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["MIN_PATIENCE", "MAX_PATIENCE", "PLANNED_ROLES", "patience", "noise_of", "Convergence", "convergence"]
 
@@ -58,7 +63,7 @@ def patience(run_s: float, gain: float, trial_s: float | None) -> int:
 
 def noise_of(trials) -> float:
     """The noise a gain must clear: the median relative IQR of the trials' windows, at least ``NOISY_REL_IQR``."""
-    spreads = [t.user_attrs["rel_iqr"] for t in trials if isinstance(t.user_attrs.get("rel_iqr"), (int, float))]
+    spreads = [t.user_attrs[keys.REL_IQR] for t in trials if isinstance(t.user_attrs.get(keys.REL_IQR), (int, float))]
     return max(NOISY_REL_IQR, median_or_none(spreads) or 0.0)
 
 
@@ -98,8 +103,8 @@ class Convergence:
         return text
 
 
-def convergence(study, *, patience_k: int | None, fingerprint: str, limit: keys.MemoryLimit, run_s: float = 3600.0,
-                ready: bool = True, run_label: str = "") -> Convergence:
+def convergence(study: Study, *, patience_k: int | None, fingerprint: str, limit: keys.MemoryLimit,
+                run_s: float = 3600.0, ready: bool = True, run_label: str = "") -> Convergence:
     """Read the study's measured trials (of ``fingerprint``'s hardware) in the order they finished;
     ``patience_k`` None works the patience out from ``run_s`` (the planned run's seconds) and the trials."""
     from optuna.trial import TrialState

@@ -166,8 +166,8 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
         if finished:
             ok = t.state == TrialState.COMPLETE and ua.get(keys.STATUS) == "ok" and is_feasible(t, limit)
             value = float(t.value or 0.0) if ok else 0.0
-            windows = tuple(float(x) for x in (ua.get("samples_per_s") or ())) or (value,)
-            spread = ua.get("rel_iqr") if isinstance(ua.get("rel_iqr"), (int, float)) else None
+            windows = tuple(float(x) for x in (ua.get(keys.SAMPLES) or ())) or (value,)
+            spread = ua.get(keys.REL_IQR) if isinstance(ua.get(keys.REL_IQR), (int, float)) else None
             by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread))
     return by_key, present, roles
 

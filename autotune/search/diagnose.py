@@ -14,11 +14,15 @@ waiting for data 62% of the step: more DataLoader workers or lighter transforms
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
 
 from autotune.config import TrialConfig, finite_or_none
 from autotune.measure import NOISY_REL_IQR
+from autotune.search import trials as keys
 from autotune.search.trials import neighbours
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["Diagnosis", "diagnose", "explain_study", "LABELS", "INPUT_BOUND_SHARE", "MEMORY_BOUND_FRACTION",
            "COMPILE_DOMINATED_SHARE", "KERNEL_HEAVY_SHARE", "levers_allowed", "measured_values", "Near",
@@ -92,15 +96,15 @@ class Near:
         if self.config is None:
             return None
         found = [t for k, t in neighbours(self.trials, self.config, knob=knob)
-                 if pulls(t.user_attrs["config"].get(knob)) and t.user_attrs.get("duplicate_of") is None
-                 and t.user_attrs.get("status") in MEASURED_STATUSES]
+                 if pulls(t.user_attrs[keys.CONFIG].get(knob)) and t.user_attrs.get(keys.DUPLICATE_OF) is None
+                 and t.user_attrs.get(keys.STATUS) in MEASURED_STATUSES]
         if not found:
             return None
         ratios: dict[int, float] = {}
         parts = []
         for t in found:
-            status = t.user_attrs.get("status")
-            v = finite_or_none(t.user_attrs.get("median_samples_per_s"))
+            status = t.user_attrs.get(keys.STATUS)
+            v = finite_or_none(t.user_attrs.get(keys.MEDIAN))
             if status == "ok" and v is not None and self.value:
                 ratios[t.number] = v / self.value
                 parts.append(f"{t.number} ({v / self.value:.2f}x)")
@@ -222,23 +226,23 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
     return Diagnosis("compute-bound", f"{wait}, the model's math is the limit: {levers}")
 
 
-def measured_values(study) -> dict[tuple, float]:
+def measured_values(study: Study) -> dict[tuple, float]:
     """Best value per config (as a sorted item tuple) over the study's finished trials."""
     measured: dict[tuple, float] = {}
     for t in study.get_trials(deepcopy=False):
-        c = t.user_attrs.get("config")
+        c = t.user_attrs.get(keys.CONFIG)
         if c and t.value is not None:
             key = tuple(sorted(c.items()))
             measured[key] = max(measured.get(key, 0.0), float(t.value))
     return measured
 
 
-def levers_allowed(study, config: Mapping[str, Any], value: float | None,
+def levers_allowed(study: Study, config: Mapping[str, Any], value: float | None,
                    measured: dict[tuple, float] | None = None) -> Allowed:
     """For one trial of ``study``: a lever is allowed when the study's search space holds it and the study has
     not measured this config with that one knob changed as slower (or infeasible). Pass ``measured`` (from
     ``measured_values``) when asking for many trials."""
-    params = (study.user_attrs.get("space") or {}).get("parameters")
+    params = (study.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
     measured = measured_values(study) if measured is None else measured
 
     def allowed(knob: str, new: Any) -> bool:
@@ -263,9 +267,9 @@ def levers_allowed(study, config: Mapping[str, Any], value: float | None,
     return allowed
 
 
-def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str]:
+def explain_study(study: Study, trial_numbers: Iterable[int] | None = None) -> list[str]:
     """One ``#N label: explanation`` line per trial of an Optuna study (in ``trial_numbers`` order if given)."""
-    cap = study.user_attrs.get("memory_cap_mb")
+    cap = study.user_attrs.get(keys.STUDY_MEMORY_CAP)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     order = list(trial_numbers) if trial_numbers is not None else sorted(trials)
     lines = []
@@ -277,7 +281,7 @@ def explain_study(study, trial_numbers: Iterable[int] | None = None) -> list[str
             continue
         ua = dict(t.user_attrs)
         if "status" not in ua:
-            ua["status"] = "running" if t.state.name == "RUNNING" else t.state.name.lower()
-        allowed = levers_allowed(study, ua.get("config") or {}, t.value, measured)
+            ua[keys.STATUS] = "running" if t.state.name == "RUNNING" else t.state.name.lower()
+        allowed = levers_allowed(study, ua.get(keys.CONFIG) or {}, t.value, measured)
         lines.append(f"#{t.number:<4} {diagnose(ua, memory_cap_mb=cap, allowed=allowed, trials=every).line()}")
     return lines

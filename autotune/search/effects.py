@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.config import TrialConfig
 from autotune.search.trials import CONFIG, DUPLICATE_OF, FINGERPRINT, STATUS, one_knob_apart
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["Effect", "Change", "one_knob_effects", "by_change", "measured_trials", "importances_trusted",
            "MIN_TRIALS", "TRIALS_PER_KNOB", "dashboard_note", "save_dashboard_note"]
@@ -121,7 +124,7 @@ def by_change(effects: list[Effect]) -> list[Change]:
     return changes
 
 
-def importances_trusted(study) -> tuple[bool, int, int]:
+def importances_trusted(study: Study) -> tuple[bool, int, int]:
     """``(enough, measured, needed)``: whether the study has enough measured trials for parameter importances
     to be a finding: ``MIN_TRIALS``, and ``TRIALS_PER_KNOB`` per knob the measured trials vary."""
     done = measured_trials(study.get_trials(deepcopy=False))
@@ -131,7 +134,7 @@ def importances_trusted(study) -> tuple[bool, int, int]:
     return len(done) >= needed, len(done), needed
 
 
-def dashboard_note(study) -> str:
+def dashboard_note(study: Study) -> str:
     """The study's note for optuna-dashboard (markdown): whether its importances mean anything yet, and the
     one-knob effects."""
     enough, n, needed = importances_trusted(study)
@@ -150,7 +153,7 @@ def dashboard_note(study) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_dashboard_note(study, log: Callable[[str], None]) -> bool:
+def save_dashboard_note(study: Study, log: Callable[[str], None]) -> bool:
     """Write ``dashboard_note`` on the study for optuna-dashboard; without optuna-dashboard (or with a version
     without ``save_note``), or if the note cannot be written, say so in one line and go on. True when written."""
     try:

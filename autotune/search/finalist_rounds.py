@@ -1,5 +1,5 @@
 """The finalists' rounds, kept in the study as they are measured, so a run killed during the finalists resumes
-them instead of losing them all.
+them instead of losing them all; and their numerics checks (``record_parity``), kept where `show` finds them.
 
 Each finalist run's result is stored (``trials.FINALIST_ROUNDS``: the plan's digest and every run's result) the
 moment it returns. A later ``finalize`` with the same plan (the same finalists in the same order, rounds and
@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.search import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, TrialResult
 
-__all__ = ["SavedRounds"]
+if TYPE_CHECKING:
+    from optuna import Study
+
+    from autotune.trial.parity import ParityResult
+
+__all__ = ["SavedRounds", "record_parity"]
 
 
 def _digest(value: Any) -> str:
@@ -33,7 +38,7 @@ class SavedRounds:
     >>> saved.round(0)      # {config key: TrialResult} of round 0 if it was finished, else None
     """
 
-    def __init__(self, study, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec) -> None:
+    def __init__(self, study: Study | None, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec) -> None:
         self.study = study
         self.configs = list(configs)
         # not the cap: by default a share of the memory free at start, so it moves between runs; ``choose``
@@ -69,3 +74,11 @@ class SavedRounds:
         self.runs = {}
         if self.study is not None and self.study.user_attrs.get(keys.FINALIST_ROUNDS) is not None:
             self.study.set_user_attr(keys.FINALIST_ROUNDS, None)
+
+
+def record_parity(study: Study, trial_number: int, result: ParityResult) -> None:
+    """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where
+    `show` and the report find it."""
+    checks = dict(study.user_attrs.get(keys.PARITY) or {})
+    checks[str(trial_number)] = result.to_dict()
+    study.set_user_attr(keys.PARITY, checks)

@@ -14,22 +14,29 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from autotune.search import trials as keys
-from autotune.config import MeasureSpec, TrialConfig
+from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.machine.envstamp import collect_env_stamp
-from autotune.search.finalist_rounds import SavedRounds
+from autotune.search.finalist_rounds import SavedRounds, record_parity
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
 from autotune.trial.parity import check_seconds, first_passing
-from autotune.search.payback import Priced, price
+from autotune.search.payback import Priced, RunLength, price
 from autotune.recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
-from autotune.search.trials import baseline_value, feasible_by_config
+from autotune.search.trials import MemoryLimit, baseline_value, feasible_by_config
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+    from autotune.machine.hardware import Hardware
 
 __all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
-           "out_of_time", "search_left_s", "long_trial_s", "plan", "Evidence",
-           "remeasure", "pool_search_round", "ratio_interval", "choose", "provisional"]
+           "out_of_time", "search_left_s", "long_trial_s", "plan", "Evidence", "remeasure", "pool_search_round",
+           "ratio_interval", "FinalistContext", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -86,7 +93,7 @@ def long_trial_s(trial_walls: list[float]) -> float:
     return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
 
 
-def expected_check_s(trial, base, *, steps: int) -> float:
+def expected_check_s(trial: FrozenTrial | None, base, *, steps: int) -> float:
     """The expected numerics check of ``trial``'s config (``parity.check_seconds``), from its measured rate and
     the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
     if base is None or not base.value or trial is None or not trial.value:
@@ -152,10 +159,10 @@ def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) 
     finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
     windows)."""
     done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
-    if len(done) < 2 or not all(t.user_attrs.get("samples_per_s") for _, t in done):
+    if len(done) < 2 or not all(t.user_attrs.get(keys.SAMPLES) for _, t in done):
         return False
     for c, t in done:
-        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs["samples_per_s"]])
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs[keys.SAMPLES]])
     ev.pooled = True
     return True
 
@@ -244,6 +251,26 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float =
 
 # --- the choice ---------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class FinalistContext:
+    """What ``finalists.choose`` reads: the run's workload, machine, measurement and memory limit, where the study
+    and its files are, the planned run (compile is priced over it), and the numerics check (``parity_steps`` 0:
+    none; ``parity``: the check, None for ``parity.parity_check``)."""
+
+    workload: Workload
+    hardware: Hardware
+    measure: MeasureSpec
+    limit: MemoryLimit
+    study_name: str
+    storage_url: str
+    artifacts_dir: Path
+    compile_cache_dir: Path
+    run_length: RunLength
+    parity_steps: int
+    parity: Callable[..., Any] | None
+    log: Callable[[str], None]
+
+
 class Scored(NamedTuple):
     """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
 
@@ -278,16 +305,16 @@ def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
     return scored, out
 
 
-def _numerics_pass(tuner, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
+def _numerics_pass(ctx: FinalistContext, study: Study, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
                    notes: list[str]) -> tuple[int | None, list[Scored], Any, int]:
     """Check the chosen config's numerics, then the next best's while one fails (``parity.first_passing``):
     (the index in the ranking of the one that passed, or None; the ranking; its parity result; how many were
     checked)."""
     ranked = [chosen] + [x for x in scored if x is not chosen]
-    index, checked = _check_numerics(tuner, ranked, base_trial)
+    index, checked = _check_numerics(ctx, ranked, base_trial)
     for (config, result), x in zip(checked, ranked):
         if result.steps:  # checked in a child (an fp32 eager config passes without one)
-            tuner.record_parity(x.trial.number, result)
+            record_parity(study, x.trial.number, result)
             notes.append(result.note(f"{config.short()} (trial {x.trial.number})"))
         if not result.ok and result.checked:
             ev.failures[config.key()].append(f"numerics: {result.reason}")
@@ -298,8 +325,8 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
     """The baseline's median from its finalist rounds (even if it is out), else from its search trial."""
     base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
     base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None
-    if base_trial is not None and not base_xs and base_trial.user_attrs.get("samples_per_s"):
-        base_xs = base_trial.user_attrs["samples_per_s"]  # its search trial stands in
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get(keys.SAMPLES):
+        base_xs = base_trial.user_attrs[keys.SAMPLES]  # its search trial stands in
         why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
                else "not re-measured: the time budget was short")
         notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
@@ -307,8 +334,8 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
     return summarize(base_xs).median if base_xs else None
 
 
-def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_trial, *,
-           check_numerics: bool = True) -> Recommendation | None:
+def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trials: list[FrozenTrial], ev: Evidence,
+           base_trial: FrozenTrial | None, *, check_numerics: bool = True) -> Recommendation | None:
     """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
     left too little memory, or failed the numerics check).
 
@@ -320,7 +347,7 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
     if it does not, the next best is checked, and so on (an fp32 eager config passes without a check)."""
     notes: list[str] = []
-    limit = tuner.limit
+    limit = ctx.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)
     if not scored:
         return None
@@ -331,8 +358,8 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                         if ev.pooled else "the choice rests on one measurement of each")
                      + "; a longer --timeout gives two")
     # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
-    pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(tuner, c, t, ev))
-                     for c, t, s, _ in scored], tuner.run_length)
+    pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(study, c, t, ev))
+                     for c, t, s, _ in scored], ctx.run_length)
     notes += pricing.notes
     scored.sort(key=lambda x: -x[2].median * pricing.factor[x[0].key()])
     best = scored[0]
@@ -343,10 +370,10 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
                                        (x[0].intra_op_threads or 99) + x[0].num_workers))
     tied = chosen is not best  # won a tie on memory/threads
     parity = None
-    if tuner.parity_steps and not check_numerics:
+    if ctx.parity_steps and not check_numerics:
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
-    elif tuner.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
-        index, ranked, parity, n_checked = _numerics_pass(tuner, chosen, scored, base_trial, ev, notes)
+    elif ctx.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+        index, ranked, parity, n_checked = _numerics_pass(ctx, study, chosen, scored, base_trial, ev, notes)
         failed = ranked[:n_checked - 1] if index is not None else ranked
         scored = [x for x in scored if x not in failed]
         out += [(x.config, x.trial) for x in failed]
@@ -368,47 +395,48 @@ def choose(tuner, configs: list[TrialConfig], trials: list, ev: Evidence, base_t
     s = chosen[2]
     if s.noisy:
         notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
-    hw = tuner.hardware
+    hw = ctx.hardware
     return Recommendation(
-        config=chosen[0], workload=tuner.workload,
+        config=chosen[0], workload=ctx.workload,
         median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
         samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
         speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
-        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=tuner.measure.memory_cap_mb,
+        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=ctx.measure.memory_cap_mb,
         memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
         peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
         fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
-        study_name=tuner.study_name,
-        storage=tuner.storage_url, trial_number=chosen[1].number,
+        study_name=ctx.study_name,
+        storage=ctx.storage_url, trial_number=chosen[1].number,
         runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
                            "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
                            "trial": x[1].number} for x in others]
                          + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
                              "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
-        notes=tuple(notes), reproduce=reproduce_command(tuner.workload, chosen[0], tuner.measure.memory_cap_mb),
+        notes=tuple(notes), reproduce=reproduce_command(ctx.workload, chosen[0], ctx.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
         user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
-        compile={**pricing.record, "cache_dir": str(tuner.compile_cache_dir)},
+        compile={**pricing.record, "cache_dir": str(ctx.compile_cache_dir)},
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
 
 
-def _check_numerics(tuner, ranked: list, base_trial) -> tuple[int | None, list]:
+def _check_numerics(ctx: FinalistContext, ranked: list, base_trial) -> tuple[int | None, list]:
     """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
-    expect = expected_check_s(ranked[0][1], base_trial, steps=tuner.parity_steps)
+    expect = expected_check_s(ranked[0][1], base_trial, steps=ctx.parity_steps)
     if expect:
-        tuner.log(f"checking the numerics of {ranked[0][0].short()} against fp32 eager ({tuner.parity_steps} steps "
-                  f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
-    return first_passing([x[0] for x in ranked], tuner.workload, check=tuner.parity, steps=tuner.parity_steps,
-                         log_path=tuner.artifacts_dir / "parity.log", memory_cap_mb=tuner.measure.memory_cap_mb)
+        ctx.log(f"checking the numerics of {ranked[0][0].short()} against fp32 eager ({ctx.parity_steps} steps "
+                f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
+    return first_passing([x[0] for x in ranked], ctx.workload, check=ctx.parity, steps=ctx.parity_steps,
+                         log_path=ctx.artifacts_dir / "parity.log", memory_cap_mb=ctx.measure.memory_cap_mb)
 
 
-def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[float | None, float | None]:
+def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
+                   ev: Evidence) -> tuple[float | None, float | None]:
     """``(cold, cached)`` compile seconds of a compiled finalist, (None, None) for an eager one. Cold: the
     longest compile measured for its graph in the study (its own trial and rounds, and every trial with the
     same compile mode, batch size, amp and channels_last, whatever its loader knobs): what a fresh process
@@ -416,22 +444,20 @@ def _compile_times(tuner, config: TrialConfig, trial, ev: Evidence) -> tuple[flo
     if config.compile_mode == "none":
         return None, None
     graph = (config.compile_mode, config.batch_size, config.amp, config.channels_last)
-    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get("compile_s")]
-    for t in tuner.study().get_trials(deepcopy=False):
+    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get(keys.COMPILE_S)]
+    for t in study.get_trials(deepcopy=False):
         c = t.user_attrs.get(keys.CONFIG)
         if c and (c.get("compile_mode"), c.get("batch_size"), c.get("amp"), c.get("channels_last")) == graph:
-            seen.append(t.user_attrs.get("compile_s"))
+            seen.append(t.user_attrs.get(keys.COMPILE_S))
     seen = [x for x in seen if isinstance(x, (int, float))]
     if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
         return 0.0, None
     return max(seen), (min(seen) if len(seen) > 1 else None)
 
 
-def provisional(study, *, storage: str = "") -> Recommendation:
+def provisional(study: Study, *, storage: str = "") -> Recommendation:
     """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
     (the run was stopped before the end, or the budget left no time for them)."""
-    from autotune.config import Workload
-
     checks = study.user_attrs.get(keys.PARITY) or {}
     feasible = {k: t for k, t in feasible_by_config(study).items()
                 if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
@@ -440,7 +466,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
                             "`autotune run` longer, or see `autotune show` for why trials failed")
     best = max(feasible.values(), key=lambda t: t.value or 0)
     ua = best.user_attrs
-    xs = ua.get("samples_per_s") or [best.value]
+    xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
     base = baseline_value(study)
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
@@ -451,7 +477,7 @@ def provisional(study, *, storage: str = "") -> Recommendation:
     return Recommendation(
         config=config, workload=workload, median_samples_per_s=round(s.median, 3),
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
-        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get("peak_host_mb"),
+        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get(keys.PEAK),
         memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
         peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None, noisy=s.noisy,

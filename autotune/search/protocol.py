@@ -18,13 +18,19 @@ A backend asks Optuna for a trial (``study.optimize`` locally, ``OptunaSearch`` 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 import warnings
 
 from autotune.search import trials as keys
 from autotune.config import TrialConfig, TrialResult
+from autotune.search.optuna_compat import storage_of, trial_id
 from autotune.search.storage import server_lock
 from autotune.search.trials import OWN_ATTRS, MemoryLimit, known, outcome
+
+if TYPE_CHECKING:
+    from optuna import Study, Trial
 
 __all__ = ["TrialError", "make_sampler", "begin", "claim", "wait_for", "answer_from_study", "record", "settle"]
 
@@ -51,18 +57,18 @@ def make_sampler(*, seed: int | None, startup_trials: int, hold_back=None):
     return holding_back(tpe, hold_back)
 
 
-def begin(trial, config: TrialConfig, *, fingerprint: str) -> None:
+def begin(trial: Trial, config: TrialConfig, *, fingerprint: str) -> None:
     """Record what ``trial`` runs and where. A trial the heartbeat callback queued to repeat one whose worker
     died takes over its history; the claim it copied with the dead trial's attributes is not its own."""
     trial.set_user_attr(keys.CONFIG, config.to_dict())
     trial.set_user_attr(keys.FINGERPRINT, fingerprint)
-    history = trial.storage.get_trial_system_attrs(trial._trial_id).get(keys.RETRY_HISTORY)
+    history = trial.storage.get_trial_system_attrs(trial_id(trial)).get(keys.RETRY_HISTORY)
     if history:
         trial.set_user_attr(keys.RETRY_OF, history[-1])
-        trial.storage.set_trial_system_attr(trial._trial_id, keys.MEASURING, False)
+        trial.storage.set_trial_system_attr(trial_id(trial), keys.MEASURING, False)
 
 
-def claim(trial, config: TrialConfig, *, storage, study_name: str):
+def claim(trial: Trial, config: TrialConfig, *, storage, study_name: str):
     """Claim ``config`` for ``trial``, or return the running trial (FrozenTrial) that measures it already.
 
     Taken under the study's server-side lock, so of two workers that draw the same config at the same moment
@@ -76,18 +82,18 @@ def claim(trial, config: TrialConfig, *, storage, study_name: str):
             if (t.number != trial.number and t.system_attrs.get(keys.MEASURING) and other
                     and TrialConfig.from_dict(other).key() == key):
                 return t
-        trial.storage.set_trial_system_attr(trial._trial_id, keys.MEASURING, True)
+        trial.storage.set_trial_system_attr(trial_id(trial), keys.MEASURING, True)
     return None
 
 
-def wait_for(study, twin_id: int, *, poll_s: float = 1.0):
+def wait_for(study: Study, twin_id: int, *, poll_s: float = 1.0):
     """Block until trial ``twin_id`` (a storage trial id) is no longer running; returns its final state.
     While waiting, stale trials are failed by heartbeat: if the twin's worker died, its trial fails (and is
     re-queued by the retry callback) instead of being waited for forever."""
     import optuna
     from optuna.trial import TrialState
 
-    while (state := study._storage.get_trial(twin_id).state) == TrialState.RUNNING:
+    while (state := storage_of(study).get_trial(twin_id).state) == TrialState.RUNNING:
         time.sleep(poll_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeats are experimental
@@ -95,7 +101,7 @@ def wait_for(study, twin_id: int, *, poll_s: float = 1.0):
     return state
 
 
-def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: MemoryLimit):
+def answer_from_study(trial: Trial, config: TrialConfig, *, fingerprint: str, limit: MemoryLimit):
     """Record ``trial`` without running it when the study already knows the answer: a larger batch of a
     config that ran out of memory (infeasible), or a config measured before (its figures are copied, its
     feasibility worked out afresh against ``limit``). A memory failure under a lower cap than ``limit``'s
@@ -135,7 +141,7 @@ def answer_from_study(trial, config: TrialConfig, *, fingerprint: str, limit: Me
     return float(twin.value or 0.0)
 
 
-def record(trial, result: TrialResult, *, limit: MemoryLimit) -> float:
+def record(trial: Trial, result: TrialResult, *, limit: MemoryLimit) -> float:
     """Store ``result`` on ``trial`` (figures as user attributes, the cap it ran under, a one-line diagnosis,
     the traceback of an error) and return its value, or raise TrialPruned / TrialError, as ``outcome``
     decides."""

@@ -3,9 +3,15 @@ Ray backend (as Tune's scheduler decision)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autotune.search import trials as keys
 from autotune.measure import NOISY_REL_IQR, summarize
 from autotune.search.trials import MemoryLimit, is_feasible
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["NoHopePruner", "as_optuna_pruner"]
 
@@ -28,7 +34,7 @@ class NoHopePruner:
         self.noisy_rel_iqr = noisy_rel_iqr  # windows spread wider than this are no evidence
         self.limit = limit  # which trials set the bar: those that fit this memory limit (None: as recorded)
 
-    def prune(self, study, trial) -> bool:
+    def prune(self, study: Study, trial: FrozenTrial) -> bool:
         from optuna.trial import TrialState
 
         values = trial.intermediate_values
@@ -50,7 +56,7 @@ def as_optuna_pruner(rule: NoHopePruner):
     import optuna
 
     class _Pruner(optuna.pruners.BasePruner):
-        def prune(self, study, trial) -> bool:  # noqa: D401 - Optuna's interface
+        def prune(self, study: Study, trial: FrozenTrial) -> bool:  # noqa: D401 - Optuna's interface
             return rule.prune(study, trial)
 
     return _Pruner()

@@ -7,14 +7,18 @@ the planned search (no ``search_plan`` attribute) walk the batch size from the l
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search import trials as keys
 from autotune.search.batch_walk import evidence, next_steps
 from autotune.search.coordinate import Plan, plan
+from autotune.search.optuna_compat import storage_of, trial_id
 from autotune.search.storage import server_lock
 from autotune.config import TrialConfig
 from autotune.search.trials import ROLES, MemoryLimit, baseline_trial_any, neighbours
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk", "advance_plan", "requeue_far_pruned",
            "REQUEUE_BELOW", "REQUEUE_NEIGHBOURS"]
@@ -30,14 +34,14 @@ REQUEUE_BELOW = 0.6
 REQUEUE_NEIGHBOURS = 2
 
 
-def enqueue(study, space, params: dict[str, Any], **roles: Any) -> None:
+def enqueue(study: Study, space, params: dict[str, Any], **roles: Any) -> None:
     """Queue a trial with these params and its role in the study; the config it will run is recorded too,
     so `show` can say what is queued before it runs."""
     study.enqueue_trial(params, user_attrs={**roles, keys.QUEUED_CONFIG: space.effective(params).to_dict()},
                         skip_if_exists=False)
 
 
-def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str,
+def queue_first_trials(study: Study, space, *, storage, single_run: bool, log: Callable[[str], None], where: str,
                        warm_start: Callable[[], Any] | None = None) -> None:
     """Re-queue interrupted trials; in a new study, queue the baseline, the likely winner and ``warm_start()``'s
     trials (earlier studies' winners, ``warm_start.queue_warm_start``); the planned search (``advance_plan``)
@@ -72,7 +76,7 @@ def queue_first_trials(study, space, *, storage, single_run: bool, log: Callable
         study.set_user_attr(keys.WALK_ANCHOR, likely if likely is not None else space.baseline_params())
 
 
-def recover(study, space, *, single_run: bool) -> int:
+def recover(study: Study, space, *, single_run: bool) -> int:
     """Fail trials a killed run left RUNNING (with ``single_run`` nobody else runs them) and re-queue every
     interrupted trial once. Returns how many were re-queued.
 
@@ -91,9 +95,10 @@ def recover(study, space, *, single_run: bool) -> int:
         interrupted = t.state == TrialState.FAIL and t.user_attrs.get(keys.STATUS) in (
             (None, "interrupted") if single_run else ("interrupted",))
         if stale:
-            study._storage.set_trial_user_attr(t._trial_id, keys.STATUS, "interrupted")
-            study._storage.set_trial_user_attr(t._trial_id, keys.REASON, "the tuner was killed during this trial")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            storage, tid = storage_of(study), trial_id(t)
+            storage.set_trial_user_attr(tid, keys.STATUS, "interrupted")
+            storage.set_trial_user_attr(tid, keys.REASON, "the tuner was killed during this trial")
+            storage.set_trial_state_values(tid, TrialState.FAIL)
         if (stale or interrupted) and t.number not in retried and t.params:
             attrs = {keys.RETRY_OF: t.number}
             for role in ROLES + (keys.REQUEUE_OF,):  # a retried walk step walks on; a retried re-run re-runs
@@ -105,7 +110,7 @@ def recover(study, space, *, single_run: bool) -> int:
     return queued
 
 
-def advance_plan(study, space, *, storage, limit: MemoryLimit | None, fingerprint: str,
+def advance_plan(study: Study, space, *, storage, limit: MemoryLimit | None, fingerprint: str,
                  log: Callable[[str], None], said: set[str]) -> Plan:
     """Queue what the planned search (``coordinate.plan``) needs now and log its decisions not in ``said`` yet
     (the caller's set, updated). Called after every finished trial, however it was answered."""
@@ -120,7 +125,8 @@ def advance_plan(study, space, *, storage, limit: MemoryLimit | None, fingerprin
     return p
 
 
-def advance_batch_walk(study, space, *, storage, limit: MemoryLimit | None = None, log: Callable[[str], None]) -> None:
+def advance_batch_walk(study: Study, space, *, storage, limit: MemoryLimit | None = None,
+                       log: Callable[[str], None]) -> None:
     """Queue the next steps of the batch-size walk (``batch_walk.next_steps``) wherever the study's results
     now call for one, in a study from before the planned search (``advance_plan`` walks in the others). Called
     after every finished trial, however it was answered."""
@@ -135,7 +141,7 @@ def advance_batch_walk(study, space, *, storage, limit: MemoryLimit | None = Non
             log(step.why())
 
 
-def requeue_far_pruned(study, space, *, storage, log: Callable[[str], None]) -> list[int]:
+def requeue_far_pruned(study: Study, space, *, storage, log: Callable[[str], None]) -> list[int]:
     """Queue once, to run next, each pruned trial whose windows were far below its measured neighbours
     (``REQUEUE_BELOW``, ``REQUEUE_NEIGHBOURS``); the new trial carries ``requeue_of`` and is never re-queued
     itself (its verdict is final). Returns the numbers of the pruned trials re-queued. Called after every
@@ -152,8 +158,8 @@ def requeue_far_pruned(study, space, *, storage, log: Callable[[str], None]) -> 
                     or not t.params or t.number in done or ua.get(keys.REQUEUE_OF) is not None
                     or ua.get(keys.DUPLICATE_OF) is not None):
                 continue
-            ran = ua.get("median_samples_per_s") or statistics.median(t.intermediate_values.values() or [0.0])
-            near = [n.user_attrs.get("median_samples_per_s") for _, n in
+            ran = ua.get(keys.MEDIAN) or statistics.median(t.intermediate_values.values() or [0.0])
+            near = [n.user_attrs.get(keys.MEDIAN) for _, n in
                     neighbours(trials, TrialConfig.from_dict(ua[keys.CONFIG]))
                     if n.user_attrs.get(keys.STATUS) == "ok" and n.user_attrs.get(keys.DUPLICATE_OF) is None]
             near = [v for v in near if v]

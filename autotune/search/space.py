@@ -14,13 +14,16 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune.config import KNOBS, TrialConfig, device_family
 from autotune._yaml import read_yaml
 from autotune.errors import SpaceError
+
+if TYPE_CHECKING:
+    from optuna import Trial
 
 __all__ = ["Param", "SearchSpace", "load_space", "default_space_path", "fit_workload", "space_for"]
 
@@ -55,7 +58,7 @@ class SearchSpace:
     notes: list[str] = field(default_factory=list)
 
     # --- sampling ---------------------------------------------------------------------------------------
-    def suggest(self, trial) -> TrialConfig:
+    def suggest(self, trial: Trial) -> TrialConfig:
         """Ask an Optuna trial for one point and return the config that will really run (see ``effective``)."""
         values: dict[str, Any] = {}
         for p in self.params:

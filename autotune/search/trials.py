@@ -1,8 +1,8 @@
 """What a stored study says: the attribute keys trials carry, the one outcome mapping, read-only queries.
 
 The tuner's modules read and write the attributes that carry the protocol through the key constants below
-(as Optuna names ``_CONSTRAINTS_KEY``), so such a key is spelled once; report.py and diagnose.py still read
-a few by their literal names. User attributes are flat so optuna-dashboard shows them as
+(as Optuna names ``_CONSTRAINTS_KEY``), so such a key is spelled once, here; the views and the CLI read them
+through these constants too. User attributes are flat so optuna-dashboard shows them as
 columns; the figures a measured trial stores are ``TrialResult.figures()``'s keys.
 
 ``outcome`` decides what a ``TrialResult`` means to Optuna, once: ok -> COMPLETE with the memory constraint;
@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import MEMORY_STATUSES, TrialConfig, TrialResult
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial",
            "baseline_value", "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart",
@@ -54,6 +58,15 @@ WAITED_FOR = "waited_for"        # the number of the trial (another worker's) th
 BOTTLENECK = "bottleneck"
 TRACEBACK = "traceback"
 NODE = "node"                    # the Ray node that ran it
+# figures of a measured trial (``TrialResult.figures()``'s keys) that the search and the views read back
+SAMPLES = "samples_per_s"        # each measured window's rate
+MEDIAN = "median_samples_per_s"
+REL_IQR = "rel_iqr"              # the windows' spread, relative to their median
+TOKENS = "tokens_per_s"          # each window's tokens/s, where the workload counts tokens
+COMPILE_S = "compile_s"          # seconds torch.compile took in the trial (dynamo's clock)
+DATA_WAIT_SHARE = "data_wait_share"
+DATA_WAIT_S = "data_wait_s_per_step"
+COMPUTE_S = "compute_s_per_step"
 
 # --- system attributes (not shown by the dashboard) ----------------------------------------------------
 MEASURING = "autotune_measuring"  # this trial claimed its config and is measuring it
@@ -109,7 +122,7 @@ class MemoryLimit:
         return cls(measure.memory_cap_mb, measure.memory_margin, device_mb)
 
     @classmethod
-    def of_study(cls, study) -> "MemoryLimit":
+    def of_study(cls, study: Study) -> "MemoryLimit":
         """The limit of the study's latest run (for readers without a tuner: show, export, report)."""
         margin = (study.user_attrs.get(STUDY_MEASURE) or {}).get("memory_margin", 0.0)
         return cls(study.user_attrs.get(STUDY_MEMORY_CAP), margin, study.user_attrs.get(STUDY_DEVICE_MEMORY))
@@ -141,7 +154,7 @@ class MemoryLimit:
         device = self.device_constraint(peak_device_mb, peak_allocated_mb)
         return self.constraint(peak_mb) <= 0 and (device is None or device <= 0)
 
-    def binds(self, trial) -> bool:
+    def binds(self, trial: FrozenTrial) -> bool:
         """A trial that ran out of memory, was killed over the cap, or was skipped as a larger batch of one
         that was, still says the config does not fit: an out-of-memory error always; a kill (or a skip) under
         a cap at least this limit's usable memory. A kill at a lower cap says nothing about a higher one.
@@ -185,7 +198,7 @@ def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.
     return Outcome("fail")
 
 
-def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
+def is_feasible(trial: FrozenTrial, limit: MemoryLimit | None = None) -> bool:
     """The trial fits: with a ``limit``, a measured trial whose stored peak is under its usable memory (a trial
     that ran out of memory or was not measured does not fit); without one, every constraint the trial recorded
     is met (a trial with none is feasible)."""
@@ -197,7 +210,7 @@ def is_feasible(trial, limit: MemoryLimit | None = None) -> bool:
     return limit.fits(ua.get(PEAK), ua.get(PEAK_DEVICE), ua.get(PEAK_DEVICE_ALLOCATED))
 
 
-def config_of(trial, space=None) -> TrialConfig | None:
+def config_of(trial: FrozenTrial, space=None) -> TrialConfig | None:
     """The config a trial ran; for a queued trial, the one it will run (from ``space`` and its fixed params,
     else from what was recorded when it was queued); None when neither is known."""
     ua = trial.user_attrs
@@ -248,7 +261,8 @@ def neighbours(trials, config: TrialConfig, *, knob: str | None = None) -> list[
     return out
 
 
-def feasible_by_config(study, fingerprint: str | None = None, limit: MemoryLimit | None = None) -> dict[tuple, Any]:
+def feasible_by_config(study: Study, fingerprint: str | None = None,
+                       limit: MemoryLimit | None = None) -> dict[tuple, Any]:
     """Best measured (status ok) feasible trial per distinct config, among the trials measured on hardware
     ``fingerprint`` (default: the study's): a Ray cluster may mix kinds of nodes, a recommendation may not.
     Feasible under ``limit`` (default: the study's latest, ``MemoryLimit.of_study``)."""
@@ -270,7 +284,7 @@ def feasible_by_config(study, fingerprint: str | None = None, limit: MemoryLimit
     return out
 
 
-def known(study, fingerprint: str, limit: MemoryLimit | None = None
+def known(study: Study, fingerprint: str, limit: MemoryLimit | None = None
           ) -> tuple[dict[tuple, Any], list[tuple[TrialConfig, int]]]:
     """Finished (complete or pruned) measured trials of this hardware by config key (the first; a completed one
     over a pruned one, as a re-queued prune's re-run is), and the memory failures
@@ -296,7 +310,7 @@ def known(study, fingerprint: str, limit: MemoryLimit | None = None
     return done, memory_failures
 
 
-def baseline_trial(study):
+def baseline_trial(study: Study):
     """The measured (status ok) baseline trial, or None."""
     for t in study.get_trials(deepcopy=False):
         if t.user_attrs.get(BASELINE) and t.user_attrs.get(STATUS) == "ok":
@@ -304,12 +318,12 @@ def baseline_trial(study):
     return None
 
 
-def baseline_value(study) -> float | None:
+def baseline_value(study: Study) -> float | None:
     t = baseline_trial(study)
     return t.value if t is not None else None
 
 
-def baseline_trial_any(study):
+def baseline_trial_any(study: Study):
     """The baseline trial in any state (queued, running, finished), or None."""
     for t in study.get_trials(deepcopy=False):
         if t.user_attrs.get(BASELINE):
@@ -317,7 +331,7 @@ def baseline_trial_any(study):
     return None
 
 
-def trial_rows(study) -> list[dict[str, Any]]:
+def trial_rows(study: Study) -> list[dict[str, Any]]:
     """One flat dict per trial (for `show`, CSV, reports), from what the trials stored; ``feasible`` under the
     study's latest memory limit."""
     limit = MemoryLimit.of_study(study)
@@ -333,12 +347,12 @@ def trial_rows(study) -> list[dict[str, Any]]:
             "state": t.state.name,
             "status": (f"copy of #{ua[DUPLICATE_OF]}" if ua.get(DUPLICATE_OF) is not None
                        else ua.get(STATUS, _UNFINISHED.get(t.state.name, "-"))),
-            "samples_per_s": ua.get("median_samples_per_s"),
+            "samples_per_s": ua.get(MEDIAN),
             # when the workload counts tokens (text): the median of the windows' tokens/s
-            "tokens_per_s": statistics.median(ua["tokens_per_s"]) if ua.get("tokens_per_s") else None,
-            "rel_iqr": ua.get("rel_iqr"),
-            "peak_host_mb": ua.get("peak_host_mb"),
-            "data_wait_share": ua.get("data_wait_share"),
+            "tokens_per_s": statistics.median(ua[TOKENS]) if ua.get(TOKENS) else None,
+            "rel_iqr": ua.get(REL_IQR),
+            "peak_host_mb": ua.get(PEAK),
+            "data_wait_share": ua.get(DATA_WAIT_SHARE),
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "role": role(ua, study.user_attrs.get(STUDY_FINGERPRINT)),
@@ -380,7 +394,7 @@ def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
     return what
 
 
-def _reason(trial, limit: MemoryLimit, parity: dict | None, requeued_as: int | None = None) -> str:
+def _reason(trial: FrozenTrial, limit: MemoryLimit, parity: dict | None, requeued_as: int | None = None) -> str:
     """What `show` says of a trial: its own reason, or why a measured one is not a candidate; first, that it
     was re-queued (a prune far below its neighbours) or is such a re-run, or ran with compile held back."""
     ua = trial.user_attrs

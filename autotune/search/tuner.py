@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from autotune.search import finalists as fin
 from autotune.search import queue as study_queue
@@ -23,11 +23,12 @@ from autotune.search import trials as keys
 from autotune._redact import redact
 from autotune.machine.safefs import private_dir
 from autotune.search.compile_gate import CompileGate
+from autotune.search.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
 from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.search.convergence import Convergence, convergence
 from autotune.search.effects import save_dashboard_note
 from autotune.errors import AutotuneError, StorageError
-from autotune.search.finalist_rounds import SavedRounds
+from autotune.search.finalist_rounds import SavedRounds, record_parity
 from autotune.search.payback import RunLength
 from autotune.search.protocol import make_sampler
 from autotune.search.pruning import NoHopePruner, as_optuna_pruner
@@ -36,14 +37,20 @@ from autotune.search.storage import (DEFAULT_STORAGE, artifacts_dir, check_study
 from autotune.search.trials import MemoryLimit, baseline_trial, feasible_by_config
 from autotune.search.warm_start import queue_warm_start
 
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.storages import BaseStorage
+
+    from autotune.search.backends import SearchBackend
+    from autotune.search.coordinate import Plan
+
 __all__ = ["Tuner", "Runner", "CEILING_S"]
 
 # The time budget of a run given none: it stops when the search converges, and at the latest after this.
 CEILING_S = 8 * 3600.0
 
-# What runs one trial: ``runner(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult``
-# (``autotune.trial.runner.run_trial``: a fresh child process, watched by this one).
-Runner = Callable[..., TrialResult]
+# ``Runner`` (``context.Runner``): what runs one trial, ``runner(workload, config, measure, *, on_window=None,
+# log_path=None) -> TrialResult`` (``autotune.trial.runner.run_trial``: a fresh child process, watched by this one).
 # What ``Tuner(on_trial=...)`` calls after each finished trial: ``callback(study, frozen_trial)``, as Optuna's.
 TrialCallback = Callable[..., None]
 
@@ -155,13 +162,13 @@ class Tuner:
         return run_trial(workload, config, measure, compile_cache_dir=self.compile_cache_dir, **kw)
 
     @property
-    def storage(self):
+    def storage(self) -> BaseStorage:
         """The open Optuna storage (opened by ``study()``)."""
         if self._storage is None:
             self.study()
         return self._storage
 
-    def study(self):
+    def study(self) -> Study:
         """The study, created or loaded, checked to be this hardware's, its description kept up to date."""
         if self._study is None:
             import optuna
@@ -214,12 +221,8 @@ class Tuner:
                                    space=load_space(source, hardware=hardware, device=self.workload.device))
 
     def record_parity(self, trial_number: int, result) -> None:
-        """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where
-        `show` and the report find it."""
-        study = self.study()
-        checks = dict(study.user_attrs.get(keys.PARITY) or {})
-        checks[str(trial_number)] = result.to_dict()
-        study.set_user_attr(keys.PARITY, checks)
+        """Keep a finalist's numerics check in the study (``finalist_rounds.record_parity``)."""
+        record_parity(self.study(), trial_number, result)
 
     def set_memory_cap(self, cap_mb: float) -> None:
         """Run the trials under another cap (e.g. a Ray node's share): what the child is killed at, and what
@@ -227,12 +230,53 @@ class Tuner:
         self.measure = self.measure.replace(memory_cap_mb=cap_mb)
         self.pruner.limit = self.limit
 
-
     def set_device_memory_cap(self, cap_mb: float | None) -> None:
         """Trials run under another device memory cap (a Ray node's GPU: its free memory, not this machine's)."""
         self.measure = self.measure.replace(device_memory_cap_mb=cap_mb)
         self.pruner.limit = self.limit
-    def prepare(self, study) -> None:
+
+    # --- what the parts it drives get (``context``) ---------------------------------------------------------
+    def connect_context(self) -> ConnectContext:
+        """What a backend's ``connect`` reads: this machine, the workload, the measurement and its caps."""
+        return ConnectContext(workload=self.workload, hardware=self.hardware, measure=self.measure,
+                              cap_given=self.cap_given, device_cap_given=self.device_cap_given,
+                              study_name=self.study_name, log=self.log)
+
+    def place(self, placement: Placement) -> Runner | None:
+        """Run the trials where the backend's ``connect`` found them: under its caps, and on other hardware the
+        study is the trial machines' (``adopt_hardware``). Returns the finalists' runner there, or None (here)."""
+        if placement.measure is not None and placement.measure != self.measure:
+            self.measure = placement.measure
+            self.pruner.limit = self.limit
+        hw = placement.hardware
+        if hw is not None and hw.fingerprint != self.hardware.fingerprint:
+            self.adopt_hardware(hw)
+            self.log(f"trials run on {placement.where or 'machines'} unlike this machine ({hw.summary_line()}, "
+                     f"fingerprint {hw.fingerprint}); study {self.study_name} is theirs and the finalists are "
+                     "re-measured there")
+        return placement.runner
+
+    def search_context(self) -> SearchContext:
+        """What a backend's ``search`` and the phases read, fixed for the run (the study's storage is opened)."""
+        return SearchContext(
+            workload=self.workload, space=self.space, measure=self.measure, limit=self.limit,
+            fingerprint=self.hardware.fingerprint, study_name=self.study_name, storage_url=self.storage_url,
+            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.runner, compile_gate=self.compile_gate,
+            pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials, patience=self.patience,
+            finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
+            after_trial=self.after_trial, out_of_time=self.out_of_time, plan=self.plan, convergence=self.convergence,
+            numerics_check_s=self.numerics_check_s)
+
+    def finalist_context(self) -> fin.FinalistContext:
+        """What ``finalists.choose`` reads."""
+        return fin.FinalistContext(
+            workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,
+            study_name=self.study_name, storage_url=self.storage_url, artifacts_dir=self.artifacts_dir,
+            compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=self.parity_steps,
+            parity=self.parity, log=self.log)
+
+    # --- the search ----------------------------------------------------------------------------------------
+    def prepare(self, study: Study) -> None:
         """Queue what the study needs before the search: retries of interrupted trials, and in a new study
         the baseline, the likely winner, the winners of earlier studies on this hardware (unless
         ``warm_start=False``, ``warm_start.queue_warm_start``) and the first batch-walk steps
@@ -247,7 +291,7 @@ class Tuner:
                                        warm_start=warm if self.warm_start else None)
         self.advance_batch_walk(study)  # a resumed study: what its plan needs and a killed run did not queue
 
-    def after_trial(self, study) -> None:
+    def after_trial(self, study: Study) -> None:
         """What follows every finished trial (each backend calls it): the planned search's next trials (or
         compile's next mode), then the ``on_trial`` callbacks for each trial finished since the last call."""
         self.advance_batch_walk(study)
@@ -259,7 +303,7 @@ class Tuner:
                 for callback in self.on_trial:
                     callback(study, t)
 
-    def advance_batch_walk(self, study) -> None:
+    def advance_batch_walk(self, study: Study) -> None:
         """Queue what the planned search needs now (``study_queue.advance_plan``: the bundle apart, the batch
         walk, one knob at a time; in a study from before it, the batch walk's next step), compile's next mode
         (``phases.advance``), and a re-run of a trial pruned far below its neighbours
@@ -272,14 +316,14 @@ class Tuner:
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
         else:
             study_queue.advance_batch_walk(study, self.space, storage=self.storage, limit=self.limit, log=self.log)
-        phases.advance(self, study)
+        phases.advance(study, self.space, fingerprint=self.hardware.fingerprint, limit=self.limit, log=self.log)
         study_queue.requeue_far_pruned(study, self.space, storage=self.storage, log=self.log)
 
     @staticmethod
-    def _states(study) -> tuple:
+    def _states(study: Study) -> tuple:
         return tuple((t.number, t.state.name) for t in study.get_trials(deepcopy=False))
 
-    def plan(self, study):
+    def plan(self, study: Study) -> Plan | None:
         """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
         from autotune.search.coordinate import plan
 
@@ -291,14 +335,15 @@ class Tuner:
                                        fingerprint=self.hardware.fingerprint))
         return self._plan[1]
 
-    def convergence(self, study) -> Convergence:
+    def convergence(self, study: Study) -> Convergence:
         """How far the sampler's search is from converging (``convergence``): its trials without a gain, against
         a patience from the cost of a trial and the planned run; never converged while the plan is not done."""
         from autotune.search.phases import run_seconds
 
         plan = self.plan(study)
         return convergence(study, patience_k=self.patience, fingerprint=self.hardware.fingerprint, limit=self.limit,
-                           run_s=run_seconds(self, study), ready=plan is None or plan.done,
+                           run_s=run_seconds(study, run_length=self.run_length, fingerprint=self.hardware.fingerprint,
+                                             limit=self.limit), ready=plan is None or plan.done,
                            run_label=self.run_length.label().split(" (")[0])
 
     def out_of_time(self, trial_walls: list[float], deadline: float | None, budget_s: float | None) -> bool:
@@ -307,7 +352,7 @@ class Tuner:
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
                                rounds=self.finalist_rounds, check_s=check_s)
 
-    def numerics_check_s(self, study) -> float:
+    def numerics_check_s(self, study: Study) -> float:
         """The expected time of the numerics check of the best feasible config so far
         (``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
@@ -338,24 +383,34 @@ class Tuner:
             timeout_s = ceiling_s
         searcher = load_backend(backend, address=address)
         self.stop_reason = ""
-        with searcher.connect(self) as finalist_runner, run_lock(self.storage_url, self.study_name), \
-                closing_default():  # the run's fork servers (autotune.trial.forkserver) end with it
-            # its folder (trial logs, inductor's cache that trials load back): 0700, and no other user's
-            private_dir(self.artifacts_dir)
-            study = self.study()  # opens (and checks) the storage once this run may write to it
-            self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
-            self.prepare(study)
-            deadline = time.monotonic() + timeout_s if timeout_s else None
-            n = searcher.search(self, study, trials=trials, deadline=deadline, budget_s=timeout_s)
-            if not self.stop_reason:
-                self.stop_reason = (f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
-                                    else "out of time: what is left of the budget is the finalists'")
-            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
-                     f"{self.stop_reason}")
-            rec = self.finalize(deadline=deadline, runner=finalist_runner)
-            # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
-            save_dashboard_note(study, self.log)
-            return rec
+        with searcher.connect(self.connect_context()) as placement:
+            finalist_runner = self.place(placement)  # before the lock: the study may be the trial machines'
+            with run_lock(self.storage_url, self.study_name), \
+                    closing_default():  # the run's fork servers (autotune.trial.forkserver) end with it
+                return self._search_then_finalize(searcher, trials=trials, timeout_s=timeout_s,
+                                                  finalist_runner=finalist_runner)
+
+    def _search_then_finalize(self, searcher: SearchBackend, *, trials: int | None, timeout_s: float | None,
+                              finalist_runner: Runner | None):
+        """``run`` with the backend connected and the run lock held."""
+        # its folder (trial logs, inductor's cache that trials load back): 0700, and no other user's
+        private_dir(self.artifacts_dir)
+        study = self.study()  # opens (and checks) the storage once this run may write to it
+        self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+        self.prepare(study)
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials, deadline=deadline,
+                                                 budget_s=timeout_s)
+        n = outcome.trials_run
+        self.stop_reason = outcome.stop_reason or (
+            f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
+            else "out of time: what is left of the budget is the finalists'")
+        self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
+                 f"{self.stop_reason}")
+        rec = self.finalize(deadline=deadline, runner=finalist_runner)
+        # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
+        save_dashboard_note(study, self.log)
+        return rec
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
@@ -383,7 +438,8 @@ class Tuner:
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
-            rec = fin.choose(self, configs, cands, evidence, base, check_numerics=runner is None)
+            rec = fin.choose(self.finalist_context(), study, configs, cands, evidence, base,
+                             check_numerics=runner is None)
         if rec is not None and self.stop_reason:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search import trials as keys
 from autotune.config import TrialConfig, device_family
 from autotune.errors import ConfigError
 from autotune.search.trials import MemoryLimit, config_of, feasible_by_config
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["WARM_START_MAX", "Winner", "earlier_winners", "params_for", "queue_warm_start"]
 
@@ -94,7 +97,7 @@ def _from_recommendation(name: str, rec: dict | None, fingerprint: str) -> Winne
                   recommended=True)
 
 
-def _best_trial(study, fingerprint: str) -> Winner | None:
+def _best_trial(study: Study, fingerprint: str) -> Winner | None:
     feasible = feasible_by_config(study, fingerprint, MemoryLimit.of_study(study))
     if not feasible:
         return None
@@ -129,7 +132,7 @@ def params_for(config: TrialConfig, space) -> dict[str, Any]:
     return values
 
 
-def queue_warm_start(study, space, *, storage, fingerprint: str, device: str, enqueue: Callable[..., None],
+def queue_warm_start(study: Study, space, *, storage, fingerprint: str, device: str, enqueue: Callable[..., None],
                      log: Callable[[str], None], most: int = WARM_START_MAX) -> int:
     """Queue up to ``most`` earlier winners (``earlier_winners``) mapped into ``space`` (``params_for``),
     each with ``warm_start_from: "<study name> #<trial>"``; returns how many were queued now.

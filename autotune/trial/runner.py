@@ -1,6 +1,7 @@
 """The parent side of one trial: start a fresh child, watch it, contain it, and turn what happened into a result.
 
-The child (``_worker.py``) measures; the parent only watches: it reads the child's streamed events, reads the
+The child (``worker.py``) measures; the parent only watches: it reads the child's streamed events (the typed
+schema of ``events.py``, shared with the child), reads the
 kernel's memory high-water marks of the child and its DataLoader workers (``memwatch.MemoryWatch``), and kills the whole
 process group at the memory cap, at the time limit, or when ``on_window`` asks to stop (pruning). The parent
 never times anything itself.
@@ -26,6 +27,8 @@ from autotune._units import format_mb
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
+from autotune.trial import events
+from autotune.trial.events import Built, Done, Event, Failed, Warmup, Window
 from autotune.trial.forkserver import ForkServers, default_servers, forkable
 from autotune.machine.limits import MIN_MEMORY_CAP_MB, check_min_cap
 from autotune.measure import median_or_none
@@ -39,6 +42,9 @@ _MEMORY_EVERY_S = 0.1
 
 # on_window(index, samples_per_s) -> True to stop the trial now (pruned)
 WindowCallback = Callable[[int, float], bool]
+# on_event(event) with each event the child sends, as its line's dict (``events.to_dict``; ``events.from_dict`` reads
+# it back typed)
+EventCallback = Callable[[dict], None]
 
 
 def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
@@ -115,7 +121,7 @@ def run_trial(
     measure: MeasureSpec = MeasureSpec(),
     *,
     on_window: WindowCallback | None = None,
-    on_event: Callable[[dict], None] | None = None,
+    on_event: EventCallback | None = None,
     log_path: str | Path | None = None,
     python: str = sys.executable,
     profile_dir: str | Path | None = None,
@@ -125,9 +131,9 @@ def run_trial(
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
     ``on_window(index, samples_per_s)`` is called for each measured window as it arrives; returning True
-    stops the trial at once (status ``pruned``). ``log_path`` keeps the child's stdout/stderr. With
-    ``profile_dir``, the child then runs a few more steps under torch.profiler and writes a Chrome trace and
-    ``top_ops.json`` there (see ``autotune.trial.profile``); the measured figures are not affected.
+    stops the trial at once (status ``pruned``); ``on_event`` gets each event's dict (``EventCallback``).
+    ``log_path`` keeps the child's stdout/stderr. With ``profile_dir``, the child then profiles a few more steps
+    (a Chrome trace and ``top_ops.json`` there, ``autotune.trial.profile``); the measured figures are not affected.
     ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
     ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
     process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
@@ -193,13 +199,13 @@ def _check_runnable(workload: Workload, config: TrialConfig, measure: MeasureSpe
 
 
 class _Channel:
-    """The child's events as they arrive (JSON lines), the measured windows, and the parent's decision to stop
-    (``stop``: (status, reason)), which ``on_window`` may make."""
+    """The child's events as they arrive (JSON lines of ``events``), the measured windows, and the parent's decision
+    to stop (``stop``: (status, reason)), which ``on_window`` may make."""
 
-    def __init__(self, on_window: WindowCallback | None, on_event: Callable[[dict], None] | None) -> None:
+    def __init__(self, on_window: WindowCallback | None, on_event: EventCallback | None) -> None:
         self.on_window, self.on_event = on_window, on_event
-        self.events: list[dict] = []
-        self.windows: list[dict] = []
+        self.events: list[Event] = []
+        self.windows: list[Window] = []
         self.stop: tuple[str, str] | None = None
         self.buf = b""
 
@@ -217,21 +223,22 @@ class _Channel:
 
     def handle(self, line: bytes) -> None:
         try:
-            ev = json.loads(line)
-        except ValueError:
-            return
+            ev = events.decode(line)  # EventError (JSON, but not the schema: a bug) goes up, killing the child
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return  # not an event: a write the kill cut short
         self.events.append(ev)
         if self.on_event is not None:
-            self.on_event(ev)
-        if ev.get("event") == "window":
+            self.on_event(events.to_dict(ev))
+        if isinstance(ev, Window):
             if self.stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
                 return
             self.windows.append(ev)
-            if self.on_window is not None and self.on_window(ev["index"], ev["samples_per_s"]):
+            if self.on_window is not None and self.on_window(ev.index, ev.samples_per_s):
                 self.stop = ("pruned", f"stopped after {len(self.windows)} window(s): cannot beat the best so far")
 
-    def by_event(self) -> dict[str, dict]:
-        return {e.get("event"): e for e in self.events}
+    def last(self, kind: type[Event]):
+        """The last event of ``kind`` the child sent, or None."""
+        return next((e for e in reversed(self.events) if isinstance(e, kind)), None)
 
 
 def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: MeasureSpec, t0: float) -> None:
@@ -273,15 +280,14 @@ def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: Meas
 
 def _verdict(channel: _Channel, proc, log_path: Path) -> tuple[str, str, str | None, bool, str | None]:
     """(status, reason, signal name, the workload's own fault, traceback) from how the trial ended."""
-    by = channel.by_event()
-    done, failed, rc = by.get("done"), by.get("failed"), proc.returncode
+    done, failed, rc = channel.last(Done), channel.last(Failed), proc.returncode
     if channel.stop is not None:
         return (*channel.stop, None, False, None)
     if done is not None:
         return "ok", "", None, False, None
     if failed is not None:
-        user_error = failed["kind"] == "workload"
-        return ("error" if user_error else failed["kind"]), failed["message"], None, user_error, failed.get("traceback")
+        user_error = failed.kind == "workload"
+        return ("error" if user_error else failed.kind), failed.message, None, user_error, failed.traceback
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc).name
         return "crashed", _killed(proc, sig), sig, False, _tail(log_path)
@@ -290,38 +296,54 @@ def _verdict(channel: _Channel, proc, log_path: Path) -> tuple[str, str, str | N
 
 def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, status: str, reason: str,
             wall_s: float, sig: str | None, traceback_text: str | None, user_error: bool) -> TrialResult:
-    by = channel.by_event()
-    built, warm, done, windows = by.get("built", {}), by.get("warmup", {}), by.get("done") or {}, channel.windows
+    windows = channel.windows
     return TrialResult(
         status=status,
         reason=reason,
-        samples_per_s=tuple(w["samples_per_s"] for w in windows),
-        window_steps=tuple(w["steps"] for w in windows),
-        data_wait_s_per_step=done.get("data_wait_s_per_step") or median_or_none([w["data_wait_s"] for w in windows]),
-        compute_s_per_step=done.get("compute_s_per_step") or median_or_none([w["compute_s"] for w in windows]),
-        kernel_cpu_share=done.get("kernel_cpu_share"),
-        minor_faults_per_step=done.get("minor_faults_per_step"),
+        samples_per_s=tuple(w.samples_per_s for w in windows),
+        window_steps=tuple(w.steps for w in windows),
         peak_host_mb=round(memory.peak_mb, 1) if memory.peak_mb else None,
         peak_host_rss_mb=round(memory.peak_rss_mb, 1) if memory.peak_rss_mb else None,
-        peak_device_mb=done.get("peak_device_mb"),
-        peak_device_allocated_mb=done.get("peak_device_allocated_mb"),
-        device_memory_cap_mb=built.get("device_memory_cap_mb"),
-        startup_s=built.get("startup_s"),
-        warmup_s=warm.get("warmup_s"),
-        compile_s=warm.get("compile_s"),
-        warmup_steps=warm.get("warmup_steps"),
-        warmup_windows=tuple(warm.get("warmup_windows") or ()),
-        settled=warm.get("settled"),
-        final_loss=done.get("final_loss"),
         wall_s=round(wall_s, 3),
         signal=sig,
         traceback=traceback_text,
         batch_size=config.batch_size,
         user_error=user_error,
-        samples_per_step=done.get("samples_per_step"),
-        tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
-        user_parts=tuple(built.get("user_parts") or ()),
+        tokens_per_s=tuple(w.tokens_per_s for w in windows if w.tokens_per_s is not None),
+        **_built_figures(channel.last(Built)),
+        **_warmup_figures(channel.last(Warmup)),
+        **_done_figures(channel.last(Done), windows),
     )
+
+
+def _built_figures(built: Built | None) -> dict:
+    if built is None:
+        return {"device_memory_cap_mb": None, "startup_s": None, "user_parts": ()}
+    return {"device_memory_cap_mb": built.device_memory_cap_mb, "startup_s": built.startup_s,
+            "user_parts": tuple(built.user_parts)}
+
+
+def _warmup_figures(warm: Warmup | None) -> dict:
+    if warm is None:
+        return {"warmup_s": None, "compile_s": None, "warmup_steps": None, "warmup_windows": (), "settled": None}
+    return {"warmup_s": warm.warmup_s, "compile_s": warm.compile_s, "warmup_steps": warm.warmup_steps,
+            "warmup_windows": tuple(warm.warmup_windows), "settled": warm.settled}
+
+
+def _done_figures(done: Done | None, windows: list[Window]) -> dict:
+    """The figures of the ``Done`` event; without one (a trial that failed or was stopped) the step-time split
+    from the windows it measured."""
+    waits = median_or_none([w.data_wait_s for w in windows])
+    computes = median_or_none([w.compute_s for w in windows])
+    if done is None:
+        return {"data_wait_s_per_step": waits, "compute_s_per_step": computes, "kernel_cpu_share": None,
+                "minor_faults_per_step": None, "peak_device_mb": None, "peak_device_allocated_mb": None,
+                "final_loss": None, "samples_per_step": None}
+    return {"data_wait_s_per_step": done.data_wait_s_per_step or waits,
+            "compute_s_per_step": done.compute_s_per_step or computes,
+            "kernel_cpu_share": done.kernel_cpu_share, "minor_faults_per_step": done.minor_faults_per_step,
+            "peak_device_mb": done.peak_device_mb, "peak_device_allocated_mb": done.peak_device_allocated_mb,
+            "final_loss": done.final_loss, "samples_per_step": done.samples_per_step}
 
 
 def _drain(fd: int) -> bytes:

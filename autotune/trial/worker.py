@@ -1,7 +1,8 @@
 """The child side of one trial. Run as ``python -m autotune.trial.worker FD PAYLOAD_JSON`` by ``runner.py``.
 
 It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the
-trial log): ``started``, ``built``, ``warmup``, one ``window`` per measured window, then ``done`` or ``failed``.
+trial log), the events of ``autotune.trial.events``: ``Started``, ``Built``, ``Warmup``, one ``Window`` per measured
+window, then ``Done`` or ``Failed``.
 Step times come from the device's step timer; the device is synchronised once per measured window, never per
 step (warm-up steps are synchronised one by one, to see when they settle).
 Thread settings are applied before torch is imported; everything else happens in ``run``.
@@ -20,12 +21,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from autotune.trial.events import Built, Done, Event, Failed, Profiled, Started, Warmup, Window, encode
 from autotune.workloads.contract import StepOut, split_batch
 from autotune.trial.proctree import adopt_orphans, die_with_parent, kill_descendants
 
 __all__ = ["die_with_parent", "apply_threads", "make_step", "compile_seconds", "run", "main"]
 
-Send = Callable[..., None]
+Send = Callable[[Event], None]  # hands one event to the parent
 
 
 def apply_threads(config: dict) -> None:
@@ -150,9 +152,9 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
-    send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
-         accumulation_steps=accumulation, user_parts=list(built.user_parts),
-         device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
+    send(Built(startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
+               accumulation_steps=accumulation, user_parts=tuple(built.user_parts),
+               device_memory_cap_mb=getattr(dev, "memory_cap_mb", None)))
 
     stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
@@ -175,7 +177,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
         out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
                                   workload.device, payload["config"])
-        send("profiled", **out["profile"])
+        send(Profiled(**out["profile"]))
     return out
 
 
@@ -264,8 +266,8 @@ class _WarmUp:
     compiling: bool
     compiled_before: float | None
 
-    def event(self, first: dict, unsettled: list[dict], confirmed: bool | None) -> dict:
-        """The ``warmup`` event's fields: it ends where ``first``, the first window kept as measured, began.
+    def event(self, first: dict, unsettled: list[dict], confirmed: bool | None) -> Warmup:
+        """The ``Warmup`` event: it ends where ``first``, the first window kept as measured, began.
         ``confirmed``: True when later windows confirmed it, False when the trial gave up waiting for them
         (MAX_UNSETTLED_WINDOWS or warmup_max_s), None when it was not checked (one window, or settle_windows 0)."""
         steady = statistics.median(self.times[-self.k:]) if self.times else first["elapsed"] / first["steps"]
@@ -279,10 +281,10 @@ class _WarmUp:
             if self.compiling:
                 print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
                       flush=True)
-        return dict(warmup_s=first["started"] - self.t_warm,
-                    warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
-                    step_s=steady, first_step_s=self.first_s, warmup_windows=[w["samples_per_s"] for w in unsettled],
-                    settled=confirmed)
+        return Warmup(warmup_s=first["started"] - self.t_warm,
+                      warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
+                      step_s=steady, first_step_s=self.first_s,
+                      warmup_windows=tuple(w["samples_per_s"] for w in unsettled), settled=confirmed)
 
 
 def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool) -> _WarmUp:
@@ -339,7 +341,8 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         totals["samples"] += w["samples"]
         totals["waits"].append(w["data_wait_s"])
         totals["comps"].append(w["compute_s"])
-        send("window", index=sent, **{key: v for key, v in w.items() if key not in ("started", "elapsed", "samples")})
+        send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
+                    compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s")))
         sent += 1
 
     while sent < spec.windows:
@@ -347,7 +350,7 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         totals["all_steps"] += w["steps"]
         if settled:
             if sent == 0:  # not checked: one window only, or settle_windows 0
-                send("warmup", **warm.event(w, unsettled, None))
+                send(warm.event(w, unsettled, None))
             emit(w)
             continue
         held.append(w)
@@ -358,7 +361,7 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         if (confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS
                 or time.perf_counter() - warm.t_settle > spec.warmup_max_s):
             settled = True
-            send("warmup", **warm.event(held[0], unsettled, confirmed))
+            send(warm.event(held[0], unsettled, confirmed))
             for x in held:
                 emit(x)
             held = []
@@ -410,8 +413,8 @@ def main(argv: list[str]) -> int:
     payload = json.loads(argv[2])
     chan = os.fdopen(fd, "w", buffering=1)
 
-    def send(event: str, **fields: Any) -> None:
-        chan.write(json.dumps({"event": event, **fields}) + "\n")
+    def send(event: Event) -> None:
+        chan.write(encode(event).decode())
         chan.flush()
 
     # Threads for OpenMP/MKL are read once when the libraries load: the parent sets them in our environment,
@@ -420,7 +423,7 @@ def main(argv: list[str]) -> int:
     if threads:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ.setdefault(var, str(threads))
-    send("started", pid=os.getpid())
+    send(Started(pid=os.getpid()))
     try:
         result = run(payload, send)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
@@ -434,11 +437,11 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(tb)  # the trial's log keeps it too, where the one-line reason points
         sys.stderr.flush()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
-        send("failed", kind=kind, message=forked_cuda or message, traceback=tb[-8000:])
+        send(Failed(kind=kind, message=forked_cuda or message, traceback=tb[-8000:]))
         chan.close()
         kill_descendants()  # nothing the trial started outlives it, in its group or not
         os._exit(1)  # skip interpreter teardown: DataLoader workers and compile threads can hang it
-    send("done", **result)
+    send(Done(**result))
     chan.close()
     kill_descendants()
     os._exit(0)

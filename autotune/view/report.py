@@ -23,12 +23,16 @@ import html as _html
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune._redact import redact
 from autotune.config import finite_or_none
+from autotune.search import trials as keys
 from autotune.search.diagnose import diagnose, explain_study, levers_allowed, measured_values
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["build_report", "write_report", "recommended", "PLOTS", "TOP_CONFIGS"]
 
@@ -56,7 +60,7 @@ def _e(x: Any) -> str:
     return _html.escape("" if x is None else str(x))
 
 
-def recommended(study):
+def recommended(study: Study):
     """The study's recommendation (stored by the finalists), else the best feasible trial (provisional),
     else None."""
     from autotune.search.finalists import provisional
@@ -89,7 +93,7 @@ def _empty(title: str, why: str):
     return _titled(fig, title)
 
 
-def _history(study, baseline: float | None):
+def _history(study: Study, baseline: float | None):
     import optuna
 
     title = PLOTS["plot-history"]
@@ -154,7 +158,7 @@ def _memory(rows: list[dict], cap: float | None, base_n: int | None, rec_n: int 
     return _titled(fig, title)
 
 
-def _importances(study, trusted: tuple[bool, int, int]):
+def _importances(study: Study, trusted: tuple[bool, int, int]):
     import optuna
 
     title = PLOTS["plot-importances"]
@@ -180,13 +184,13 @@ def _breakdown(bars: list[tuple[str, dict]]):
 
     title = PLOTS["plot-breakdown"]
     bars = [(name, ua) for name, ua in bars
-            if finite_or_none(ua.get("data_wait_s_per_step")) is not None
-            and finite_or_none(ua.get("compute_s_per_step")) is not None]
+            if finite_or_none(ua.get(keys.DATA_WAIT_S)) is not None
+            and finite_or_none(ua.get(keys.COMPUTE_S)) is not None]
     if not bars:
         return _empty(title, "no measured step times for the baseline or the recommendation")
     names = [name for name, _ in bars]
-    wait = [1000 * finite_or_none(ua["data_wait_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
-    comp = [1000 * finite_or_none(ua["compute_s_per_step"]) for _, ua in bars]  # type: ignore[operator]
+    wait = [1000 * finite_or_none(ua[keys.DATA_WAIT_S]) for _, ua in bars]  # type: ignore[operator]
+    comp = [1000 * finite_or_none(ua[keys.COMPUTE_S]) for _, ua in bars]  # type: ignore[operator]
     fig = go.Figure([
         go.Bar(y=names, x=wait, name="waiting for data", orientation="h", marker_color="#ff7f0e",
                text=[f"{w:.1f} ms ({100 * w / (w + c):.0f}%)" if w + c else "" for w, c in zip(wait, comp)]),
@@ -212,7 +216,7 @@ def _importances_note(trusted: tuple[bool, int, int]) -> str:
             "draws them anyway. What one knob did, from trials that differ in it only, is in the table below.</p>")
 
 
-def _effects_table(study) -> str:
+def _effects_table(study: Study) -> str:
     from autotune.search.effects import by_change, one_knob_effects
 
     changes = by_change(one_knob_effects(study.get_trials(deepcopy=False)))
@@ -230,16 +234,16 @@ def _effects_table(study) -> str:
     return f"{intro}<table id='one-knob'>{head}{body}</table>"
 
 
-def _rows(study) -> list[dict]:
+def _rows(study: Study) -> list[dict]:
     from autotune.search.trials import trial_rows
 
     return trial_rows(study)
 
 
-def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -> str:
+def _top_table(study: Study, rows: list[dict], base: float | None, cap: float | None) -> str:
     by_n = {t.number: t for t in study.get_trials(deepcopy=False)}
     top = [r for r in rows if r["status"] == "ok" and r["feasible"] is not False and r["samples_per_s"]
-           and by_n[r["trial"]].user_attrs.get("duplicate_of") is None]
+           and by_n[r["trial"]].user_attrs.get(keys.DUPLICATE_OF) is None]
     top.sort(key=lambda r: -r["samples_per_s"])
     if not top:
         return "<p class='muted'>No measured feasible trial yet.</p>"
@@ -250,7 +254,7 @@ def _top_table(study, rows: list[dict], base: float | None, cap: float | None) -
     for i, r in enumerate(top[:TOP_CONFIGS], 1):
         t = by_n[r["trial"]]
         d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(by_n.values()),
-                     allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value, measured))
+                     allowed=levers_allowed(study, t.user_attrs.get(keys.CONFIG) or {}, t.value, measured))
         iqr, wait, peak = (finite_or_none(r["rel_iqr"]), finite_or_none(r["data_wait_share"]),
                            finite_or_none(r["peak_host_mb"]))
         cells = [str(i), f"{r['trial']}" + (" (baseline)" if r["baseline"] else ""),
@@ -297,7 +301,7 @@ def _profile_section(profile, profile_note: str, report_dir: Path | None) -> str
 
 # --- the page -----------------------------------------------------------------------------------------
 
-def build_report(study, *, storage_url: str = "", profile=None, profile_note: str = "",
+def build_report(study: Study, *, storage_url: str = "", profile=None, profile_note: str = "",
                  report_path: str | Path | None = None) -> str:
     """The report of an Optuna study made by autotune, as one HTML string (no network needed to open it).
 
@@ -311,7 +315,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     from autotune.search.trials import baseline_trial, baseline_value
 
     ua = study.user_attrs
-    cap = finite_or_none(ua.get("memory_cap_mb"))
+    cap = finite_or_none(ua.get(keys.STUDY_MEMORY_CAP))
     rows = _rows(study)
     base_t = baseline_trial(study)
     base = baseline_value(study)
@@ -342,11 +346,11 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     states: dict[str, int] = {}
     for t in trials.values():
         states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
-    workload = ua.get("workload") or {}
+    workload = ua.get(keys.STUDY_WORKLOAD) or {}
     summary = [("study", study.study_name), ("storage", redact(storage_url) or "-"),
                ("workload", " / ".join(str(workload.get(k)) for k in ("model", "task", "image_size", "device")
                                        if workload.get(k) is not None) or "-"),
-               ("hardware", ua.get("hardware") or "-"),
+               ("hardware", ua.get(keys.STUDY_HARDWARE) or "-"),
                ("trials", f"{len(trials)} ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))})"),
                ("memory cap", f"{cap:.0f} MiB per trial" if cap else "-"),
                ("baseline",
@@ -363,7 +367,7 @@ def build_report(study, *, storage_url: str = "", profile=None, profile_note: st
     for name, t in (("baseline", base_t), ("recommended", rec_t)):
         if t is not None:
             d = diagnose(t.user_attrs, memory_cap_mb=cap, trials=list(trials.values()),
-                         allowed=levers_allowed(study, t.user_attrs.get("config") or {}, t.value))
+                         allowed=levers_allowed(study, t.user_attrs.get(keys.CONFIG) or {}, t.value))
             limits.append(f"<li>{name} (trial {t.number}): <span class=label>{_e(d.label)}</span>: "
                           f"{_e(d.explanation)}</li>")
     per_trial = "\n".join(_e(line) for line in explain_study(study))

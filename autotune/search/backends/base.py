@@ -3,14 +3,20 @@
 ``Tuner.run`` owns the study's life: it opens and checks the study, takes the run lock, queues the first trials
 and the retries, hands the search to a backend, and re-measures the finalists. A backend owns only the search:
 asking Optuna for trials, running them, and recording each through the trial protocol
-(``autotune.search.protocol``), the same functions for every backend.
+(``autotune.search.protocol``), the same functions for every backend. It never sees the tuner: it reads a frozen
+context (``autotune.search.context``) and answers with values (a ``Placement``, a ``SearchOutcome``).
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
+
+from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["SearchBackend"]
 
@@ -26,18 +32,20 @@ class SearchBackend(abc.ABC):
         self.address = address  # the cluster to join, for backends that have one
 
     @abc.abstractmethod
-    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
-        """Run up to ``trials`` more search trials (None: no count limit) into ``study``; return how many ran.
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
+               budget_s: float | None) -> SearchOutcome:
+        """Run up to ``trials`` more search trials (None: no count limit) into ``study``; return how many ran, and
+        why the search stopped when a phase ended it (``phases.stop_reason``).
 
-        May assume: ``study`` is ``tuner.study()``, opened and checked against this hardware; the run lock is
-        held; the baseline, the likely winner, the first batch-walk steps and the retries of interrupted
-        trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None without a
-        time budget.
+        May assume: ``study`` is the tuner's study, opened and checked against this hardware; ``ctx`` describes
+        it; the run lock is held; the baseline, the likely winner, the first batch-walk steps and the retries of
+        interrupted trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None
+        without a time budget.
 
         Must: record every trial through ``autotune.search.protocol`` (``begin``; ``claim`` where several trials of
         the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child
-        process (``tuner.runner`` locally, or the same runner on another machine), call ``tuner.after_trial(study)``
-        after each finished trial, start no trial once ``tuner.out_of_time(walls, deadline, budget_s)`` says the
+        process (``ctx.runner`` locally, or the same runner on another machine), call ``ctx.after_trial(study)``
+        after each finished trial, start no trial once ``ctx.out_of_time(walls, deadline, budget_s)`` says the
         finalists need the time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt``
         included): an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says
         the workload itself is wrong (``TrialResult.user_error``) stops the search with ``WorkloadError``.
@@ -45,10 +53,11 @@ class SearchBackend(abc.ABC):
         """
 
     @contextlib.contextmanager
-    def connect(self, tuner) -> Iterator[Callable | None]:
+    def connect(self, ctx: ConnectContext) -> Iterator[Placement]:
         """Set up where trials run, before the study is opened, and tear it down after the finalists.
         ``Tuner.run`` always enters it around ``search``; a backend may rely on that.
 
-        May change the tuner's hardware (``tuner.adopt_hardware``) when trials run on other machines than
-        this one. Yields the runner for the finalists, or None for ``tuner.runner`` on this machine."""
-        yield None
+        Yields where the trials run (``Placement``): the default, this machine as it is. When trials run on other
+        machines than this one, the placement names their hardware (the study becomes theirs), the caps they run
+        under and the runner for the finalists there."""
+        yield Placement()

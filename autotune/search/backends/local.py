@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from autotune.search import phases
 from autotune.search import protocol
@@ -14,9 +14,15 @@ from autotune.search import trials as keys
 from autotune.machine.safefs import private_dir
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, WorkloadError
+from autotune.search.optuna_compat import trial_id
 from autotune.search.storage import machine_lock, sqlite_path
 from autotune.search.trials import baseline_value
 from autotune.search.backends.base import SearchBackend
+from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+
+if TYPE_CHECKING:
+    from optuna import Study, Trial
+    from optuna.trial import FrozenTrial
 
 __all__ = ["LocalBackend", "EXHAUSTED_AFTER"]
 
@@ -39,39 +45,41 @@ class LocalBackend(SearchBackend):
         super().__init__()
 
     @contextlib.contextmanager
-    def connect(self, tuner) -> Iterator[None]:
+    def connect(self, ctx: ConnectContext) -> Iterator[Placement]:
         """This machine's measuring lock, held from before the study is opened until the finalists are done."""
-        with machine_lock(f"study {tuner.study_name}"):
-            yield None
+        with machine_lock(f"study {ctx.study_name}"):
+            yield Placement()
 
-    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
+               budget_s: float | None) -> SearchOutcome:
         from tqdm import tqdm
 
-        bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not tuner.progress,
+        bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not ctx.progress,
                    dynamic_ncols=True, bar_format="{desc} {n_fmt}" + ("/{total_fmt} [{elapsed}<{remaining}"
                                                                      if trials else " [{elapsed}") + "{postfix}]")
-        objective = _Objective(tuner)
+        objective = _Objective(ctx)
         n = 0
         free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
         walls: list[float] = []
-        tuner.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
+        stopped = ""
+        ctx.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
         try:
             while trials is None or n < trials:
                 # the eager search settles (converged, exhausted, or the budget's end is compile's), compile is
                 # tried last on its best config, then the search stops (``phases``)
-                why = phases.stop_reason(tuner, study, walls=walls, deadline=deadline, budget_s=budget_s,
+                why = phases.stop_reason(ctx, study, walls=walls, deadline=deadline, budget_s=budget_s,
                                          trials_left=None if trials is None else trials - n,
                                          exhausted=free_in_a_row if free_in_a_row >= EXHAUSTED_AFTER else 0)
                 if why is not None:
-                    tuner.stop_reason = why
+                    stopped = why
                     break
-                if tuner.out_of_time(walls, deadline, budget_s):
+                if ctx.out_of_time(walls, deadline, budget_s):
                     break
                 t0 = time.monotonic()
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
                 # the trial just run (the highest number may be a queued one still waiting)
                 last = next(t for t in study.get_trials(deepcopy=False) if t.number == objective.number)
-                tuner.after_trial(study)  # the batch walk's next step, the on_trial callbacks
+                ctx.after_trial(study)  # the batch walk's next step, the on_trial callbacks
                 if objective.answered:  # in no time, from earlier trials: does not use up the budget
                     free_in_a_row += 1
                     continue
@@ -79,33 +87,32 @@ class LocalBackend(SearchBackend):
                 walls.append(time.monotonic() - t0)
                 n += 1
                 bar.update(1)
-                bar.set_postfix_str(_postfix(study, last, phases.status_line(tuner, study, deadline)), refresh=True)
+                bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study, deadline)), refresh=True)
         finally:
-            tuner.compile_gate.stop()
+            ctx.compile_gate.stop()
             bar.close()
-        return n
+        return SearchOutcome(n, stopped)
 
 
 class _Objective:
-    """The Optuna objective of one local trial: the trial protocol around ``tuner.runner``."""
+    """The Optuna objective of one local trial: the trial protocol around ``ctx.runner``."""
 
-    def __init__(self, tuner) -> None:
-        self.tuner = tuner
+    def __init__(self, ctx: SearchContext) -> None:
+        self.ctx = ctx
         self.number = -1        # the trial it is (or was last) working on
         self.answered = False   # the study answered that trial without running it
 
-    def __call__(self, trial) -> float:
+    def __call__(self, trial: Trial) -> float:
         import optuna
 
-        tuner = self.tuner
+        ctx = self.ctx
         self.number, self.answered = trial.number, False
-        config = tuner.space.suggest(trial)
-        protocol.begin(trial, config, fingerprint=tuner.hardware.fingerprint)
-        if sqlite_path(tuner.storage_url) is None:  # one run per SQLite study: nothing else is in flight
+        config = ctx.space.suggest(trial)
+        protocol.begin(trial, config, fingerprint=ctx.fingerprint)
+        if sqlite_path(ctx.storage_url) is None:  # one run per SQLite study: nothing else is in flight
             self._wait_for_twin_in_flight(trial, config)
         try:
-            value = protocol.answer_from_study(trial, config, fingerprint=tuner.hardware.fingerprint,
-                                               limit=tuner.limit)
+            value = protocol.answer_from_study(trial, config, fingerprint=ctx.fingerprint, limit=ctx.limit)
         except optuna.TrialPruned:
             self.answered = True  # a copy of a pruned config
             raise
@@ -117,10 +124,10 @@ class _Objective:
             trial.report(samples_per_s, index)
             return trial.should_prune()
 
-        private_dir(tuner.artifacts_dir)  # made by Tuner.run; again if someone removed it meanwhile
-        log_path = tuner.artifacts_dir / f"trial-{trial.number}.log"
+        private_dir(ctx.artifacts_dir)  # made by Tuner.run; again if someone removed it meanwhile
+        log_path = ctx.artifacts_dir / f"trial-{trial.number}.log"
         try:
-            result = tuner.runner(tuner.workload, config, tuner.measure, on_window=on_window, log_path=log_path)
+            result = ctx.runner(ctx.workload, config, ctx.measure, on_window=on_window, log_path=log_path)
         except KeyboardInterrupt:
             trial.set_user_attr(keys.STATUS, "interrupted")
             trial.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
@@ -132,24 +139,24 @@ class _Objective:
                 trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
             raise WorkloadError(f"{result.reason.removeprefix('WorkloadError: ')} (trial {trial.number}; its "
                                 f"traceback is in {log_path})")
-        return protocol.record(trial, result, limit=tuner.limit)
+        return protocol.record(trial, result, limit=ctx.limit)
 
-    def _wait_for_twin_in_flight(self, trial, config: TrialConfig) -> None:
+    def _wait_for_twin_in_flight(self, trial: Trial, config: TrialConfig) -> None:
         """Several workers on one PostgreSQL/MySQL study: when another worker is measuring this very config
         right now, wait for it and reuse its result (``answer_from_study``) instead of measuring it twice."""
-        tuner = self.tuner
+        ctx = self.ctx
         while True:
-            twin = protocol.claim(trial, config, storage=tuner.storage, study_name=tuner.study_name)
+            twin = protocol.claim(trial, config, storage=ctx.storage, study_name=ctx.study_name)
             if twin is None:
                 return
             trial.set_user_attr(keys.WAITED_FOR, twin.number)
-            tuner.log(f"trial {trial.number}: trial {twin.number} (another worker) is measuring the same config; "
+            ctx.log(f"trial {trial.number}: trial {twin.number} (another worker) is measuring the same config; "
                       "waiting to reuse its result")
-            if protocol.wait_for(trial.study, twin._trial_id).name in ("COMPLETE", "PRUNED"):
+            if protocol.wait_for(trial.study, trial_id(twin)).name in ("COMPLETE", "PRUNED"):
                 return  # ``answer_from_study`` finds it among the finished trials
 
 
-def _postfix(study, last, phase: str) -> str:
+def _postfix(study: Study, last: FrozenTrial, phase: str) -> str:
     parts = [f"last #{last.number} {last.user_attrs.get(keys.STATUS, last.state.name.lower())}"]
     base = baseline_value(study)
     try:

@@ -6,8 +6,8 @@ Design (why it looks like this):
   with ``load_if_exists``, so it asks and tells *in the tuner's own study*: ``show``, ``export``,
   ``recommend()`` and optuna-dashboard see Ray's trials exactly like local ones. The searcher (``search.py``)
   records each trial the way the local backend does, through the same trial protocol (``autotune.search.protocol``):
-  ``Tuner.space.suggest`` (as the define-by-run space), ``answer_from_study`` (configs known to run out of
-  memory or measured before are recorded without running), ``record`` (figures as user attrs, memory
+  ``ctx.space.suggest`` (the tuner's space, as the define-by-run space), ``answer_from_study`` (configs known to
+  run out of memory or measured before are recorded without running), ``record`` (figures as user attrs, memory
   constraint, and ``autotune.search.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which
   spreads concurrent trials apart. The searcher runs in the driver, so only the driver needs to reach the storage.
   The tuner's own ``run`` opens, locks and seeds the study and re-measures the finalists, as for every backend.
@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from autotune.machine.safefs import private_dir
 from autotune.errors import WorkloadError
@@ -50,6 +50,10 @@ from autotune.search.backends.ray.actor import make_trainable
 from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, remote_runner,
                                                   resources_for, trial_shape)
 from autotune.search.backends.ray.search import make_scheduler, make_search
+from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 __all__ = ["RayBackend"]
 
@@ -63,60 +67,60 @@ class RayBackend(SearchBackend):
         self._capacity = 1
 
     @contextlib.contextmanager
-    def connect(self, tuner) -> Iterator:
+    def connect(self, ctx: ConnectContext) -> Iterator[Placement]:
         """Join (or start) Ray; find out what the trial nodes are, and make the study theirs if they are not
         this machine (then the finalists run on one of them)."""
         ray, _ = import_ray()
-        started = connect(ray, self.address, tuner.hardware.usable_cores)
+        started = connect(ray, self.address, ctx.hardware.usable_cores)
         try:
-            self._base, self._capacity = trial_shape(ray, tuner.workload)
+            self._base, self._capacity = trial_shape(ray, ctx.workload)
             hw, node = probe(ray, self._base)
-            cap, per_node = node_memory_cap_mb(hw, tuner.workload.device,
-                                               tuner.measure.memory_cap_mb if tuner.cap_given else None)
-            if cap != tuner.measure.memory_cap_mb:
-                tuner.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
-                          + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
-                tuner.set_memory_cap(cap)
-            if tuner.workload.device != "cpu" and not tuner.device_cap_given:
+            measure = ctx.measure
+            cap, per_node = node_memory_cap_mb(hw, ctx.workload.device,
+                                               measure.memory_cap_mb if ctx.cap_given else None)
+            if cap != measure.memory_cap_mb:
+                ctx.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
+                        + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
+                measure = measure.replace(memory_cap_mb=cap)
+            if ctx.workload.device != "cpu" and not ctx.device_cap_given:
                 # Ray gives each trial one GPU of its choosing (CUDA_VISIBLE_DEVICES): "cuda" there, whatever N
                 # the workload names (``trial_device``); its free memory is the node's, not this machine's
-                tuner.set_device_memory_cap(default_device_memory_cap_mb(hw, "cuda"))
-            if hw.fingerprint == tuner.hardware.fingerprint:
-                yield None
+                measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(hw, "cuda"))
+            if hw.fingerprint == ctx.hardware.fingerprint:
+                yield Placement(measure=measure)
                 return
-            tuner.adopt_hardware(hw)
-            tuner.log(f"trials run on Ray nodes unlike this machine ({hw.summary_line()}, fingerprint "
-                      f"{hw.fingerprint}); study {tuner.study_name} is theirs and the finalists are re-measured there")
-            yield remote_runner(ray, self._base, node, tuner.workload.device)
+            yield Placement(measure=measure, hardware=hw, where="Ray nodes",
+                            runner=remote_runner(ray, self._base, node, ctx.workload.device))
         finally:
             if started:
                 ray.shutdown()
 
-    def search(self, tuner, study, *, trials: int | None, deadline: float | None, budget_s: float | None) -> int:
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
+               budget_s: float | None) -> SearchOutcome:
         if not self._base:
             raise RuntimeError("RayBackend.search runs inside RayBackend.connect (Tuner.run enters it)")
         if trials == 0:
-            return 0
+            return SearchOutcome(0)
         _, tune = import_ray()
         from ray.tune.search.optuna import OptunaSearch
 
-        search = make_search(OptunaSearch)(tuner, deadline=deadline, budget_s=budget_s)
+        search = make_search(OptunaSearch)(ctx, deadline=deadline, budget_s=budget_s)
         trainable = tune.with_resources(
-            tune.with_parameters(make_trainable(tune), workload=tuner.workload.to_dict(),
-                                 measure=tuner.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
-            resources_for(self._base, tuner.workload.device))
-        root = (private_dir(tuner.artifacts_dir) / "ray").resolve()
+            tune.with_parameters(make_trainable(tune), workload=ctx.workload.to_dict(),
+                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
+            resources_for(self._base, ctx.workload.device))
+        root = (private_dir(ctx.artifacts_dir) / "ray").resolve()
         root.mkdir(parents=True, exist_ok=True)
-        per_trial = ", ".join(f"{v:g} {k}" for k, v in self._base.items()) if tuner.workload.device == "cpu" else \
+        per_trial = ", ".join(f"{v:g} {k}" for k, v in self._base.items()) if ctx.workload.device == "cpu" else \
             "1 GPU + 1 CPU per DataLoader worker and one for the main process"
-        tuner.log(f"Ray Tune: {per_trial} per trial, up to {self._capacity} at once; Tune's files in {root}")
+        ctx.log(f"Ray Tune: {per_trial} per trial, up to {self._capacity} at once; Tune's files in {root}")
         runner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(search),
                                         num_samples=trials if trials is not None else -1,
                                         max_concurrent_trials=self._capacity, reuse_actors=False,
                                         trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
-            run_config=tune.RunConfig(name=f"{tuner.study_name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            run_config=tune.RunConfig(name=f"{ctx.study_name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=str(root), verbose=0,
                                       checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
                                       failure_config=tune.FailureConfig(max_failures=2)),
@@ -134,4 +138,4 @@ class RayBackend(SearchBackend):
         search.close()
         if search.abort is not None:
             raise WorkloadError(search.abort.removeprefix("WorkloadError: "))
-        return search.told
+        return SearchOutcome(search.told, search.stop_reason)

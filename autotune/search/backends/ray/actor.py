@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.trial import events
 from autotune.search.backends.ray.cluster import PLAN_KEY, trial_device
 
 __all__ = ["make_trainable", "kill_trial_children", "METRIC"]
@@ -57,10 +58,10 @@ def make_trainable(tune):
                 from autotune.trial.runner import run_trial
                 from autotune.search.storage import machine_lock
 
-                def on_event(ev: dict) -> None:  # windows go to Tune with their step-time split
-                    if ev.get("event") == "window":
-                        self._events.put(("window", {k: ev.get(k) for k in
-                                                     ("index", "samples_per_s", "steps", "data_wait_s", "compute_s")}))
+                def on_event(d: dict) -> None:  # windows go to Tune with their step-time split
+                    ev = events.from_dict(d)
+                    if isinstance(ev, events.Window):
+                        self._events.put(("window", ev))
 
                 # a CPU trial holds the node, whoever started it; GPU trials share it, one per GPU (Ray's job)
                 here = (machine_lock(f"a Ray trial ({log.name})") if workload.device == "cpu"
@@ -77,8 +78,8 @@ def make_trainable(tune):
         def step(self) -> dict:
             kind, payload = self._events.get()
             if kind == "window":
-                return {METRIC: payload["samples_per_s"], "window": payload["index"], "steps": payload["steps"],
-                        "data_wait_s": payload["data_wait_s"], "compute_s": payload["compute_s"]}
+                return {METRIC: payload.samples_per_s, "window": payload.index, "steps": payload.steps,
+                        "data_wait_s": payload.data_wait_s, "compute_s": payload.compute_s}
             if kind == "shortcut":
                 return {METRIC: 0.0, "shortcut": True, "done": True}
             if kind == "done":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.search import phases
 from autotune.search import protocol
@@ -20,6 +20,14 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.measure import median_or_none
 from autotune.search.backends.ray.actor import METRIC
 from autotune.search.backends.ray.cluster import PLAN_KEY
+from autotune.search.optuna_compat import heartbeat, heartbeat_enabled, storage_of
+from autotune.search.optuna_compat import trial_id as storage_trial_id
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial as TuneTrial
+    from optuna import Trial
+
+    from autotune.search.context import SearchContext
 
 __all__ = ["make_search", "make_scheduler"]
 
@@ -33,12 +41,13 @@ class _SearchMixin:
     """OptunaSearch over the tuner's own study, recording trials as the local backend does: mixed into Ray's
     ``OptunaSearch`` by ``make_search`` (Ray is imported only when used), so ``super()`` is OptunaSearch."""
 
-    def __init__(self, tuner, *, deadline: float | None, budget_s: float | None) -> None:
-        self.tuner = tuner
+    def __init__(self, ctx: SearchContext, *, deadline: float | None, budget_s: float | None) -> None:
+        self.ctx = ctx
         self.deadline = deadline
         self.budget_s = budget_s
         self.walls: list[float] = []
         self.abort: str | None = None
+        self.stop_reason = ""  # why a phase ended the search (``phases.stop_reason``)
         self.told = 0
         self._windows: dict[str, list[dict]] = {}
         self._pruned: dict[str, str] = {}
@@ -48,14 +57,13 @@ class _SearchMixin:
         self._configs: dict[str, TrialConfig] = {}
         self._deferred: list[tuple[str, Any, int]] = []  # (Tune trial id, Optuna trial, twin's trial id)
         # the same sampler as the local loop's, holding compile back when the time left is short
-        tuner.compile_gate.start(deadline, budget_s, self.walls)
-        sampler = protocol.make_sampler(seed=tuner.seed, startup_trials=tuner.startup_trials,
-                                        hold_back=tuner.compile_gate)
+        ctx.compile_gate.start(deadline, budget_s, self.walls)
+        sampler = protocol.make_sampler(seed=ctx.seed, startup_trials=ctx.startup_trials, hold_back=ctx.compile_gate)
         super().__init__(space=self._define, metric=METRIC, mode="max", sampler=sampler,
-                         study_name=tuner.study_name, storage=tuner.storage)
+                         study_name=ctx.study_name, storage=ctx.storage)
 
-    def _define(self, trial) -> dict:
-        return {"config": self.tuner.space.suggest(trial).to_dict()}
+    def _define(self, trial: Trial) -> dict:
+        return {"config": self.ctx.space.suggest(trial).to_dict()}
 
     # Tune checkpoints searchers; the study in the storage is the state, and resuming is by study.
     def save_to_dir(self, *args, **kwargs) -> None:
@@ -66,38 +74,37 @@ class _SearchMixin:
 
     def __getstate__(self) -> dict:
         # Tune pickles its config (tuner.pkl) for its own resume, which this backend never uses (the
-        # study is the state): leave out the tuner, the study and the threads, which need not pickle.
-        live = {"tuner", "_heartbeats", "_ot_study", "_ot_trials", "_space", "_storage", "_sampler"}
+        # study is the state): leave out the context, the study and the threads, which need not pickle.
+        live = {"ctx", "_heartbeats", "_ot_study", "_ot_trials", "_space", "_storage", "_sampler"}
         return {k: v for k, v in self.__dict__.items() if k not in live}
 
     # --- asking ---------------------------------------------------------------------------------
     def suggest(self, trial_id: str):
         import optuna
-        from optuna.storages._heartbeat import is_heartbeat_enabled
 
         self._resolve_deferred()
-        if self.abort is not None or self.tuner.out_of_time(self.walls, self.deadline, self.budget_s):
+        if self.abort is not None or self.ctx.out_of_time(self.walls, self.deadline, self.budget_s):
             return self.FINISHED
-        why = phases.stop_reason(self.tuner, self._ot_study, walls=self.walls, deadline=self.deadline,
+        why = phases.stop_reason(self.ctx, self._ot_study, walls=self.walls, deadline=self.deadline,
                                  budget_s=self.budget_s)
         if why is not None:  # the eager search settled and compile was tried last (``phases``)
-            self.tuner.stop_reason = why
+            self.stop_reason = why
             return self.FINISHED
-        storage = self._ot_study._storage
+        storage = storage_of(self._ot_study)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeats outside Study.optimize, experimental APIs
-            if is_heartbeat_enabled(storage):
+            if heartbeat_enabled(storage):
                 optuna.storages.fail_stale_trials(self._ot_study)
             params = super().suggest(trial_id)
             trial = self._ot_trials[trial_id]
-            self._heartbeats[trial_id] = _heartbeat(trial._trial_id, storage)
+            self._heartbeats[trial_id] = heartbeat(trial, storage)
         config = self._configs[trial_id] = TrialConfig.from_dict(params["config"])
         # the node's fingerprint replaces this one once the trial ran there
-        protocol.begin(trial, config, fingerprint=self.tuner.hardware.fingerprint)
+        protocol.begin(trial, config, fingerprint=self.ctx.fingerprint)
         plan = {"config": config.to_dict(), "number": trial.number, "shortcut": False}
-        twin = protocol.claim(trial, config, storage=self.tuner.storage, study_name=self.tuner.study_name)
+        twin = protocol.claim(trial, config, storage=self.ctx.storage, study_name=self.ctx.study_name)
         if twin is not None:
-            self._deferred.append((trial_id, trial, twin._trial_id))
+            self._deferred.append((trial_id, trial, storage_trial_id(twin)))
             self._handled.add(trial_id)
             return {PLAN_KEY: {**plan, "shortcut": True}}
         if self._finish_known(trial_id, trial, config):
@@ -105,18 +112,17 @@ class _SearchMixin:
         self._started[trial_id] = time.monotonic()
         return {PLAN_KEY: plan}
 
-    def _finish_known(self, trial_id: str, trial, config: TrialConfig) -> bool:
+    def _finish_known(self, trial_id: str, trial: Trial, config: TrialConfig) -> bool:
         """Record ``trial`` from what the study knows; False when it must run."""
         import optuna
 
         state, value = protocol.settle(lambda: protocol.answer_from_study(
-            trial, config, fingerprint=self.tuner.hardware.fingerprint,
-            limit=self.tuner.limit))
+            trial, config, fingerprint=self.ctx.fingerprint, limit=self.ctx.limit))
         if state == optuna.trial.TrialState.COMPLETE and value is None:
             return False
         self._tell(trial_id, trial, value, state)
-        attrs = self._ot_study._storage.get_trial(trial._trial_id).user_attrs
-        self.tuner.log(f"trial {trial.number} {attrs.get(keys.STATUS, state.name.lower()):<8} {config.short():<40} "
+        attrs = storage_of(self._ot_study).get_trial(storage_trial_id(trial)).user_attrs
+        self.ctx.log(f"trial {trial.number} {attrs.get(keys.STATUS, state.name.lower()):<8} {config.short():<40} "
                        + (f"same as trial {attrs[keys.DUPLICATE_OF]}" if keys.DUPLICATE_OF in attrs
                           else attrs.get(keys.REASON, "")))
         return True
@@ -125,7 +131,7 @@ class _SearchMixin:
         import optuna
         from optuna.trial import TrialState
 
-        storage = self._ot_study._storage
+        storage = storage_of(self._ot_study)
         while self._deferred:
             still = []
             for trial_id, trial, twin in self._deferred:
@@ -151,8 +157,8 @@ class _SearchMixin:
             return False
         trial.report(float(result[METRIC]), int(result["window"]))
         self._windows.setdefault(trial_id, []).append(result)
-        frozen = self._ot_study._storage.get_trial(trial._trial_id)
-        if self.tuner.pruner.prune(self._ot_study, frozen):
+        frozen = storage_of(self._ot_study).get_trial(storage_trial_id(trial))
+        if self.ctx.pruner.prune(self._ot_study, frozen):
             self._pruned[trial_id] = (f"stopped after {len(self._windows[trial_id])} window(s): "
                                       "cannot beat the best so far")
             return True
@@ -168,7 +174,7 @@ class _SearchMixin:
         trial, config = self._ot_trials[trial_id], self._configs[trial_id]
         if result and result.get("trial_result"):
             tr = TrialResult.from_dict(json.loads(result["trial_result"]))
-            trial.set_user_attr(keys.FINGERPRINT, result.get("fingerprint") or self.tuner.hardware.fingerprint)
+            trial.set_user_attr(keys.FINGERPRINT, result.get("fingerprint") or self.ctx.fingerprint)
             if result.get("node"):
                 trial.set_user_attr(keys.NODE, result["node"])
         elif trial_id in self._pruned:
@@ -190,31 +196,31 @@ class _SearchMixin:
             self._fail(trial_id, trial, "error", tr.reason)
             return
         state, value = protocol.settle(
-            lambda: protocol.record(trial, tr, limit=self.tuner.limit))
+            lambda: protocol.record(trial, tr, limit=self.ctx.limit))
         if trial_id in self._started:
             self.walls.append(time.monotonic() - self._started.pop(trial_id))
         self._tell(trial_id, trial, value, state)
-        self.tuner.log(f"trial {trial.number} {tr.status:<8} {config.short():<40} "
+        self.ctx.log(f"trial {trial.number} {tr.status:<8} {config.short():<40} "
                        + (f"{tr.median_samples_per_s:.1f} samples/s" if tr.ok else tr.reason)
                        + (f"  [{result.get('node')}]" if result and result.get("node") else ""))
         self._resolve_deferred()
 
-    def _fail(self, trial_id: str, trial, status: str, reason: str) -> None:
+    def _fail(self, trial_id: str, trial: Trial, status: str, reason: str) -> None:
         import optuna
 
         trial.set_user_attr(keys.STATUS, status)
         trial.set_user_attr(keys.REASON, reason)
         self._tell(trial_id, trial, None, optuna.trial.TrialState.FAIL)
-        self.tuner.log(f"trial {trial.number} {status}: {reason}")
+        self.ctx.log(f"trial {trial.number} {status}: {reason}")
 
-    def _tell(self, trial_id: str, trial, value, state) -> None:
+    def _tell(self, trial_id: str, trial: Trial, value, state) -> None:
         hb = self._heartbeats.pop(trial_id, None)
         if hb is not None:
             hb.__exit__(None, None, None)
         self._handled.add(trial_id)
         self._ot_study.tell(trial, value, state=state, skip_if_finished=True)
         self.told += 1
-        self.tuner.after_trial(self._ot_study)  # every finished trial, however it was answered
+        self.ctx.after_trial(self._ot_study)  # every finished trial, however it was answered
 
     def close(self, *, wait: bool = True) -> None:
         """At the end: wait for deferred twins (``wait``), and fail whatever Tune never finished (so a
@@ -230,21 +236,12 @@ class _SearchMixin:
 
 
 
-def _heartbeat(trial_id: int, storage):
-    """Keep a trial's heartbeat from the driver while Ray runs it (a no-op without heartbeats)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    hb = get_heartbeat_thread(trial_id, storage)
-    hb.__enter__()
-    return hb
-
-
 def make_scheduler(search):
     """A FIFO scheduler whose one decision is the tuner's pruning rule, as Tune's STOP."""
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
     class PruneScheduler(FIFOScheduler):
-        def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        def on_trial_result(self, tune_controller, trial: TuneTrial, result: dict) -> str:
             if search.window(trial.trial_id, result):
                 return TrialScheduler.STOP
             return TrialScheduler.CONTINUE
