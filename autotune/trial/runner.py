@@ -138,6 +138,8 @@ def run_trial(
     ('ok', True)
     """
     _check_runnable(workload, config, measure)
+    if profile_dir is not None and workload.nproc_per_node > 1:
+        raise ConfigError("profiling a trial of several DDP ranks is not supported yet; profile one process")
     own_log = log_path is None
     if own_log:
         fd, tmp = tempfile.mkstemp(prefix="autotune-trial-", suffix=".log")
@@ -321,6 +323,8 @@ def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, stat
         samples_per_step=done.get("samples_per_step"),
         tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
         user_parts=tuple(built.get("user_parts") or ()),
+        world_size=by.get("ranks", {}).get("world_size", 1),  # DDP (autotune.trial.ddp): its ranks' figures too
+        ranks=tuple(done.get("ranks") or ()),
     )
 
 
