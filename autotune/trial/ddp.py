@@ -68,7 +68,7 @@ def check_ranks(workload: Any, *, usable_cores: int, gpus: int, oversubscribe: b
                               f"use --nproc-per-node {max(1, gpus)} or fewer")
     elif n > usable_cores and not oversubscribe:
         raise ConfigError(f"--nproc-per-node {n} but this machine has {usable_cores} usable core(s): ranks would "
-                          f"share cores and time each other; use {usable_cores} or fewer, or oversubscribe")
+                          f"share cores and time each other; use {usable_cores} or fewer, or pass --oversubscribe")
 
 
 def rank_threads(intra_op_threads: int | None, world_size: int, usable_cores: int) -> int:
@@ -227,7 +227,7 @@ def _run_rank(rank: int, world: int, payload: dict, init_method: str, run: Calla
                             device_id=torch.device("cuda", rank) if cuda else None)
     group = RankGroup(rank, world, dev, seed=int(spec.get("seed", 0)),
                       collective_device=torch.device("cuda", rank) if cuda else "cpu",
-                      device_ids=[rank] if cuda else None)
+                      device_ids=[rank] if cuda else None, measured=int(spec.get("windows", 1)))
     out = run(payload, send, device=dev, ranks=group)
     dist.destroy_process_group()  # not on a failure: a peer may be gone, and the rank exits at once anyway
     return out

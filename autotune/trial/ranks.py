@@ -67,8 +67,9 @@ class RankGroup:
     tensors)."""
 
     def __init__(self, rank: int, world_size: int, dev: Any, *, seed: int = 0, collective_device: Any = "cpu",
-                 device_ids: list[int] | None = None) -> None:
+                 device_ids: list[int] | None = None, measured: int = 1) -> None:
         self.rank, self.world_size, self.dev, self.seed = rank, world_size, dev, seed
+        self.measured = measured  # the trial's last ``measured`` windows are its measured ones (before: warm-up)
         self.collective_device, self.device_ids = collective_device, device_ids
         self.windows: list[list[dict]] = []  # every window's per-rank figures, as gathered (rank 0)
         self.step_s: float | None = None  # rank 0's latest time per step: how many steps fill a window
@@ -172,15 +173,16 @@ class RankGroup:
         return [{"threads": int(t[0]), "peak_device_mb": None if t[1] < 0 else round(float(t[1]), 1)} for t in out]
 
     def per_rank(self, last: list[dict]) -> list[dict]:
-        """Each rank's medians over the measured windows, with its threads and device peak."""
+        """Each rank's window rates and medians over the measured windows, with its threads and device peak."""
         out = []
         for r in range(self.world_size):
-            mine = [w[r] for w in self.windows]
+            mine = [w[r] for w in self.windows[-self.measured:]]
             rates = [w["samples"] / w["elapsed"] for w in mine if w["elapsed"] > 0]
             wait = statistics.median([w["data_wait_s"] for w in mine]) if mine else None
             comp = statistics.median([w["compute_s"] for w in mine]) if mine else None
             share = wait / (wait + comp) if wait is not None and comp and wait + comp > 0 else None
-            out.append({"rank": r, "median_samples_per_s": round(statistics.median(rates), 3) if rates else None,
+            out.append({"rank": r, "samples_per_s": [round(x, 3) for x in rates],
+                        "median_samples_per_s": round(statistics.median(rates), 3) if rates else None,
                         "data_wait_s_per_step": wait, "compute_s_per_step": comp,
                         "data_wait_share": None if share is None else round(share, 4), **last[r]})
         return out
