@@ -48,6 +48,8 @@ class Workload(Record):
     tensors' shapes and dtypes, the lengths its ``length`` gave, the keyword arguments a callable took. The search
     space is fitted to it (``search.space.fit_workload``); None until checked. It is what was seen, not what was
     asked for, so two workloads compare equal without it.
+    ``nproc_per_node`` > 1 runs each trial as that many DDP ranks of one process group (``autotune.trial.ddp``):
+    the batch size and the config's threads and workers are per rank.
     """
 
     _kind: ClassVar[str] = "workload"
@@ -61,6 +63,7 @@ class Workload(Record):
     dataset_size: int = 50_000
     global_batch: int | None = None
     data: dict | None = field(default=None, compare=False)
+    nproc_per_node: int = 1  # ranks of one DDP process group per trial (autotune.trial.ddp); 1: one process
 
     def __post_init__(self) -> None:
         check(isinstance(self.model, str) and bool(self.model.strip()), "model", self.model,
@@ -82,6 +85,15 @@ class Workload(Record):
               "only with task=train (inference has no optimizer step to accumulate for)", "drop --global-batch")
         check(self.data is None or isinstance(self.data, dict), "data", self.data,
               "None or a mapping (what the first batch held, as workloads.probe writes it)")
+        check(is_int(self.nproc_per_node) and self.nproc_per_node >= 1, "nproc_per_node", self.nproc_per_node,
+              "a whole number of ranks >= 1 (--nproc-per-node; 1: one process, no DDP)")
+
+    def to_dict(self) -> dict[str, Any]:
+        # one process is written as before DDP existed: stored studies, payloads and YAMLs read the same
+        out = super().to_dict()
+        if self.nproc_per_node == 1:
+            del out["nproc_per_node"]
+        return out
 
     def described(self) -> dict[str, Any]:
         """The workload as a recommendation's YAML records it: what it is, not defaults it ignored. A
@@ -116,7 +128,8 @@ class Workload(Record):
     def label(self) -> str:
         data = "folder/" if self.data_dir else "" if self.is_callable else "synthetic/"
         gb = f"/gb{self.global_batch}" if self.global_batch else ""
-        return f"{self.model}/{self.task}/{self.size_label}/{data}{self.device}{gb}"
+        ranks = f"/x{self.nproc_per_node}" if self.nproc_per_node > 1 else ""
+        return f"{self.model}/{self.task}/{self.size_label}/{data}{self.device}{gb}{ranks}"
 
 
 @dataclass(frozen=True)

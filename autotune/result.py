@@ -55,6 +55,8 @@ class TrialResult(Record):
     samples_per_step: float | None = None  # as the workload counts them (autotune.workloads.contract), over the windows
     tokens_per_s: tuple[float, ...] = ()  # per window, when the workload's count gives tokens
     user_parts: tuple[str, ...] = ()  # the workload's own parts the trial ran (optimizer, step, count...)
+    world_size: int = 1  # DDP ranks the trial ran (autotune.trial.ddp); throughput is then global, all ranks'
+    ranks: tuple[dict, ...] = ()  # per rank: its median samples/s, data-wait share, threads, device peak...
 
     def __post_init__(self) -> None:
         check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
@@ -63,6 +65,7 @@ class TrialResult(Record):
         object.__setattr__(self, "tokens_per_s", tuple(float(x) for x in self.tokens_per_s))
         object.__setattr__(self, "warmup_windows", tuple(float(x) for x in self.warmup_windows))
         object.__setattr__(self, "user_parts", tuple(str(x) for x in self.user_parts))
+        object.__setattr__(self, "ranks", tuple(dict(x) for x in self.ranks))
 
     # --- derived figures -------------------------------------------------------------------------
     @property
@@ -93,12 +96,19 @@ class TrialResult(Record):
         total = self.data_wait_s_per_step + self.compute_s_per_step
         return self.data_wait_s_per_step / total if total > 0 else None
 
+    @property
+    def straggler(self) -> int | None:
+        """The rank with the lowest median throughput: in DDP every step waits for it (None: one process)."""
+        rated = [r for r in self.ranks if r.get("median_samples_per_s") is not None]
+        return min(rated, key=lambda r: r["median_samples_per_s"])["rank"] if rated else None
+
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["samples_per_s"] = list(self.samples_per_s)
         d["window_steps"] = list(self.window_steps)
         d["tokens_per_s"] = list(self.tokens_per_s)
         d["user_parts"] = list(self.user_parts)
+        d["ranks"] = list(self.ranks)
         return d
 
     def figures(self) -> dict[str, Any]:
@@ -132,6 +142,8 @@ class TrialResult(Record):
         }
         if self.tokens_per_s:
             out["tokens_per_s"] = [round(x, 3) for x in self.tokens_per_s]
+        if self.world_size > 1:
+            out.update(world_size=self.world_size, ranks=list(self.ranks), straggler=self.straggler)
         if s is not None and s.warnings:
             out["warnings"] = list(s.warnings)
         return out
@@ -178,6 +190,7 @@ class TrialResult(Record):
             if self.settled is False:
                 lines.append("warning       the first windows never settled within the warm-up limit: "
                              "the windows are kept as measured")
+        lines.extend(self._rank_lines())
         if self.user_parts:
             lines.append(f"user's parts  {', '.join(self.user_parts)} "
                          "(the rest is autotune's; see autotune.workloads.contract)")
@@ -189,3 +202,17 @@ class TrialResult(Record):
             lines.append("traceback (last lines):")
             lines.extend("  " + ln for ln in self.traceback.strip().splitlines()[-6:])
         return "\n".join(lines)
+
+    def _rank_lines(self) -> list[str]:
+        """One line per DDP rank, the straggler marked (nothing for one process)."""
+        if self.world_size <= 1:
+            return []
+        lines = [f"ranks         {self.world_size} in one process group; throughput above is all ranks' samples "
+                 "over the slowest rank's window"]
+        for r in self.ranks:
+            share = r.get("data_wait_share")
+            lines.append(f"  rank {r['rank']}      {r.get('median_samples_per_s') or 0:.1f} samples/s median"
+                         + (f", {100 * share:.0f}% waiting for data" if share is not None else "")
+                         + (f", {r['threads']} threads" if r.get("threads") else "")
+                         + ("  (straggler)" if r["rank"] == self.straggler else ""))
+        return lines

@@ -485,16 +485,19 @@ def test_parent_parses_events_and_ignores_noise(fake, tmp_path):
 EVERY_EVENT = """from autotune.trial import events as E
 EVERY = [
     E.Started(pid=4242),
+    E.Ranks(world_size=2, pids=(4243, 4244)),
     E.Built(startup_s=0.5, steps_per_epoch=10, accumulation_steps=2, user_parts=("optimizer",),
-            device_memory_cap_mb=None),
+            device_memory_cap_mb=None, world_size=2),
     E.Warmup(warmup_s=0.25, warmup_steps=6, compile_s=1.5, step_s=0.01, first_step_s=0.3, warmup_windows=(90.0,),
              settled=True),
     E.Window(index=0, samples_per_s=100.0, steps=3, data_wait_s=0.001, compute_s=0.01, tokens_per_s=4000.0),
-    E.Window(index=1, samples_per_s=110.0, steps=3, data_wait_s=0.001, compute_s=0.01),
+    E.Window(index=1, samples_per_s=110.0, steps=3, data_wait_s=0.001, compute_s=0.01,
+             rank_samples_per_s=(55.0, 56.0)),
     E.Profiled(trace="/p/trace.pt.trace.json", top_ops="/p/top_ops.json", steps=5),
     E.Done(kernel_cpu_share=0.1, minor_faults_per_step=12.0, final_loss=1.25, data_wait_s_per_step=0.002,
            compute_s_per_step=0.02, peak_device_mb=None, samples_per_step=8.0,
-           profile={"trace": "/p/trace.pt.trace.json", "top_ops": "/p/top_ops.json", "steps": 5}),
+           profile={"trace": "/p/trace.pt.trace.json", "top_ops": "/p/top_ops.json", "steps": 5}, world_size=2,
+           ranks=({"rank": 0, "median_samples_per_s": 55.0}, {"rank": 1, "median_samples_per_s": 56.0})),
     E.Failed(kind="oom", message="OutOfMemoryError: out of memory", traceback="Traceback: (after done: not read)"),
 ]
 """
@@ -527,6 +530,7 @@ def test_every_event_type_round_trips_through_the_pipe(fake, tmp_path):
     assert (r.startup_s, r.user_parts, r.warmup_s, r.compile_s, r.warmup_windows, r.settled) == (
         0.5, ("optimizer",), 0.25, 1.5, (90.0,), True)
     assert (r.kernel_cpu_share, r.minor_faults_per_step, r.samples_per_step, r.final_loss) == (0.1, 12.0, 8.0, 1.25)
+    assert r.world_size == 2 and [x["median_samples_per_s"] for x in r.ranks] == [55.0, 56.0]
 
 
 def test_an_event_field_renamed_on_one_side_fails_loudly(fake):

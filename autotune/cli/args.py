@@ -11,8 +11,8 @@ import argparse
 from autotune.config import KNOBS, MeasureSpec, TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError, StorageError
 
-__all__ = ["add_workload_args", "add_measure_args", "add_knob_args", "add_study_args", "add_study_selector_args",
-           "workload_from_args", "measure_from_args", "config_from_args", "select_study"]
+__all__ = ["add_workload_args", "add_ranks_args", "add_measure_args", "add_knob_args", "add_study_args",
+           "add_study_selector_args", "workload_from_args", "measure_from_args", "config_from_args", "select_study"]
 
 
 # --- argument groups --------------------------------------------------------------------------------------
@@ -33,6 +33,17 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="ImageFolder of real images (DIR/<class>/<img>); default: synthetic JPEGs decoded by PIL")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if a GPU is visible, else cpu)")
     _add_global_batch(g)
+
+
+def add_ranks_args(p: argparse.ArgumentParser) -> None:
+    """--nproc-per-node and --oversubscribe: a trial of N DDP ranks (autotune.trial.ddp)."""
+    g = p.add_argument_group("DDP (several ranks, one trial)")
+    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="run the trial as N DistributedDataParallel ranks of one process group (gloo on the CPU, "
+                        "NCCL with one GPU per rank); batch size, threads and workers are per rank, throughput is "
+                        "all ranks' (default: %(default)s, one process)")
+    g.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than usable cores on the CPU (they then time each other)")
 
 
 def _add_global_batch(g) -> None:
@@ -109,7 +120,8 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     elif device.startswith("cuda") and not gpus:
         raise ConfigError(f"--device {device} but no NVIDIA GPU was detected (see `autotune env`); use --device cpu")
     return Workload(model=args.model, task=args.task, image_size=args.image_size, data_dir=args.data, device=device,
-                    global_batch=getattr(args, "global_batch", None))
+                    global_batch=getattr(args, "global_batch", None),
+                    nproc_per_node=getattr(args, "nproc_per_node", 1))
 
 
 def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = "cpu") -> MeasureSpec:

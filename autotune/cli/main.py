@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any, Sequence
 
-from autotune.cli.args import (add_knob_args, add_measure_args, add_workload_args, config_from_args,
-                               measure_from_args, workload_from_args)
+from autotune.cli.args import (add_knob_args, add_measure_args, add_ranks_args, add_workload_args,
+                               config_from_args, measure_from_args, workload_from_args)
 from autotune.cli.report import add_report_commands
 from autotune.cli.study import add_study_commands
 from autotune._redact import redact
@@ -96,6 +96,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     autocast_dtype_name(workload.device_family, config.amp)  # fp16 on CPU: refused here
     check_cuda_usable(workload.device, hw, amp=config.amp)  # a GPU this torch cannot use: refused here
+    from autotune.trial.ddp import check_ranks
+
+    check_ranks(workload, usable_cores=hw.usable_cores, gpus=len(hw.visible_gpus()), oversubscribe=args.oversubscribe)
     from autotune.workloads.global_batch import accumulation_steps, check_cudagraphs
 
     accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
@@ -180,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  autotune trial --model resnet18 --image-size 128 --batch-size 64 --num-workers 1 "
                "--amp bf16 --channels-last --threads 2", formatter_class=_fmt())
     add_workload_args(p)
+    add_ranks_args(p)
     add_knob_args(p)
     add_measure_args(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="json prints the full result")

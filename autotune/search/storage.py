@@ -32,13 +32,14 @@ DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
 def study_name_for(workload: Workload, fingerprint: str) -> str:
     """``resnet18-train-224px-synthetic-cpu-<fingerprint>``: one study per workload and hardware; a global
-    batch is part of the workload (``...-cpu-gb256-<fingerprint>``)."""
+    batch is part of the workload (``...-cpu-gb256-<fingerprint>``), and so is a world size (``...-cpu-x2-...``)."""
     model = re.sub(r"[^A-Za-z0-9_.]+", ".", workload.model)
     if workload.data_dir is not None:
         data = "-data." + re.sub(r"[^A-Za-z0-9_]+", "_", Path(workload.data_dir).name)
     else:
         data = "" if workload.is_callable else "-synthetic"
     gb = f"-gb{workload.global_batch}" if workload.global_batch else ""
+    gb += f"-x{workload.nproc_per_node}" if workload.nproc_per_node > 1 else ""  # N ranks: never one process's study
     return (f"{model}-{workload.task}-{workload.size_label}{data}-{workload.device.replace(':', '')}{gb}"
             f"-{fingerprint}")
 

@@ -1,12 +1,12 @@
 """What the trial child tells its parent: one typed schema, encoded by the child (``worker``) and decoded by the
 parent (``runner``), one JSON line per event on the event pipe.
 
-In order: ``Started``, ``Built``, ``Warmup``, one ``Window`` per measured window, ``Profiled`` (with a profile
-folder), then ``Done`` or ``Failed``. Both sides build and read these classes, never the raw dict, so a field
-renamed or added on one side fails loudly: the child cannot build an event with a field the class does not have,
-the parent cannot read one it lacks, and a line whose fields are not the class's (a child of another version) is
-an ``EventError``, not a silently missing figure. A line that is not JSON at all (a write cut short by a kill) is
-no event and is skipped by the parent.
+In order: ``Started``, ``Ranks`` (a trial of several DDP ranks, ``trial.ddp``), ``Built``, ``Warmup``, one
+``Window`` per measured window, ``Profiled`` (with a profile folder), then ``Done`` or ``Failed``. Both sides
+build and read these classes, never the raw dict, so a field renamed or added on one side fails loudly: the child
+cannot build an event with a field the class does not have, the parent cannot read one it lacks, and a line whose
+fields are not the class's (a child of another version) is an ``EventError``, not a silently missing figure. A
+line that is not JSON at all (a write cut short by a kill) is no event and is skipped by the parent.
 
 ``run_trial(on_event=...)`` hands each event on as ``to_dict(event)``, the line's own dict.
 
@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-__all__ = ["Started", "Built", "Warmup", "Window", "Profiled", "Done", "Failed", "Event", "EVENTS", "EventError",
-           "encode", "decode", "to_dict", "from_dict"]
+__all__ = ["Started", "Ranks", "Built", "Warmup", "Window", "Profiled", "Done", "Failed", "Event", "EVENTS",
+           "EventError", "encode", "decode", "to_dict", "from_dict"]
 
 # a field left out of the line while it holds its default (None): as the child sent it before the schema
 _OMIT_NONE = {"omit_none": True}
@@ -52,6 +52,15 @@ class Started(_Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Ranks(_Event):
+    """The trial child started its DDP ranks (``trial.ddp.supervise``): how many, and their pids."""
+
+    NAME: ClassVar[str] = "ranks"
+    world_size: int
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Built(_Event):
     """The workload is built and on the device: seconds since the parent spawned the child, the loader's steps per
     epoch, micro-batches per optimizer step (a global batch), the workload's own parts, the device memory cap the
@@ -63,6 +72,7 @@ class Built(_Event):
     accumulation_steps: int = 1
     user_parts: tuple[str, ...] = ()
     device_memory_cap_mb: float | None = None
+    world_size: int = 1  # DDP ranks in the trial (``trial.ddp``): rank 0's event, relayed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +100,8 @@ class Window(_Event):
     data_wait_s: float
     compute_s: float
     tokens_per_s: float | None = field(default=None, metadata=_OMIT_NONE)  # where the workload counts tokens
+    # with DDP ranks: each rank's rate over the window (``samples_per_s`` is all ranks' samples over the slowest's time)
+    rank_samples_per_s: tuple[float, ...] | None = field(default=None, metadata=_OMIT_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,11 +128,14 @@ class Done(_Event):
     peak_device_allocated_mb: float | None = None
     samples_per_step: float
     profile: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)  # ``Profiled``'s fields
+    world_size: int = 1
+    ranks: tuple[dict[str, Any], ...] = ()  # with DDP ranks: each rank's figures (``trial.ranks.RankGroup.per_rank``)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Failed(_Event):
-    """The trial raised: ``kind`` "oom", "workload" (the user's workload is wrong) or "error"; the one-line message
+    """The trial raised: ``kind`` "oom", "workload" (the user's workload is wrong), "crashed" (a DDP rank died
+    without a word, ``trial.ddp``) or "error"; the one-line message
     and the end of the traceback."""
 
     NAME: ClassVar[str] = "failed"
@@ -129,8 +144,9 @@ class Failed(_Event):
     traceback: str
 
 
-Event = Union[Started, Built, Warmup, Window, Profiled, Done, Failed]
-EVENTS: dict[str, type[_Event]] = {cls.NAME: cls for cls in (Started, Built, Warmup, Window, Profiled, Done, Failed)}
+Event = Union[Started, Ranks, Built, Warmup, Window, Profiled, Done, Failed]
+EVENTS: dict[str, type[_Event]] = {cls.NAME: cls for cls in (Started, Ranks, Built, Warmup, Window, Profiled, Done,
+                                                              Failed)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

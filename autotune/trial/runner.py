@@ -28,7 +28,7 @@ from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.trial import events
-from autotune.trial.events import Built, Done, Event, Failed, Warmup, Window
+from autotune.trial.events import Built, Done, Event, Failed, Ranks, Warmup, Window
 from autotune.trial.forkserver import ForkServers, default_servers, forkable
 from autotune.machine.limits import MIN_MEMORY_CAP_MB, check_min_cap
 from autotune.measure import median_or_none
@@ -144,6 +144,8 @@ def run_trial(
     ('ok', True)
     """
     _check_runnable(workload, config, measure)
+    if profile_dir is not None and workload.nproc_per_node > 1:
+        raise ConfigError("profiling a trial of several DDP ranks is not supported yet; profile one process")
     own_log = log_path is None
     if own_log:
         fd, tmp = tempfile.mkstemp(prefix="autotune-trial-", suffix=".log")
@@ -313,6 +315,7 @@ def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, stat
         **_built_figures(channel.last(Built)),
         **_warmup_figures(channel.last(Warmup)),
         **_done_figures(channel.last(Done), windows),
+        **_rank_figures(channel.last(Ranks), channel.last(Done)),
     )
 
 
@@ -321,6 +324,11 @@ def _built_figures(built: Built | None) -> dict:
         return {"device_memory_cap_mb": None, "startup_s": None, "user_parts": ()}
     return {"device_memory_cap_mb": built.device_memory_cap_mb, "startup_s": built.startup_s,
             "user_parts": tuple(built.user_parts)}
+
+
+def _rank_figures(ranks: Ranks | None, done: Done | None) -> dict:
+    """DDP (``trial.ddp``): the world size the child started, each rank's figures when it finished."""
+    return {"world_size": ranks.world_size if ranks is not None else 1, "ranks": tuple(done.ranks) if done else ()}
 
 
 def _warmup_figures(warm: Warmup | None) -> dict:

@@ -41,7 +41,8 @@ def apply_threads(config: dict) -> None:
 
 
 def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
-              parts: Any = None, accumulation_steps: int = 1) -> Callable[[Any], StepOut]:
+              parts: Any = None, accumulation_steps: int = 1,
+              wrap: Callable[[Any], Any] | None = None) -> Callable[[Any], StepOut]:
     """Put ``model`` on the device as ``config`` asks (channels_last, compile) with the trial's optimizer and
     grad scaler, and return ``step(batch) -> StepOut``: one training step (or one inference forward) under the
     config's autocast. autotune's step never synchronises; fp16's ``GradScaler.step`` does, once a step (it
@@ -52,6 +53,7 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     without them this is autotune's step: SGD with momentum, ``loss_fn(model(x), y)``, ``len(x)`` samples.
     With ``accumulation_steps`` > 1 (a global batch) each call is one micro-batch and the optimizer steps on
     every ``accumulation_steps``-th (``autotune.workloads.global_batch.default_step`` for autotune's own step).
+    ``wrap`` (a DDP rank's, ``autotune.trial.ranks``) wraps the model on its device, before it is compiled.
     """
     import torch
 
@@ -61,6 +63,8 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train(train)
+    if wrap is not None:
+        model = wrap(model)
     optimizer = make_optimizer(getattr(parts, "optimizer", None), model) if train else None
     scaler = dev.grad_scaler(config.amp) if train else None
     step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
@@ -117,10 +121,12 @@ def compile_seconds() -> float | None:
         return None
 
 
-def run(payload: dict, send: Send, *, device: Any = None) -> dict:
+def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> dict:
     """Build the workload, warm up, measure the windows; return the ``done`` event's fields.
 
     ``device`` stands in for ``get_device(workload.device)`` (tests pass a fake one to count synchronisations).
+    ``ranks``: this process is one DDP rank (``autotune.trial.ranks.RankGroup``: its model wrapped, its shard of
+    the data, its steps led by rank 0); a follower returns its own figures only.
     """
     from autotune.config import MeasureSpec, TrialConfig, Workload
 
@@ -144,11 +150,12 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
 
     accumulation = accumulation_steps(workload.global_batch, config.batch_size)  # 1 without a global batch
     train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built,
-                           accumulation_steps=accumulation)
+                           accumulation_steps=accumulation, wrap=ranks.wrap if ranks is not None and train else None)
 
     from autotune.workloads.contract import loader_kwargs, steps_per_epoch
 
-    loader = torch.utils.data.DataLoader(built.dataset, **loader_kwargs(built, config, spec.seed))
+    kw = loader_kwargs(built, config, spec.seed)
+    loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
@@ -157,6 +164,10 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
                device_memory_cap_mb=getattr(dev, "memory_cap_mb", None)))
 
     stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
+    if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
+        if ranks.rank != 0:
+            return ranks.follow(stepper)
+        stepper = ranks.lead(stepper)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
     totals = _measure(stepper, spec, warm, send)
@@ -178,7 +189,7 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
                                   workload.device, payload["config"])
         send(Profiled(**out["profile"]))
-    return out
+    return out if ranks is None else ranks.finish(out)
 
 
 class _Stepper:
@@ -342,7 +353,8 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         totals["waits"].append(w["data_wait_s"])
         totals["comps"].append(w["compute_s"])
         send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
-                    compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s")))
+                    compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s"),
+                    rank_samples_per_s=w.get("rank_samples_per_s")))
         sent += 1
 
     while sent < spec.windows:
@@ -425,7 +437,12 @@ def main(argv: list[str]) -> int:
             os.environ.setdefault(var, str(threads))
     send(Started(pid=os.getpid()))
     try:
-        result = run(payload, send)
+        if payload["workload"].get("nproc_per_node", 1) > 1:  # N ranks, one trial (autotune.trial.ddp)
+            from autotune.trial.ddp import supervise
+
+            result = supervise(payload, send, run)
+        else:
+            result = run(payload, send)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
         from autotune.errors import WorkloadError
         from autotune.machine.gpu_check import cuda_in_forked_worker
@@ -433,10 +450,12 @@ def main(argv: list[str]) -> int:
 
         forked_cuda = cuda_in_forked_worker(exc)
         kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) or forked_cuda else "error"
-        tb = traceback.format_exc()
+        kind = getattr(exc, "trial_kind", None) or kind  # a DDP rank's failure, classified in the rank
+        tb = getattr(exc, "rank_traceback", None) or traceback.format_exc()
         sys.stderr.write(tb)  # the trial's log keeps it too, where the one-line reason points
         sys.stderr.flush()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
+        message = str(exc) if hasattr(exc, "trial_kind") else message
         send(Failed(kind=kind, message=forked_cuda or message, traceback=tb[-8000:]))
         chan.close()
         kill_descendants()  # nothing the trial started outlives it, in its group or not
