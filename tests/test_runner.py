@@ -215,10 +215,12 @@ def test_a_first_window_that_never_settles_is_kept_after_two_tries_and_said(monk
 def test_the_trial_result_keeps_the_re_labelled_windows_and_says_so():
     """Through the real runner (a child, real sleeps): the parent keeps the warm-up windows apart from the
     measured ones, in the result, its figures and its description."""
-    r = run_trial(wl("late_warm_up"), TrialConfig(batch_size=8), WINDOWS)
+    r = run_trial(wl("late_warm_up_by_steps"), TrialConfig(batch_size=8), WINDOWS)
     assert r.ok, (r.reason, r.traceback)
     assert r.warmup_windows and r.settled is True, (r.warmup_windows, r.samples_per_s)
-    assert len(r.samples_per_s) == 3 and max(r.warmup_windows) < min(r.samples_per_s)
+    # the first re-labelled window is the slow phase (a second one, when a loaded machine kept the next from
+    # confirming, can be as fast as the measured ones)
+    assert len(r.samples_per_s) == 3 and r.warmup_windows[0] < min(r.samples_per_s)
     assert r.figures()["warmup_windows"] == [round(x, 3) for x in r.warmup_windows]
     assert "counted as warm-up, not measured" in r.describe()
 
