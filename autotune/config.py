@@ -16,7 +16,8 @@ from autotune.result import MEMORY_STATUSES, STATUSES, TrialResult
 
 __all__ = ["TEXT_MODELS", "Workload", "TrialConfig", "MeasureSpec", "TrialResult", "STATUSES", "MEMORY_STATUSES",
            "AMP_MODES", "COMPILE_MODES", "finite_or_none",
-           "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "MALLOC_MODES", "AFFINITY_MODES"]
+           "Knob", "KNOBS", "knob_args", "knob_summary", "device_family", "MALLOC_MODES", "AFFINITY_MODES",
+           "DDP_KNOBS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 TEXT_MODELS = ("transformer", "transformer_tiny")  # the built-in text workload's names (sizes: autotune.workloads.text)
@@ -160,6 +161,11 @@ class TrialConfig(Record):
     malloc: str = "default"
     bucket_by_length: bool = False  # text workloads: batches of similar lengths (autotune.workloads.text)
     affinity: str = "default"  # OpenMP threads pinned to cores (autotune.machine.affinity)
+    # DistributedDataParallel's own arguments (several ranks only, ``Workload.nproc_per_node`` > 1), at DDP's
+    # defaults: a one-process config leaves them there, and its dict (so its stored key) does not carry them
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
 
     def __post_init__(self) -> None:
         check(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
@@ -168,7 +174,8 @@ class TrialConfig(Record):
                "a whole number >= 0 (0 loads data in the training process)")
         check(self.prefetch_factor is None or (is_int(self.prefetch_factor) and self.prefetch_factor >= 1),
                "prefetch_factor", self.prefetch_factor, "None or a whole number >= 1")
-        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "bucket_by_length"):
+        for name in ("pin_memory", "persistent_workers", "channels_last", "cudnn_benchmark", "bucket_by_length",
+                     "gradient_as_bucket_view", "static_graph"):
             check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
         check(self.amp in AMP_MODES, "amp", self.amp, f"one of {', '.join(AMP_MODES)}")
         check(self.compile_mode in COMPILE_MODES, "compile_mode", self.compile_mode,
@@ -182,10 +189,25 @@ class TrialConfig(Record):
             v = getattr(self, name)
             check(v is None or (is_int(v) and 1 <= v <= 1024), name, v, "None or a whole number from 1 to 1024 "
                   f"({'--threads' if name == 'intra_op_threads' else '--interop-threads'})")
+        check(is_int(self.bucket_cap_mb) and 1 <= self.bucket_cap_mb <= 1024, "bucket_cap_mb", self.bucket_cap_mb,
+              "a whole number of MiB from 1 to 1024 (DDP's gradient buckets; its default is 25)")
         if self.num_workers == 0:
             # Meaningless without workers (and DataLoader refuses prefetch_factor then): normalise.
             object.__setattr__(self, "prefetch_factor", None)
             object.__setattr__(self, "persistent_workers", False)
+
+    def to_dict(self) -> dict[str, Any]:
+        # DDP's knobs only where they differ from DDP's defaults: one-process configs are stored and exported
+        # as before they existed, and their keys (``key``) stay the same
+        out = super().to_dict()
+        for name in DDP_KNOBS:
+            if out[name] == TrialConfig.__dataclass_fields__[name].default:
+                del out[name]
+        return out
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments this config gives ``DistributedDataParallel`` (its defaults unless searched)."""
+        return {name: getattr(self, name) for name in DDP_KNOBS}
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """The keyword arguments this config gives ``torch.utils.data.DataLoader``."""
@@ -212,7 +234,7 @@ class TrialConfig(Record):
             elif knob.field in _THREADS:  # both counts in one part, t=intra/inter; - is torch's default
                 if self.intra_op_threads or self.inter_op_threads:
                     parts.append(f"{knob.label}={self.intra_op_threads or '-'}/{self.inter_op_threads or '-'}")
-            elif knob.kind == "int":
+            elif knob.kind == "int" and knob.field not in DDP_KNOBS:
                 parts.append(f"{knob.label}={value}")
             elif knob.kind == "switch":
                 if value:
@@ -284,14 +306,23 @@ KNOBS: tuple[Knob, ...] = (
     Knob("bucket_by_length", "--bucket-by-length", "switch",
          "text workloads: batches of sequences of similar length, so less padding (autotune.workloads.text)",
          label="bucket"),
+    Knob("bucket_cap_mb", "--bucket-cap-mb", "int", "DDP (--nproc-per-node > 1): MiB of gradients all-reduced "
+         "together (default: %(default)s, DDP's)", metavar="MB", label="ddp_bucket"),
+    Knob("gradient_as_bucket_view", "--gradient-as-bucket-view", "switch",
+         "DDP: gradients are views into the all-reduce buckets (no copy, less memory)", label="ddp_view"),
+    Knob("static_graph", "--static-graph", "switch",
+         "DDP: the set of used parameters is the same every step (DDP can then skip its per-step search)",
+         label="ddp_static"),
 )
+# DistributedDataParallel's arguments: searched, and shown, only for several ranks (see TrialConfig)
+DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 _KNOB = {k.field: k for k in KNOBS}
 _THREADS = ("intra_op_threads", "inter_op_threads")
 # short() and knob_summary() list the knobs in their own (older) orders, kept so the lines stay as they were
 # (short lines are stored in recommendations); short() writes both thread counts as one part, t=intra/inter.
 _SHORT_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                         "pin_memory", "amp", "channels_last", "compile_mode", "malloc",
-                                        "intra_op_threads", "bucket_by_length", "affinity"))
+                                        "intra_op_threads", "bucket_by_length", "affinity", *DDP_KNOBS))
 _SUMMARY_KNOBS = tuple(_KNOB[f] for f in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
                                           "pin_memory", "amp", "channels_last", "compile_mode", "intra_op_threads",
                                           "inter_op_threads", "malloc", "affinity"))

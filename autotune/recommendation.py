@@ -259,11 +259,17 @@ class Recommendation:
         return self.workload.global_batch
 
     @property
+    def world_size(self) -> int:
+        """DDP ranks per node the config was measured with (``Workload.nproc_per_node``); 1: one process."""
+        return self.workload.nproc_per_node
+
+    @property
     def accumulation_steps(self) -> int:
-        """Micro-batches (of ``config.batch_size``) per optimizer step: global batch / batch size, else 1."""
+        """Micro-batches (of ``config.batch_size``) per optimizer step on each rank: global batch / (batch size x
+        world size), else 1."""
         from autotune.workloads.global_batch import accumulation_steps
 
-        return accumulation_steps(self.global_batch, self.config.batch_size)
+        return accumulation_steps(self.global_batch, self.config.batch_size, world_size=self.world_size)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size (the micro-batch with a global batch),
@@ -367,7 +373,8 @@ class Recommendation:
         if self.global_batch:
             from autotune.workloads.global_batch import describe
 
-            lines.append(f"  {describe(self.config.batch_size, self.global_batch)} (an optimizer step every "
+            lines.append(f"  {describe(self.config.batch_size, self.global_batch, world_size=self.world_size)} "
+                         "(an optimizer step every "
                          f"{self.global_batch} samples, as measured)")
         if self.tokens_per_sample is not None:
             lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "

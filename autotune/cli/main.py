@@ -101,8 +101,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     check_ranks(workload, usable_cores=hw.usable_cores, gpus=len(hw.visible_gpus()), oversubscribe=args.oversubscribe)
     from autotune.workloads.global_batch import accumulation_steps, check_cudagraphs
 
-    accumulation_steps(workload.global_batch, config.batch_size)  # a micro-batch must divide the global batch
-    check_cudagraphs(workload.device, workload.global_batch, config)
+    # a micro-batch (x the ranks) must divide the global batch
+    accumulation_steps(workload.global_batch, config.batch_size, world_size=workload.nproc_per_node)
+    check_cudagraphs(workload.device, workload.global_batch, config, world_size=workload.nproc_per_node)
     workload = check(workload)
     check_knobs(workload, config)  # --channels-last without image tensors, --bucket-by-length without length
     quiet = args.format == "json"

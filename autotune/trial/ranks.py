@@ -75,14 +75,19 @@ class RankGroup:
         self.step_s: float | None = None  # rank 0's latest time per step: how many steps fill a window
 
     # --- what changes in the trial ----------------------------------------------------------------------------
-    def wrap(self, model: Any) -> Any:
+    def wrapper(self, config: Any) -> Any:
+        """``wrap`` with the config's DDP arguments (``TrialConfig.ddp_kwargs``: bucket size, gradients as
+        bucket views, static graph)."""
+        return lambda model: self.wrap(model, **config.ddp_kwargs())
+
+    def wrap(self, model: Any, **ddp_kwargs: Any) -> Any:
         """The model in DDP; a model DDP refuses is the workload's fault, named (``WorkloadError``)."""
         from torch.nn.parallel import DistributedDataParallel
 
         from autotune.errors import WorkloadError
 
         try:
-            return DistributedDataParallel(model, device_ids=self.device_ids)
+            return DistributedDataParallel(model, device_ids=self.device_ids, **ddp_kwargs)
         except (RuntimeError, ValueError, AssertionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise WorkloadError(f"DistributedDataParallel cannot wrap the workload's model: {reason}") from exc

@@ -63,8 +63,9 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train(train)
+    ddp = None
     if wrap is not None:
-        model = wrap(model)
+        model = ddp = wrap(model)
     optimizer = make_optimizer(getattr(parts, "optimizer", None), model) if train else None
     scaler = dev.grad_scaler(config.amp) if train else None
     step_model = model if config.compile_mode == "none" else torch.compile(model, mode=config.compile_mode)
@@ -73,7 +74,8 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     if own_step is not None or accumulation_steps > 1:
         from autotune.workloads.global_batch import default_step
 
-        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train, accumulation_steps=accumulation_steps)
+        ctx = StepContext(config, dev, scaler, loss_fn=loss_fn, train=train, accumulation_steps=accumulation_steps,
+                          ddp=ddp)
         stepper = user_step(own_step or default_step, count, step_model, optimizer, ctx)
         stepper.scaler = scaler  # type: ignore[attr-defined]
         return stepper
@@ -148,9 +150,11 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     train = workload.task == "train"
     from autotune.workloads.global_batch import accumulation_steps
 
-    accumulation = accumulation_steps(workload.global_batch, config.batch_size)  # 1 without a global batch
+    accumulation = accumulation_steps(workload.global_batch, config.batch_size,  # 1 without a global batch
+                                      world_size=workload.nproc_per_node)
     train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built,
-                           accumulation_steps=accumulation, wrap=ranks.wrap if ranks is not None and train else None)
+                           accumulation_steps=accumulation,
+                           wrap=ranks.wrapper(config) if ranks is not None and train else None)
 
     from autotune.workloads.contract import loader_kwargs, steps_per_epoch
 

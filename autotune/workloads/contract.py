@@ -302,11 +302,25 @@ class StepContext:
     """What a user's step gets besides model, batch and optimizer (see the module docstring)."""
 
     def __init__(self, config: Any, dev: Any, scaler: Any, *, loss_fn: Any = None, train: bool = True,
-                 accumulation_steps: int = 1) -> None:
+                 accumulation_steps: int = 1, ddp: Any = None) -> None:
         self.config, self.dev, self.scaler, self.loss_fn, self.train = config, dev, scaler, loss_fn, train
         self.device = dev.torch_device()
         self.accumulation_steps = accumulation_steps
         self.micro_batch = 0  # which micro-batch of the optimizer step this call is (0 .. accumulation_steps - 1)
+        self.ddp = ddp  # the DistributedDataParallel module of a rank (autotune.trial.ranks), else None
+        self.optimizer_steps = 0  # optimizer steps before this micro-batch's
+
+    def syncing(self) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's step: a DDP rank's all-reduce is skipped (``no_sync``) on every micro-batch
+        but the last of an optimizer step, whose backward all-reduces the gradients accumulated so far, as
+        torch's docs for ``no_sync`` ask. Otherwise nothing. With ``static_graph`` the first optimizer step
+        all-reduces every micro-batch: DDP records the graph in its first backward, and one under ``no_sync``
+        trips its reducer (an internal assert, torch 2.x); the sum of the means is the mean of the sums."""
+        if self.ddp is None or self.micro_batch == self.accumulation_steps - 1:
+            return contextlib.nullcontext()
+        if self.optimizer_steps == 0 and getattr(self.ddp, "static_graph", False):
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return self.dev.autocast(self.config.amp)
@@ -348,8 +362,10 @@ def user_step(step_fn: Callable[..., Any], count: Callable[[Any], Any] | None, m
         prepared = ctx.prepare(batch)
         if ctx.train:
             ctx.micro_batch = calls[0] % ctx.accumulation_steps
+            ctx.optimizer_steps = calls[0] // ctx.accumulation_steps
             calls[0] += 1
-            loss = step_fn(model, prepared, optimizer, ctx)
+            with ctx.syncing():
+                loss = step_fn(model, prepared, optimizer, ctx)
         else:
             with torch.inference_mode():
                 loss = step_fn(model, prepared, None, ctx)
