@@ -26,7 +26,8 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
               trials: int | None = None, memory_cap: str | float | None = None, storage: str | None = None,
               space: str | None = None, study_name: str | None = None, measure=None, rerun: bool = False,
               progress: bool = True, run_length: str | float | None = None, planned_steps: int | None = None,
-              global_batch: int | None = None, device_memory_cap: str | float | None = None) -> Recommendation:
+              global_batch: int | None = None, device_memory_cap: str | float | None = None,
+              nproc_per_node: int = 1) -> Recommendation:
     """The recommended config for a workload on this machine.
 
     ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
@@ -47,6 +48,12 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     micro-batches with N / micro-batch gradient accumulation steps (``autotune.workloads.global_batch``); the
     recommendation's ``accumulation_steps`` and ``apply().accumulation_steps`` say how many.
 
+    ``nproc_per_node`` > 1 tunes N DistributedDataParallel ranks on this machine, each trial one process group
+    (``autotune.trial.ddp``): batch size, threads and workers are per rank (threads + workers of all ranks within
+    the usable cores), DDP's own arguments are searched, the global batch is micro-batch x accumulation x N, and
+    the recommendation carries a ``distributed`` section and a ``torchrun`` launch line (``launch_command()``).
+    More ranks than usable cores (or GPUs) is a ``ConfigError``.
+
     ``device_memory_cap`` (on a GPU, e.g. "10GiB") is the most PyTorch's allocator may hold in a trial, enforced
     while it runs; by default the GPU's free memory when the run starts, less the CUDA context's share.
     """
@@ -66,7 +73,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     if device is None:
         device = "cuda" if hw.gpus else "cpu"
     workload = Workload(model=model, task=task, image_size=image_size, data_dir=data_dir, device=device,
-                        global_batch=global_batch)
+                        global_batch=global_batch, nproc_per_node=nproc_per_node)
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw, device)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())

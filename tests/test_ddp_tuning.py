@@ -83,3 +83,106 @@ def test_the_global_batch_is_micro_batch_times_accumulation_times_world_size():
                                                "global batch 256")
     with pytest.raises(ConfigError, match="batch_size=32 x 2 ranks does not divide the global batch 96"):
         accumulation_steps(96, 32, world_size=2)
+
+
+# --- the space for N ranks -------------------------------------------------------------------------------------
+
+def _hardware(cores: int):
+    import dataclasses
+
+    from autotune.machine.hardware import detect
+
+    return dataclasses.replace(detect(with_torch=False), usable_cores=cores)
+
+
+_SPACE = {"name": "t", "device": "cpu",
+          "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
+                         "num_workers": {"type": "int", "low": 0, "high": "cores"},
+                         "intra_op_threads": {"type": "int", "low": 1, "high": "cores"}},
+          "baseline": {"batch_size": 8, "num_workers": 0, "intra_op_threads": "cores"}}
+
+
+@pytest.mark.parametrize("cores, ranks", [(8, 2), (8, 3), (2, 2), (3, 2)])
+def test_no_config_of_the_space_for_n_ranks_gives_them_more_threads_and_workers_than_cores(cores, ranks):
+    import itertools
+
+    from autotune.search.rank_space import for_ranks
+    from autotune.search.space import space_from_dict
+
+    space = for_ranks(space_from_dict(_SPACE, hardware=_hardware(cores)), ranks)
+    choices = {p.name: p.choices for p in space.params}
+    share = cores // ranks
+    assert max(choices["intra_op_threads"]) == share and max(choices["num_workers"]) == share - 1
+    # every point the sampler can propose runs within the cores, even asking for the most of both
+    for workers, threads in itertools.product(range(cores + 1), [None, *range(1, cores + 1)]):
+        config = space.effective({"num_workers": workers, "intra_op_threads": threads})
+        assert ranks * (config.intra_op_threads + config.num_workers) <= cores, (workers, threads, config)
+    base = space.baseline_config()
+    assert ranks * (base.intra_op_threads + base.num_workers) <= cores
+    assert base.intra_op_threads == share  # the baseline's `cores` is each rank's share
+    assert {"bucket_cap_mb", "gradient_as_bucket_view", "static_graph"} <= set(choices)
+    assert base.ddp_kwargs() == {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False}
+    assert any("ranks share" in n for n in space.notes) or cores // ranks == cores
+
+
+def test_one_process_never_searches_ddps_knobs_and_oversubscribe_trims_nothing():
+    from autotune.search.rank_space import for_ranks
+    from autotune.search.space import space_from_dict
+
+    hw = _hardware(4)
+    plain = space_from_dict(_SPACE, hardware=hw)
+    assert for_ranks(plain, 1) is plain
+    listed = space_from_dict({**_SPACE, "parameters": {**_SPACE["parameters"], "static_graph": {"type": "bool"}}},
+                             hardware=hw)
+    one = for_ranks(listed, 1)
+    assert "static_graph" not in {p.name for p in one.params} and "static_graph dropped" in one.notes[-1]
+    assert "static_graph" not in one.baseline_config().to_dict()  # a one-process config is written as before
+    over = for_ranks(space_from_dict({**_SPACE, "oversubscribe": True}, hardware=hw), 2)
+    assert max(next(p for p in over.params if p.name == "intra_op_threads").choices) == 4
+
+
+def test_the_space_for_ranks_keeps_the_batch_sizes_whose_ranks_divide_the_global_batch():
+    from autotune.config import Workload
+    from autotune.search.space import space_for, space_from_dict
+
+    doc = {**_SPACE, "parameters": {**_SPACE["parameters"], "batch_size": {"type": "int", "choices": [8, 16, 32]}}}
+    workload = Workload(model="tests.ddp_workloads:mlp", global_batch=32, nproc_per_node=2,
+                        data={"tensors": []})
+    space = space_for(workload, _hardware(4), space=space_from_dict(doc, hardware=_hardware(4)))
+    assert next(p for p in space.params if p.name == "batch_size").choices == (8, 16)  # 2 x 32 > 32
+
+
+# --- never mixed with one-process studies ------------------------------------------------------------------------
+
+def test_warm_start_never_imports_winners_across_world_sizes(tmp_path):
+    import optuna
+
+    from autotune.config import Workload
+    from autotune.search import trials as keys
+    from autotune.search.warm_start import earlier_winners
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/t.db")
+    names = {}
+    for ranks in (1, 2):  # two stored studies on this hardware, each with its recommendation, as a run leaves them
+        names[ranks] = f"s-x{ranks}"
+        study = optuna.create_study(study_name=names[ranks], storage=storage, direction="maximize")
+        study.set_user_attr(keys.STUDY_FINGERPRINT, "fp")
+        study.set_user_attr(keys.STUDY_WORKLOAD, Workload(model="m:f", nproc_per_node=ranks).to_dict())
+        study.set_user_attr(keys.STUDY_RECOMMENDATION, {
+            "config": TrialConfig(batch_size=8 * ranks).to_dict(), "hardware": {"fingerprint": "fp"},
+            "provenance": {"trial": 0}, "measured": {"median_samples_per_s": 1.0}})
+    for ranks, other in ((1, 2), (2, 1)):
+        found = earlier_winners(storage, fingerprint="fp", device="cpu", exclude="none", world_size=ranks)
+        assert [(w.study_name, w.config.batch_size) for w in found] == [(names[ranks], 8 * ranks)]
+
+
+# --- bad input on `autotune run` ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ranks, line", [("0", "nproc_per_node=0 is not allowed"), ("64", "usable core(s)")])
+def test_bad_rank_counts_on_run_are_one_line_and_exit_2(capsys, tmp_path, ranks, line):
+    from autotune.cli.main import main as cli_main
+
+    code = cli_main(["run", "--model", "tests.ddp_workloads:mlp", "--device", "cpu", "--nproc-per-node", ranks,
+                     "--trials", "1", "--storage", f"sqlite:///{tmp_path}/t.db", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and line in err and len(err.splitlines()) == 1, err

@@ -104,6 +104,7 @@ def add_study_selector_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data", default=None)
     g.add_argument("--device", default=None)
     _add_global_batch(g)
+    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="the study of N DDP ranks")
 
 
 # --- arguments -> records ---------------------------------------------------------------------------------

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
 from typing import TYPE_CHECKING
 
-from autotune.cli.args import (add_measure_args, add_study_args, add_study_selector_args, add_workload_args,
-                               measure_from_args, select_study, workload_from_args)
+from autotune.cli.args import (add_measure_args, add_ranks_args, add_study_args, add_study_selector_args,
+                               add_workload_args, measure_from_args, select_study, workload_from_args)
 from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search import trials as keys
@@ -75,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
                             "--timeout DURATION (e.g. --timeout 8h)")
     space = load_space(args.space, hardware=hw, device=workload.device)
+    if args.oversubscribe:  # as a space that says so: ranks may outnumber the cores, threads and workers untrimmed
+        space = dataclasses.replace(space, oversubscribe=True)
     workload = check(workload)  # with what its first batch holds: the space is fitted to it, the YAML records it
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
     logger = None
@@ -253,6 +256,7 @@ def add_study_commands(sub) -> None:
                        description="Tune a workload on this machine: an Optuna study of isolated trials, then a "
                        "re-measurement of the finalists.", epilog=RUN_EPILOG, formatter_class=fmt)
     add_workload_args(p)
+    add_ranks_args(p)
     g = p.add_argument_group("budget")
     g.add_argument("--trials", type=int, default=None, metavar="N", help="run N more trials")
     g.add_argument("--timeout", default=None, metavar="DURATION",

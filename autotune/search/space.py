@@ -4,6 +4,11 @@ A space file (see ``search_spaces/cpu.yaml``) lists parameters, each with a type
 ``categorical``) and either ``choices`` or ``low``/``high``; ``when: "num_workers > 0"`` makes a parameter
 conditional on an earlier one. ``fixed`` pins knobs that are not searched; ``baseline`` is the first trial.
 The value ``cores`` stands for the cores this process may use.
+
+With N DDP ranks (``Workload.nproc_per_node``, ``for_ranks``) the threads and DataLoader workers are per rank and
+share the usable cores: N x (intra-op threads + workers) stays within them unless the space says
+``oversubscribe``; DDP's own arguments (``config.DDP_KNOBS``) are searched then, and only then
+(``search.rank_space``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune.config import KNOBS, TrialConfig, device_family
+from autotune.search.param import Param
 from autotune._yaml import read_yaml
 from autotune.errors import SpaceError
 
@@ -35,14 +41,6 @@ _WHEN = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 _TOP_KEYS = {"name", "device", "oversubscribe", "parameters", "fixed", "baseline", "description"}
 
 
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: str
-    choices: tuple = ()
-    when: tuple | None = None  # (param, op, value)
-
-
 @dataclass
 class SearchSpace:
     """A validated space. ``params`` are in sampling order; ``notes`` say what trimming removed and why."""
@@ -56,6 +54,12 @@ class SearchSpace:
     usable_cores: int = 1
     source: str = "<memory>"
     notes: list[str] = field(default_factory=list)
+    ranks: int = 1  # DDP ranks per trial sharing the usable cores (``for_ranks``)
+
+    @property
+    def rank_cores(self) -> int:
+        """The usable cores each rank has for its threads and workers: all of them for one process."""
+        return max(1, self.usable_cores // self.ranks)
 
     # --- sampling ---------------------------------------------------------------------------------------
     def suggest(self, trial: Trial) -> TrialConfig:
@@ -77,10 +81,12 @@ class SearchSpace:
         parameter's distribution fixed, which Optuna's samplers need; the clamped config is what is stored.
         """
         values = {**self.fixed, **{k: v for k, v in params.items() if k in _KNOBS}}
-        cores = self.usable_cores
+        cores = self.rank_cores
         if not self.oversubscribe:
             workers = min(int(values.get("num_workers", 0)), max(0, cores - 1))
             values["num_workers"] = workers
+            if self.ranks > 1 and not values.get("intra_op_threads"):
+                values["intra_op_threads"] = cores  # torch's default would give every rank all the cores
             if values.get("intra_op_threads"):
                 values["intra_op_threads"] = max(1, min(int(values["intra_op_threads"]), cores - workers))
             if values.get("inter_op_threads"):
@@ -103,8 +109,9 @@ class SearchSpace:
     # PyTorch's default). Length bucketing (where the workload gives lengths) cut padding from ~65% to ~4% of the
     # tokens. Measured like any trial. In order of preference per knob: the first one the trimmed space offers is
     # taken.
+    # With ranks, gradients as views into DDP's buckets save a copy of every gradient and its memory.
     LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
-                      "cudnn_benchmark": (True,), "bucket_by_length": (True,)}
+                      "cudnn_benchmark": (True,), "bucket_by_length": (True,), "gradient_as_bucket_view": (True,)}
 
     def likely_params(self) -> dict[str, Any] | None:
         """The baseline with the usual winners this space offers switched on (Optuna params), or None when
@@ -154,10 +161,12 @@ class SearchSpace:
                                     **({"when": " ".join(map(str, p.when))} if p.when else {})}
                            for p in self.params},
             "fixed": self.fixed, "baseline": self.baseline, "notes": self.notes,
+            **({"ranks": self.ranks} if self.ranks > 1 else {}),
         }
 
     def describe(self) -> str:
-        lines = [f"search space {self.name} ({self.source}), {self.usable_cores} usable cores"]
+        ranks = f", {self.ranks} ranks x {self.rank_cores} each" if self.ranks > 1 else ""
+        lines = [f"search space {self.name} ({self.source}), {self.usable_cores} usable cores{ranks}"]
         for p in self.params:
             cond = f"  when {' '.join(map(str, p.when))}" if p.when else ""
             lines.append(f"  {p.name:<20} {list(p.choices)}{cond}")
@@ -478,10 +487,14 @@ def fit_workload(space: SearchSpace, workload: Any) -> SearchSpace:
 def space_for(workload: Any, hardware: Any, *, space: SearchSpace | None = None) -> SearchSpace:
     """The space a study of ``workload`` searches: ``space`` (default: the shipped one for its device, trimmed
     to ``hardware``), fitted to the workload's data (``fit_workload``: channels_last only for 4-D image tensors,
-    length bucketing only for a workload that returns length) and, with a global batch, to the batch sizes that
-    divide it (and without CUDA graphs on a GPU: ``workloads.global_batch.restrict_space``). The one chain every
-    caller uses."""
+    length bucketing only for a workload that returns length), to its ranks (``for_ranks``: threads and workers
+    per rank within the cores, DDP's arguments searched) and, with a global batch, to the batch sizes whose ranks'
+    micro-batches divide it (and without CUDA graphs on a GPU: ``workloads.global_batch.restrict_space``). The one
+    chain every caller uses."""
+    from autotune.search.rank_space import for_ranks
     from autotune.workloads.global_batch import restrict_space
 
     base = space or load_space(hardware=hardware, device=workload.device)
-    return restrict_space(fit_workload(base, workload), workload.global_batch, device=workload.device)
+    ranked = for_ranks(base, workload.nproc_per_node)
+    return restrict_space(fit_workload(ranked, workload), workload.global_batch, device=workload.device,
+                          world_size=workload.nproc_per_node)

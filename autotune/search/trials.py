@@ -12,6 +12,8 @@ a FAIL would be ignored and re-proposed); pruned or timed out -> PRUNED; anythin
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -234,8 +236,7 @@ def knobs_apart(a: TrialConfig, b: TrialConfig) -> list[str]:
     >>> knobs_apart(TrialConfig(num_workers=0), TrialConfig(num_workers=2, prefetch_factor=4))
     ['num_workers']
     """
-    da, db = a.to_dict(), b.to_dict()
-    apart = [k for k in da if da[k] != db[k]]
+    apart = [f.name for f in dataclasses.fields(TrialConfig) if getattr(a, f.name) != getattr(b, f.name)]
     if "num_workers" in apart and 0 in (a.num_workers, b.num_workers):
         apart = [k for k in apart if k not in _WORKER_FIELDS]
     return apart

@@ -91,6 +91,11 @@ class Tuner:
         # the workload's own knobs: no channels_last for text, no length bucketing for images; with a global batch
         # only the batch sizes that divide it are searched (a one-line error if none does)
         self.space = space_for(workload, self.hardware, space=space)
+        from autotune.trial.ddp import check_ranks
+
+        # more ranks than GPUs, or than usable cores unless the space oversubscribes: one line, before any trial
+        check_ranks(workload, usable_cores=self.hardware.usable_cores, gpus=len(self.hardware.visible_gpus()),
+                    oversubscribe=self.space.oversubscribe)
         measure = measure or MeasureSpec()
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
@@ -283,7 +288,8 @@ class Tuner:
         (``study_queue.queue_first_trials``)."""
         def warm() -> int:
             return queue_warm_start(study, self.space, storage=self.storage, fingerprint=self.hardware.fingerprint,
-                                    device=self.workload.device, enqueue=study_queue.enqueue, log=self.log)
+                                    device=self.workload.device, enqueue=study_queue.enqueue, log=self.log,
+                                    world_size=self.workload.nproc_per_node)
 
         study_queue.queue_first_trials(study, self.space, storage=self.storage,
                                        single_run=sqlite_path(self.storage_url) is not None, log=self.log,

@@ -6,7 +6,9 @@ workers, the allocator, bf16, channels_last and compile are about the cores, cac
 are the same. So each earlier winner is mapped into this study's space knob by knob (``params_for``) and
 measured like any trial: a winner that does not transfer costs one trial, one that does puts the search near
 the best within its first few trials. Only studies of this hardware fingerprint and this kind of device are
-read (never another machine's figures), at most ``WARM_START_MAX`` of them, most recently created first.
+read (never another machine's figures), at most ``WARM_START_MAX`` of them, most recently created first, and
+only studies of the same world size (``Workload.nproc_per_node``): one process's threads and workers are not a
+config for N ranks sharing the cores, nor the reverse.
 
 The batch size is carried over too, mapped to the nearest batch this space offers (the smaller one of two as
 near): a larger model or image needs more memory per sample, but a batch that does not fit is recorded as
@@ -58,9 +60,10 @@ class Winner:
         return f"{self.study_name} #{self.trial_number}" if self.trial_number is not None else self.study_name
 
 
-def earlier_winners(storage, *, fingerprint: str, device: str, exclude: str) -> list[Winner]:
+def earlier_winners(storage, *, fingerprint: str, device: str, exclude: str, world_size: int = 1) -> list[Winner]:
     """The winners of every other study in ``storage`` measured on hardware ``fingerprint`` with the same
-    kind of device (``cpu`` / ``cuda``), most recently created study first. A study without a stored
+    kind of device (``cpu`` / ``cuda``) and ``world_size`` ranks, most recently created study first. A study
+    without a stored
     recommendation gives its best feasible trial measured on this hardware; one with neither gives nothing.
     ``exclude``: this study's own name."""
     import optuna
@@ -74,6 +77,8 @@ def earlier_winners(storage, *, fingerprint: str, device: str, exclude: str) -> 
         workload = ua.get(keys.STUDY_WORKLOAD) or {}
         if device_family(str(workload.get("device", "cpu"))) != family:
             continue  # a CPU study's winner is no config for a GPU, nor the reverse
+        if int(workload.get("nproc_per_node", 1)) != world_size:
+            continue  # threads and workers per rank: N ranks share the cores one process had to itself
         winner = _from_recommendation(frozen.study_name, ua.get(keys.STUDY_RECOMMENDATION), fingerprint)
         if winner is None:
             study = optuna.load_study(study_name=frozen.study_name, storage=storage)
@@ -133,7 +138,7 @@ def params_for(config: TrialConfig, space) -> dict[str, Any]:
 
 
 def queue_warm_start(study: Study, space, *, storage, fingerprint: str, device: str, enqueue: Callable[..., None],
-                     log: Callable[[str], None], most: int = WARM_START_MAX) -> int:
+                     log: Callable[[str], None], most: int = WARM_START_MAX, world_size: int = 1) -> int:
     """Queue up to ``most`` earlier winners (``earlier_winners``) mapped into ``space`` (``params_for``),
     each with ``warm_start_from: "<study name> #<trial>"``; returns how many were queued now.
 
@@ -150,7 +155,8 @@ def queue_warm_start(study: Study, space, *, storage, fingerprint: str, device: 
         return 0
     seen = {c.key() for t in trials if (c := config_of(t, space)) is not None}
     queued = 0
-    for winner in earlier_winners(storage, fingerprint=fingerprint, device=device, exclude=study.study_name):
+    for winner in earlier_winners(storage, fingerprint=fingerprint, device=device, exclude=study.study_name,
+                                  world_size=world_size):
         params = params_for(winner.config, space)
         config = space.effective(params)
         if config.key() in seen:
