@@ -11,21 +11,26 @@ __all__ = ["Applied"]
 class Applied:
     """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
 
-    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1) -> None:
+    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1, world_size: int = 1) -> None:
         from autotune.machine.device import CPUDevice, CUDADevice
 
         self.config = config
-        # micro-batches per optimizer step: backward each (the loss divided by this), step and zero_grad after
-        # the last one
+        # micro-batches per optimizer step (on each rank): backward each (the loss divided by this), step and
+        # zero_grad after the last one
         self.accumulation_steps = accumulation_steps
+        self.world_size = world_size  # DDP ranks measured; > 1: prepare_model wraps the model in DDP
         self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
 
     def prepare_model(self, model):
+        """The model on the device, channels_last, in DDP with the recommended arguments (with several ranks:
+        inside the process group ``torchrun`` started), then compiled: the order the trials ran."""
         import torch
 
         model = model.to(self._dev.torch_device())
         if self.config.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if self.world_size > 1:
+            model = self._ddp(model)
         if self.config.compile_mode != "none":
             model = torch.compile(model, mode=self.config.compile_mode)
         return model
@@ -39,3 +44,27 @@ class Applied:
 
     def grad_scaler(self):
         return self._dev.grad_scaler(self.config.amp)
+
+    def no_sync(self, model, micro_batch: int):
+        """Around micro-batch ``micro_batch`` (0 .. accumulation_steps - 1) of an optimizer step: DDP's
+        ``no_sync`` on all but the last, so the ranks all-reduce once per optimizer step, as measured; nothing
+        otherwise (one process, no accumulation, the last micro-batch). ``model``: what ``prepare_model`` gave."""
+        import contextlib
+
+        ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper keeps the DDP module
+        if self.world_size <= 1 or micro_batch >= self.accumulation_steps - 1 or not hasattr(ddp, "no_sync"):
+            return contextlib.nullcontext()
+        return ddp.no_sync()
+
+    def _ddp(self, model):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        from autotune.errors import ConfigError
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError(f"this recommendation was measured as {self.world_size} DDP ranks: launch the script "
+                              "with rec.launch_command() (torchrun) and call torch.distributed.init_process_group() "
+                              "before prepare_model")
+        ids = None if self._dev.type == "cpu" else [self._dev.index]
+        return DistributedDataParallel(model, device_ids=ids, **self.config.ddp_kwargs())

@@ -31,6 +31,7 @@ from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 from autotune.applied import Applied
 from autotune.config import TrialConfig, Workload, knob_args, knob_summary
+from autotune.distributed import backend_for, check_section, distributed_section, launch_command
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.search import trials as keys
@@ -64,6 +65,8 @@ def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | N
         args += ["--data", workload.data_dir]
     if workload.global_batch:
         args += ["--global-batch", str(workload.global_batch)]
+    if workload.nproc_per_node > 1:
+        args += ["--nproc-per-node", str(workload.nproc_per_node)]
     args += knob_args(config)
     if cap_mb:
         args += ["--memory-cap", f"{int(cap_mb)}MiB"]
@@ -176,6 +179,8 @@ class Recommendation:
             # itself is the workload's (workload.global_batch)
             "batch": {"micro_batch": self.config.batch_size, "accumulation_steps": self.accumulation_steps,
                       "global_batch": self.global_batch},
+            # derived (not read back), N ranks only: how to launch them (autotune.distributed)
+            **({"distributed": distributed_section(self)} if self.world_size > 1 else {}),
         }
 
     @classmethod
@@ -195,7 +200,7 @@ class Recommendation:
                                   f"{type(d[section]).__name__}; export it again with `autotune export`")
         m, p, hw = d["measured"], d["provenance"], dict(d["hardware"])
         try:
-            return cls(
+            rec = cls(
                 config=TrialConfig.from_dict(d["config"]), workload=Workload.from_dict(d["workload"]),
                 median_samples_per_s=float(m["median_samples_per_s"]),
                 iqr_samples_per_s=float(m["iqr_samples_per_s"]),
@@ -222,6 +227,8 @@ class Recommendation:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
+        check_section(d.get("distributed"), rec, source)
+        return rec
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """YAML text; with ``path``, also written atomically (temp file + rename: a reader never sees half)."""
@@ -247,6 +254,12 @@ class Recommendation:
         start-up. ``apply()`` sets what can still be set in a running process."""
         return launch_env(self.config)
 
+    def launch_command(self, script: str = "train.py", *script_args: str) -> str:
+        """The shell line that starts the training as measured: with N ranks ``torchrun --standalone --nnodes 1
+        --nproc-per-node N script ...`` after the per-rank environment (``launch_env``), else ``python script``
+        after it (``autotune.distributed.launch_command``)."""
+        return launch_command(self, script, *script_args)
+
     def headroom_mb(self) -> float | None:
         """MiB the measured peak leaves free under the cap less the margin (None when either is unknown)."""
         if self.peak_host_mb is None or self.memory_cap_mb is None:
@@ -262,6 +275,11 @@ class Recommendation:
     def world_size(self) -> int:
         """DDP ranks per node the config was measured with (``Workload.nproc_per_node``); 1: one process."""
         return self.workload.nproc_per_node
+
+    @property
+    def ddp_backend(self) -> str:
+        """The process group's backend the ranks were measured with: ``nccl`` on GPUs, ``gloo`` on the CPU."""
+        return backend_for(self.workload.device)
 
     @property
     def accumulation_steps(self) -> int:
@@ -284,8 +302,12 @@ class Recommendation:
 
         Yields an ``Applied`` with the per-call helpers: ``prepare_model`` (channels_last, torch.compile),
         ``prepare_input`` (channels_last), ``autocast()`` and ``grad_scaler()``, and ``accumulation_steps``: the
-        micro-batches per optimizer step (1 without a global batch). The inter-op thread count can
-        only be set before torch's first parallel work; if that moment has passed it is left as is, with a note.
+        micro-batches per optimizer step (1 without a global batch).
+        Measured as N DDP ranks, it is called in each rank of the script ``launch_command()`` starts: the threads
+        are the rank's, ``prepare_model`` wraps the model in DDP with the recommended arguments (on GPU
+        LOCAL_RANK), ``no_sync(model, micro_batch)`` skips the all-reduce on accumulation micro-batches.
+        The inter-op thread count can only be set before torch's first parallel work; if that moment has passed it
+        is left as is, with a note.
         """
         import torch
 
@@ -309,10 +331,25 @@ class Recommendation:
                               f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
                               "its environment (`autotune export` lists it)", stacklevel=3)
         try:
-            yield Applied(self.config, self.workload.device, accumulation_steps=self.accumulation_steps)
+            yield Applied(self.config, self._rank_device(), accumulation_steps=self.accumulation_steps,
+                          world_size=self.world_size)
         finally:
             torch.set_num_threads(old_threads)
             torch.backends.cudnn.benchmark = old_bench
+
+    def _rank_device(self) -> str:
+        """The device this process trains on: under torchrun, a rank of several on a GPU takes GPU LOCAL_RANK, as
+        the trials' rank r took GPU r; warned when the running world size is not the measured one."""
+        if self.world_size <= 1:
+            return self.workload.device
+        running = os.environ.get("WORLD_SIZE")
+        if running is not None and running != str(self.world_size):
+            warnings.warn(f"this recommendation was measured as {self.world_size} ranks; this process is one of "
+                          f"{running}: its per-rank threads, workers and batch were not tuned for that",
+                          stacklevel=4)
+        if self.workload.device == "cpu":
+            return "cpu"
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none):
@@ -376,6 +413,10 @@ class Recommendation:
             lines.append(f"  {describe(self.config.batch_size, self.global_batch, world_size=self.world_size)} "
                          "(an optimizer step every "
                          f"{self.global_batch} samples, as measured)")
+        if self.world_size > 1:
+            ddp = " ".join(f"{k}={v}" for k, v in self.config.ddp_kwargs().items())
+            lines.append(f"  {self.world_size} DDP ranks, batch, threads and workers per rank, samples/s all ranks'; "
+                         f"DDP {ddp}; launch: {self.launch_command()}")
         if self.tokens_per_sample is not None:
             lines.append(f"  {self.median_tokens_per_s:.0f} tokens/s median ({self.tokens_per_sample:.1f} real tokens "
                          "per sample, as the workload counts them)")

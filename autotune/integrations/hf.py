@@ -10,8 +10,10 @@ and ``Recommendation.hf_callback()``, which import this module only when called.
 Mapped: the batch size (``per_device_train_batch_size``; ``gradient_accumulation_steps``: the recommendation's
 ``accumulation_steps``, global batch / batch size when tuned with a global batch, else 1), the DataLoader
 knobs (``dataloader_*``), autocast (``bf16``/``fp16``), torch.compile (``torch_compile``, ``torch_compile_mode``)
-and the CPU device (``use_cpu``). Not mapped, because ``TrainingArguments`` has no field for them: thread
-counts, channels_last, cudnn.benchmark and the malloc mode.
+and the CPU device (``use_cpu``); measured as N DDP ranks, run under ``torchrun`` (``rec.launch_command()``), the
+batch and accumulation are per rank and DDP's backend, bucket size and static graph map to ``ddp_*`` fields
+(``gradient_as_bucket_view`` has none: refused under ``strict``). Not mapped, because ``TrainingArguments`` has
+no field for them: thread counts, channels_last, cudnn.benchmark and the malloc mode.
 
 The callback applies those (``Recommendation.apply()``, the machinery Lightning's callback uses, and channels_last
 on the model's weights) in ``on_train_begin`` and restores them in ``on_train_end``: intra-/inter-op threads,
@@ -44,7 +46,7 @@ __all__ = ["training_arguments", "notes", "FIELDS", "trainer_callback"]
 # every TrainingArguments field this module may set
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers",
           "dataloader_prefetch_factor", "dataloader_pin_memory", "dataloader_persistent_workers", "bf16", "fp16",
-          "torch_compile", "torch_compile_mode", "use_cpu")
+          "torch_compile", "torch_compile_mode", "use_cpu", "ddp_backend", "ddp_bucket_cap_mb", "ddp_static_graph")
 
 
 def _fields(rec) -> dict[str, Any]:
@@ -62,6 +64,9 @@ def _fields(rec) -> dict[str, Any]:
         out["torch_compile_mode"] = c.compile_mode
     if rec.workload.device == "cpu":
         out["use_cpu"] = True
+    if rec.world_size > 1:  # under torchrun (rec.launch_command()): the batch and accumulation above are per rank
+        out.update(ddp_backend=rec.ddp_backend, ddp_bucket_cap_mb=c.bucket_cap_mb,
+                   ddp_static_graph=c.static_graph)
     return out
 
 
@@ -71,6 +76,13 @@ def notes(rec, *, callback: bool = False) -> list[str]:
     import torch
 
     c, out = rec.config, []
+    if rec.world_size > 1 and os.environ.get("WORLD_SIZE") != str(rec.world_size):
+        # TrainingArguments with a ddp_backend sets up the process group as it is made: only inside the ranks
+        out.append(f"{rec.world_size} DDP ranks: build TrainingArguments in the script rec.launch_command() "
+                   f"starts (torchrun --nproc-per-node {rec.world_size}), not in this process")
+    if c.gradient_as_bucket_view:  # Trainer builds DDP's arguments itself, with no field for this one
+        out.append("gradient_as_bucket_view=True: TrainingArguments has no field for it and Trainer wraps the model "
+                   "itself; train without it (it saved a copy of the gradients as measured) or with rec.apply()")
     malloc_env = env_for(c.malloc)
     if callback:  # glibc's MALLOC_*_ settings the callback gives through mallopt; the rest is read at start-up
         malloc_env = {k: v for k, v in malloc_env.items() if not (k.startswith("MALLOC_") and k.endswith("_"))}
@@ -79,7 +91,7 @@ def notes(rec, *, callback: bool = False) -> list[str]:
         env = " ".join(f"{k}={v}" for k, v in malloc_env.items())
         malloc.append(f"malloc={c.malloc}: export {env} before launching the training process")
     if callback:
-        return malloc
+        return out + malloc
     if c.intra_op_threads and torch.get_num_threads() != c.intra_op_threads:
         out.append(f"threads={c.intra_op_threads}: export OMP_NUM_THREADS={c.intra_op_threads} "
                    f"MKL_NUM_THREADS={c.intra_op_threads} before launching, or call "

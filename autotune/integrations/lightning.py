@@ -39,14 +39,29 @@ PRECISION = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 def trainer_kwargs(rec) -> dict[str, Any]:
     """``Trainer(**trainer_kwargs(rec))``: the device it was measured on, the precision, and the gradient
-    accumulation (``rec.accumulation_steps``: global batch / batch size when tuned with a global batch, else 1)."""
+    accumulation (``rec.accumulation_steps``: global batch / batch size when tuned with a global batch, else 1).
+    Measured as N DDP ranks: ``devices=N`` and ``strategy="ddp"``, or a ``DDPStrategy`` carrying DDP's arguments
+    where they differ from DDP's defaults (Lightning passes its extra keyword arguments to DDP), with the backend
+    the ranks used; Lightning shards the data and skips the all-reduce on accumulation batches itself."""
     device = rec.workload.device
     if device == "cpu":
         accelerator, devices = "cpu", 1
     else:
         accelerator, devices = "gpu", [int(device.split(":", 1)[1])] if ":" in device else 1
-    return {"accelerator": accelerator, "devices": devices, "precision": PRECISION[rec.config.amp],
-            "accumulate_grad_batches": rec.accumulation_steps}
+    out = {"accelerator": accelerator, "devices": devices, "precision": PRECISION[rec.config.amp],
+           "accumulate_grad_batches": rec.accumulation_steps}
+    if rec.world_size > 1:
+        out.update(devices=rec.world_size, strategy=_strategy(rec))
+    return out
+
+
+def _strategy(rec) -> Any:
+    from autotune.config import TrialConfig
+
+    ddp = {k: v for k, v in rec.config.ddp_kwargs().items() if v != TrialConfig.__dataclass_fields__[k].default}
+    if not ddp:
+        return "ddp"
+    return pl.strategies.DDPStrategy(process_group_backend=rec.ddp_backend, **ddp)
 
 
 class AutotuneCallback(pl.Callback):
