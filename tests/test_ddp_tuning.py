@@ -12,8 +12,6 @@ import pytest
 
 from autotune.config import TrialConfig
 
-pytestmark = []
-
 
 # --- no_sync on the accumulation micro-steps ------------------------------------------------------------------
 
@@ -186,3 +184,39 @@ def test_bad_rank_counts_on_run_are_one_line_and_exit_2(capsys, tmp_path, ranks,
                      "--trials", "1", "--storage", f"sqlite:///{tmp_path}/t.db", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and line in err and len(err.splitlines()) == 1, err
+
+
+# --- a real 2-rank study --------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_2_rank_run_records_world_size_2_and_never_gives_the_ranks_more_than_the_cores(tmp_path):
+    import optuna
+    import yaml
+
+    from autotune.machine.hardware import detect
+    from tests.conftest import run_cli
+
+    cores = detect(with_torch=False).usable_cores
+    if cores < 2:
+        pytest.skip("2 ranks need 2 usable cores (more is refused without --oversubscribe)")
+    db = f"sqlite:///{tmp_path}/t.db"
+    out = run_cli("run", "--model", "tests.ddp_workloads:mlp", "--device", "cpu", "--nproc-per-node", "2",
+                  "--global-batch", "64", "--trials", "3", "--windows", "2", "--window-seconds", "0.3",
+                  "--trial-timeout", "120s", "--finalists", "1", "--rounds", "1", "--parity-steps", "0",
+                  "--no-progress", "--no-warm-start", "--storage", db, timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (name,) = optuna.get_all_study_names(db)
+    assert "-x2-" in name  # never one process's study
+    finished = [t for t in optuna.load_study(study_name=name, storage=db).trials if t.user_attrs.get("status")]
+    assert len(finished) >= 3
+    for t in finished:
+        config = TrialConfig.from_dict(t.user_attrs["config"])
+        assert t.user_attrs["world_size"] == 2
+        assert 2 * (config.intra_op_threads + config.num_workers) <= cores  # 2 ranks on the usable cores
+        assert [r["threads"] for r in t.user_attrs["ranks"]] == [config.intra_op_threads] * 2  # as each rank ran
+        if t.user_attrs["status"] == "ok":
+            assert t.user_attrs["samples_per_step"] == 64  # micro-batch x accumulation x 2 ranks: the global batch
+    assert run_cli("export", "--storage", db, "--study-name", name, "-o", str(tmp_path / "best.yaml")).returncode == 0
+    dist = yaml.safe_load((tmp_path / "best.yaml").read_text())["distributed"]
+    assert dist["world_size"] == 2 and dist["global_batch"] == 64 and "--nproc-per-node 2" in dist["launch"]
+    assert dist["per_rank_batch"] * dist["accumulation_steps"] * 2 == 64
