@@ -213,9 +213,10 @@ def test_a_2_rank_run_records_world_size_2_and_never_gives_the_ranks_more_than_t
         config = TrialConfig.from_dict(t.user_attrs["config"])
         assert t.user_attrs["world_size"] == 2
         assert 2 * (config.intra_op_threads + config.num_workers) <= cores  # 2 ranks on the usable cores
-        assert [r["threads"] for r in t.user_attrs["ranks"]] == [config.intra_op_threads] * 2  # as each rank ran
-        if t.user_attrs["status"] == "ok":
+        if t.user_attrs["status"] == "ok":  # a trial stopped early (pruned) has no per-rank figures
+            assert [r["threads"] for r in t.user_attrs["ranks"]] == [config.intra_op_threads] * 2  # as each ran
             assert t.user_attrs["samples_per_step"] == 64  # micro-batch x accumulation x 2 ranks: the global batch
+    assert any(t.user_attrs["status"] == "ok" for t in finished)
     assert run_cli("export", "--storage", db, "--study-name", name, "-o", str(tmp_path / "best.yaml")).returncode == 0
     dist = yaml.safe_load((tmp_path / "best.yaml").read_text())["distributed"]
     assert dist["world_size"] == 2 and dist["global_batch"] == 64 and "--nproc-per-node 2" in dist["launch"]
