@@ -55,6 +55,14 @@ class TrialResult(Record):
     samples_per_step: float | None = None  # as the workload counts them (autotune.workloads.contract), over the windows
     tokens_per_s: tuple[float, ...] = ()  # per window, when the workload's count gives tokens
     user_parts: tuple[str, ...] = ()  # the workload's own parts the trial ran (optimizer, step, count...)
+    # inference: each measured step's latency, synchronised (autotune.trial.latency), nearest-rank percentiles
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_min_ms: float | None = None  # the fastest step: the floor at this batch size
+    # what the trial ran when measured on the worst-case batch (MeasureSpec.worst_case): how the batch was made
+    # and its tensors (autotune.workloads.worst_case); None for a search trial
+    worst_case: dict | None = None
 
     def __post_init__(self) -> None:
         check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
@@ -130,6 +138,9 @@ class TrialResult(Record):
             "samples_per_step": self.samples_per_step,
             "user_parts": list(self.user_parts),
         }
+        if self.latency_p99_ms is not None:  # inference: what a latency bound is judged on (trials.MemoryLimit)
+            out.update(latency_p50_ms=self.latency_p50_ms, latency_p95_ms=self.latency_p95_ms,
+                       latency_p99_ms=self.latency_p99_ms, latency_min_ms=self.latency_min_ms)
         if self.tokens_per_s:
             out["tokens_per_s"] = [round(x, 3) for x in self.tokens_per_s]
         if s is not None and s.warnings:
@@ -150,6 +161,9 @@ class TrialResult(Record):
                 lines.append(f"tokens        {summarize(self.tokens_per_s).median:.1f} tokens/s median")
             for w in s.warnings:
                 lines.append(f"warning       {w}")
+        if self.latency_p99_ms is not None:
+            lines.append(f"latency       p50 {self.latency_p50_ms:.2f} ms, p95 {self.latency_p95_ms:.2f} ms, "
+                         f"p99 {self.latency_p99_ms:.2f} ms per step (fastest {self.latency_min_ms:.2f} ms)")
         if self.data_wait_share is not None:
             lines.append(f"step time     {1000 * (self.data_wait_s_per_step or 0):.1f} ms waiting for data + "
                          f"{1000 * (self.compute_s_per_step or 0):.1f} ms computing "

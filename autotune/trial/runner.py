@@ -321,7 +321,16 @@ def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, stat
         samples_per_step=done.get("samples_per_step"),
         tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
         user_parts=tuple(built.get("user_parts") or ()),
+        **_latency_fields(done.get("latency")),
+        worst_case=done.get("worst_case"),
     )
+
+
+def _latency_fields(latency: dict | None) -> dict:
+    """The TrialResult fields of the child's step latencies (``trial.latency.percentiles``); none without."""
+    if not latency:
+        return {}
+    return {f"latency_{k}": latency[k] for k in ("p50_ms", "p95_ms", "p99_ms", "min_ms")}
 
 
 def _drain(fd: int) -> bytes:
