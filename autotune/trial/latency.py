@@ -72,3 +72,12 @@ def check_bound(task: str, latency_p99_ms: float | None, *, flag: str = "--laten
     if latency_p99_ms is not None and task != "infer":
         raise ConfigError(f"{flag} bounds the latency of inference steps; the task is {task}: use --task infer "
                           f"(task='infer'), or drop {flag}")
+
+
+def worst_of(seen: dict[str, float] | None, result: Any) -> dict[str, float]:
+    """Each percentile's worst over the rounds so far (``seen``) and a ``TrialResult``'s: a finalist's latency
+    is what its slowest round measured."""
+    now = {k: getattr(result, f"latency_{k}") for k in ("p50_ms", "p95_ms", "p99_ms", "min_ms")}
+    if not seen:
+        return now
+    return {k: max(v, seen[k]) if k != "min_ms" else min(v, seen[k]) for k, v in now.items()}
