@@ -322,7 +322,7 @@ def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, stat
         tokens_per_s=tuple(w["tokens_per_s"] for w in windows if "tokens_per_s" in w),
         user_parts=tuple(built.get("user_parts") or ()),
         **_latency_fields(done.get("latency")),
-        worst_case=done.get("worst_case"),
+        worst_case=built.get("worst_case"),
     )
 
 

@@ -153,7 +153,8 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
     send("built", startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
          accumulation_steps=accumulation, user_parts=list(built.user_parts),
-         device_memory_cap_mb=getattr(dev, "memory_cap_mb", None))
+         device_memory_cap_mb=getattr(dev, "memory_cap_mb", None),
+         **({"worst_case": worst} if worst is not None else {}))  # said now: a kill over the cap still names it
 
     stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
@@ -173,7 +174,6 @@ def run(payload: dict, send: Send, *, device: Any = None) -> dict:
         "peak_device_allocated_mb": dev.peak_allocated_mb(),
         "samples_per_step": totals["samples"] / max(1, totals["steps"]),
         **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),
-        **({"worst_case": worst} if worst is not None else {}),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
         out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
