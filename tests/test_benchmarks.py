@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, TINY
+from tests.helpers import REPO_ROOT, TINY
 
 
 def _spread(tmp_path, *extra: str) -> tuple[list[str], dict]:

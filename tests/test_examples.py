@@ -26,7 +26,7 @@ import pytest
 from autotune.config import TrialConfig, Workload
 from autotune.machine.hardware import detect
 
-from tests.conftest import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, run_cli
 
 EXAMPLE = REPO_ROOT / "examples" / "train_with_recommend.py"
 FINAL_LOSS = re.compile(r"final loss (\d+\.\d+|nan) after (\d+) steps; [\d.]+ steps/s")

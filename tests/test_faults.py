@@ -22,7 +22,7 @@ from autotune.machine.hardware import detect
 from autotune.search.space import space_from_dict
 from autotune.search.tuner import Tuner
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=60)
 HW = detect()

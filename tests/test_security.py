@@ -20,7 +20,7 @@ import pytest
 from autotune.errors import StorageError
 from autotune.search.storage import MACHINE_LOCK_ENV, machine_lock
 
-from .conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 ROOT = os.geteuid() == 0
 
@@ -195,13 +195,6 @@ def test_no_child_imports_modules_planted_in_the_working_folder(project):
 
 
 # --- 3. a study database is data: it names no code to run and no path to write --------------------------------
-
-@pytest.fixture(scope="module")
-def report_study(tmp_path_factory):
-    from . import report_fixtures
-
-    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
-
 
 def test_report_does_not_run_a_callable_the_database_names(report_study, tmp_path):
     """A database whose study says its workload is ``evilmod:build`` (a module that is there to be imported):

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 TRIAL = ["trial", "--device", "cpu", "--image-size", "16", "--windows", "1", "--window-seconds", "0.1"]
 RUN = ["run", "--device", "cpu", "--model", TINY, "--image-size", "16", "--trials", "1"]

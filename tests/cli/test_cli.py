@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 
 def torch_cuda_available() -> bool:

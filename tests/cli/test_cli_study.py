@@ -10,7 +10,7 @@ import yaml
 
 from autotune import Recommendation
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 TINY_SPACE = {"name": "tiny", "device": "cpu",
               "parameters": {"batch_size": {"type": "int", "choices": [8, 16]}}, "baseline": {"batch_size": 8}}
@@ -128,7 +128,7 @@ def test_show_leaves_blank_what_a_failed_trial_did_not_measure(tmp_path):
     """Every trial failed: their samples/s and speedup are blank, not "None" (an all-None column)."""
     from autotune.config import TrialResult
 
-    from .test_study import make_tuner
+    from tests.helpers import make_tuner
 
     def crashed(workload, config, measure, **kw):
         return TrialResult(status="crashed", reason="killed by SIGSEGV", wall_s=1.0, batch_size=config.batch_size)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from autotune.config import TrialResult
 from autotune.search.convergence import MAX_PATIENCE, MIN_PATIENCE, PLANNED_ROLES, patience
 from autotune.search.trials import STATUS
-from tests.test_study import make_tuner, tiny_space
+from tests.helpers import make_tuner, tiny_space
 
 # 12 batch sizes x channels_last x 2 worker counts (what 2 cores keep): 48 configs
 SPACE = {"parameters": {"batch_size": {"type": "int", "choices": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192]},

@@ -11,7 +11,7 @@ import yaml
 from autotune.machine.hardware import detect
 from autotune.search.pruning import NoHopePruner
 
-from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
+from tests.helpers import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
 pytest.importorskip("ray.tune", reason='the Ray backend needs Ray Tune: pip install "ray[tune]"')
 

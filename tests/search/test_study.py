@@ -13,37 +13,12 @@ import optuna
 import pytest
 import yaml
 
-from autotune import MeasureSpec, Recommendation, Workload
+from autotune import Recommendation
 from autotune.config import TrialConfig, TrialResult
-from autotune.machine.hardware import detect
-from autotune.search.space import space_from_dict
 from autotune.search.pruning import NoHopePruner
-from autotune.search.tuner import Tuner
 from autotune.search.trials import outcome
 
-from .conftest import assert_queued_are_walk_steps_or_reruns
-
-QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
-HW = detect()
-
-
-def tiny_space(**over):
-    doc = {
-        "name": "tiny", "device": "cpu",
-        "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
-                       "channels_last": {"type": "bool"}},
-        "baseline": {"batch_size": 8, "channels_last": False},
-    }
-    doc.update(over)
-    return space_from_dict(doc, hardware=HW)
-
-
-def make_tuner(tmp_path, model="tests.workloads_fixtures:tiny", space=None, measure=QUICK, **kw):
-    return Tuner(Workload(model=model, image_size=16), space=space or tiny_space(), measure=measure,
-                 storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=kw.pop("log", lambda m: None),
-                 finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0,
-                 parity_steps=kw.pop("parity_steps", 5), **kw)
-
+from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, tiny_space
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
 

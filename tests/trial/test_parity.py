@@ -12,7 +12,7 @@ from autotune.config import TrialConfig, Workload
 from autotune.trial.parity import (DEFAULT_TOLERANCE, ParityResult, divergence, first_passing, judge, needs_parity,
                                    parity_check, reference_config)
 
-from .conftest import TINY
+from tests.helpers import TINY
 
 STEPS = 8
 

@@ -164,7 +164,7 @@ def test_a_slow_first_step_does_not_end_the_warm_up():
 def _run_in_process(fixture: str, spec: MeasureSpec, monkeypatch) -> tuple[dict, list[dict]]:
     """``_worker.run`` in this process (no spawn) on a virtual clock that only the fixture's steps move
     (``workloads_fixtures.VirtualClock``): the warm-up event and the window events it sent."""
-    from .workloads_fixtures import VirtualClock
+    from tests.workloads_fixtures import VirtualClock
 
     monkeypatch.setattr(time, "perf_counter", VirtualClock())
     seen: list[tuple[str, dict]] = []
