@@ -180,7 +180,7 @@ def default_space_path(device: str) -> Path:
     try:
         return Path(str(resources.files("autotune.search_spaces").joinpath(f"{family}.yaml")))
     except ModuleNotFoundError:  # running from a source checkout that was never installed
-        return Path(__file__).resolve().parent.parent / "search_spaces" / f"{family}.yaml"
+        return Path(__file__).resolve().parents[2] / "search_spaces" / f"{family}.yaml"  # autotune/search/ -> root
 
 
 def _parse_scalar(raw: Any, cores: int, knob: str | None = None) -> Any:
