@@ -106,6 +106,10 @@ def test_study_persists_baseline_first_and_resume_continues(tmp_path):
     assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
 
 
+# slow: by default a real child over the cap is stopped (trial/test_runner.py::test_over_memory) and the search
+# stops at the memory boundary with a scripted runner
+# (test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory)
+@pytest.mark.slow
 def test_memory_boundary_learned_and_larger_batch_skipped(tmp_path):
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [4, 32, 64]}},
                        baseline={"batch_size": 4})
@@ -126,6 +130,9 @@ def test_memory_boundary_learned_and_larger_batch_skipped(tmp_path):
     assert study.best_trial.params["batch_size"] == 4
 
 
+# slow: by default a real trial child is stopped mid-measurement by its window callback
+# (trial/test_runner.py::test_pruned_after_the_first_window) and the pruner's decisions are unit-tested above
+@pytest.mark.slow
 def test_pruning_kills_a_slow_trial_mid_measurement(tmp_path):
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [2, 64]}}, baseline={"batch_size": 64})
     measure = QUICK.replace(windows=5)
@@ -145,6 +152,10 @@ def test_pruning_kills_a_slow_trial_mid_measurement(tmp_path):
     assert slow.user_attrs["wall_s"] < study.trials[0].user_attrs["wall_s"] + 5
 
 
+# slow: ~35 s; by default a real run stopped mid-trial resumes and retries it
+# (test_faults::test_sigterm_stops_gracefully_and_resume_retries) and the RUNNING trial a SIGKILL leaves is
+# recovered (test_a_run_killed_while_queuing_the_first_trials_is_completed_by_the_next)
+@pytest.mark.slow
 def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(yaml.safe_dump({

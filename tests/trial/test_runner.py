@@ -244,6 +244,9 @@ def test_oom():
     assert r.samples_per_s == () and r.median_samples_per_s is None
 
 
+# slow: waits out a 15 s limit; by default real hangs are killed at their limit in test_forkserver (a crash, an OOM
+# and a hang) and test_parity, and the parent's timing in test_timeout_kills_promptly
+@pytest.mark.slow
 def test_timeout():
     spec = SPEC.replace(timeout_s=15)
     r = run_trial(wl("hang"), TrialConfig(batch_size=4), spec)
@@ -409,6 +412,10 @@ def test_child_env_for_hugepages_is_retain_plus_pytorchs_thp_switch():
     assert "THP_MEM_ALLOC_ENABLE" not in retain
 
 
+# slow: two 768 MiB-per-step trials; by default the malloc knob reaches a real trial in
+# test_malloc_retain_stops_the_page_fault_churn and hugepages' environment in
+# test_child_env_for_hugepages_is_retain_plus_pytorchs_thp_switch
+@pytest.mark.slow
 @pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="the kernel's transparent huge pages are off")
 def test_malloc_hugepages_faults_what_retain_cannot_keep():
     """A 768 MiB block per step does not fit retain's heap top, so glibc maps and faults it in every step
@@ -607,7 +614,8 @@ def test_parent_interrupted_kills_the_child(fake):
     assert pids and _wait_gone(pids) == []
 
 
-@pytest.mark.parametrize("mode", ["jemalloc", "tcmalloc"])
+# tcmalloc: the same preload path as jemalloc, another library (slow: ~5 s a trial)
+@pytest.mark.parametrize("mode", ["jemalloc", pytest.param("tcmalloc", marks=pytest.mark.slow)])
 def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
     """malloc=jemalloc/tcmalloc preloads the library into the trial's process (fork server or not) and
     affinity=close pins OpenMP's threads; the same workload fails without them (its check can fail)."""
