@@ -71,6 +71,10 @@ def _wait_for_running(storage, timeout=90):
     pytest.fail("no trial started in time")
 
 
+# slow: a real study; by default a trial with a DataLoader worker runs and leaves no process
+# (trial/test_runner.py::test_ok_with_a_dataloader_worker_leaves_no_process_behind) and a study goes on past failed
+# trials with a scripted runner
+@pytest.mark.slow
 def test_a_killed_dataloader_worker_is_an_error_and_the_study_goes_on(tmp_path):
     space = space_from_dict({"name": "w", "device": "cpu",
                              "parameters": {"num_workers": {"type": "int", "low": 0, "high": 1}},

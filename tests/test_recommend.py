@@ -356,36 +356,44 @@ def test_launch_env_and_yaml_say_what_to_export_before_start(tmp_path):
     assert make_rec(config=TrialConfig(batch_size=32)).launch_env() == {}
 
 
-def test_apply_sets_glibc_malloc_in_the_running_process():
+_APPLY_MALLOC_CHILD = textwrap.dedent("""
+    import ctypes, sys, warnings
+    from autotune.config import TrialConfig, Workload
+    from tests.helpers import make_rec
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
+    with warnings.catch_warnings(record=True) as caught, rec.apply():
+        warnings.simplefilter("always")
+        p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
+        with open("/proc/self/maps") as maps:
+            heap = [l for l in maps if "[heap]" in l]
+        lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
+        print("|".join(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+        print("heap" if lo <= p < hi else "mmap")
+        libc.free(p)
+""")
+
+
+# one fresh process per mode (~2.5 s each): the defaults and retain run by default, the huge-page pair is slow
+@pytest.mark.parametrize("mode, where", [
+    ("default", "mmap"), ("retain", "heap"),
+    pytest.param("hugepages", "heap", marks=pytest.mark.slow),
+    pytest.param("hugepages+env", "heap", marks=pytest.mark.slow),
+])
+def test_apply_sets_glibc_malloc_in_the_running_process(mode, where):
     """mallopt really changes glibc's behaviour: after apply(), a freed 16 MiB block is reused (same address)
     rather than unmapped; checked in a fresh process so this test process keeps glibc's defaults."""
-    code = textwrap.dedent("""
-        import ctypes, sys, warnings
-        from autotune.config import TrialConfig, Workload
-        from tests.helpers import make_rec
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
-        with warnings.catch_warnings(record=True) as caught, rec.apply():
-            warnings.simplefilter("always")
-            p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
-            with open("/proc/self/maps") as maps:
-                heap = [l for l in maps if "[heap]" in l]
-            lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
-            print("|".join(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
-            print("heap" if lo <= p < hi else "mmap")
-            libc.free(p)
-    """)
-    out, said = {}, {}
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    for mode, extra in (("default", {}), ("retain", {}), ("hugepages", {}),
-                        ("hugepages+env", {"THP_MEM_ALLOC_ENABLE": "1"})):
-        r = subprocess.run([sys.executable, "-c", code, mode.split("+")[0]], capture_output=True, text=True,
-                           cwd=REPO_ROOT, timeout=120, env={**env, **extra})
-        assert r.returncode == 0, r.stderr[-2000:]
-        said[mode], out[mode] = r.stdout.splitlines()[-2:]
-    assert out == {"default": "mmap", "retain": "heap", "hugepages": "heap", "hugepages+env": "heap"}
+    extra = {"THP_MEM_ALLOC_ENABLE": "1"} if mode == "hugepages+env" else {}
+    r = subprocess.run([sys.executable, "-c", _APPLY_MALLOC_CHILD, mode.split("+")[0]], capture_output=True,
+                       text=True, cwd=REPO_ROOT, timeout=120, env={**env, **extra})
+    assert r.returncode == 0, r.stderr[-2000:]
+    said, out = r.stdout.splitlines()[-2:]
+    assert out == where
     # the huge-page half can only come from the launch environment: said when missing, silent when there
-    assert "THP_MEM_ALLOC_ENABLE=1" in said["hugepages"] and "only the retain half" in said["hugepages"]
-    assert said["default"] == said["retain"] == said["hugepages+env"] == ""
+    if mode == "hugepages":
+        assert "THP_MEM_ALLOC_ENABLE=1" in said and "only the retain half" in said
+    else:
+        assert said == ""

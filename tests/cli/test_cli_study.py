@@ -90,6 +90,9 @@ def test_export_with_no_finished_trial_is_refused(tmp_path):
     assert out.returncode == 2 and "no finished feasible trial" in out.stderr.strip().splitlines()[-1]
 
 
+# slow: a real `autotune run`; by default the CLI's run, report and `show --explain` run on conftest's report_study
+# (view/test_report.py), and exports from a real measuring run in test_faults.py::TestWhileARunMeasures
+@pytest.mark.slow
 def test_run_show_export_round_trip(tmp_path, space_file):
     storage = f"sqlite:///{tmp_path}/flow.db"
     common = ["--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu",

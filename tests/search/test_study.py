@@ -206,6 +206,10 @@ def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
     assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
 
 
+# slow: a real study through recommend(); by default recommend() answers from a stored recommendation without a
+# child in test_recommend.py::test_recommend_answers_from_the_stored_recommendation and a real study runs in
+# test_study_persists_baseline_first_and_resume_continues
+@pytest.mark.slow
 def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch):
     import autotune.trial.runner
     from autotune import recommend
@@ -544,6 +548,9 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
     assert rows[rerun.number]["reason"].startswith(f"re-run of pruned #{first.number}; stopped after 2")
 
 
+# slow: ~7 s of scripted trials and a real numerics check; by default compile is tried last, only once the eager
+# search settled, in search/test_coordinate.py
+@pytest.mark.slow
 def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path):
     """Compile is tried last, on the best eager config, and only when it fits: the sampler never proposes a
     compile mode (its proposals run with compile_mode none, the parameter says what ran). A 40 s budget is

@@ -120,6 +120,10 @@ def test_ok_with_a_dataloader_worker_leaves_no_process_behind():
     assert stragglers == []
 
 
+# slow: a torchvision model's trial; by default a real trial runs in test_ok, torchvision models are built in
+# workloads/test_workloads.py and the infer task runs in a child in
+# trial/test_parity.py::test_infer_compares_outputs
+@pytest.mark.slow
 def test_real_torchvision_model_infer_bf16_channels_last():
     w = Workload(model="resnet18", task="infer", image_size=32, num_classes=10, dataset_size=64)
     r = run_trial(w, TrialConfig(batch_size=8, amp="bf16", channels_last=True), SPEC)
@@ -139,6 +143,9 @@ def test_over_memory():
     assert r.wall_s < 90
 
 
+# slow: a real trial per memory shape; by default the memory watch stops a real child over its cap
+# (test_over_memory)
+@pytest.mark.slow
 def test_a_spike_shorter_than_a_sample_is_in_the_peak():
     """One step maps 300 MiB, faults every page in and frees it again, resident at full size for a few ms: the
     kernel's high-water marks keep it; a sampler (0.1 s RSS, 1 s PSS) almost always missed it."""
@@ -148,6 +155,9 @@ def test_a_spike_shorter_than_a_sample_is_in_the_peak():
     assert spiked.peak_host_mb - plain.peak_host_mb > 280, (spiked.peak_host_mb, plain.peak_host_mb)
 
 
+# slow: a real trial; by default the warm-up rules are tested against scripted windows (the three tests below) and a
+# real trial warms up in test_ok
+@pytest.mark.slow
 def test_a_slow_first_step_does_not_end_the_warm_up():
     """The first step (0.5 s here, as compiling would be) is timed on its own; the warm-up limit (0.05 s) starts
     after it, and the warm-up still runs the steps that show it settled."""
@@ -211,6 +221,9 @@ def test_a_first_window_that_never_settles_is_kept_after_two_tries_and_said(monk
     assert rates == sorted(rates, reverse=True) and len(windows) == 3
 
 
+# slow: a real trial; by default the re-labelling is tested against scripted windows
+# (test_a_warm_up_longer_than_the_first_step_is_found_by_the_windows_and_not_measured)
+@pytest.mark.slow
 def test_the_trial_result_keeps_the_re_labelled_windows_and_says_so():
     """Through the real runner (a child, real sleeps): the parent keeps the warm-up windows apart from the
     measured ones, in the result, its figures and its description."""
@@ -270,6 +283,8 @@ def test_error_keeps_the_traceback():
     assert r.traceback and "boom" in r.traceback and "Traceback" in r.traceback
 
 
+# slow: a real trial; by default a step that fails is an error with its reason in test_error_keeps_the_traceback
+@pytest.mark.slow
 def test_nan_loss_is_an_error():
     r = run_trial(wl("nan_loss"), TrialConfig(batch_size=4), SPEC)
     assert r.status == "error", (r.status, r.reason)
