@@ -24,6 +24,9 @@ def _spread(tmp_path, *extra: str) -> tuple[list[str], dict]:
     return proc.stdout.splitlines(), json.loads(out.read_text())
 
 
+# slow: a real run of a benchmark script (a tool, not the product); by default the script's argument check runs
+# in test_spread_script_refuses_a_bad_model and its drift arithmetic in test_common_drift_removes_what_every_...
+@pytest.mark.slow
 def test_spread_script_runs_and_writes_json(tmp_path):
     lines, data = _spread(tmp_path)
     assert lines[0].startswith("machine: ") and "fingerprint" in lines[0]

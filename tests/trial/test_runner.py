@@ -405,6 +405,11 @@ def test_child_env():
     assert int(retain["MALLOC_MMAP_THRESHOLD_"]) == 32 << 20 and int(retain["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 31
 
 
+# slow: two real trials of 0.5 s windows; by default the malloc knob reaches a real trial in
+# test_a_preloaded_allocator_and_pinned_threads_reach_the_trial[jemalloc], retain's environment is test_child_env's,
+# and glibc's retain behaviour is checked for real in
+# test_recommend.py::test_apply_sets_glibc_malloc_in_the_running_process[retain-heap]
+@pytest.mark.slow
 def test_malloc_retain_stops_the_page_fault_churn():
     """A step that writes and frees 40 MiB: glibc's defaults map it afresh and fault it in again each step,
     retain reuses it. Measured with getrusage in the child: faults per step and the kernel's CPU share."""
