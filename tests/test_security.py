@@ -69,10 +69,10 @@ def test_machine_lock_does_not_follow_a_symlink_planted_at_its_path(lock_env, tm
     assert stat.S_IMODE((tmp_path / "run" / "autotune").stat().st_mode) == 0o700
 
 
-def test_machine_lock_never_writes_a_hard_link_to_another_file(lock_env, tmp_path):
+def test_machine_lock_never_writes_a_hard_link_to_another_file(lock_env):
     """A hard link at the lock's path to a file of the victim's (no O_NOFOLLOW stops that): flocked, as any
     plain file may be, but neither truncated nor chmodded nor written."""
-    victim = tmp_path / "notes.txt"
+    victim = lock_env.parent / "notes.txt"  # beside the lock: a hard link cannot cross file systems
     victim.write_text("precious\n")
     victim.chmod(0o600)
     os.link(victim, lock_env)
