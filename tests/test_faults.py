@@ -135,8 +135,8 @@ class TestWhileARunMeasures:
                                          "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
                                                         "channels_last": {"type": "bool"}}}))
         storage = f"sqlite:///{root}/c.db"
-        # 2 s windows: it measures long enough for both tests, in any order, on a loaded machine
-        proc = subprocess.Popen(_run_cmd(space, storage, "--trials", "8", "--window-seconds", "2"),
+        # 1 s windows and 4 configs: it measures long enough for both tests, in any order, on a loaded machine
+        proc = subprocess.Popen(_run_cmd(space, storage, "--trials", "8", "--window-seconds", "1"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             study = _wait_for_running(storage)
