@@ -21,8 +21,7 @@ from autotune.recommendation import tokens_per_sample
 from autotune.search.space import load_space
 from autotune.search.storage import study_name_for
 from autotune.workloads.build import build, check, list_models
-from tests.test_recommend import make_rec
-from tests.test_space import fake_hw, names
+from tests.helpers import fake_hw, make_rec, names
 
 TINY = Workload(model="transformer_tiny", image_size=32, dataset_size=256, num_classes=4)
 
@@ -213,7 +212,7 @@ def test_a_real_text_trial_reports_tokens_per_second_from_the_counted_tokens():
 def test_the_cli_trial_of_the_text_workload_with_bucketing_counts_its_tokens():
     import json
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     proc = run_cli("trial", "--model", "transformer_tiny", "--seq-len", "32", "--batch-size", "8",
                    "--bucket-by-length", "--threads", "1", "--windows", "3", "--window-seconds", "0.3",

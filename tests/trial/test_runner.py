@@ -121,6 +121,10 @@ def test_ok_with_a_dataloader_worker_leaves_no_process_behind():
     assert stragglers == []
 
 
+# slow: a torchvision model's trial; by default a real trial runs in test_ok, torchvision models are built in
+# workloads/test_workloads.py and the infer task runs in a child in
+# trial/test_parity.py::test_infer_compares_outputs
+@pytest.mark.slow
 def test_real_torchvision_model_infer_bf16_channels_last():
     w = Workload(model="resnet18", task="infer", image_size=32, num_classes=10, dataset_size=64)
     r = run_trial(w, TrialConfig(batch_size=8, amp="bf16", channels_last=True), SPEC)
@@ -140,6 +144,9 @@ def test_over_memory():
     assert r.wall_s < 90
 
 
+# slow: a real trial per memory shape; by default the memory watch stops a real child over its cap
+# (test_over_memory)
+@pytest.mark.slow
 def test_a_spike_shorter_than_a_sample_is_in_the_peak():
     """One step maps 300 MiB, faults every page in and frees it again, resident at full size for a few ms: the
     kernel's high-water marks keep it; a sampler (0.1 s RSS, 1 s PSS) almost always missed it."""
@@ -149,6 +156,9 @@ def test_a_spike_shorter_than_a_sample_is_in_the_peak():
     assert spiked.peak_host_mb - plain.peak_host_mb > 280, (spiked.peak_host_mb, plain.peak_host_mb)
 
 
+# slow: a real trial; by default the warm-up rules are tested against scripted windows (the three tests below) and a
+# real trial warms up in test_ok
+@pytest.mark.slow
 def test_a_slow_first_step_does_not_end_the_warm_up():
     """The first step (0.5 s here, as compiling would be) is timed on its own; the warm-up limit (0.05 s) starts
     after it, and the warm-up still runs the steps that show it settled."""
@@ -165,7 +175,7 @@ def test_a_slow_first_step_does_not_end_the_warm_up():
 def _run_in_process(fixture: str, spec: MeasureSpec, monkeypatch) -> tuple[dict, list[dict]]:
     """``_worker.run`` in this process (no spawn) on a virtual clock that only the fixture's steps move
     (``workloads_fixtures.VirtualClock``): the warm-up event and the window events it sent."""
-    from .workloads_fixtures import VirtualClock
+    from tests.workloads_fixtures import VirtualClock
 
     monkeypatch.setattr(time, "perf_counter", VirtualClock())
     seen: list[tuple[str, dict]] = []
@@ -212,6 +222,9 @@ def test_a_first_window_that_never_settles_is_kept_after_two_tries_and_said(monk
     assert rates == sorted(rates, reverse=True) and len(windows) == 3
 
 
+# slow: a real trial; by default the re-labelling is tested against scripted windows
+# (test_a_warm_up_longer_than_the_first_step_is_found_by_the_windows_and_not_measured)
+@pytest.mark.slow
 def test_the_trial_result_keeps_the_re_labelled_windows_and_says_so():
     """Through the real runner (a child, real sleeps): the parent keeps the warm-up windows apart from the
     measured ones, in the result, its figures and its description."""
@@ -247,6 +260,9 @@ def test_oom():
     assert r.samples_per_s == () and r.median_samples_per_s is None
 
 
+# slow: waits out a 15 s limit; by default real hangs are killed at their limit in test_forkserver (a crash, an OOM
+# and a hang) and test_parity, and the parent's timing in test_timeout_kills_promptly
+@pytest.mark.slow
 def test_timeout():
     spec = SPEC.replace(timeout_s=15)
     r = run_trial(wl("hang"), TrialConfig(batch_size=4), spec)
@@ -270,6 +286,8 @@ def test_error_keeps_the_traceback():
     assert r.traceback and "boom" in r.traceback and "Traceback" in r.traceback
 
 
+# slow: a real trial; by default a step that fails is an error with its reason in test_error_keeps_the_traceback
+@pytest.mark.slow
 def test_nan_loss_is_an_error():
     r = run_trial(wl("nan_loss"), TrialConfig(batch_size=4), SPEC)
     assert r.status == "error", (r.status, r.reason)
@@ -390,6 +408,11 @@ def test_child_env():
     assert int(retain["MALLOC_MMAP_THRESHOLD_"]) == 32 << 20 and int(retain["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 31
 
 
+# slow: two real trials of 0.5 s windows; by default the malloc knob reaches a real trial in
+# test_a_preloaded_allocator_and_pinned_threads_reach_the_trial[jemalloc], retain's environment is test_child_env's,
+# and glibc's retain behaviour is checked for real in
+# test_recommend.py::test_apply_sets_glibc_malloc_in_the_running_process[retain-heap]
+@pytest.mark.slow
 def test_malloc_retain_stops_the_page_fault_churn():
     """A step that writes and frees 40 MiB: glibc's defaults map it afresh and fault it in again each step,
     retain reuses it. Measured with getrusage in the child: faults per step and the kernel's CPU share."""
@@ -412,6 +435,10 @@ def test_child_env_for_hugepages_is_retain_plus_pytorchs_thp_switch():
     assert "THP_MEM_ALLOC_ENABLE" not in retain
 
 
+# slow: two 768 MiB-per-step trials; by default the malloc knob reaches a real trial in
+# test_malloc_retain_stops_the_page_fault_churn and hugepages' environment in
+# test_child_env_for_hugepages_is_retain_plus_pytorchs_thp_switch
+@pytest.mark.slow
 @pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="the kernel's transparent huge pages are off")
 def test_malloc_hugepages_faults_what_retain_cannot_keep():
     """A 768 MiB block per step does not fit retain's heap top, so glibc maps and faults it in every step
@@ -682,7 +709,8 @@ def test_parent_interrupted_kills_the_child(fake):
     assert pids and _wait_gone(pids) == []
 
 
-@pytest.mark.parametrize("mode", ["jemalloc", "tcmalloc"])
+# tcmalloc: the same preload path as jemalloc, another library (slow: ~5 s a trial)
+@pytest.mark.parametrize("mode", ["jemalloc", pytest.param("tcmalloc", marks=pytest.mark.slow)])
 def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
     """malloc=jemalloc/tcmalloc preloads the library into the trial's process (fork server or not) and
     affinity=close pins OpenMP's threads; the same workload fails without them (its check can fail)."""

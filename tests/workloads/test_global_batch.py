@@ -18,7 +18,7 @@ from autotune.search.space import space_from_dict
 from autotune.search.storage import study_name_for
 from autotune.search.tuner import Tuner
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 HW = detect()
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=300)
@@ -212,7 +212,7 @@ def test_a_global_batch_no_candidate_divides_is_one_line_exit_2(tmp_path):
 # --- the integrations accumulate as measured ------------------------------------------------------------------------
 
 def _rec_with_global_batch():
-    from tests.test_recommend import make_rec
+    from tests.helpers import make_rec
 
     rec = make_rec(config=TrialConfig(batch_size=16), workload=Workload(global_batch=64))
     assert rec.accumulation_steps == 4

@@ -12,7 +12,7 @@ from autotune.config import TrialConfig, Workload
 from autotune.trial.parity import (DEFAULT_TOLERANCE, ParityResult, divergence, first_passing, judge, needs_parity,
                                    parity_check, reference_config)
 
-from .conftest import TINY
+from tests.helpers import TINY
 
 STEPS = 8
 
@@ -99,6 +99,9 @@ def test_loss_that_diverges_under_bf16_is_rejected():
                         TrialConfig(batch_size=8, channels_last=True), steps=STEPS).ok
 
 
+# slow: a real check child; by default a candidate whose loss leaves the tolerance is rejected in
+# test_loss_that_diverges_under_bf16_is_rejected
+@pytest.mark.slow
 def test_nan_under_bf16_is_rejected():
     r = parity_check(_workload("tests.workloads_fixtures:bf16_nan"), TrialConfig(batch_size=8, amp="bf16"),
                      steps=STEPS)
@@ -112,6 +115,8 @@ def test_infer_compares_outputs():
     assert r.compared == "output" and len(r.rel_diffs) == 3
 
 
+# slow: a real check child; by default test_bf16_channels_last_on_tiny_passes runs the check in a child too
+@pytest.mark.slow
 def test_runs_in_a_child_and_leaves_the_parent_alone():
     threads = torch.get_num_threads()
     r = parity_check(_workload(), TrialConfig(batch_size=8, amp="bf16", intra_op_threads=1), steps=2)
@@ -127,6 +132,10 @@ def test_a_child_that_fails_gives_not_ok_with_the_error(tmp_path):
     assert "Traceback" in (tmp_path / "log").read_text()
 
 
+# slow: waits out a 3 s limit in a real child; by default a failing check child is not ok with its reason
+# (test_a_child_that_fails_gives_not_ok_with_the_error) and a capped one is killed
+# (test_the_check_runs_under_the_trials_memory_cap)
+@pytest.mark.slow
 def test_a_child_that_hangs_is_killed_at_the_timeout():
     r = parity_check(_workload("tests.workloads_fixtures:hang"), TrialConfig(batch_size=8, amp="bf16"),
                      steps=2, timeout_s=3)
@@ -165,6 +174,9 @@ def test_first_passing_takes_the_next_candidate_and_keeps_every_verdict():
     assert first_passing(ranked[:1], _workload(), check=fake, steps=5)[0] is None
 
 
+# slow: a real check child; by default a failing check child is not ok with its reason
+# (test_a_child_that_fails_gives_not_ok_with_the_error)
+@pytest.mark.slow
 def test_out_of_memory_in_the_check_is_not_a_numerics_verdict(tmp_path):
     # a real out-of-memory error in the child (the CPU allocator refuses 1 PiB), as a winner near a GPU's cap
     r = parity_check(_workload("tests.workloads_fixtures:alloc_oom"), TrialConfig(batch_size=8, channels_last=True),

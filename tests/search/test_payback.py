@@ -13,7 +13,7 @@ from autotune.config import TrialConfig, TrialResult, Workload
 from autotune.errors import ConfigError
 from autotune.search.payback import DEFAULT_RUN_S, Priced, RunLength, break_even, effective_samples_per_s, price
 from autotune.trial.runner import child_env
-from tests.test_study import HW, QUICK, make_tuner, tiny_space
+from tests.helpers import QUICK, hardware, make_tuner, tiny_space
 
 
 def test_the_module_examples_hold():
@@ -174,7 +174,7 @@ def test_compile_s_is_measured_and_a_second_trial_loads_the_cache(tmp_path):
     same config again compiles from the cache."""
     from autotune.trial.runner import run_trial
 
-    assert HW.can_compile or pytest.skip("no C++ compiler")
+    assert hardware().can_compile or pytest.skip("no C++ compiler")
     cache = tmp_path / "inductor-cache"
     wl, cfg = Workload(model="tests.workloads_fixtures:tiny", image_size=16), TrialConfig(batch_size=8,
                                                                                           compile_mode="default")

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
 from autotune.config import TrialConfig, Workload  # noqa: E402
 from autotune.errors import ConfigError, MissingExtraError  # noqa: E402
-from tests.test_recommend import make_rec  # noqa: E402
+from tests.helpers import make_rec  # noqa: E402
 
 
 def _other_thread_count() -> int:
@@ -189,7 +189,7 @@ def test_run_with_mlflow_but_without_mlflow_exits_2_in_one_line(monkeypatch, cap
 # --- MLflow -------------------------------------------------------------------------------------------
 
 def _mlflow_tuner(tmp_path, logger, fake):
-    from tests.test_study import make_tuner
+    from tests.helpers import make_tuner
 
     return make_tuner(tmp_path, finalists=1, parity_steps=0, runner=fake, on_trial=[logger])
 
@@ -381,7 +381,8 @@ def test_collect_env_stamp_has_collect_envs_facts_and_names_what_changed():
 def test_recommendation_yaml_keeps_the_stamp_and_recommend_names_the_changed_facts(tmp_path):
     from autotune.machine.envstamp import collect_env_stamp
     from autotune.recommendation import Recommendation, VersionMismatchWarning
-    from tests.test_recommend import TINY, _store, recommend_fn
+    from autotune import recommend as recommend_fn
+    from tests.helpers import TINY, store_recommendation as _store
 
     stamp = {**collect_env_stamp(), "gcc_version": "(GCC) 9.9.9"}
     rec = make_rec(workload=Workload(model=TINY, image_size=16), config=TrialConfig(batch_size=8), env_stamp=stamp)

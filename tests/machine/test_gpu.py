@@ -16,7 +16,7 @@ import yaml
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.trial.runner import run_trial
 
-from .conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import yaml
 from autotune.machine.hardware import detect
 from autotune.search.pruning import NoHopePruner
 
-from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
+from tests.helpers import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
 pytest.importorskip("ray.tune", reason='the Ray backend needs Ray Tune: pip install "ray[tune]"')
 
@@ -20,6 +20,9 @@ SPACE = {"name": "tiny", "device": "cpu",
          "baseline": {"batch_size": 8, "channels_last": False}}
 
 
+# slow: Ray's start-up is ~30 s; by default the backend seam runs for real with the local backend (test_backends),
+# Ray's resource arithmetic in test_backends
+@pytest.mark.slow
 def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))

@@ -4,8 +4,11 @@ mapped into its space; other machines' studies are never read; a resumed study q
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from types import SimpleNamespace
 
 import optuna
+import pytest
 
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
@@ -43,11 +46,21 @@ def _tuner(tmp_path, image_size, space, hardware=HW, **kw):
                  patience=0, runner=_fake, **kw)
 
 
-def _study_a(tmp_path):
-    """Workload A (16 px) run to a recommendation over batch 8/16/32 x channels_last x cudnn_benchmark."""
-    a = _tuner(tmp_path, 16, _space((8, 16, 32), 8, cudnn=True))
+@pytest.fixture(scope="module")
+def study_a_db(tmp_path_factory):
+    """Workload A (16 px) run once to a recommendation over batch 8/16/32 x channels_last x cudnn_benchmark; each
+    test gets a copy of its database (``_study_a``), as B's study is written into the same storage."""
+    root = tmp_path_factory.mktemp("study-a")
+    a = _tuner(root, 16, _space((8, 16, 32), 8, cudnn=True))
     rec = a.run(trials=12)
     assert rec.config.key() == TrialConfig(batch_size=32, channels_last=False, cudnn_benchmark=True).key()
+    return root / "t.db", SimpleNamespace(study_name=a.study_name), rec
+
+
+def _study_a(tmp_path, study_a_db):
+    """Study A in ``tmp_path/t.db`` (a copy of the one made once): ``(a, rec)``, ``a.study_name`` its name."""
+    db, a, rec = study_a_db
+    shutil.copyfile(db, tmp_path / "t.db")
     return a, rec
 
 
@@ -63,8 +76,8 @@ def _first(study, n):
     return out
 
 
-def test_a_new_study_on_the_same_hardware_queues_the_earlier_winner_mapped_into_its_space(tmp_path):
-    a, rec = _study_a(tmp_path)
+def test_a_new_study_on_the_same_hardware_queues_the_earlier_winner_mapped_into_its_space(tmp_path, study_a_db):
+    a, rec = _study_a(tmp_path, study_a_db)
     logs: list[str] = []
     b = _tuner(tmp_path, 32, _space_b(), log=logs.append)  # workload B: another image size, another space
     b.prepare(b.study())
@@ -104,8 +117,8 @@ def test_warm_start_reads_only_studies_of_this_hardware_and_device(tmp_path):
     assert not any(t.user_attrs.get("warm_start_from") for t in b.study().trials)
 
 
-def test_a_resumed_study_queues_its_warm_start_once(tmp_path):
-    a, _ = _study_a(tmp_path)
+def test_a_resumed_study_queues_its_warm_start_once(tmp_path, study_a_db):
+    a, _ = _study_a(tmp_path, study_a_db)
     b = _tuner(tmp_path, 32, _space_b())
     study = b.study()
     b.prepare(study)
@@ -120,17 +133,17 @@ def test_a_resumed_study_queues_its_warm_start_once(tmp_path):
     assert len(warm) == 1 and warm[0].state.name == "COMPLETE"
 
 
-def test_warm_start_off_queues_none(tmp_path):
-    _study_a(tmp_path)
+def test_warm_start_off_queues_none(tmp_path, study_a_db):
+    _study_a(tmp_path, study_a_db)
     b = _tuner(tmp_path, 32, _space_b(), warm_start=False)
     b.prepare(b.study())
     assert not any(t.user_attrs.get("warm_start_from") for t in b.study().trials)
 
 
-def test_a_winner_equal_to_a_queued_trial_is_not_queued_again(tmp_path):
+def test_a_winner_equal_to_a_queued_trial_is_not_queued_again(tmp_path, study_a_db):
     """A's winner (batch 32) mapped into a space of batch 12 or 64 without channels_last is batch 12: the
     baseline, so it is not queued a second time."""
-    _study_a(tmp_path)
+    _study_a(tmp_path, study_a_db)
     only = space_from_dict({"name": "t", "device": "cpu",
                             "parameters": {"batch_size": {"type": "int", "choices": [12, 64]}},
                             "baseline": {"batch_size": 12}}, hardware=HW)

@@ -12,13 +12,7 @@ import pytest
 from autotune.cli.report import is_loopback
 from autotune.view.report import PLOTS
 
-from . import report_fixtures
-from .conftest import run_cli
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
+from tests.helpers import run_cli
 
 
 def _self_contained(html: str) -> None:
@@ -28,8 +22,8 @@ def _self_contained(html: str) -> None:
     assert html.count("window.PlotlyConfig") == 1 and len(html) > 3_000_000  # plotly.js inline, once
 
 
-def test_report_is_self_contained_with_every_plot_and_the_profile(study):
-    html = study.report.read_text()
+def test_report_is_self_contained_with_every_plot_and_the_profile(report_study):
+    html = report_study.report.read_text()
     _self_contained(html)
     for div, title in PLOTS.items():
         assert f'id="{div}"' in html, div
@@ -37,39 +31,39 @@ def test_report_is_self_contained_with_every_plot_and_the_profile(study):
     assert "baseline (PyTorch defaults)" in html and "memory cap" in html  # the baseline line, the cap line
     assert "id='top-configs'" in html and 'id="bottlenecks"' in html
     assert re.search(r"(input|compute|memory)-bound|compile-dominated", html)
-    assert study.study_name in html
+    assert report_study.study_name in html
     # the profiler run of the recommended config: top operators in the page, a Chrome trace beside the DB
     assert "id='top-ops'" in html and "aten::" in html
-    prof = study.db.parent / study.study_name / "profile"
+    prof = report_study.db.parent / report_study.study_name / "profile"
     trace = json.loads((prof / "trace.pt.trace.json").read_text())
     assert trace["traceEvents"] and any(e.get("name", "").startswith("autotune.step") for e in trace["traceEvents"])
     ops = json.loads((prof / "top_ops.json").read_text())
     assert ops["steps"] == 5 and ops["ops"] and ops["ops"][0]["self_cpu_ms"] >= ops["ops"][-1]["self_cpu_ms"]
-    assert "Chrome trace" in study.report_stderr and str(study.report) in study.report_stderr
+    assert "Chrome trace" in report_study.report_stderr and str(report_study.report) in report_study.report_stderr
 
 
-def test_report_without_profile_to_the_default_path(study, tmp_path):
+def test_report_without_profile_to_the_default_path(report_study, tmp_path):
     # a copy of the database, so the default output (beside the DB) lands in this test's folder
     db = tmp_path / "copy.db"
-    db.write_bytes(study.db.read_bytes())
-    out = run_cli("report", "--storage", f"sqlite:///{db}", "--study-name", study.study_name, "--no-profile")
+    db.write_bytes(report_study.db.read_bytes())
+    out = run_cli("report", "--storage", f"sqlite:///{db}", "--study-name", report_study.study_name, "--no-profile")
     assert out.returncode == 0, out.stderr[-2000:]
-    page = tmp_path / study.study_name / "report.html"
+    page = tmp_path / report_study.study_name / "report.html"
     assert out.stdout.strip() == str(page) and page.exists()
     html = page.read_text()
     _self_contained(html)
     assert "id='top-ops'" not in html and "Not profiled (--no-profile)" in html
     assert all(f'id="{div}"' in html for div in PLOTS)
-    assert not (tmp_path / study.study_name / "profile").exists()
+    assert not (tmp_path / report_study.study_name / "profile").exists()
     assert page.stat().st_mode & 0o044  # readable by others, as any file the user writes (not 0600)
 
 
-def test_show_explain_one_line_per_trial(study):
-    out = run_cli("show", "--storage", study.storage, "--explain")
+def test_show_explain_one_line_per_trial(report_study):
+    out = run_cli("show", "--storage", report_study.storage, "--explain")
     assert out.returncode == 0, out.stderr
     text = out.stdout.split("what limited each trial", 1)[1]
     lines = [ln for ln in text.splitlines() if ln.startswith("#")]
-    assert len(lines) == study.n_trials
+    assert len(lines) == report_study.n_trials
     assert all(re.match(r"#\d+\s+(input-bound|compute-bound|memory-bound|compile-dominated|failed|unmeasured): ",
                         ln) for ln in lines), lines
 
@@ -81,8 +75,8 @@ def test_show_explain_one_line_per_trial(study):
     (["dashboard", "--storage", "sqlite:///{tmp}/none.db"], "no study database"),
     (["dashboard", "--storage", "{storage}", "--port", "70000"], "not a port number"),
 ])
-def test_user_mistakes_are_one_line_exit_2(study, tmp_path, args, needle):
-    args = [a.format(tmp=tmp_path, storage=study.storage) for a in args]
+def test_user_mistakes_are_one_line_exit_2(report_study, tmp_path, args, needle):
+    args = [a.format(tmp=tmp_path, storage=report_study.storage) for a in args]
     out = run_cli(*args)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-1500:]
@@ -108,7 +102,7 @@ def nine(tmp_path_factory):
     fake runner, as a new user's short run leaves it."""
     from autotune.config import TrialResult
 
-    from .test_study import make_tuner, tiny_space
+    from tests.helpers import make_tuner, tiny_space
 
     def fake(workload, config, measure, **kw):
         v = _speed(config)

@@ -112,6 +112,9 @@ def test_heavy_transform_with_no_workers_is_input_bound():
     assert "more DataLoader workers" in d.explanation
 
 
+# slow: a real trial; by default a real trial is diagnosed in test_heavy_transform_with_no_workers_is_input_bound
+# and the rules are unit-tested on given figures
+@pytest.mark.slow
 def test_convolutions_on_in_memory_tensors_are_compute_bound():
     result = _measure("tests.report_fixtures:compute_bound", 32)
     d = diagnose(result.figures())

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 
 def torch_cuda_available() -> bool:
@@ -62,6 +62,9 @@ def test_trial_missing_data_dir(tmp_path):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", "--data", str(missing)), str(missing), "does not exist")
 
 
+# slow: a CLI process; the same refusal as test_trial_missing_data_dir, and the empty folder is refused in-process
+# in workloads/test_workloads.py::test_check_empty_data_dir
+@pytest.mark.slow
 def test_trial_empty_data_dir(tmp_path):
     _one_line_usage_error(run_cli("trial", "--device", "cpu", "--data", str(tmp_path)), str(tmp_path), "no images")
 
@@ -79,6 +82,8 @@ def test_unknown_command():
     _one_line_usage_error(run_cli("frobnicate"), "frobnicate")
 
 
+# slow: a CLI process importing torch; by default `autotune env` runs in test_env_json (the same detection, as JSON)
+@pytest.mark.slow
 def test_env_text():
     proc = run_cli("env")
     assert proc.returncode == 0, proc.stderr

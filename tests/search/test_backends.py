@@ -9,7 +9,7 @@ from autotune.search.backends import SearchBackend, load_backend
 from autotune.search.context import SearchOutcome
 from autotune.config import TrialResult
 from autotune.errors import AutotuneError
-from tests.test_study import make_tuner
+from tests.helpers import make_tuner
 
 
 def test_a_backend_must_implement_search():

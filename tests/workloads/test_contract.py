@@ -34,7 +34,7 @@ def top_level_workload(image_size: int = 32):
 # --- reference(): the workload function by name ------------------------------------------------------------
 
 def test_reference_names_a_top_level_function_and_passes_strings_through():
-    assert reference(top_level_workload) == "tests.test_contract:top_level_workload"
+    assert reference(top_level_workload) == "tests.workloads.test_contract:top_level_workload"
     assert reference("pkg.mod:fn") == "pkg.mod:fn"
 
 

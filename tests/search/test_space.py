@@ -19,20 +19,13 @@ from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, SpaceError
 from autotune.machine.hardware import detect
 from autotune.search.space import SearchSpace, default_space_path, load_space, space_from_dict
+from tests.helpers import REPO_ROOT, fake_hw
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_YAML = REPO_ROOT / "search_spaces" / "cpu.yaml"
 CUDA_YAML = REPO_ROOT / "search_spaces" / "cuda.yaml"
 _REAL = detect(with_torch=False)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def fake_hw(cores: int = 4, flags: tuple[str, ...] = ("avx2", "fma"), compiler: str | None = "/usr/bin/g++",
-            gpus: tuple[dict, ...] = (), visible: str | None = None, order: str | None = None):
-    return dataclasses.replace(_REAL, usable_cores=cores, affinity_cores=cores, logical_cores=cores,
-                               cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus),
-                               cuda_visible_devices=visible, cuda_device_order=order)
 
 
 def gpu(cc: str, index: int = 0) -> dict:
@@ -42,10 +35,6 @@ def gpu(cc: str, index: int = 0) -> dict:
 
 def choices(space: SearchSpace, name: str) -> tuple:
     return next(p.choices for p in space.params if p.name == name)
-
-
-def names(space: SearchSpace) -> list[str]:
-    return [p.name for p in space.params]
 
 
 def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:

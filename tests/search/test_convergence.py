@@ -4,10 +4,12 @@ the measured cost of a trial and what a gain would save over the planned run (or
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.config import TrialResult
 from autotune.search.convergence import MAX_PATIENCE, MIN_PATIENCE, PLANNED_ROLES, patience
 from autotune.search.trials import STATUS
-from tests.test_study import make_tuner, tiny_space
+from tests.helpers import make_tuner, tiny_space
 
 # 12 batch sizes x channels_last x 2 worker counts (what 2 cores keep): 48 configs
 SPACE = {"parameters": {"batch_size": {"type": "int", "choices": [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192]},
@@ -68,6 +70,9 @@ def test_a_run_without_a_budget_stops_once_the_flat_region_is_found(tmp_path):
     assert any("search stopped: converged" in m for m in said)
 
 
+# slow: 34 scripted trials; by default a run stops once the flat region is found
+# (test_a_run_without_a_budget_stops_once_the_flat_region_is_found)
+@pytest.mark.slow
 def test_cheaper_trials_make_a_longer_patience(tmp_path):
     """The same flat workload with 5 s trials: the search waits 34 sampler trials, not 4."""
     tuner = make_tuner(tmp_path, space=tiny_space(**SPACE), runner=_flat_above(16, wall_s=5.0), parity_steps=0)

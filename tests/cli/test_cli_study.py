@@ -10,7 +10,7 @@ import yaml
 
 from autotune import Recommendation
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 TINY_SPACE = {"name": "tiny", "device": "cpu",
               "parameters": {"batch_size": {"type": "int", "choices": [8, 16]}}, "baseline": {"batch_size": 8}}
@@ -23,54 +23,59 @@ def space_file(tmp_path):
     return p
 
 
-def _bad_spaces(tmp_path):
-    cases = {
-        "malformed": ("parameters: [oops\n", "not valid YAML"),
-        "unknown_param": (yaml.safe_dump({"parameters": {"batch_sise": {"type": "int", "choices": [8]}}}),
-                          "batch_sise"),
-        "empty_choices": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": []}}}),
-                          "non-empty"),
-        "min_gt_max": (yaml.safe_dump({"parameters": {"num_workers": {"type": "int", "low": 3, "high": 1}}}),
-                       "low 3 > high 1"),
-        "contradiction": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": [8]}},
-                                          "fixed": {"batch_size": 16}}), "both searched and fixed"),
-    }
-    out = []
-    for name, (text, needle) in cases.items():
-        p = tmp_path / f"{name}.yaml"
-        p.write_text(text)
-        out.append((["run", "--model", "resnet18", "--trials", "1", "--space", str(p)], needle))
-    return out
+_BAD_SPACES = {
+    "malformed": ("parameters: [oops\n", "not valid YAML"),
+    "unknown_param": (yaml.safe_dump({"parameters": {"batch_sise": {"type": "int", "choices": [8]}}}), "batch_sise"),
+    "empty_choices": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": []}}}), "non-empty"),
+    "min_gt_max": (yaml.safe_dump({"parameters": {"num_workers": {"type": "int", "low": 3, "high": 1}}}),
+                   "low 3 > high 1"),
+    "contradiction": (yaml.safe_dump({"parameters": {"batch_size": {"type": "int", "choices": [8]}},
+                                      "fixed": {"batch_size": 16}}), "both searched and fixed"),
+}
+_slow = pytest.mark.slow  # each row is a CLI process (~2 s): one row per kind of mistake runs by default
+
+_BAD_STUDY_INPUT = [
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--space", "{space}"], "malformed", id="malformed"),
+    *[pytest.param(["run", "--model", "resnet18", "--trials", "1", "--space", "{space}"], name, id=name, marks=_slow)
+      for name in ("unknown_param", "empty_choices", "min_gt_max", "contradiction")],
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "4TiB"], "larger than this machine"),
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "200MiB"], "below", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--patience", "0"], "give a budget", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--ceiling", "5"], "--ceiling", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--patience", "-1"], "--patience -1 must be 0", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--timeout", "5"], "has no unit: write 5s, 5m or 5h"),
+    pytest.param(["run", "--model", "resnet18", "--run-length", "6"], "--run-length '6' has no unit", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--run-length", "a while"], "--run-length", marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--planned-steps", "0"], "--planned-steps 0: give a whole number",
+                 marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--run-length", "6h", "--planned-steps", "100"], "not allowed with",
+                 marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported",
+                 marks=_slow),
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--storage", "postgresql://u@127.0.0.1:1/x"],
+                 "cannot open storage"),  # nothing listens on port 1: unreachable
+    pytest.param(["run", "--model", "resnet18", "--trials", "1", "--storage", "sqlite:////proc/nope/a.db"],
+                 "cannot create", marks=_slow),
+    pytest.param(["export", "--storage", "sqlite:///{tmp}/empty.db"], "no study database", marks=_slow),
+    pytest.param(["show", "--storage", "sqlite:///{tmp}/empty.db"], "no study database"),
+]
 
 
-def test_bad_study_input_is_one_line_exit_2(tmp_path):
-    db = tmp_path / "empty.db"
-    rows = _bad_spaces(tmp_path) + [
-        (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "4TiB"], "larger than this machine"),
-        (["run", "--model", "resnet18", "--trials", "1", "--memory-cap", "200MiB"], "below"),
-        (["run", "--model", "resnet18", "--patience", "0"], "give a budget"),
-        (["run", "--model", "resnet18", "--ceiling", "5"], "--ceiling"),
-        (["run", "--model", "resnet18", "--patience", "-1"], "--patience -1 must be 0"),
-        (["run", "--model", "resnet18", "--timeout", "tonight"], "--timeout"),
-        (["run", "--model", "resnet18", "--timeout", "5"], "has no unit: write 5s, 5m or 5h"),
-        (["run", "--model", "resnet18", "--run-length", "6"], "--run-length '6' has no unit"),
-        (["run", "--model", "resnet18", "--run-length", "a while"], "--run-length"),
-        (["run", "--model", "resnet18", "--planned-steps", "0"], "--planned-steps 0: give a whole number"),
-        (["run", "--model", "resnet18", "--run-length", "6h", "--planned-steps", "100"], "not allowed with"),
-        (["run", "--model", "resnet18", "--trials", "1", "--storage", "nosuchdb://x"], "not supported"),
-        (["run", "--model", "resnet18", "--trials", "1", "--storage", "postgresql://u@127.0.0.1:1/x"],
-         "cannot open storage"),  # nothing listens on port 1: unreachable
-        (["run", "--model", "resnet18", "--trials", "1", "--storage", "sqlite:////proc/nope/a.db"], "cannot create"),
-        (["export", "--storage", f"sqlite:///{db}"], "no study database"),
-        (["show", "--storage", f"sqlite:///{db}"], "no study database"),
-    ]
-    for args, needle in rows:
-        out = run_cli(*args, timeout=120)
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode == 2, (args, out.stderr[-1500:])
-        assert "Traceback" not in out.stderr, args
-        assert needle in lines[-1], (args, lines[-1])
-        assert lines[-1].startswith("autotune "), lines
+@pytest.mark.parametrize("args, needle", _BAD_STUDY_INPUT)
+def test_bad_study_input_is_one_line_exit_2(tmp_path, args, needle):
+    if "{space}" in args:  # a bad space file: ``needle`` names it in _BAD_SPACES, which says what the line names
+        text, space_needle = _BAD_SPACES[needle]
+        (tmp_path / f"{needle}.yaml").write_text(text)
+        args = [a.replace("{space}", str(tmp_path / f"{needle}.yaml")) for a in args]
+        needle = space_needle
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = run_cli(*args, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, (args, out.stderr[-1500:])
+    assert "Traceback" not in out.stderr, args
+    assert needle in lines[-1], (args, lines[-1])
+    assert lines[-1].startswith("autotune "), lines
 
 
 def test_export_with_no_finished_trial_is_refused(tmp_path):
@@ -85,6 +90,9 @@ def test_export_with_no_finished_trial_is_refused(tmp_path):
     assert out.returncode == 2 and "no finished feasible trial" in out.stderr.strip().splitlines()[-1]
 
 
+# slow: a real `autotune run`; by default the CLI's run, report and `show --explain` run on conftest's report_study
+# (view/test_report.py), and exports from a real measuring run in test_faults.py::TestWhileARunMeasures
+@pytest.mark.slow
 def test_run_show_export_round_trip(tmp_path, space_file):
     storage = f"sqlite:///{tmp_path}/flow.db"
     common = ["--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu",
@@ -128,7 +136,7 @@ def test_show_leaves_blank_what_a_failed_trial_did_not_measure(tmp_path):
     """Every trial failed: their samples/s and speedup are blank, not "None" (an all-None column)."""
     from autotune.config import TrialResult
 
-    from .test_study import make_tuner
+    from tests.helpers import make_tuner
 
     def crashed(workload, config, measure, **kw):
         return TrialResult(status="crashed", reason="killed by SIGSEGV", wall_s=1.0, batch_size=config.batch_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autotune.config import TrialResult
 from autotune.search.finalists import ratio_interval
-from tests.test_study import QUICK, make_tuner
+from tests.helpers import QUICK, hardware, make_tuner, tiny_space
 
 SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
 
@@ -142,7 +142,6 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
     from autotune import Workload
     from autotune.machine.hardware import detect
     from autotune.search.tuner import Tuner
-    from tests.test_study import tiny_space
 
     gpu = {"index": 0, "name": "Fake 8G", "memory_total_mb": 8192.0, "compute_capability": "8.0",
            "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0", "driver": "999"}
@@ -177,12 +176,11 @@ def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_p
     trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
     from autotune.search.space import space_from_dict
     from autotune.search.trials import trial_rows
-    from tests.test_study import HW
 
     space = space_from_dict({"name": "amp", "device": "cpu",
                              "parameters": {"batch_size": {"type": "int", "choices": [8]},
                                             "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
-                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=HW)
+                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=hardware())
     if "bf16" not in next(p.choices for p in space.params if p.name == "amp"):
         import pytest
 

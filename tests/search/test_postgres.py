@@ -22,7 +22,7 @@ import yaml
 
 from autotune.config import TrialConfig
 
-from .conftest import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
+from tests.helpers import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
 
 URL = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
 HEARTBEAT_S, GRACE_S = 1, 3

@@ -23,17 +23,11 @@ import pytest
 
 from autotune.view.report import PLOTS
 
-from . import report_fixtures
-from .conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it: "
                                     "apt-get install -y --no-install-recommends chromium)")
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
 
 
 class Dashboard:
@@ -82,8 +76,8 @@ class Dashboard:
 
 
 @pytest.fixture
-def dashboard(study):
-    d = Dashboard(study.storage)
+def dashboard(report_study):
+    d = Dashboard(report_study.storage)
     try:
         yield d
     finally:
@@ -105,12 +99,12 @@ def _text(dom: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
 
 
-def test_dashboard_serves_the_study_on_loopback_and_stops_on_ctrl_c(study, dashboard):
+def test_dashboard_serves_the_study_on_loopback_and_stops_on_ctrl_c(report_study, dashboard):
     assert dashboard.url.startswith("http://127.0.0.1:")
     summaries = dashboard.get_json("/api/studies")["study_summaries"]
-    assert [s["study_name"] for s in summaries] == [study.study_name]
+    assert [s["study_name"] for s in summaries] == [report_study.study_name]
     detail = dashboard.get_json(f"/api/studies/{summaries[0]['study_id']}?after=0")
-    assert len(detail["trials"]) == study.n_trials
+    assert len(detail["trials"]) == report_study.n_trials
     attrs = {a["key"] for a in detail["trials"][0]["user_attrs"]}
     assert {"median_samples_per_s", "iqr_samples_per_s", "peak_host_mb", "data_wait_share", "status",
             "reason"} <= attrs  # the figures show in the dashboard as user attributes
@@ -119,23 +113,23 @@ def test_dashboard_serves_the_study_on_loopback_and_stops_on_ctrl_c(study, dashb
 
 
 @needs_chromium
-def test_dashboard_page_in_chromium_shows_the_study_and_its_trials(study, dashboard, tmp_path):
+def test_dashboard_page_in_chromium_shows_the_study_and_its_trials(report_study, dashboard, tmp_path):
     study_id = dashboard.get_json("/api/studies")["study_summaries"][0]["study_id"]
     home = _text(_chromium(dashboard.url + "/dashboard", tmp_path, "--virtual-time-budget=10000"))
-    assert study.study_name in home, home[:2000]
+    assert report_study.study_name in home, home[:2000]
     text = ""
     for _ in range(3):  # the app fetches the trials after it renders: give a slow machine another go
         text = _text(_chromium(f"{dashboard.url}/dashboard/studies/{study_id}/trials", tmp_path,
                                "--virtual-time-budget=10000"))
-        if f"{study.n_trials} Trials" in text:
+        if f"{report_study.n_trials} Trials" in text:
             break
-    assert study.study_name in text and f"{study.n_trials} Trials" in text, text[:3000]
+    assert report_study.study_name in text and f"{report_study.n_trials} Trials" in text, text[:3000]
     assert "data_wait_share" in text and "peak_host_mb" in text
 
 
 @needs_chromium
-def test_report_renders_every_plot_in_chromium(study, tmp_path):
-    dom = _chromium(study.report.resolve().as_uri(), tmp_path, "--virtual-time-budget=5000")
+def test_report_renders_every_plot_in_chromium(report_study, tmp_path):
+    dom = _chromium(report_study.report.resolve().as_uri(), tmp_path, "--virtual-time-budget=5000")
     for div in PLOTS:
         start = dom.index(f'id="{div}"')
         nxt = dom.find('id="plot-', start + 1)

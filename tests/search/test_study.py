@@ -13,37 +13,12 @@ import optuna
 import pytest
 import yaml
 
-from autotune import MeasureSpec, Recommendation, Workload
+from autotune import Recommendation
 from autotune.config import TrialConfig, TrialResult
-from autotune.machine.hardware import detect
-from autotune.search.space import space_from_dict
 from autotune.search.pruning import NoHopePruner
-from autotune.search.tuner import Tuner
 from autotune.search.trials import outcome
 
-from .conftest import assert_queued_are_walk_steps_or_reruns
-
-QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)
-HW = detect()
-
-
-def tiny_space(**over):
-    doc = {
-        "name": "tiny", "device": "cpu",
-        "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
-                       "channels_last": {"type": "bool"}},
-        "baseline": {"batch_size": 8, "channels_last": False},
-    }
-    doc.update(over)
-    return space_from_dict(doc, hardware=HW)
-
-
-def make_tuner(tmp_path, model="tests.workloads_fixtures:tiny", space=None, measure=QUICK, **kw):
-    return Tuner(Workload(model=model, image_size=16), space=space or tiny_space(), measure=measure,
-                 storage=f"sqlite:///{tmp_path}/t.db", hardware=HW, progress=False, log=kw.pop("log", lambda m: None),
-                 finalists=kw.pop("finalists", 2), finalist_rounds=kw.pop("finalist_rounds", 1), seed=0,
-                 parity_steps=kw.pop("parity_steps", 5), **kw)
-
+from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, tiny_space
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
 
@@ -133,6 +108,10 @@ def test_study_persists_baseline_first_and_resume_continues(tmp_path):
     assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
 
 
+# slow: by default a real child over the cap is stopped (trial/test_runner.py::test_over_memory) and the search
+# stops at the memory boundary with a scripted runner
+# (test_batch_walk_goes_down_when_smaller_wins_and_stops_at_out_of_memory)
+@pytest.mark.slow
 def test_memory_boundary_learned_and_larger_batch_skipped(tmp_path):
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [4, 32, 64]}},
                        baseline={"batch_size": 4})
@@ -153,6 +132,9 @@ def test_memory_boundary_learned_and_larger_batch_skipped(tmp_path):
     assert study.best_trial.params["batch_size"] == 4
 
 
+# slow: by default a real trial child is stopped mid-measurement by its window callback
+# (trial/test_runner.py::test_pruned_after_the_first_window) and the pruner's decisions are unit-tested above
+@pytest.mark.slow
 def test_pruning_kills_a_slow_trial_mid_measurement(tmp_path):
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [2, 64]}}, baseline={"batch_size": 64})
     measure = QUICK.replace(windows=5)
@@ -172,6 +154,10 @@ def test_pruning_kills_a_slow_trial_mid_measurement(tmp_path):
     assert slow.user_attrs["wall_s"] < study.trials[0].user_attrs["wall_s"] + 5
 
 
+# slow: ~35 s; by default a real run stopped mid-trial resumes and retries it
+# (test_faults::test_sigterm_stops_gracefully_and_resume_retries) and the RUNNING trial a SIGKILL leaves is
+# recovered (test_a_run_killed_while_queuing_the_first_trials_is_completed_by_the_next)
+@pytest.mark.slow
 def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(yaml.safe_dump({
@@ -222,6 +208,10 @@ def test_killed_run_resumes_and_retries_the_interrupted_trial(tmp_path):
     assert sum(1 for t in study.trials if t.user_attrs.get("baseline")) == 1
 
 
+# slow: a real study through recommend(); by default recommend() answers from a stored recommendation without a
+# child in test_recommend.py::test_recommend_answers_from_the_stored_recommendation and a real study runs in
+# test_study_persists_baseline_first_and_resume_continues
+@pytest.mark.slow
 def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch):
     import autotune.trial.runner
     from autotune import recommend
@@ -560,6 +550,9 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
     assert rows[rerun.number]["reason"].startswith(f"re-run of pruned #{first.number}; stopped after 2")
 
 
+# slow: ~7 s of scripted trials and a real numerics check; by default compile is tried last, only once the eager
+# search settled, in search/test_coordinate.py
+@pytest.mark.slow
 def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path):
     """Compile is tried last, on the best eager config, and only when it fits: the sampler never proposes a
     compile mode (its proposals run with compile_mode none, the parameter says what ran). A 40 s budget is
