@@ -15,8 +15,8 @@ from autotune.search.final_checks import worst_case_measure
 from autotune.workloads.build import Built, check
 from autotune.workloads.worst_case import make_batch, needs_child
 
-from . import limits_workloads as lw
-from .conftest import run_cli
+from tests import limits_workloads as lw
+from tests.helpers import run_cli
 
 LONG_TAIL = "tests.limits_workloads:long_tail"
 

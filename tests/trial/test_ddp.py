@@ -21,7 +21,7 @@ from autotune.machine.device import get_device
 from autotune.trial.ddp import check_ranks, rank_threads
 from autotune.trial.ranks import RankGroup, ShardedSampler
 from autotune.trial.runner import run_trial
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 W = "tests.ddp_workloads"
 QUICK = MeasureSpec(windows=2, window_s=0.2, settle_windows=0, timeout_s=120)

@@ -12,7 +12,7 @@ from torch import nn
 
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
-from tests.test_recommend import make_rec
+from tests.helpers import make_rec
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,9 +21,9 @@ from autotune.recommendation import Recommendation
 from autotune.search.space import load_space, space_for
 from autotune.workloads.build import build, check
 from autotune.workloads.probe import describe_batch
-from tests.conftest import run_cli
-from tests.test_recommend import make_rec
-from tests.test_space import fake_hw, names
+from tests.helpers import run_cli
+from tests.helpers import make_rec
+from tests.helpers import fake_hw, names
 
 FIX = "tests.data_fit_workloads:"
 

@@ -13,8 +13,8 @@ from autotune.recommendation import Recommendation
 from autotune.search.trials import MemoryLimit, outcome
 from autotune.trial.latency import StepLatency, check_bound, percentiles
 
-from . import limits_workloads as lw
-from .conftest import run_cli
+from tests import limits_workloads as lw
+from tests.helpers import run_cli
 
 LATENCY = "tests.limits_workloads:latency"
 
