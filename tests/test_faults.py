@@ -189,26 +189,54 @@ def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(t
     assert not (tmp_path / "s").exists()
 
 
-def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path):
+def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path, monkeypatch):
     """Any exception from the user's callable is the workload's, not a config's: the first trial ends the run
-    (it used to fail every trial until the patience ran out, then report "converged")."""
+    (it used to fail every trial until the patience ran out, then report "converged"). The workload builds in
+    the check that reads its first batch and fails from then on (a workload that never builds is refused by that
+    check, before a study is written: tests/workloads/test_data_fit.py, test_faults' check-child tests)."""
     from autotune.errors import WorkloadError
 
+    monkeypatch.setenv("AUTOTUNE_TEST_BUILT", str(tmp_path / "built-once"))
     space = space_from_dict({"name": "b", "device": "cpu",
                              "parameters": {"batch_size": {"type": "int", "choices": [4, 8, 16]}},
                              "baseline": {"batch_size": 4}}, hardware=HW)
-    tuner = Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space,
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:breaks_after_the_check", image_size=16), space=space,
                   measure=QUICK, storage=f"sqlite:///{tmp_path}/b.db", hardware=HW, progress=False,
                   log=lambda m: None, finalists=1, finalist_rounds=1, patience=2)
     with pytest.raises(WorkloadError) as info:
         tuner.run(trials=3)
     msg = str(info.value)
-    assert "building the workload tests.workloads_fixtures:broken_build raised RuntimeError: cannot open" in msg
+    assert (tmp_path / "built-once").exists()  # the check built it: the failure below is the trial's
+    assert "building the workload tests.workloads_fixtures:breaks_after_the_check raised RuntimeError: cannot open" \
+        in msg
     assert "\n" not in msg and "trial-0.log" in msg
     trials = tuner.study().trials
     assert [t.state.name for t in trials if t.state.is_finished()] == ["FAIL"]
     assert "cannot open /data/shards" in trials[0].user_attrs["traceback"]
     assert "RuntimeError: cannot open" in (tuner.artifacts_dir / "trial-0.log").read_text()
+
+
+def test_a_workload_that_never_builds_is_refused_before_a_trial(tmp_path):
+    """The check that reads the first batch (in a child) builds the workload first: one that cannot build is a
+    one-line ``WorkloadError`` before any trial runs, through the Python API as through the CLI."""
+    from autotune.errors import WorkloadError
+
+    space = space_from_dict({"name": "b", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [4, 8]}},
+                             "baseline": {"batch_size": 4}}, hardware=HW)
+    db = tmp_path / "n.db"
+    with pytest.raises(WorkloadError) as info:
+        Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space, measure=QUICK,
+              storage=f"sqlite:///{db}", hardware=HW, progress=False, log=lambda m: None).run(trials=3)
+    msg = str(info.value)
+    assert "broken_build raised RuntimeError: cannot open /data/shards" in msg and "\n" not in msg
+    assert not list(tmp_path.glob("**/trial-*.log"))  # no trial ran
+    if db.exists():
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+            assert "trials" not in tables or con.execute("select count(*) from trials").fetchone()[0] == 0
 
 
 @pytest.mark.slow
