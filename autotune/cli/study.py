@@ -46,21 +46,11 @@ a search that never settles.
 """
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _budget_args(args: argparse.Namespace) -> tuple:
+    """``(timeout_s, ceiling_s, run_length)`` from the budget flags, each mistake one line."""
     from autotune._units import parse_duration_s
-    from autotune.machine.hardware import detect
     from autotune.search.payback import RunLength
-    from autotune.search.space import load_space
-    from autotune.search.storage import check_storage
-    from autotune.search.tuner import Tuner
-    from autotune.workloads.build import check
 
-    hw = detect()
-    workload = workload_from_args(args)
-    measure = measure_from_args(args, hardware=hw, device=workload.device)
-    from autotune.machine.gpu_check import check_cuda_usable
-
-    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
@@ -74,6 +64,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trials is None and timeout_s is None and args.patience == 0:
         raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
                             "--timeout DURATION (e.g. --timeout 8h)")
+    return timeout_s, ceiling_s, run_length
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotune.machine.hardware import detect
+    from autotune.search.space import load_space
+    from autotune.search.storage import check_storage
+    from autotune.search.tuner import Tuner
+    from autotune.workloads.build import check
+
+    timeout_s, ceiling_s, run_length = _budget_args(args)  # said before torch loads: a typo costs no seconds
+    hw = detect()
+    workload = workload_from_args(args)
+    measure = measure_from_args(args, hardware=hw, device=workload.device)
+    from autotune.machine.gpu_check import check_cuda_usable
+
+    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
     space = load_space(args.space, hardware=hw, device=workload.device)
     workload = check(workload)  # with what its first batch holds: the space is fitted to it, the YAML records it
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
