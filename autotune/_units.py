@@ -15,7 +15,7 @@ _MEM_UNITS = {
     "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
     "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
 }
-_DUR_UNITS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_DUR_UNITS = {"": 1, "ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}  # ms: latency bounds
 
 
 def parse_memory_mb(text: str | int | float, *, what: str = "memory size") -> float:
@@ -65,7 +65,7 @@ def parse_duration_s(text: str | int | float, *, what: str = "duration", require
         seconds = 0.0
         for number, unit in parts:
             if unit not in _DUR_UNITS:
-                raise ConfigError(f"{what} {text!r} has unknown unit {unit!r}: use s, m, h or d")
+                raise ConfigError(f"{what} {text!r} has unknown unit {unit!r}: use ms, s, m, h or d")
             seconds += float(number) * _DUR_UNITS[unit]
     if seconds <= 0:
         raise ConfigError(f"{what} must be positive, got {text!r}")

@@ -27,7 +27,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
               space: str | None = None, study_name: str | None = None, measure=None, rerun: bool = False,
               progress: bool = True, run_length: str | float | None = None, planned_steps: int | None = None,
               global_batch: int | None = None, device_memory_cap: str | float | None = None,
-              nproc_per_node: int = 1) -> Recommendation:
+              latency_p99: str | float | None = None, nproc_per_node: int = 1) -> Recommendation:
     """The recommended config for a workload on this machine.
 
     ``model`` is a torchvision model name, ``"package.module:function"``, or the workload function itself (see
@@ -56,6 +56,11 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
 
     ``device_memory_cap`` (on a GPU, e.g. "10GiB") is the most PyTorch's allocator may hold in a trial, enforced
     while it runs; by default the GPU's free memory when the run starts, less the CUDA context's share.
+
+    ``latency_p99`` (``task="infer"`` only; a duration like "50ms", or seconds) bounds the 99th-percentile latency
+    of one inference step: a config over it is infeasible, as one over the memory cap is, so the fastest config
+    that meets it is recommended (``autotune.trial.latency``); a bound under one step's measured floor is a
+    ``ConfigError`` before the search (``autotune.search.latency_floor``).
     """
     from autotune._units import parse_duration_s, parse_memory_mb
     from autotune.machine.hardware import detect
@@ -77,6 +82,11 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw, device)
     measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
+    if latency_p99 is not None:
+        from autotune.trial.latency import check_bound
+
+        check_bound(task, 1.0, flag="latency_p99")
+        measure = measure.replace(latency_p99_ms=1000 * parse_duration_s(latency_p99, what="latency_p99"))
     if device_memory_cap is not None:
         from autotune.machine.limits import check_device_cap
 
@@ -102,6 +112,9 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
         checked = check(workload)
         tuner = tuner if checked.data == stored else make_tuner(checked)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
+    from autotune.search.latency_floor import check_floor
+
+    check_floor(tuner)
     rec = tuner.run(trials=trials, timeout_s=timeout_s)
     if rec is None:
         raise AutotuneError(f"no feasible config found for {workload.label()} within the budget; give a larger "
@@ -128,6 +141,8 @@ def _stored_answer(existing, tuner, run) -> Recommendation | None:
     stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
     if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb, rec.peak_device_allocated_mb):
         rec = None  # no room under the cap of this call (less the margin): not an answer to this question
+    if rec is not None and not tuner.limit.meets_latency((rec.latency_ms or {}).get("p99_ms")):
+        rec = None  # over this call's latency bound (or not measured against one): search under it
     if rec is not None and stored_space is not None and stored_space != tuner.space.to_dict()["parameters"]:
         rec = None  # tuned over another search space: search this one
     priced = (rec.compile or {}) if rec is not None else {}

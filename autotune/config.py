@@ -398,6 +398,12 @@ class MeasureSpec(Record):
     # out-of-memory error there); None: no limit in the trial. The Tuner sets it (``--device-memory-cap``, by
     # default the GPU's free memory when the run starts less the CUDA context's share).
     device_memory_cap_mb: float | None = None
+    # Inference: the most a step's p99 latency may be for the config to count as feasible, as memory is
+    # (``--latency-p99``; autotune.trial.latency); None: no bound.
+    latency_p99_ms: float | None = None
+    # The trial runs the largest batch the data can produce, over and over (autotune.workloads.worst_case): the
+    # check a config passes before it is recommended; the search's trials run the data as it comes.
+    worst_case: bool = False
 
     def __post_init__(self) -> None:
         check(is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
@@ -423,3 +429,6 @@ class MeasureSpec(Record):
         check(self.device_memory_cap_mb is None
               or (is_num(self.device_memory_cap_mb) and self.device_memory_cap_mb > 0),
               "device_memory_cap_mb", self.device_memory_cap_mb, "None or a positive number of MiB")
+        check(self.latency_p99_ms is None or (is_num(self.latency_p99_ms) and self.latency_p99_ms > 0),
+              "latency_p99_ms", self.latency_p99_ms, "None or a positive number of milliseconds (--latency-p99)")
+        check(isinstance(self.worst_case, bool), "worst_case", self.worst_case, "true or false")

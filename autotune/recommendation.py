@@ -126,6 +126,12 @@ class Recommendation:
     # real tokens per sample as the workload counted them (text: autotune.workloads.text), over the finalists' search
     # trials (a property of the data, not of the config); None when it counts no tokens
     tokens_per_sample: float | None = None
+    # inference: the step latency percentiles of the slowest finalist round (p50_ms, p95_ms, p99_ms, min_ms) and
+    # the p99 bound it was chosen under (bound_p99_ms, None: none); None for training and older exports
+    latency_ms: dict | None = None
+    # the largest batch the data can produce and the config's peak on it against the usable memory
+    # (search.final_checks.check_worst_case); None in older exports and provisional ones (not checked)
+    worst_case: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -160,6 +166,7 @@ class Recommendation:
                 "finalist_rounds": self.finalist_rounds, "search_round_pooled": self.search_round_pooled,
                 "tokens_per_sample": self.tokens_per_sample,
                 "median_tokens_per_s": self.median_tokens_per_s,  # derived (not read back)
+                **self._latency_measured(),
                 # derived (not read back): what the peak leaves free of the cap less the margin
                 "headroom_mb": self.headroom_mb(),
             },
@@ -170,6 +177,7 @@ class Recommendation:
                            "created": self.created, "provisional": self.provisional,
                            "reproduce": self.reproduce},
             "runners_up": list(self.runners_up),
+            "worst_case": self.worst_case,
             "parity": self.parity,
             "compile": self.compile,
             "notes": list(self.notes),
@@ -221,7 +229,8 @@ class Recommendation:
                 reproduce=str(p.get("reproduce", "")), created=str(p.get("created", "")),
                 provisional=bool(p.get("provisional", False)),
                 user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
-                tokens_per_sample=m.get("tokens_per_sample"),
+                tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
+                worst_case=d.get("worst_case"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -229,6 +238,15 @@ class Recommendation:
             raise ConfigError(f"{source}: {exc}") from None
         check_section(d.get("distributed"), rec, source)
         return rec
+
+    def _latency_measured(self) -> dict[str, Any]:
+        """The ``measured`` section's latency keys (inference): latency_p50_ms ... latency_bound_p99_ms."""
+        if not self.latency_ms:
+            return {}
+        lat = self.latency_ms
+        return {"latency_p50_ms": lat.get("p50_ms"), "latency_p95_ms": lat.get("p95_ms"),
+                "latency_p99_ms": lat.get("p99_ms"), "latency_min_ms": lat.get("min_ms"),
+                "latency_bound_p99_ms": lat.get("bound_p99_ms")}
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """YAML text; with ``path``, also written atomically (temp file + rename: a reader never sees half)."""
@@ -440,11 +458,31 @@ class Recommendation:
             from autotune._units import format_mb as mb
             lines.append(f"  device memory {mb(self.peak_device_allocated_mb or self.peak_device_mb)} in tensors, "
                          f"{mb(self.peak_device_mb)} reserved, under the {mb(self.device_memory_cap_mb)} device cap")
+        if self.latency_ms:
+            lat = self.latency_ms
+            bound = f" (bound {lat['bound_p99_ms']:g} ms)" if lat.get("bound_p99_ms") else ""
+            lines.append(f"  latency per step p50 {lat['p50_ms']:.2f} ms, p95 {lat['p95_ms']:.2f} ms, "
+                         f"p99 {lat['p99_ms']:.2f} ms{bound}, the slowest finalist round's")
+        if self.worst_case:
+            from autotune._units import format_mb
+
+            wc = self.worst_case
+            peak = f": peak {format_mb(wc['peak_host_mb'])}" if wc.get("peak_host_mb") else ""
+            lines.append(f"  worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _latency_read(measured: dict[str, Any]) -> dict | None:
+    """``latency_ms`` back from the ``measured`` section's flat keys; None when it has none."""
+    if measured.get("latency_p99_ms") is None:
+        return None
+    return {"p50_ms": measured.get("latency_p50_ms"), "p95_ms": measured.get("latency_p95_ms"),
+            "p99_ms": measured.get("latency_p99_ms"), "min_ms": measured.get("latency_min_ms"),
+            "bound_p99_ms": measured.get("latency_bound_p99_ms")}
 
 
 def versions_of(hw) -> dict[str, Any]:

@@ -57,6 +57,14 @@ class TrialResult(Record):
     user_parts: tuple[str, ...] = ()  # the workload's own parts the trial ran (optimizer, step, count...)
     world_size: int = 1  # DDP ranks the trial ran (autotune.trial.ddp); throughput is then global, all ranks'
     ranks: tuple[dict, ...] = ()  # per rank: its median samples/s, data-wait share, threads, device peak...
+    # inference: each measured step's latency, synchronised (autotune.trial.latency), nearest-rank percentiles
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_min_ms: float | None = None  # the fastest step: the floor at this batch size
+    # what the trial ran when measured on the worst-case batch (MeasureSpec.worst_case): how the batch was made
+    # and its tensors (autotune.workloads.worst_case); None for a search trial
+    worst_case: dict | None = None
 
     def __post_init__(self) -> None:
         check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
@@ -140,6 +148,9 @@ class TrialResult(Record):
             "samples_per_step": self.samples_per_step,
             "user_parts": list(self.user_parts),
         }
+        if self.latency_p99_ms is not None:  # inference: what a latency bound is judged on (trials.MemoryLimit)
+            out.update(latency_p50_ms=self.latency_p50_ms, latency_p95_ms=self.latency_p95_ms,
+                       latency_p99_ms=self.latency_p99_ms, latency_min_ms=self.latency_min_ms)
         if self.tokens_per_s:
             out["tokens_per_s"] = [round(x, 3) for x in self.tokens_per_s]
         if self.world_size > 1:
@@ -162,6 +173,9 @@ class TrialResult(Record):
                 lines.append(f"tokens        {summarize(self.tokens_per_s).median:.1f} tokens/s median")
             for w in s.warnings:
                 lines.append(f"warning       {w}")
+        if self.latency_p99_ms is not None:
+            lines.append(f"latency       p50 {self.latency_p50_ms:.2f} ms, p95 {self.latency_p95_ms:.2f} ms, "
+                         f"p99 {self.latency_p99_ms:.2f} ms per step (fastest {self.latency_min_ms:.2f} ms)")
         if self.data_wait_share is not None:
             lines.append(f"step time     {1000 * (self.data_wait_s_per_step or 0):.1f} ms waiting for data + "
                          f"{1000 * (self.compute_s_per_step or 0):.1f} ms computing "

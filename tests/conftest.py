@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +25,30 @@ if not os.environ.get("AUTOTUNE_MACHINE_LOCK"):
 
     os.environ["AUTOTUNE_MACHINE_LOCK"] = os.path.join(tempfile.mkdtemp(prefix="autotune-tests-"), "machine.lock")
 
-TINY = "tests.workloads_fixtures:tiny"
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
+def pytest_configure(config):
+    """The tests' folders in RAM (a fresh folder in /dev/shm, removed at the end) unless --basetemp is given.
+
+    The suite commits thousands of SQLite transactions (each trial writes its attributes one by one), and on this
+    project's shared VMs every fsync waits behind the other jobs' disk writes: two search modules took 112 s with
+    their folders on disk and 28 s in RAM, at the same load. It is the same SQLite either way, and a killed
+    process loses nothing in RAM that it would keep on disk (the page cache outlives it); only a power cut differs,
+    which no test simulates. To keep the folders of a failed run, pass --basetemp."""
+    shm = Path("/dev/shm")
+    if config.option.basetemp is None and shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        import tempfile
+
+        config.option.basetemp = config._autotune_ram_basetemp = tempfile.mkdtemp(prefix="autotune-tests-",
+                                                                                 dir=shm)
+
+
+def pytest_unconfigure(config):
+    ram = getattr(config, "_autotune_ram_basetemp", None)
+    if ram:  # RAM, not disk: nothing of it may outlive the session
+        import shutil
+
+        shutil.rmtree(ram, ignore_errors=True)
 
 
 @pytest.fixture
@@ -34,27 +56,13 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-def run_cli(*args: str, timeout: float = 180, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real `autotune` CLI in a subprocess (repo root as cwd and on PYTHONPATH)."""
-    return subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args],
-        cwd=str(cwd or REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=timeout,
-    )
+@pytest.fixture(scope="session")
+def report_study(tmp_path_factory):
+    """One tiny study made through the real CLI `run`, then `autotune report` on it: shared by the report,
+    browser and security tests (``report_fixtures.ensure_study``)."""
+    from tests import report_fixtures
 
-
-def assert_queued_are_walk_steps_or_reruns(trials) -> None:
-    """What a run leaves queued (WAITING) for the next: the planned search's next trials (batch walk steps,
-    one-knob steps, a repeat of a config measured within the noise of the best: ``coordinate``), compile tried
-    last, or the one re-run of a trial pruned far below its neighbours (``study_queue.requeue_far_pruned``; on a
-    noisy VM a short trial is sometimes pruned that way, and the re-run is right)."""
-    by_number = {t.number: t for t in trials}
-    for t in trials:
-        if t.state.name == "WAITING":
-            ua = t.user_attrs
-            rerun_of = by_number.get(ua.get("requeue_of"))
-            planned = ua.get("batch_line") or ua.get("knob_step") or ua.get("compile_last") \
-                or by_number.get(ua.get("repeat_of")) is not None
-            assert planned or (rerun_of is not None and rerun_of.state.name == "PRUNED"), (t.number, ua)
+    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -61,7 +61,7 @@ def compute_bound(image_size: int = 32, task: str = "train"):
     return model, data, nn.CrossEntropyLoss()
 
 
-# --- one small study, shared by test_report.py and test_browser.py ----------------------------------------
+# --- one small study, shared by the report, browser and security tests (conftest.py's report_study) -------------
 
 TINY_SPACE = """\
 name: tiny
@@ -86,7 +86,7 @@ class StudyFiles:
 
 def ensure_study(root: Path) -> StudyFiles:
     """Make (once per ``root``) a tiny study through the real CLI `run`, then `autotune report` on it."""
-    from tests.conftest import TINY, run_cli
+    from tests.helpers import TINY, run_cli
 
     done = root / "done.json"
     if done.exists():

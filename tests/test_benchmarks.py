@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, TINY
+from tests.helpers import REPO_ROOT, TINY
 
 
 def _spread(tmp_path, *extra: str) -> tuple[list[str], dict]:
@@ -24,6 +24,9 @@ def _spread(tmp_path, *extra: str) -> tuple[list[str], dict]:
     return proc.stdout.splitlines(), json.loads(out.read_text())
 
 
+# slow: a real run of a benchmark script (a tool, not the product); by default the script's argument check runs
+# in test_spread_script_refuses_a_bad_model and its drift arithmetic in test_common_drift_removes_what_every_...
+@pytest.mark.slow
 def test_spread_script_runs_and_writes_json(tmp_path):
     lines, data = _spread(tmp_path)
     assert lines[0].startswith("machine: ") and "fingerprint" in lines[0]
@@ -44,6 +47,8 @@ def test_spread_script_runs_and_writes_json(tmp_path):
     assert data["complete"] is True
 
 
+# slow: a real run of the script; by default it runs and writes its JSON in test_spread_script_runs_and_writes_json
+@pytest.mark.slow
 def test_spread_script_killed_keeps_the_runs_it_finished(tmp_path):
     out = tmp_path / "spread.json"
     proc = subprocess.Popen(
@@ -64,6 +69,9 @@ def test_spread_script_killed_keeps_the_runs_it_finished(tmp_path):
     assert len(runs) >= 1 and runs[0]["status"] == "ok" and len(runs[0]["samples_per_s"]) == 2
 
 
+# slow: several real runs of the script; by default it runs and writes its JSON in
+# test_spread_script_runs_and_writes_json
+@pytest.mark.slow
 def test_spread_script_interleaves_several_malloc_modes_in_rotating_order(tmp_path):
     lines, data = _spread(tmp_path, "--malloc", "default", "retain", "--target", "0.5")
     order = [ln.split("malloc=")[1].split()[0] for ln in lines if ln.startswith("run ")]
@@ -150,6 +158,9 @@ def test_quality_script_runs_each_workload_against_its_ground_truth(tmp_path):
     assert out.with_suffix(".md").read_text().startswith("Machine:")
 
 
+# slow: a process of the script; by default the benchmark scripts' one-line refusal is
+# test_spread_script_refuses_a_bad_model
+@pytest.mark.slow
 def test_quality_script_refuses_a_bad_model_in_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "quality.py"), "--quick", "--workloads", "resnet81",

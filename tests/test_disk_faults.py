@@ -18,8 +18,8 @@ import pytest
 from autotune.cli import main as cli
 from autotune.config import TrialResult
 
-from .conftest import run_cli
-from .test_study import make_tuner
+from tests.helpers import run_cli
+from tests.helpers import make_tuner
 
 WORKLOAD = ["--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--device", "cpu"]
 

@@ -26,7 +26,7 @@ import pytest
 from autotune.config import TrialConfig, Workload
 from autotune.machine.hardware import detect
 
-from tests.conftest import REPO_ROOT, run_cli
+from tests.helpers import REPO_ROOT, run_cli
 
 EXAMPLE = REPO_ROOT / "examples" / "train_with_recommend.py"
 FINAL_LOSS = re.compile(r"final loss (\d+\.\d+|nan) after (\d+) steps; [\d.]+ steps/s")
@@ -219,6 +219,10 @@ def test_adamw_example_tunes_its_own_step_through_tune(tmp_path):
 
 # --- a global batch (issue 14 item 3) -------------------------------------------------------------------------
 
+# slow: a real run of the example; by default the example runs in
+# test_train_example_answers_from_a_stored_recommendation and a real trial accumulates to the global batch in
+# workloads/test_global_batch.py
+@pytest.mark.slow
 @pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
 def test_train_example_accumulates_to_the_global_batch(tmp_path):
     """A stored recommendation for global batch 32 with micro-batch 16 (the shipped space's smallest): the

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import optuna
 import psutil
@@ -22,7 +23,7 @@ from autotune.machine.hardware import detect
 from autotune.search.space import space_from_dict
 from autotune.search.tuner import Tuner
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 QUICK = MeasureSpec(windows=2, window_s=0.2, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=60)
 HW = detect()
@@ -70,6 +71,10 @@ def _wait_for_running(storage, timeout=90):
     pytest.fail("no trial started in time")
 
 
+# slow: a real study; by default a trial with a DataLoader worker runs and leaves no process
+# (trial/test_runner.py::test_ok_with_a_dataloader_worker_leaves_no_process_behind) and a study goes on past failed
+# trials with a scripted runner
+@pytest.mark.slow
 def test_a_killed_dataloader_worker_is_an_error_and_the_study_goes_on(tmp_path):
     space = space_from_dict({"name": "w", "device": "cpu",
                              "parameters": {"num_workers": {"type": "int", "low": 0, "high": 1}},
@@ -118,22 +123,40 @@ def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
     assert t.user_attrs["baseline"] is True and retries[0].user_attrs["baseline"] is True  # its role comes with it
 
 
-def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(tmp_path):
-    space = _space_file(tmp_path)
-    storage = f"sqlite:///{tmp_path}/c.db"
-    first = subprocess.Popen(_run_cmd(space, storage, "--trials", "4"), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        study = _wait_for_running(storage)
-        second = run_cli("run", "--model", "tests.study_fixtures:sleepy", "--image-size", "16", "--space", str(space),
-                         "--storage", storage, "--trials", "1", "--device", "cpu", "--no-progress")
+class TestWhileARunMeasures:
+    """What another run or an export does while one `autotune run` measures. The run is shared by the tests of
+    this class (started once, killed when the class is done, so no later test meets its machine lock)."""
+
+    @pytest.fixture(scope="class")
+    def measuring(self, tmp_path_factory):
+        root = tmp_path_factory.mktemp("measuring")
+        space = root / "space.yaml"  # batch 8 or 16 as in _space_file, and channels_last: 4 configs to measure
+        space.write_text(yaml.safe_dump({"name": "tiny", "device": "cpu", "baseline": {"batch_size": 8},
+                                         "parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
+                                                        "channels_last": {"type": "bool"}}}))
+        storage = f"sqlite:///{root}/c.db"
+        # 1 s windows and 4 configs: it measures long enough for both tests, in any order, on a loaded machine
+        proc = subprocess.Popen(_run_cmd(space, storage, "--trials", "8", "--window-seconds", "1"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            study = _wait_for_running(storage)
+            yield SimpleNamespace(proc=proc, root=root, space=space, storage=storage, study_name=study.study_name)
+        finally:
+            proc.kill()
+            proc.wait()
+
+    def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(self, measuring, tmp_path):
+        first, storage = measuring.proc, measuring.storage
+        second = run_cli("run", "--model", "tests.study_fixtures:sleepy", "--image-size", "16", "--space",
+                         str(measuring.space), "--storage", storage, "--trials", "1", "--device", "cpu",
+                         "--no-progress")
         assert second.returncode == 2
         assert "another autotune run" in second.stderr.strip().splitlines()[-1]
         # exports while the first run writes: each is either a clean refusal or a complete, valid file
         out = tmp_path / "best.yaml"
         exported = 0
         while first.poll() is None and exported < 3:
-            r = run_cli("export", "--storage", storage, "--study-name", study.study_name, "-o", str(out))
+            r = run_cli("export", "--storage", storage, "--study-name", measuring.study_name, "-o", str(out))
             if r.returncode == 0:
                 doc = yaml.safe_load(out.read_text())
                 assert doc["config"]["batch_size"] in (8, 16)
@@ -141,30 +164,19 @@ def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(t
             else:
                 assert r.returncode == 2 and "no finished feasible trial" in r.stderr
             time.sleep(0.5)
-        assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
-    finally:
-        first.kill()
-        first.wait()
+        assert not [p for d in (tmp_path, measuring.root) for p in os.listdir(d) if p.endswith(".tmp")]
 
-
-def test_a_run_of_another_study_on_this_machine_is_refused_before_it_writes_anything(tmp_path):
-    """Two studies, two databases, one machine: their trials would share the cores, so the second run is
-    refused, naming the first, and leaves no database, study or trial behind."""
-    space = _space_file(tmp_path)
-    first = subprocess.Popen(_run_cmd(space, f"sqlite:///{tmp_path}/a/a.db", "--trials", "4"),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_running(f"sqlite:///{tmp_path}/a/a.db")
-        second = run_cli("run", "--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--space", str(space),
-                         "--storage", f"sqlite:///{tmp_path}/b/b.db", "--trials", "1", "--device", "cpu",
-                         "--no-progress")
+    def test_a_run_of_another_study_on_this_machine_is_refused_before_it_writes_anything(self, measuring, tmp_path):
+        """Two studies, two databases, one machine: their trials would share the cores, so the second run is
+        refused, naming the first, and leaves no database, study or trial behind."""
+        assert measuring.proc.poll() is None, "the shared run ended before this test"
+        second = run_cli("run", "--model", "tests.workloads_fixtures:tiny", "--image-size", "16", "--space",
+                         str(measuring.space), "--storage", f"sqlite:///{tmp_path}/b/b.db", "--trials", "1",
+                         "--device", "cpu", "--no-progress")
         assert second.returncode == 2
         last = second.stderr.strip().splitlines()[-1]
-        assert "another autotune run is measuring on this machine" in last and f"pid {first.pid}" in last
+        assert "another autotune run is measuring on this machine" in last and f"pid {measuring.proc.pid}" in last
         assert not (tmp_path / "b").exists()  # nothing written: no folder, no database
-    finally:
-        first.kill()
-        first.wait()
 
 
 def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(tmp_path):
@@ -177,26 +189,54 @@ def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(t
     assert not (tmp_path / "s").exists()
 
 
-def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path):
+def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path, monkeypatch):
     """Any exception from the user's callable is the workload's, not a config's: the first trial ends the run
-    (it used to fail every trial until the patience ran out, then report "converged")."""
+    (it used to fail every trial until the patience ran out, then report "converged"). The workload builds in
+    the check that reads its first batch and fails from then on (a workload that never builds is refused by that
+    check, before a study is written: tests/workloads/test_data_fit.py, test_faults' check-child tests)."""
     from autotune.errors import WorkloadError
 
+    monkeypatch.setenv("AUTOTUNE_TEST_BUILT", str(tmp_path / "built-once"))
     space = space_from_dict({"name": "b", "device": "cpu",
                              "parameters": {"batch_size": {"type": "int", "choices": [4, 8, 16]}},
                              "baseline": {"batch_size": 4}}, hardware=HW)
-    tuner = Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space,
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:breaks_after_the_check", image_size=16), space=space,
                   measure=QUICK, storage=f"sqlite:///{tmp_path}/b.db", hardware=HW, progress=False,
                   log=lambda m: None, finalists=1, finalist_rounds=1, patience=2)
     with pytest.raises(WorkloadError) as info:
         tuner.run(trials=3)
     msg = str(info.value)
-    assert "building the workload tests.workloads_fixtures:broken_build raised RuntimeError: cannot open" in msg
+    assert (tmp_path / "built-once").exists()  # the check built it: the failure below is the trial's
+    assert "building the workload tests.workloads_fixtures:breaks_after_the_check raised RuntimeError: cannot open" \
+        in msg
     assert "\n" not in msg and "trial-0.log" in msg
     trials = tuner.study().trials
     assert [t.state.name for t in trials if t.state.is_finished()] == ["FAIL"]
     assert "cannot open /data/shards" in trials[0].user_attrs["traceback"]
     assert "RuntimeError: cannot open" in (tuner.artifacts_dir / "trial-0.log").read_text()
+
+
+def test_a_workload_that_never_builds_is_refused_before_a_trial(tmp_path):
+    """The check that reads the first batch (in a child) builds the workload first: one that cannot build is a
+    one-line ``WorkloadError`` before any trial runs, through the Python API as through the CLI."""
+    from autotune.errors import WorkloadError
+
+    space = space_from_dict({"name": "b", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [4, 8]}},
+                             "baseline": {"batch_size": 4}}, hardware=HW)
+    db = tmp_path / "n.db"
+    with pytest.raises(WorkloadError) as info:
+        Tuner(Workload(model="tests.workloads_fixtures:broken_build", image_size=16), space=space, measure=QUICK,
+              storage=f"sqlite:///{db}", hardware=HW, progress=False, log=lambda m: None).run(trials=3)
+    msg = str(info.value)
+    assert "broken_build raised RuntimeError: cannot open /data/shards" in msg and "\n" not in msg
+    assert not list(tmp_path.glob("**/trial-*.log"))  # no trial ran
+    if db.exists():
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+            assert "trials" not in tables or con.execute("select count(*) from trials").fetchone()[0] == 0
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ import sys
 import textwrap
 import warnings
 
-import optuna
 import pytest
 import torch
 import yaml
@@ -22,38 +21,8 @@ from autotune.cli.main import build_parser
 from autotune.config import TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError
 from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, reproduce_command,
-                                     stored_recommendation, versions_of)
-from tests.conftest import REPO_ROOT
-
-TINY = "tests.workloads_fixtures:tiny"
-
-
-def plain_versions() -> dict:
-    """This process's versions as plain strings (see test_fresh_versions_can_be_written_as_yaml)."""
-    return {k: None if v is None else str(v) for k, v in versions_of(None).items()}
-
-
-def make_rec(config: TrialConfig | None = None, workload: Workload | None = None, **over) -> Recommendation:
-    config = config or TrialConfig(batch_size=32, num_workers=2, prefetch_factor=4, persistent_workers=True,
-                                   channels_last=True, intra_op_threads=1, inter_op_threads=1)
-    workload = workload or Workload(model="resnet18", image_size=64)
-    runner_up = TrialConfig(batch_size=16)
-    fields = dict(
-        config=config, workload=workload,
-        median_samples_per_s=120.5, iqr_samples_per_s=3.25, samples_per_s=(118.0, 120.5, 123.0),
-        baseline_samples_per_s=80.0, speedup_vs_baseline=1.506, peak_host_mb=1500.5, memory_cap_mb=8192.0,
-        margin_vs_runner_up=0.05, noisy=False,
-        hardware={"summary": "Fake CPU (2 usable cores)", "cpu": "Fake CPU", "usable_cores": 2,
-                  "ram_total_mb": 16000, "gpus": []},
-        fingerprint="abc123def0", versions=plain_versions(), study_name="resnet18-train-64px-synthetic-cpu-abc123def0",
-        storage="sqlite:///trials/autotune.db", trial_number=7,
-        runners_up=({"config": runner_up.to_dict(), "short": runner_up.short(), "median_samples_per_s": 114.7,
-                     "iqr_samples_per_s": 2.0, "trial": 3},),
-        notes=("a note",), reproduce=reproduce_command(workload, config, 8192.0),
-        created="2025-01-02T03:04:05+00:00", provisional=False,
-    )
-    fields.update(over)
-    return Recommendation(**fields)
+                                     versions_of)
+from tests.helpers import REPO_ROOT, TINY, make_rec, plain_versions, store_recommendation
 
 
 # --- construction and YAML ---------------------------------------------------------------------------------
@@ -344,22 +313,10 @@ def test_check_versions_on_a_gpu_machine_does_not_report_the_unchanged_driver(mo
 
 # --- recommend() answering from the storage (no trial is run) ------------------------------------------------
 
-def _store(tmp_path, rec: Recommendation) -> str:
-    from autotune.machine.hardware import detect
-    from autotune.search.storage import open_storage, study_name_for
-
-    url = f"sqlite:///{tmp_path}/rec.db"
-    name = study_name_for(rec.workload, detect().fingerprint)
-    study = optuna.create_study(study_name=name, storage=open_storage(url), direction="maximize")
-    study.set_user_attr("recommendation", rec.to_dict())
-    assert stored_recommendation(study) == rec
-    return url
-
-
 def test_recommend_answers_from_the_stored_recommendation(tmp_path):
     rec = make_rec(workload=Workload(model=TINY, image_size=16),
                    config=TrialConfig(batch_size=8), peak_host_mb=300.0)
-    url = _store(tmp_path, rec)
+    url = store_recommendation(tmp_path, rec)
     with warnings.catch_warnings():
         warnings.simplefilter("error", VersionMismatchWarning)
         got = recommend_fn(TINY, image_size=16, storage=url, device="cpu", progress=False)
@@ -369,7 +326,7 @@ def test_recommend_answers_from_the_stored_recommendation(tmp_path):
 def test_recommend_warns_when_versions_changed(tmp_path):
     rec = make_rec(workload=Workload(model=TINY, image_size=16), config=TrialConfig(batch_size=8),
                    versions={**plain_versions(), "torch": "1.13.0"})
-    url = _store(tmp_path, rec)
+    url = store_recommendation(tmp_path, rec)
     with pytest.warns(VersionMismatchWarning, match="torch 1.13.0"):
         got = recommend_fn(TINY, image_size=16, storage=url, device="cpu", progress=False)
     assert got == rec
@@ -378,7 +335,7 @@ def test_recommend_warns_when_versions_changed(tmp_path):
 def test_recommend_does_not_return_a_stored_answer_over_a_smaller_cap(tmp_path):
     rec = make_rec(workload=Workload(model=TINY, image_size=16), config=TrialConfig(batch_size=8),
                    peak_host_mb=3000.0, memory_cap_mb=None)
-    url = _store(tmp_path, rec)
+    url = store_recommendation(tmp_path, rec)
     try:  # trials=0: a fixed recommend() finds nothing feasible under the new cap without running anything
         got = recommend_fn(TINY, image_size=16, storage=url, device="cpu", memory_cap="1GiB", trials=0,
                            budget=None, progress=False)
@@ -399,36 +356,44 @@ def test_launch_env_and_yaml_say_what_to_export_before_start(tmp_path):
     assert make_rec(config=TrialConfig(batch_size=32)).launch_env() == {}
 
 
-def test_apply_sets_glibc_malloc_in_the_running_process():
+_APPLY_MALLOC_CHILD = textwrap.dedent("""
+    import ctypes, sys, warnings
+    from autotune.config import TrialConfig, Workload
+    from tests.helpers import make_rec
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
+    with warnings.catch_warnings(record=True) as caught, rec.apply():
+        warnings.simplefilter("always")
+        p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
+        with open("/proc/self/maps") as maps:
+            heap = [l for l in maps if "[heap]" in l]
+        lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
+        print("|".join(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+        print("heap" if lo <= p < hi else "mmap")
+        libc.free(p)
+""")
+
+
+# one fresh process per mode (~2.5 s each): the defaults and retain run by default, the huge-page pair is slow
+@pytest.mark.parametrize("mode, where", [
+    ("default", "mmap"), ("retain", "heap"),
+    pytest.param("hugepages", "heap", marks=pytest.mark.slow),
+    pytest.param("hugepages+env", "heap", marks=pytest.mark.slow),
+])
+def test_apply_sets_glibc_malloc_in_the_running_process(mode, where):
     """mallopt really changes glibc's behaviour: after apply(), a freed 16 MiB block is reused (same address)
     rather than unmapped; checked in a fresh process so this test process keeps glibc's defaults."""
-    code = textwrap.dedent("""
-        import ctypes, sys, warnings
-        from autotune.config import TrialConfig, Workload
-        from tests.test_recommend import make_rec
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        rec = make_rec(config=TrialConfig(batch_size=8, malloc=sys.argv[1]))
-        with warnings.catch_warnings(record=True) as caught, rec.apply():
-            warnings.simplefilter("always")
-            p = libc.malloc(16 << 20)  # above glibc's default 128 KiB mmap threshold: mmapped by default
-            with open("/proc/self/maps") as maps:
-                heap = [l for l in maps if "[heap]" in l]
-            lo, hi = (int(x, 16) for x in heap[0].split()[0].split("-")) if heap else (0, 0)
-            print("|".join(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
-            print("heap" if lo <= p < hi else "mmap")
-            libc.free(p)
-    """)
-    out, said = {}, {}
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    for mode, extra in (("default", {}), ("retain", {}), ("hugepages", {}),
-                        ("hugepages+env", {"THP_MEM_ALLOC_ENABLE": "1"})):
-        r = subprocess.run([sys.executable, "-c", code, mode.split("+")[0]], capture_output=True, text=True,
-                           cwd=REPO_ROOT, timeout=120, env={**env, **extra})
-        assert r.returncode == 0, r.stderr[-2000:]
-        said[mode], out[mode] = r.stdout.splitlines()[-2:]
-    assert out == {"default": "mmap", "retain": "heap", "hugepages": "heap", "hugepages+env": "heap"}
+    extra = {"THP_MEM_ALLOC_ENABLE": "1"} if mode == "hugepages+env" else {}
+    r = subprocess.run([sys.executable, "-c", _APPLY_MALLOC_CHILD, mode.split("+")[0]], capture_output=True,
+                       text=True, cwd=REPO_ROOT, timeout=120, env={**env, **extra})
+    assert r.returncode == 0, r.stderr[-2000:]
+    said, out = r.stdout.splitlines()[-2:]
+    assert out == where
     # the huge-page half can only come from the launch environment: said when missing, silent when there
-    assert "THP_MEM_ALLOC_ENABLE=1" in said["hugepages"] and "only the retain half" in said["hugepages"]
-    assert said["default"] == said["retain"] == said["hugepages+env"] == ""
+    if mode == "hugepages":
+        assert "THP_MEM_ALLOC_ENABLE=1" in said and "only the retain half" in said
+    else:
+        assert said == ""

@@ -20,7 +20,7 @@ import pytest
 from autotune.errors import StorageError
 from autotune.search.storage import MACHINE_LOCK_ENV, machine_lock
 
-from .conftest import TINY, run_cli
+from tests.helpers import TINY, run_cli
 
 ROOT = os.geteuid() == 0
 
@@ -69,10 +69,10 @@ def test_machine_lock_does_not_follow_a_symlink_planted_at_its_path(lock_env, tm
     assert stat.S_IMODE((tmp_path / "run" / "autotune").stat().st_mode) == 0o700
 
 
-def test_machine_lock_never_writes_a_hard_link_to_another_file(lock_env, tmp_path):
+def test_machine_lock_never_writes_a_hard_link_to_another_file(lock_env):
     """A hard link at the lock's path to a file of the victim's (no O_NOFOLLOW stops that): flocked, as any
     plain file may be, but neither truncated nor chmodded nor written."""
-    victim = tmp_path / "notes.txt"
+    victim = lock_env.parent / "notes.txt"  # beside the lock: a hard link cannot cross file systems
     victim.write_text("precious\n")
     victim.chmod(0o600)
     os.link(victim, lock_env)
@@ -195,13 +195,6 @@ def test_no_child_imports_modules_planted_in_the_working_folder(project):
 
 
 # --- 3. a study database is data: it names no code to run and no path to write --------------------------------
-
-@pytest.fixture(scope="module")
-def report_study(tmp_path_factory):
-    from . import report_fixtures
-
-    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
-
 
 def test_report_does_not_run_a_callable_the_database_names(report_study, tmp_path):
     """A database whose study says its workload is ``evilmod:build`` (a module that is there to be imported):

@@ -470,6 +470,18 @@ def broken_build(image_size: int = 32):
     raise RuntimeError("cannot open /data/shards: no such file")
 
 
+def breaks_after_the_check(image_size: int = 32):
+    """Builds once (the check child's build, which writes the file ``AUTOTUNE_TEST_BUILT`` names), then raises as
+    ``broken_build`` does: data that went away between the check and the first trial (an unmounted share)."""
+    import os
+
+    flag = os.environ["AUTOTUNE_TEST_BUILT"]
+    if os.path.exists(flag):
+        broken_build()
+    open(flag, "w").close()
+    return tiny(image_size)
+
+
 # --- a descendant that leaves the trial's process group (autotune.trial.proctree) -------------------------------
 
 _DAEMON = """

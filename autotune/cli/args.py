@@ -71,6 +71,10 @@ def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: 
                    help="a config is feasible only if its peak leaves this share of the cap free, so it still "
                         "fits when the real run uses a little more than a short trial did, e.g. 10%%, 0.2 "
                         "(default: %(default)s)")
+    g.add_argument("--latency-p99", default=None, metavar="DURATION",
+                   help="--task infer: a config whose steps' 99th-percentile latency (each step synchronised) is over "
+                        "this is infeasible, as one over the memory cap is, so the fastest config that meets it is "
+                        "recommended, e.g. 50ms (default: no bound)")
 
 
 def add_knob_args(p: argparse.ArgumentParser) -> None:
@@ -146,7 +150,13 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = 
     else:
         cap = parse_memory_mb(args.memory_cap, what="--memory-cap")
         check_cap_against_machine(cap, hardware, device)
-    return MeasureSpec(windows=args.windows, window_s=args.window_seconds,
+    latency = getattr(args, "latency_p99", None)
+    latency_ms = None if latency is None else 1000 * parse_duration_s(latency, what="--latency-p99", require_unit=True)
+    if latency_ms is not None:
+        from autotune.trial.latency import check_bound
+
+        check_bound(getattr(args, "task", "train"), latency_ms)
+    return MeasureSpec(windows=args.windows, window_s=args.window_seconds, latency_p99_ms=latency_ms,
                        timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
                        memory_cap_mb=cap,
                        memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),

@@ -47,21 +47,11 @@ a search that never settles.
 """
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _budget_args(args: argparse.Namespace) -> tuple:
+    """``(timeout_s, ceiling_s, run_length)`` from the budget flags, each mistake one line."""
     from autotune._units import parse_duration_s
-    from autotune.machine.hardware import detect
     from autotune.search.payback import RunLength
-    from autotune.search.space import load_space
-    from autotune.search.storage import check_storage
-    from autotune.search.tuner import Tuner
-    from autotune.workloads.build import check
 
-    hw = detect()
-    workload = workload_from_args(args)
-    measure = measure_from_args(args, hardware=hw, device=workload.device)
-    from autotune.machine.gpu_check import check_cuda_usable
-
-    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
         raise AutotuneError(f"--trials {args.trials} must be 0 or more")
@@ -75,6 +65,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trials is None and timeout_s is None and args.patience == 0:
         raise AutotuneError("--patience 0 never stops on convergence: give a budget, --trials N and/or "
                             "--timeout DURATION (e.g. --timeout 8h)")
+    return timeout_s, ceiling_s, run_length
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotune.machine.hardware import detect
+    from autotune.search.space import load_space
+    from autotune.search.storage import check_storage
+    from autotune.search.tuner import Tuner
+    from autotune.workloads.build import check
+
+    timeout_s, ceiling_s, run_length = _budget_args(args)  # said before torch loads: a typo costs no seconds
+    hw = detect()
+    workload = workload_from_args(args)
+    measure = measure_from_args(args, hardware=hw, device=workload.device)
+    from autotune.machine.gpu_check import check_cuda_usable
+
+    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
     space = load_space(args.space, hardware=hw, device=workload.device)
     if args.oversubscribe:  # as a space that says so: ranks may outnumber the cores, threads and workers untrimmed
         space = dataclasses.replace(space, oversubscribe=True)
@@ -92,6 +99,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
                   progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
                   run_length=run_length, warm_start=not args.no_warm_start)
+
+    from autotune.search.latency_floor import check_floor
+
+    check_floor(tuner)  # --latency-p99 under one step's measured floor: one line now, not an empty search later
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
         raise KeyboardInterrupt
@@ -186,8 +197,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         atomic_write(Path(args.csv), df.to_csv(index=False))
         print(f"wrote {len(df)} trials to {args.csv}", file=sys.stderr)
     tokens = ["tokens_per_s"] if df["tokens_per_s"].notna().any() else []  # a text workload's real tokens/s
-    view = df[["trial", "status", "samples_per_s", *tokens, "speedup", "rel_iqr", "peak_host_mb",
+    p99 = ["latency_p99_ms"] if df["latency_p99_ms"].notna().any() else []  # inference: each step's p99 latency
+    view = df[["trial", "status", "samples_per_s", *tokens, *p99, "speedup", "rel_iqr", "peak_host_mb",
                "data_wait_share", "config", "role", "reason"]].copy()
+    if p99:
+        view["latency_p99_ms"] = view["latency_p99_ms"].map(lambda v: f"{v:.2f}" if v is not None and v == v else "")
     if tokens:
         view["tokens_per_s"] = view["tokens_per_s"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
     for col in ("samples_per_s", "speedup"):  # a trial that measured nothing shows nothing (not "None")
@@ -197,7 +211,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         lambda v: f"{100 * v:.0f}%" if v is not None and v == v else "")
     view["peak_host_mb"] = view["peak_host_mb"].map(lambda v: f"{v:.0f}" if v is not None and v == v else "")
     view["reason"] = view["reason"].fillna("").map(lambda s: s if len(s) <= 60 else s[:57] + "...")
-    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "rel_iqr": "IQR",
+    view = view.rename(columns={"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "latency_p99_ms": "p99 ms",
+                                "rel_iqr": "IQR",
                                 "peak_host_mb": "peak MiB", "data_wait_share": "data wait"})
     if args.limit:
         view = view.head(args.limit)
@@ -210,6 +225,8 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
               f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}"
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
+        for line in _limits_lines(rec):
+            print(line)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
     if args.explain:  # what limited each trial, one line each, in the table's order
@@ -218,6 +235,22 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
         print("\n".join(explain_study(study, view["trial"].tolist())))
     return 0
+
+
+def _limits_lines(rec: dict) -> list[str]:
+    """What `show` says of the recommendation's latency (inference) and worst-case batch, from its stored dict."""
+    from autotune._units import format_mb
+
+    m, wc, out = rec["measured"], rec.get("worst_case"), []
+    if m.get("latency_p99_ms") is not None:
+        bound = m.get("latency_bound_p99_ms")
+        out.append(f"latency per step: p50 {m['latency_p50_ms']:.2f} ms, p95 {m['latency_p95_ms']:.2f} ms, p99 "
+                   f"{m['latency_p99_ms']:.2f} ms" + (f" (bound {bound:g} ms)" if bound else ""))
+    if wc:
+        peak = (f": peak {format_mb(wc['peak_host_mb'])} of the {format_mb(wc['usable_mb'])} usable"
+                if wc.get("peak_host_mb") and wc.get("usable_mb") else "")
+        out.append(f"worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
+    return out
 
 
 def cmd_export(args: argparse.Namespace) -> int:

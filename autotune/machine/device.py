@@ -94,7 +94,7 @@ class CUDADevice(CPUDevice):
     Every call into torch.cuda names the device by its integer index (``index``): several of them reject a
     ``torch.device("cuda")`` without one (``set_device`` and ``set_per_process_memory_fraction`` raise
     ValueError, ``reset_peak_memory_stats`` resolves it to -1 without a current device), and the error comes
-    after CUDA's lazy initialisation, so it never shows on a machine without a driver. tests/test_device.py
+    after CUDA's lazy initialisation, so it never shows on a machine without a driver. tests/machine/test_device.py
     calls each operation here with the real torch and asserts it fails only for want of the driver.
     """
 

@@ -2,7 +2,7 @@
 one-line reading of a GPU failure that is the workload's fault, not the config's.
 
 The decisions read NVML's rows (``Hardware.gpus``) and a description of the torch build (``CudaBuild``), so each
-branch is testable without the GPU it is about (tests/test_cuda_checks.py).
+branch is testable without the GPU it is about (tests/machine/test_cuda_checks.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ MIN_MEMORY_CAP_MB = 1024.0
 # the caching host allocator for pinned batches) and the file-backed pages of the CUDA libraries it touches
 # (libtorch_cuda, cuBLAS(Lt), cuDNN: hundreds of MiB each), which the memory watch charges to the trial's main
 # process in full, as when it runs alone (memwatch.MemoryWatch). An estimate, not yet measured here (no GPU):
-# tests/test_gpu.py::test_a_cuda_trial_fits_the_minimum_host_cap checks it wherever a GPU is (docs/gpu.md).
+# tests/machine/test_gpu.py::test_a_cuda_trial_fits_the_minimum_host_cap checks it wherever a GPU is (docs/gpu.md).
 MIN_CUDA_MEMORY_CAP_MB = 3072.0
 # Without a cap from the user, trials may use this share of the memory available when the run starts: the
 # rest is the safety margin that keeps the kernel's OOM killer away from the tuner and the desktop.

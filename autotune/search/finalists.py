@@ -23,6 +23,7 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.search.finalist_rounds import SavedRounds, record_parity
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
+from autotune.trial.latency import worst_of
 from autotune.trial.parity import check_seconds, first_passing
 from autotune.search.payback import Priced, RunLength, price
 from autotune.recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
@@ -184,6 +185,8 @@ class Evidence:
     compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
     # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
     device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
+    # inference: each percentile of the step latency, its worst over the rounds (``trial.latency.worst_of``)
+    latency: dict[tuple, dict] = dataclasses.field(default_factory=dict)
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -217,6 +220,8 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
                                                        res.peak_device_allocated_mb)
                 if res.compile_s is not None:
                     ev.compile_s.setdefault(c.key(), []).append(res.compile_s)
+                if res.latency_p99_ms is not None:
+                    ev.latency[c.key()] = worst_of(ev.latency.get(c.key()), res)
             else:
                 ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "

@@ -135,6 +135,9 @@ def answer_from_study(trial: Trial, config: TrialConfig, *, fingerprint: str, li
                                         twin.user_attrs.get(keys.PEAK_DEVICE_ALLOCATED))
         if device is not None:
             trial.set_constraint("device_memory", device)
+        latency = limit.latency_constraint(twin.user_attrs.get(keys.LATENCY_P99))
+        if latency is not None:
+            trial.set_constraint("latency_p99", latency)
     else:
         for k, v in twin.constraints.items():
             trial.set_constraint(k, v)
@@ -160,11 +163,13 @@ def record(trial: Trial, result: TrialResult, *, limit: MemoryLimit) -> float:
                                                   trials=trial.study.get_trials(deepcopy=False)).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
-    o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb)
+    o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb, limit.latency_p99_ms)
     if o.state == "complete":
         trial.set_constraint("memory", o.memory_constraint)
         if o.device_memory_constraint is not None:
             trial.set_constraint("device_memory", o.device_memory_constraint)
+        if o.latency_constraint is not None:  # over the bound: infeasible, as over the memory is
+            trial.set_constraint("latency_p99", o.latency_constraint)
         return o.value  # type: ignore[return-value]
     if o.state == "pruned":
         raise optuna.TrialPruned(result.reason)

@@ -45,6 +45,7 @@ PEAK_DEVICE_ALLOCATED = "peak_device_allocated_mb"  # the most its tensors held 
 TRIAL_DEVICE_CAP = "device_memory_cap_mb"  # the device memory cap the allocator enforced in the trial
 USER_PARTS = "user_parts"        # the workload's own parts the trial ran (autotune.workloads.contract.PARTS)
 TRIAL_CAP = "memory_cap_mb"      # the cap the trial ran under (the study's cap may change between runs)
+LATENCY_P99 = "latency_p99_ms"   # inference: its steps' p99 latency (a figure of TrialResult; trial.latency)
 BASELINE = "baseline"            # roles a trial is queued with, kept by its retry
 LIKELY_WINNER = "likely_winner"
 BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down / up
@@ -118,16 +119,31 @@ class MemoryLimit:
     cap_mb: float | None
     margin: float = 0.0
     device_mb: float | None = None  # the device memory cap; None on the CPU
+    # inference under a latency bound (``MeasureSpec.latency_p99_ms``): a config whose steps' p99 is over it is
+    # infeasible, as one over the memory is; judged from the stored p99 against the current bound, likewise
+    latency_p99_ms: float | None = None
 
     @classmethod
     def of(cls, measure, device_mb: float | None = None) -> "MemoryLimit":
-        return cls(measure.memory_cap_mb, measure.memory_margin, device_mb)
+        return cls(measure.memory_cap_mb, measure.memory_margin, device_mb, getattr(measure, "latency_p99_ms", None))
 
     @classmethod
     def of_study(cls, study: Study) -> "MemoryLimit":
         """The limit of the study's latest run (for readers without a tuner: show, export, report)."""
-        margin = (study.user_attrs.get(STUDY_MEASURE) or {}).get("memory_margin", 0.0)
-        return cls(study.user_attrs.get(STUDY_MEMORY_CAP), margin, study.user_attrs.get(STUDY_DEVICE_MEMORY))
+        measure = study.user_attrs.get(STUDY_MEASURE) or {}
+        return cls(study.user_attrs.get(STUDY_MEMORY_CAP), measure.get("memory_margin", 0.0),
+                   study.user_attrs.get(STUDY_DEVICE_MEMORY), measure.get("latency_p99_ms"))
+
+    def latency_constraint(self, p99_ms: float | None) -> float | None:
+        """Optuna's latency constraint (<= 0 meets the bound), or None without a bound. A trial with no
+        measured p99 under a bound does not meet it: a recommendation must be known to."""
+        if self.latency_p99_ms is None:
+            return None
+        return 1.0 if p99_ms is None else p99_ms / self.latency_p99_ms - 1.0
+
+    def meets_latency(self, p99_ms: float | None) -> bool:
+        c = self.latency_constraint(p99_ms)
+        return c is None or c <= 0
 
     @property
     def usable_mb(self) -> float | None:
@@ -175,23 +191,26 @@ class Outcome:
     value: float | None = None
     memory_constraint: float | None = None  # <= 0 feasible
     device_memory_constraint: float | None = None  # <= 0 feasible; None off a GPU
+    latency_constraint: float | None = None  # <= 0 meets the latency bound; None without one
 
 
 def outcome(result: TrialResult, memory_cap_mb: float | None, margin: float = 0.0,
-            device_mb: float | None = None) -> Outcome:
+            device_mb: float | None = None, latency_p99_ms: float | None = None) -> Outcome:
     """Map a TrialResult to what Optuna records: decided here, once.
 
     ok -> COMPLETE, value = median samples/s, memory constraint = peak / (cap x (1 - margin)) - 1 (<= 0,
     feasible: it fits with the margin to spare); on a GPU (``device_mb``, the device memory cap) also a device
-    constraint, ``device_memory_constraint``.
+    constraint, ``device_memory_constraint``; under a latency bound (``latency_p99_ms``) a latency constraint, p99 /
+    bound - 1, so the sampler learns the latency boundary as it learns the memory one.
     oom / over_memory / skipped -> COMPLETE but infeasible (constraint > 0): the sampler learns the boundary
     and does not propose it again (a FAIL would be ignored and re-proposed). pruned / timeout -> PRUNED.
     crashed / error -> FAIL, with the reason kept in the trial's attributes.
     """
-    limit = MemoryLimit(memory_cap_mb, margin, device_mb)
+    limit = MemoryLimit(memory_cap_mb, margin, device_mb, latency_p99_ms)
     if result.status == "ok":
         return Outcome("complete", float(result.median_samples_per_s or 0.0), limit.constraint(result.peak_host_mb),
-                       limit.device_constraint(result.peak_device_mb, result.peak_device_allocated_mb))
+                       limit.device_constraint(result.peak_device_mb, result.peak_device_allocated_mb),
+                       limit.latency_constraint(result.latency_p99_ms))
     if result.status in MEMORY_STATUSES or result.status == "skipped":
         over = limit.constraint(result.peak_host_mb) if result.peak_host_mb else 0.0
         return Outcome("complete", 0.0, max(over, 1.0 if over <= 0 else over))
@@ -209,7 +228,8 @@ def is_feasible(trial: FrozenTrial, limit: MemoryLimit | None = None) -> bool:
     if trial.user_attrs.get(STATUS) != "ok":
         return False
     ua = trial.user_attrs
-    return limit.fits(ua.get(PEAK), ua.get(PEAK_DEVICE), ua.get(PEAK_DEVICE_ALLOCATED))
+    return (limit.fits(ua.get(PEAK), ua.get(PEAK_DEVICE), ua.get(PEAK_DEVICE_ALLOCATED))
+            and limit.meets_latency(ua.get(LATENCY_P99)))
 
 
 def config_of(trial: FrozenTrial, space=None) -> TrialConfig | None:
@@ -354,6 +374,7 @@ def trial_rows(study: Study) -> list[dict[str, Any]]:
             "rel_iqr": ua.get(REL_IQR),
             "peak_host_mb": ua.get(PEAK),
             "data_wait_share": ua.get(DATA_WAIT_SHARE),
+            "latency_p99_ms": ua.get(LATENCY_P99),  # inference only
             "feasible": is_feasible(t, limit) if t.constraints else None,
             "baseline": bool(ua.get(BASELINE)),
             "role": role(ua, study.user_attrs.get(STUDY_FINGERPRINT)),
@@ -403,6 +424,10 @@ def _reason(trial: FrozenTrial, limit: MemoryLimit, parity: dict | None, requeue
              f"re-run of pruned #{ua[REQUEUE_OF]}" if ua.get(REQUEUE_OF) is not None else "", ua.get(HELD_BACK) or ""]
     if parity is not None and not parity.get("ok", True):
         own = f"not recommended: {parity.get('reason', 'failed the numerics check')}"
+    elif ua.get(STATUS) == "ok" and trial.constraints and not limit.meets_latency(ua.get(LATENCY_P99)):
+        p99 = ua.get(LATENCY_P99)
+        own = (f"over the latency bound: p99 {p99:.2f} ms > {limit.latency_p99_ms:g} ms" if p99 is not None
+               else f"no latency measured, under a {limit.latency_p99_ms:g} ms p99 bound")
     elif ua.get(STATUS) == "ok" and trial.constraints and not is_feasible(trial, limit):
         own = "no room: its peak is over the cap less the memory margin"
     else:

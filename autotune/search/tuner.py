@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from autotune.search import final_checks
 from autotune.search import finalists as fin
 from autotune.search import queue as study_queue
 from autotune.search import trials as keys
@@ -444,8 +445,9 @@ class Tuner:
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
-            rec = fin.choose(self.finalist_context(), study, configs, cands, evidence, base,
-                             check_numerics=runner is None)
+            # and the latency bound and the worst-case batch (final_checks), whose child runs here or remotely
+            rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
+                                      runner=runner or self.runner, check_numerics=runner is None)
         if rec is not None and self.stop_reason:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)

@@ -73,6 +73,8 @@ class Built(_Event):
     user_parts: tuple[str, ...] = ()
     device_memory_cap_mb: float | None = None
     world_size: int = 1  # DDP ranks in the trial (``trial.ddp``): rank 0's event, relayed
+    # a worst-case run (``MeasureSpec.worst_case``): which batch, said before it runs (a kill still names it)
+    worst_case: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +132,8 @@ class Done(_Event):
     profile: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)  # ``Profiled``'s fields
     world_size: int = 1
     ranks: tuple[dict[str, Any], ...] = ()  # with DDP ranks: each rank's figures (``trial.ranks.RankGroup.per_rank``)
+    # inference: the measured steps' latency percentiles (``trial.latency.percentiles``)
+    latency: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)

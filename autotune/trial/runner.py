@@ -316,14 +316,22 @@ def _result(config: TrialConfig, channel: _Channel, memory: MemoryWatch, *, stat
         **_warmup_figures(channel.last(Warmup)),
         **_done_figures(channel.last(Done), windows),
         **_rank_figures(channel.last(Ranks), channel.last(Done)),
+        **_latency_fields(channel.last(Done)),
     )
 
 
 def _built_figures(built: Built | None) -> dict:
     if built is None:
-        return {"device_memory_cap_mb": None, "startup_s": None, "user_parts": ()}
+        return {"device_memory_cap_mb": None, "startup_s": None, "user_parts": (), "worst_case": None}
     return {"device_memory_cap_mb": built.device_memory_cap_mb, "startup_s": built.startup_s,
-            "user_parts": tuple(built.user_parts)}
+            "user_parts": tuple(built.user_parts), "worst_case": built.worst_case}
+
+
+def _latency_fields(done: Done | None) -> dict:
+    """The TrialResult fields of the child's step latencies (``trial.latency.percentiles``); none without."""
+    if done is None or not done.latency:
+        return {}
+    return {f"latency_{k}": done.latency[k] for k in ("p50_ms", "p95_ms", "p99_ms", "min_ms")}
 
 
 def _rank_figures(ranks: Ranks | None, done: Done | None) -> dict:

@@ -160,12 +160,14 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
 
     kw = loader_kwargs(built, config, spec.seed)
     loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
+    loader, train_step, latency, worst = _measured_step(built, config, spec, dev, train, train_step, loader)
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
     send(Built(startup_s=time.time() - payload["spawned_at"], steps_per_epoch=per_epoch,
                accumulation_steps=accumulation, user_parts=tuple(built.user_parts),
-               device_memory_cap_mb=getattr(dev, "memory_cap_mb", None)))
+               device_memory_cap_mb=getattr(dev, "memory_cap_mb", None),
+               worst_case=worst))  # said now: a kill over the cap still names the worst-case batch
 
     stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
     if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
@@ -188,12 +190,33 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         "peak_device_mb": dev.peak_memory_mb(),
         "peak_device_allocated_mb": dev.peak_allocated_mb(),
         "samples_per_step": totals["samples"] / max(1, totals["steps"]),
+        **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
         out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
                                   workload.device, payload["config"])
         send(Profiled(**out["profile"]))
     return out if ranks is None else ranks.finish(out)
+
+
+def _measured_step(built: Any, config: Any, spec: Any, dev: Any, train: bool, train_step: Callable[[Any], StepOut],
+                   loader: Any) -> tuple[Any, Callable[[Any], StepOut], Any, dict | None]:
+    """``(loader, step, latency recorder or None, worst-case batch description or None)``: on the worst-case
+    batch (``MeasureSpec.worst_case``) the loader repeats it and a batch the model rejects is the workload's
+    fault (``workloads.worst_case``); for inference each step's latency is recorded, synchronised
+    (``trial.latency``)."""
+    from autotune.trial.latency import StepLatency
+
+    worst = None
+    if spec.worst_case:
+        from autotune.workloads.worst_case import Repeat, guarded, make_batch
+
+        batch, worst = make_batch(built, config.batch_size)
+        loader, train_step = Repeat(batch), guarded(train_step, worst["what"])
+    latency = None if train else StepLatency(dev)
+    if latency is not None:
+        train_step = latency.timed(train_step)
+    return loader, train_step, latency, worst
 
 
 class _Stepper:
@@ -343,7 +366,7 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
     tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged."""
     from autotune.measure import MAX_UNSETTLED_WINDOWS, window_settled
 
-    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0}
+    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0, "spans": []}
     held: list[dict] = []
     unsettled: list[dict] = []
     later = min(spec.settle_windows, spec.windows - 1)
@@ -356,6 +379,7 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         totals["samples"] += w["samples"]
         totals["waits"].append(w["data_wait_s"])
         totals["comps"].append(w["compute_s"])
+        totals["spans"].append((w["started"], w["started"] + w["elapsed"]))  # whose steps' latencies count
         send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
                     compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s"),
                     rank_samples_per_s=w.get("rank_samples_per_s")))

@@ -335,10 +335,13 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
         "plot-importances": _importances(study, trusted),
         "plot-breakdown": _breakdown(bars),
     }
+    from autotune.view.latency_plot import with_latency
+
+    titles = with_latency(figures, dict(PLOTS), rows, ua, rec_t.number if rec_t else None)  # inference only
     before = {"plot-importances": _importances_note(trusted)}
     after = {"plot-importances": _effects_table(study)}
     plots = "".join(
-        f"<h2>{_e(PLOTS[div])}</h2>" + before.get(div, "")
+        f"<h2>{_e(titles[div])}</h2>" + before.get(div, "")
         + pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div,
                       config={"displaylogo": False, "responsive": True}) + after.get(div, "")
         for div, fig in figures.items())

@@ -357,6 +357,8 @@ class Built:
     step: Callable[..., Any] | None = None
     count: Callable[[Any], Any] | None = None
     length: Callable[[Any], Any] | None = None  # item -> its length (not a part of the step: see probe)
+    # batch_size -> the largest batch the data can produce (autotune.workloads.worst_case); not a part of the step
+    worst_case_batch: Callable[[int], Any] | None = None
 
     @property
     def user_parts(self) -> tuple[str, ...]:
@@ -365,7 +367,8 @@ class Built:
         return user_parts(self)
 
 
-_KEYS = ("model", "dataset", "loss_fn", "loss", "optimizer", "collate_fn", "sampler", "step", "count", "length")
+_KEYS = ("model", "dataset", "loss_fn", "loss", "optimizer", "collate_fn", "sampler", "step", "count", "length",
+         "worst_case_batch")
 
 
 def _parts(out: dict, name: str) -> dict[str, Any]:
@@ -377,7 +380,7 @@ def _parts(out: dict, name: str) -> dict[str, Any]:
         if key not in _KEYS and close:
             raise WorkloadError(f"{name} returned key {key!r}: did you mean {close[0]!r}? "
                                 "(see autotune.workloads.contract)")
-    parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count", "length")}
+    parts = {k: out.get(k) for k in ("optimizer", "collate_fn", "step", "count", "length", "worst_case_batch")}
     for k, v in parts.items():
         if v is not None and not callable(v):
             raise WorkloadError(f"{name} returned a {k} of type {type(v).__name__}, not a callable "

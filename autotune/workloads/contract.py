@@ -23,6 +23,9 @@ key             what                                                            
 ``length``      ``length(item) -> int >= 0``: one dataset item's length (tokens) no length: no bucketing searched
 ==============  ===============================================================  ===================================
 
+and ``worst_case_batch``: ``worst_case_batch(batch_size) -> batch``, the largest batch its data can produce (e.g.
+detection's largest images); when absent, the ``batch_size`` longest items by ``length``, else a normal batch.
+
 What it does not return, autotune supplies exactly as before: the figures then stand for autotune's own step.
 The recommendation and each trial's result record which parts were the user's (``user_parts``), so a reader
 knows what the figures stand for.
@@ -37,6 +40,12 @@ length together (``LengthBuckets``, as Hugging Face's ``group_by_length``), with
 ``length`` with an ``IterableDataset``, is a one-line error before a study is written. The recommendation's YAML
 ``workload`` section records what was seen (``data``: the first batch's tensors' shapes and dtypes, the
 lengths, the keyword arguments the function took) and leaves out the defaults it did not take.
+
+**The worst case.** Before a config is recommended it runs, in a child under the trials' memory caps, on the
+largest batch the data can produce, and its peak must leave the memory margin free (``autotune.workloads.worst_case``):
+``worst_case_batch(batch_size)`` when the workload returns it, else with ``length`` its ``batch_size`` longest
+items, else (fixed shapes) a normal batch, which the finalists' rounds have run already. A worst-case batch the
+model rejects is a one-line ``WorkloadError``.
 
 **Batches.** Any structure: a tensor, tuple, list, dict, or nested mixes of them. Before the step, autotune moves
 every tensor in it to the trial's device (``ctx.prepare``) and makes 4-D floating-point tensors channels_last

@@ -9,7 +9,8 @@ the recommendation's YAML::
      "image": False,                               # a 4-D floating tensor in it: channels_last can matter
      "lengths": {"min": 12, "max": 57},            # what the workload's ``length`` gave those items, or None
      "takes": ["image_size"],                      # the keyword arguments a module:callable took
-     "sampler": False}                             # the workload brings its own sampler
+     "sampler": False,                             # the workload brings its own sampler
+     "worst_case_batch": False}                    # it returns worst_case_batch (workloads.worst_case)
 
 The search space reads it (``search.space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
 floating-point tensor, ``bucket_by_length`` only where the workload gives ``length`` and no sampler of its own.
@@ -103,6 +104,8 @@ def probe(built: Any, *, takes: tuple[str, ...] = ()) -> dict[str, Any]:
         raise WorkloadError(f"the workload's {what} could not make a batch of its first {len(items)} items: "
                             f"{type(exc).__name__}: {exc}") from None
     leaves = describe_batch(batch)
+    if getattr(built, "worst_case_batch", None) is not None:
+        _check_worst_case(built, len(items), leaves)
     lengths = None
     if built.length is not None:
         if isinstance(built.dataset, torch.utils.data.IterableDataset):
@@ -111,7 +114,8 @@ def probe(built: Any, *, takes: tuple[str, ...] = ()) -> dict[str, Any]:
         seen = [item_length(built.length, it, f"item {i}") for i, it in enumerate(items)]
         lengths = {"min": min(seen), "max": max(seen)}
     return {"items": len(items), "batch": leaves, "image": any(_is_image(leaf) for leaf in leaves),
-            "lengths": lengths, "takes": list(takes), "sampler": built.sampler is not None}
+            "lengths": lengths, "takes": list(takes), "sampler": built.sampler is not None,
+            "worst_case_batch": getattr(built, "worst_case_batch", None) is not None}
 
 
 def lengths_of(built: Any) -> Any:
@@ -163,3 +167,38 @@ def check_knobs(workload: Any, config: Any) -> None:
 
 def _shapes(data: dict[str, Any]) -> str:
     return ", ".join(f"{leaf['path']} {leaf['dtype']}{leaf['shape']}" for leaf in data.get("batch", ())[:4])
+
+
+def _structure(leaves: list[dict[str, Any]]) -> list[tuple]:
+    return [(leaf["path"], len(leaf["shape"]), leaf["dtype"]) for leaf in leaves]
+
+
+def _check_worst_case(built: Any, n: int, leaves: list[dict[str, Any]]) -> None:
+    """Refuse, in one line and before any trial, a ``worst_case_batch`` whose batch the model would reject: one
+    that raises, holds other tensors (paths, ranks, dtypes) than the data's batches, or (for autotune's own step,
+    where the model is built) that the model's forward refuses. A wrong worst case would otherwise surface only
+    when the winner is checked, after the whole search."""
+    what = f"worst_case_batch({n})"
+    try:
+        batch = built.worst_case_batch(n)
+    except Exception as exc:
+        raise WorkloadError(f"the workload's {what} raised {type(exc).__name__}: {exc}") from None
+    seen = describe_batch(batch)
+    if not seen or _structure(seen) != _structure(leaves):
+        raise WorkloadError(f"the workload's {what} gives a batch unlike its data's: "
+                            f"{_shapes({'batch': seen}) or type(batch).__name__} against {_shapes({'batch': leaves})}; "
+                            "it must return a batch as the DataLoader gives one (the same tensors, larger)")
+    if built.model is None or built.step is not None:
+        return
+    import torch
+
+    from autotune.workloads.contract import split_batch
+
+    try:
+        with torch.inference_mode():
+            built.model.eval()(split_batch(batch)[0])
+    except Exception as exc:
+        raise WorkloadError(f"the model rejects the workload's {what}: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+    finally:
+        built.model.train()

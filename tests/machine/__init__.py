@@ -1,0 +1,1 @@
+"""Tests of autotune/machine/ (a package, so test files may share a basename with another folder's)."""

@@ -1,0 +1,300 @@
+"""The finalists decide the recommendation: a finalist that fails any round is out, and "within noise" is an
+interval of the ratio of medians over the interleaved rounds, not the windows' spread."""
+
+from __future__ import annotations
+
+from autotune.config import TrialResult
+from autotune.search.finalists import ratio_interval
+from tests.helpers import QUICK, hardware, make_tuner, tiny_space
+
+SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
+
+
+def _runner(speed: dict[tuple[int, bool], float], peak: dict[tuple[int, bool], float], fail_in_round=None):
+    """Search trials at ``speed``; finalist runs (longer windows) with 20 windows of spread, and the config
+    ``fail_in_round = (config, round)`` killed over the cap in that finalist round."""
+    finalist_runs: dict[tuple, int] = {}
+
+    def run(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        v = speed[k]
+        if measure.window_s == QUICK.window_s:
+            return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=peak[k],
+                               batch_size=config.batch_size)
+        finalist_runs[k] = finalist_runs.get(k, 0) + 1
+        if fail_in_round is not None and (k, finalist_runs[k]) == fail_in_round:
+            return TrialResult(status="over_memory", reason="killed at 9 GiB, over the 8 GiB cap", wall_s=1.0,
+                               peak_host_mb=9216.0, batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=tuple(v * f for f in SPREAD), wall_s=1.0, peak_host_mb=peak[k],
+                           batch_size=config.batch_size)
+
+    return run
+
+
+def test_ratio_interval_is_tight_for_a_steady_gap_and_wide_for_noise():
+    a = [[100.0 * f for f in SPREAD]] * 2
+    ratio, lo, hi = ratio_interval(a, [[95.0 * f for f in SPREAD]] * 2)
+    assert abs(ratio - 100 / 95) < 1e-9 and 1.0 < lo < ratio < hi
+    ratio, lo, hi = ratio_interval([[100.0, 60.0, 140.0]], [[95.0, 150.0, 50.0]])
+    assert lo < 1.0 < hi
+
+
+def test_a_steadily_slower_config_does_not_win_a_memory_tie(tmp_path):
+    """bs=16 is 5% faster in every round; bs=8 (with channels_last) takes far less memory. The windows spread by
+    8%, which the old rule took for noise; the interval of the ratio over 2 rounds x 20 windows excludes 1."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {(8, False): 200.0, (8, True): 200.0, (16, False): 2000.0, (16, True): 2000.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.margin_vs_runner_up > 0 and rec.margin_interval[0] > 0  # the interval, stated, excludes a tie
+    assert not any("within noise" in n for n in rec.notes)
+
+
+def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2,
+                       runner=_runner(speed, peak, fail_in_round=((16, False), 2)))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)  # the fastest went over the cap
+    assert any("bs=16 w=0" in n and "round 2: over_memory" in n for n in rec.notes)
+    assert [r["out"] for r in rec.runners_up if "out" in r] == [
+        "round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
+    assert "out" in rec.to_yaml()
+
+
+# --- the memory limit: the cap less the margin, worked out afresh at every decision ---------------------
+
+def _by_peak(speed: dict[int, float], peak: dict[int, float]):
+    """Throughput and peak by batch size; a peak over the cap a trial runs under is killed there."""
+    def run(workload, config, measure, **kw):
+        p = peak[config.batch_size]
+        if p > measure.memory_cap_mb:
+            return TrialResult(status="over_memory", reason="killed over the cap", wall_s=1.0,
+                               peak_host_mb=measure.memory_cap_mb, batch_size=config.batch_size)
+        v = speed[config.batch_size]
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=p,
+                           batch_size=config.batch_size)
+    return run
+
+
+def _tuner(tmp_path, cap, margin=0.10, **kw):
+    return make_tuner(tmp_path, measure=QUICK.replace(memory_cap_mb=cap, memory_margin=margin), finalists=2,
+                      runner=_by_peak({8: 50.0, 16: 100.0}, {8: 1200.0, 16: 1900.0}), **kw)
+
+
+def test_a_config_without_the_margin_to_spare_is_not_recommended(tmp_path):
+    rec = _tuner(tmp_path, cap=2000.0).run(trials=4)  # bs=16 peaks at 1900 MiB: under the cap, over 90% of it
+    assert rec.config.batch_size == 8 and rec.memory_margin == 0.10
+    assert rec.headroom_mb() == 2000.0 * 0.9 - 1200.0 and rec.to_dict()["measured"]["headroom_mb"] == 600.0
+    assert "to spare beyond the 10% margin" in rec.summary()
+    assert _tuner(tmp_path / "none", cap=2000.0, margin=0.0).run(trials=4).config.batch_size == 16
+
+
+def test_a_resumed_study_under_a_lower_cap_neither_recommends_nor_prunes_against_a_config_over_it(tmp_path):
+    first = _tuner(tmp_path, cap=8000.0).run(trials=4)
+    assert first.config.batch_size == 16
+    lower = _tuner(tmp_path, cap=2000.0)  # the same study, resumed with less memory
+    study = lower.study()
+    assert lower.finalize().config.batch_size == 8
+    slow = study.ask()  # a trial at 45/s: hopeless against bs=16's 100/s, not against bs=8's 50/s
+    slow.report(45.0, 0)
+    slow.report(45.0, 1)
+    assert not lower.pruner.prune(study, study.trials[-1])
+    assert _tuner(tmp_path, cap=8000.0).pruner.prune(study, study.trials[-1])
+
+
+def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(tmp_path):
+    first = _tuner(tmp_path, cap=1500.0).run(trials=4)  # bs=16 (1900 MiB) is killed at the 1500 MiB cap
+    assert first.config.batch_size == 8
+    higher = _tuner(tmp_path, cap=8000.0)
+    study = higher.study()
+    killed = [t for t in study.trials if t.user_attrs.get("status") == "over_memory"]
+    assert killed and killed[0].user_attrs["memory_cap_mb"] == 1500.0
+    study.enqueue_trial(killed[0].params)
+    rec = higher.run(trials=1)
+    again = [t for t in study.trials if t.params == killed[0].params and t.user_attrs.get("status") == "ok"]
+    assert again and "duplicate_of" not in again[0].user_attrs  # measured, not copied from the kill
+    assert rec.config.batch_size == 16
+
+
+# --- device memory on a GPU (through the seam: a fake GPU row and a fake runner) --------------------------
+
+def test_device_memory_is_judged_on_the_tensors_peak_against_the_device_cap_and_the_margin():
+    from autotune.search.trials import outcome
+
+    # 7000 MiB reserved (cache and cuDNN workspaces) but 6000 MiB in tensors, under a 7680 MiB device cap
+    ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=7000.0,
+                     peak_device_allocated_mb=6000.0)
+    o = outcome(ok, 1000.0, 0.10, device_mb=7680.0)
+    assert o.device_memory_constraint == 6000.0 / (7680.0 * 0.9) - 1 < 0  # the reserved peak would be over
+    over = outcome(ok.replace(peak_device_allocated_mb=7000.0), 1000.0, 0.10, device_mb=7680.0)
+    assert over.device_memory_constraint > 0  # 7000 > 90% of the cap: no room
+    old = outcome(ok.replace(peak_device_allocated_mb=None), 1000.0, 0.10, device_mb=7680.0)
+    assert old.device_memory_constraint > 0  # a trial stored before allocated peaks: its reserved peak decides
+    assert outcome(ok, 1000.0, 0.10).device_memory_constraint is None  # on the CPU there is none
+
+
+def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
+    import dataclasses
+
+    from autotune import Workload
+    from autotune.machine.hardware import detect
+    from autotune.search.tuner import Tuner
+
+    gpu = {"index": 0, "name": "Fake 8G", "memory_total_mb": 8192.0, "compute_capability": "8.0",
+           "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0", "driver": "999"}
+    hw = dataclasses.replace(detect(), gpus=(gpu,))
+    speed = {(8, False): 50.0, (8, True): 99.0, (16, False): 100.0, (16, True): 120.0}
+    device_peak = {(8, False): 1000.0, (8, True): 1500.0, (16, False): 3000.0, (16, True): 7400.0}
+
+    def fake(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        windows = (1.0, 1.0, 1.0) if measure.window_s == QUICK.window_s else SPREAD
+        return TrialResult(status="ok", samples_per_s=tuple(speed[k] * f for f in windows), wall_s=1.0,
+                           peak_host_mb=500.0, peak_device_mb=device_peak[k], batch_size=config.batch_size)
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=tiny_space(),
+                  measure=QUICK.replace(memory_cap_mb=8000.0), storage=f"sqlite:///{tmp_path}/g.db", hardware=hw,
+                  progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake,
+                  parity_steps=0)  # no GPU here for the numerics check
+    rec = tuner.run(trials=4)
+    # bs=16 with channels_last is fastest but 7400 MiB is over 90% of the 7680 MiB device cap: not a candidate.
+    # bs=16 and bs=8+cl are within noise (100 vs 99, windows 8% apart): the one with less device memory wins
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)
+    # no free memory read: the default device cap is the GPU's memory less the CUDA context's 512 MiB
+    assert rec.peak_device_mb == 1500.0 and rec.device_memory_cap_mb == 8192.0 - 512.0
+    fastest = [t for t in tuner.study().trials if t.params == {"batch_size": 16, "channels_last": True}]
+    assert fastest and fastest[0].constraints["device_memory"] > 0
+
+
+# --- the numerics guard ------------------------------------------------------------------------------------
+
+def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_path):
+    """bf16 is fastest but the workload's bf16 loss diverges (a real check, in a child): the next best, which
+    trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
+    from autotune.search.space import space_from_dict
+    from autotune.search.trials import trial_rows
+
+    space = space_from_dict({"name": "amp", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [8]},
+                                            "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=hardware())
+    if "bf16" not in next(p.choices for p in space.params if p.name == "amp"):
+        import pytest
+
+        pytest.skip("this CPU has no native bf16: the space trims the knob (nothing to guard)")
+
+    def fast_bf16(workload, config, measure, **kw):
+        v = 200.0 if config.amp == "bf16" else 100.0
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=100.0, batch_size=8)
+
+    tuner = make_tuner(tmp_path, model="tests.workloads_fixtures:bf16_diverges", space=space, runner=fast_bf16,
+                       parity_steps=10)
+    rec = tuner.run(trials=2)
+    assert rec.config.amp == "off"
+    assert any("amp=bf16" in n and "not recommended" in n for n in rec.notes), rec.notes
+    assert [r["out"] for r in rec.runners_up if "out" in r][0].startswith("numerics:")
+    rows = {r["trial"]: r for r in trial_rows(tuner.study())}
+    bf16 = [t.number for t in tuner.study().trials if t.params.get("amp") == "bf16"][0]
+    assert rows[bf16]["reason"].startswith("not recommended: ")
+
+
+# --- the plan: two rounds before more finalists ---------------------------------------------------------------
+
+def _trial(number: int, batch_size: int, wall_s: float):
+    from types import SimpleNamespace
+
+    from autotune.config import TrialConfig
+
+    return SimpleNamespace(number=number, user_attrs={"config": TrialConfig(batch_size=batch_size).to_dict(),
+                                                      "wall_s": wall_s})
+
+
+def test_a_short_budget_buys_two_rounds_of_fewer_finalists_before_one_round_of_more():
+    """Four candidates (three finalists and the baseline) at ~10 s a run: 45 s holds one round of all four
+    (the old plan: four, once each) but two rounds only of two; 25 s holds no two rounds of anything."""
+    from autotune.search.finalists import plan
+
+    top, base = [_trial(1, 64, 10.0), _trial(2, 32, 10.0), _trial(3, 16, 10.0)], _trial(0, 8, 10.0)
+    measure = QUICK.replace(windows=1, window_s=0.001)  # next to no extra time for a finalist's longer windows
+    said: list[str] = []
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=45.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 2  # the top two, twice (with the baseline: 60 s)
+    cands, rounds = plan(top, base, measure=measure, rounds=3, left_s=65.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2, 0] and rounds == 2  # two rounds of three fit; three rounds of none
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=25.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 1
+    assert "their search trials count as a second round" in said[-1]
+    assert plan(top, base, measure=measure, rounds=2, left_s=5.0, log=said.append) is None
+    assert plan(top, base, measure=measure, rounds=2, left_s=None, log=said.append) == (top + [base], 2)
+
+
+def test_one_finalist_round_pools_the_search_trials_and_says_so(tmp_path):
+    """With one finalist round, each finalist's search trial counts as a round before it: the choice and the
+    margin's interval rest on two measurements of each, and the YAML and summary say how they were made."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.finalist_rounds == 1 and rec.search_round_pooled
+    assert len(rec.samples_per_s) == 3 + len(SPREAD)  # the search trial's 3 windows, then the finalist round's
+    assert any(n.startswith("one finalist round only") and "search trial counts as a second round" in n
+               for n in rec.notes)
+    assert "over 1 interleaved finalist round(s) and the search trials" in rec.summary()
+    back = type(rec).from_yaml(tmp_path / "r.yaml") if rec.to_yaml(tmp_path / "r.yaml") else None
+    assert back.finalist_rounds == 1 and back.search_round_pooled
+
+
+def test_two_finalist_rounds_do_not_pool_the_search_trials(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, {k: 200.0 for k in speed}))
+    rec = tuner.run(trials=4)
+    assert rec.finalist_rounds == 2 and not rec.search_round_pooled
+    assert len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert not any("one finalist round only" in n for n in rec.notes)
+
+
+def test_a_kill_during_the_finalists_keeps_their_finished_rounds_and_the_resume_measures_the_rest(tmp_path):
+    """Each finalist run is stored as it returns; stopped in round 2, the next run takes round 1 from the study,
+    re-measures round 2 whole (a round's configs run at one moment of the machine), and recommends from both.
+    (Before, the stop lost round 1: the resume measured both rounds again.)"""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    inner = _runner(speed, peak)
+    calls: list[str] = []
+
+    def stopped_in_round_2(workload, config, measure, **kw):
+        name = kw["log_path"].name if kw.get("log_path") else ""
+        calls.append(name)
+        if name.startswith("finalist-1-") and sum(c.startswith("finalist-1-") for c in calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) in the second run of round 2
+        return inner(workload, config, measure, **kw)
+
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=stopped_in_round_2, log=logs.append)
+    try:
+        tuner.run(trials=4)
+        raise AssertionError("the run was not stopped")
+    except KeyboardInterrupt:
+        pass
+    round_1 = [c for c in calls if c.startswith("finalist-0-")]
+    assert len(round_1) == 3  # two finalists and the baseline
+    stored = tuner.study().user_attrs["finalist_rounds"]["runs"]
+    assert len(stored) == 4 and sum(k.startswith("0:") for k in stored) == 3  # round 1, and round 2's first run
+
+    resumed: list[str] = []
+    logs.clear()
+
+    def counting(workload, config, measure, **kw):
+        resumed.append(kw["log_path"].name if kw.get("log_path") else "")
+        return inner(workload, config, measure, **kw)
+
+    again = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=counting, log=logs.append)
+    rec = again.finalize()
+    assert resumed and all(n.startswith("finalist-1-") for n in resumed) and len(resumed) == 3, resumed
+    assert any("round 1/2: measured by an earlier, interrupted run" in m for m in logs), logs
+    assert rec is not None and rec.finalist_rounds == 2 and len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert again.study().user_attrs.get("finalist_rounds") is None  # done: a later run measures afresh
