@@ -68,7 +68,7 @@ def test_default_space_path_finds_the_shipped_files():
 
 _FIND_SPACE = """
 import sys
-sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
 sys.path.insert(0, {root!r})
 from autotune.search.space import default_space_path
 print(default_space_path("cpu"))
