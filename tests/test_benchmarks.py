@@ -169,3 +169,21 @@ def test_quality_script_refuses_a_bad_model_in_one_line(tmp_path):
     )
     assert proc.returncode == 2 and "resnet81" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+# slow: two trials of 2 real gloo ranks and one process each (~1 min on 2 cores); the ranks themselves are tested
+# by default in tests/trial/test_ddp.py
+@pytest.mark.slow
+def test_ddp_vs_threads_script_runs_both_interleaved_and_writes_json(tmp_path):
+    out = tmp_path / "ddp.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "ddp_vs_threads.py"), "--model", TINY, "--image-size", "32",
+         "--global-batch", "16", "--rounds", "2", "--windows", "2", "--window-seconds", "0.2", "--out", str(out)],
+        cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rounds = [line for line in proc.stdout.splitlines() if line.strip().startswith("round ")]
+    assert len(rounds) == 4 and "2 ranks" in rounds[0] and "1 process" in rounds[2]  # the order rotates
+    assert "ranks / one process:" in proc.stdout
+    raw = json.loads(out.read_text())["windows"]
+    assert [len(runs) for runs in raw.values()] == [2, 2] and all(len(w) == 2 for runs in raw.values() for w in runs)
