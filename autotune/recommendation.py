@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
-import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +29,17 @@ from autotune._yaml import read_yaml
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 from autotune.applied import Applied
-from autotune.config import TrialConfig, Workload, knob_args, knob_summary
+from autotune.config import TrialConfig, Workload, knob_summary
 from autotune.distributed import backend_for, check_section, distributed_section, launch_command
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
+from autotune.provenance import versions_of
 from autotune.search import trials as keys
 
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "reproduce_command", "versions_of",
-           "stored_recommendation", "tokens_per_sample"]
+__all__ = ["Recommendation", "Applied", "VersionMismatchWarning", "stored_recommendation"]
 
 FORMAT_VERSION = 1
 
@@ -51,26 +50,6 @@ class VersionMismatchWarning(UserWarning):
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-
-
-def reproduce_command(workload: Workload, config: TrialConfig, cap_mb: float | None) -> str:
-    """The `autotune trial` command that measures this config again: the workload's flags, then the knobs'
-    (``config.knob_args``), then the memory cap."""
-    from autotune.workloads.text import is_text
-
-    size_flag = "--seq-len" if is_text(workload.model) else "--image-size"  # the same flag, spelled for text
-    args = ["autotune", "trial", "--model", workload.model, "--task", workload.task,
-            size_flag, str(workload.image_size), "--device", workload.device]
-    if workload.data_dir:
-        args += ["--data", workload.data_dir]
-    if workload.global_batch:
-        args += ["--global-batch", str(workload.global_batch)]
-    if workload.nproc_per_node > 1:
-        args += ["--nproc-per-node", str(workload.nproc_per_node)]
-    args += knob_args(config)
-    if cap_mb:
-        args += ["--memory-cap", f"{int(cap_mb)}MiB"]
-    return shlex.join(args)
 
 
 @dataclass(frozen=True)
@@ -483,38 +462,6 @@ def _latency_read(measured: dict[str, Any]) -> dict | None:
     return {"p50_ms": measured.get("latency_p50_ms"), "p95_ms": measured.get("latency_p95_ms"),
             "p99_ms": measured.get("latency_p99_ms"), "min_ms": measured.get("latency_min_ms"),
             "bound_p99_ms": measured.get("latency_bound_p99_ms")}
-
-
-def versions_of(hw) -> dict[str, Any]:
-    import platform
-
-    from autotune import __version__
-
-    out: dict[str, Any] = {"autotune": __version__, "python": platform.python_version()}
-    try:
-        import torch
-        import torchvision
-
-        # torch.__version__ is a str subclass that yaml.safe_dump refuses: store plain strings
-        out.update(torch=str(torch.__version__), torchvision=str(torchvision.__version__),
-                   cuda=None if torch.version.cuda is None else str(torch.version.cuda))
-    except ImportError:
-        pass
-    gpus = hw.gpus if hw is not None else ()
-    out["driver"] = gpus[0]["driver"] if gpus else None
-    return out
-
-
-def tokens_per_sample(*user_attrs: dict) -> float | None:
-    """Tokens per sample from trials' stored windows (``tokens_per_s`` over ``samples_per_s``, pooled over the
-    trials given), or None when their workload counted no tokens. Pooled, because one short trial's few windows
-    may hold mostly short or long sequences (with length bucketing, whole batches of them)."""
-    tokens = samples = 0.0
-    for ua in user_attrs:
-        t, s = ua.get(keys.TOKENS) or [], ua.get(keys.SAMPLES) or []
-        if t and len(t) == len(s):
-            tokens, samples = tokens + sum(t), samples + sum(s)
-    return round(tokens / samples, 3) if samples else None
 
 
 def stored_recommendation(study: Study) -> Recommendation | None:

@@ -107,7 +107,7 @@ def names(space) -> list[str]:
 
 def plain_versions() -> dict:
     """This process's versions as plain strings (see test_fresh_versions_can_be_written_as_yaml)."""
-    from autotune.recommendation import versions_of
+    from autotune.provenance import versions_of
 
     return {k: None if v is None else str(v) for k, v in versions_of(None).items()}
 
@@ -115,7 +115,8 @@ def plain_versions() -> dict:
 def make_rec(config=None, workload=None, **over):
     """A complete Recommendation with made-up figures; ``over`` replaces fields."""
     from autotune.config import TrialConfig, Workload
-    from autotune.recommendation import Recommendation, reproduce_command
+    from autotune.provenance import reproduce_command
+    from autotune.recommendation import Recommendation
 
     config = config or TrialConfig(batch_size=32, num_workers=2, prefetch_factor=4, persistent_workers=True,
                                    channels_last=True, intra_op_threads=1, inter_op_threads=1)

@@ -14,7 +14,8 @@ import pytest
 
 from autotune.config import TrialConfig, Workload
 from autotune.errors import ConfigError
-from autotune.recommendation import Recommendation, reproduce_command
+from autotune.provenance import reproduce_command
+from autotune.recommendation import Recommendation
 
 CONFIG = TrialConfig(batch_size=8, num_workers=0, intra_op_threads=1, inter_op_threads=1, bucket_cap_mb=5,
                      gradient_as_bucket_view=True)

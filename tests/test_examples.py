@@ -78,7 +78,8 @@ def test_custom_workload_trial_via_the_cli():
 @pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
 def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
-    from autotune.recommendation import Recommendation, reproduce_command, versions_of
+    from autotune.provenance import reproduce_command, versions_of
+    from autotune.recommendation import Recommendation
     from autotune.search.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu")
@@ -227,7 +228,8 @@ def test_adamw_example_tunes_its_own_step_through_tune(tmp_path):
 def test_train_example_accumulates_to_the_global_batch(tmp_path):
     """A stored recommendation for global batch 32 with micro-batch 16 (the shipped space's smallest): the
     example's loop takes an optimizer step every run.accumulation_steps (2) micro-batches."""
-    from autotune.recommendation import Recommendation, reproduce_command, versions_of
+    from autotune.provenance import reproduce_command, versions_of
+    from autotune.recommendation import Recommendation
     from autotune.search.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu", global_batch=32)

@@ -20,8 +20,8 @@ from autotune import recommend as recommend_fn
 from autotune.cli.main import build_parser
 from autotune.config import TrialConfig, Workload
 from autotune.errors import AutotuneError, ConfigError
-from autotune.recommendation import (Applied, Recommendation, VersionMismatchWarning, reproduce_command,
-                                     versions_of)
+from autotune.provenance import reproduce_command, versions_of
+from autotune.recommendation import Applied, Recommendation, VersionMismatchWarning
 from tests.helpers import REPO_ROOT, TINY, make_rec, plain_versions, store_recommendation
 
 

@@ -138,9 +138,9 @@ def test_the_check_sees_a_loop_and_a_private_import(tmp_path, monkeypatch):
 
 # Each folder imports only downward (its __init__ docstring says so): cli -> view -> search -> trial ->
 # workloads -> machine -> the records at the top. The top's public door (api, recommendation, applied and the
-# package's lazy __init__) may import any folder but cli; integrations sit beside view.
+# package's lazy __init__, provenance, distributed) may import any folder but cli; integrations sit beside view.
 RECORDS = {"config", "result", "measure", "errors", "_records", "_units", "_atomic", "_redact", "_yaml"}
-DOOR = {"", "api", "recommendation", "applied"}
+DOOR = {"", "api", "recommendation", "applied", "provenance", "distributed"}
 ALLOWED = {
     "machine": set(),
     "workloads": {"machine"},

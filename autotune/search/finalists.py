@@ -26,7 +26,8 @@ from autotune.measure import summarize
 from autotune.trial.latency import worst_of
 from autotune.trial.parity import check_seconds, first_passing
 from autotune.search.payback import Priced, RunLength, price
-from autotune.recommendation import Recommendation, reproduce_command, tokens_per_sample, versions_of
+from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
+from autotune.recommendation import Recommendation
 from autotune.search.trials import MemoryLimit, baseline_value, feasible_by_config
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.errors import ConfigError
 from autotune.workloads.global_batch import accumulation_steps, describe, restrict_space
 from autotune.machine.hardware import detect
-from autotune.recommendation import reproduce_command
+from autotune.provenance import reproduce_command
 from autotune.search.space import space_from_dict
 from autotune.search.storage import study_name_for
 from autotune.search.tuner import Tuner

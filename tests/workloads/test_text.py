@@ -17,7 +17,7 @@ from autotune.cli.main import main as cli_main
 from autotune.config import TEXT_MODELS, MeasureSpec, TrialConfig, Workload
 from autotune.workloads.contract import count_batch, loader_kwargs
 from autotune.errors import WorkloadError
-from autotune.recommendation import tokens_per_sample
+from autotune.provenance import tokens_per_sample
 from autotune.search.space import load_space
 from autotune.search.storage import study_name_for
 from autotune.workloads.build import build, check, list_models
