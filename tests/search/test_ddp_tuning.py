@@ -194,7 +194,7 @@ def test_a_2_rank_run_records_world_size_2_and_never_gives_the_ranks_more_than_t
     import yaml
 
     from autotune.machine.hardware import detect
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     cores = detect(with_torch=False).usable_cores
     if cores < 2:
