@@ -162,3 +162,24 @@ def test_ray_runs_a_gpu_trial_on_one_gpu(tmp_path):
     ok = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert ok, json.dumps([t.user_attrs.get("reason") for t in study.trials])
     assert all(t.user_attrs.get("peak_device_allocated_mb") for t in ok)
+
+
+def test_inference_step_latency_is_synchronised_and_kept_on_cuda(tmp_path):
+    """trial/latency.py on a GPU: each inference step is timed to the device's synchronize, so p99 >= p50 >= the
+    floor and all are real milliseconds, not the launch time of asynchronous kernels."""
+    wl = Workload(model=TINY, image_size=32, num_classes=10, device="cuda", task="infer")
+    r = run_trial(wl, TrialConfig(batch_size=32), SPEC, log_path=tmp_path / "log")
+    assert r.status == "ok", (r.reason, (tmp_path / "log").read_text()[-3000:])
+    assert 0 < r.latency_min_ms <= r.latency_p50_ms <= r.latency_p99_ms, r
+
+
+def test_two_nccl_ranks_run_one_trial_one_gpu_each(tmp_path):
+    """trial/ddp.py on CUDA: NCCL, torch.cuda.set_device(rank), init_process_group(device_id=...), DDP on GPU r."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"{torch.cuda.device_count()} GPU(s) visible: two NCCL ranks need two")
+    wl = Workload(model=TINY, image_size=32, num_classes=10, device="cuda", nproc_per_node=2)
+    r = run_trial(wl, TrialConfig(batch_size=16), SPEC, log_path=tmp_path / "log")
+    assert r.status == "ok", (r.reason, (tmp_path / "log").read_text()[-3000:])
+    assert r.world_size == 2 and len(r.ranks) == 2 and all(x["peak_device_mb"] for x in r.ranks), r.ranks
