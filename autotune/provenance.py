@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 
 from autotune.config import TrialConfig, Workload, knob_args
+from autotune.machine.versions import package_version
 from autotune.search import trials as keys
 
 __all__ = ["reproduce_command", "versions_of", "tokens_per_sample"]
@@ -40,10 +41,9 @@ def versions_of(hw) -> dict[str, Any]:
     out: dict[str, Any] = {"autotune": __version__, "python": platform.python_version()}
     try:
         import torch
-        import torchvision
 
         # torch.__version__ is a str subclass that yaml.safe_dump refuses: store plain strings
-        out.update(torch=str(torch.__version__), torchvision=str(torchvision.__version__),
+        out.update(torch=str(torch.__version__), torchvision=package_version("torchvision"),
                    cuda=None if torch.version.cuda is None else str(torch.version.cuda))
     except ImportError:
         pass

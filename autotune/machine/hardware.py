@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.machine.device import cuda_device_gpus, nvml_gpus
 from autotune.machine.malloc import thp_mode
+from autotune.machine.versions import package_version
 
 __all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb"]
 
@@ -300,12 +301,7 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
             cap = torch.backends.cpu.get_cpu_capability()
         except AttributeError:
             cap = None
-        try:
-            import torchvision
-
-            tv_v = torchvision.__version__
-        except ImportError:
-            tv_v = None
+        tv_v = package_version("torchvision")  # read, not imported: importing it costs seconds (versions.py)
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
     return Hardware(
         cpu_model=model, cpu_flags=tuple(flags), logical_cores=logical, physical_cores=physical,
