@@ -124,10 +124,12 @@ def check_seconds(config: TrialConfig, *, samples_per_s: float, fp32_samples_per
 
 
 def reference_config(config: TrialConfig, *, world_size: int = 1) -> TrialConfig:
-    """fp32 eager with ``config``'s batch size (times ``world_size``: the ranks' micro-batches in one) and threads,
-    data loaded in the process, DDP's knobs at their defaults (the check's reference)."""
+    """fp32 eager with ``config``'s batch size and intra-op threads, both times ``world_size`` (one process does the
+    ranks' work, on the cores they had), data loaded in the process, DDP's knobs at their defaults (the check's
+    reference). Threads change the speed of the check, not what it compares."""
+    threads = config.intra_op_threads * world_size if config.intra_op_threads else None
     return config.replace(amp="off", channels_last=False, compile_mode="none", num_workers=0, pin_memory=False,
-                          batch_size=config.batch_size * world_size, **_DDP_DEFAULTS)
+                          batch_size=config.batch_size * world_size, intra_op_threads=threads, **_DDP_DEFAULTS)
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,10 @@ def _ddp(model: str, **kw) -> Workload:
 def test_n_ranks_need_the_check_even_in_fp32_eager():
     assert not needs_parity(TrialConfig(batch_size=8, num_workers=2))
     assert needs_parity(TrialConfig(batch_size=8), world_size=2)
-    ref = reference_config(TrialConfig(batch_size=8, amp="bf16", bucket_cap_mb=5, gradient_as_bucket_view=True),
-                           world_size=2)
+    ref = reference_config(TrialConfig(batch_size=8, amp="bf16", bucket_cap_mb=5, gradient_as_bucket_view=True,
+                                       intra_op_threads=1), world_size=2)
     assert (ref.batch_size, ref.amp, ref.bucket_cap_mb, ref.gradient_as_bucket_view) == (16, "off", 25, False)
+    assert ref.intra_op_threads == 2  # the ranks' cores, in one process
     # one process: the reference at the config's own batch, as before
     assert reference_config(TrialConfig(batch_size=8, amp="bf16")).batch_size == 8
 
