@@ -4,8 +4,8 @@ re-measurement, and the recommendation chosen from it.
 A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
 measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
 is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory
-(device, then host, then threads) wins; a winner with reduced precision, channels_last or compile must pass the numerics
-check (``parity``) first.
+(device, then host, then threads) wins; a winner with reduced precision, channels_last, compile or N DDP ranks must
+pass the numerics check (``parity``) first.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from autotune.search.finalist_rounds import SavedRounds, record_parity
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
 from autotune.trial.latency import worst_of
-from autotune.trial.parity import check_seconds, first_passing
+from autotune.trial.parity import check_seconds, compared_with, first_passing
 from autotune.search.payback import Priced, RunLength, price
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
@@ -95,12 +95,13 @@ def long_trial_s(trial_walls: list[float]) -> float:
     return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
 
 
-def expected_check_s(trial: FrozenTrial | None, base, *, steps: int) -> float:
-    """The expected numerics check of ``trial``'s config (``parity.check_seconds``), from its measured rate and
-    the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
+def expected_check_s(trial: FrozenTrial | None, base, *, steps: int, workload: Workload | None = None) -> float:
+    """The expected numerics check of ``trial``'s config of ``workload`` (``parity.check_seconds``), from its
+    measured rate and the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
     if base is None or not base.value or trial is None or not trial.value:
         return 0.0
-    return check_seconds(keys.config_of(trial), samples_per_s=trial.value, fp32_samples_per_s=base.value, steps=steps)
+    return check_seconds(keys.config_of(trial), samples_per_s=trial.value, fp32_samples_per_s=base.value, steps=steps,
+                         workload=workload)
 
 
 # --- who is re-measured, for how many rounds -------------------------------------------------------------
@@ -351,7 +352,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     threads): "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
     (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
     with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
-    if it does not, the next best is checked, and so on (an fp32 eager config passes without a check)."""
+    if it does not, the next best is checked, and so on (an fp32 eager config of one process passes unchecked)."""
     notes: list[str] = []
     limit = ctx.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)
@@ -433,10 +434,10 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
 
 def _check_numerics(ctx: FinalistContext, ranked: list, base_trial) -> tuple[int | None, list]:
     """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
-    expect = expected_check_s(ranked[0][1], base_trial, steps=ctx.parity_steps)
+    expect = expected_check_s(ranked[0][1], base_trial, steps=ctx.parity_steps, workload=ctx.workload)
     if expect:
-        ctx.log(f"checking the numerics of {ranked[0][0].short()} against fp32 eager ({ctx.parity_steps} steps "
-                f"each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
+        ctx.log(f"checking the numerics of {ranked[0][0].short()} {compared_with(ctx.workload)} ({ctx.parity_steps} "
+                f"steps each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
     return first_passing([x[0] for x in ranked], ctx.workload, check=ctx.parity, steps=ctx.parity_steps,
                          log_path=ctx.artifacts_dir / "parity.log", memory_cap_mb=ctx.measure.memory_cap_mb)
 

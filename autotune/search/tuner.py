@@ -366,7 +366,7 @@ class Tuner:
         if not self.parity_steps or not feasible:
             return 0.0
         best = max(feasible.values(), key=lambda t: t.value or 0.0)
-        return fin.expected_check_s(best, baseline_trial(study), steps=self.parity_steps)
+        return fin.expected_check_s(best, baseline_trial(study), steps=self.parity_steps, workload=self.workload)
 
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",

@@ -29,9 +29,30 @@ over 30 steps where training is stable (bf16 + channels_last: 0.0001 on the tiny
 64 px batch 32, 0.004 on mobilenet_v3_small at 32 px; infer: 0.006 on resnet18's outputs) and far below what a
 broken config does (a NaN, or the test's biased logits: 7.1).
 
+**N DDP ranks** (a training workload with ``nproc_per_node`` N > 1, a study tuned with ``--nproc-per-node N``;
+issue 27 item 6): the candidate runs as N real DDP ranks, started by the trial's own launcher (``ddp.supervise``)
+in the check's child (``autotune.trial.parity_ranks``), and its loss (each step's mean over the ranks) is compared
+with ONE fp32 eager process without DDP at the same global batch (per-rank batch x N x accumulation steps), on the
+same samples: rank r's share of each step is a disjoint slice of the reference's batch. The control stays one fp32
+eager process from nudged weights. N ranks change the arithmetic by themselves: BatchNorm normalises each rank's
+B samples with their own statistics, not the B x N of one process, and the gradients are summed in another order
+(DDP's bucketed all-reduce); so an N-rank winner is checked even when it is fp32 eager
+(``needs_parity(config, world_size=N)``), and the control and the tolerance judge the difference. The record
+says ``world_size``, the per-rank batch, the accumulation steps and the global batch. Inference is not wrapped in
+DDP (each rank infers its own shard, as one process would), so an N-rank inference check is the one-process one.
+
+Measured on the CPU (2026-11-26, AMD EPYC, 2 usable cores, torch 2.14.1, gloo, 2 ranks, 30 steps; more in
+``docs/distributed.md``, "The numerics check under DDP"): without BatchNorm the ranks follow one process to rounding
+(tiny conv net at 32 px, 16 a rank: max_rel_diff 5e-8); with it the per-rank statistics show (the tiny net with
+BatchNorm: 0.07%; resnet18 at 32 px, 16 a rank: 1.8% against a control drift of 1.5%, limit 5%; 8 a rank: 2.4%
+against 2.8%, limit 8.5%); bf16 + channels_last on 2 ranks, resnet18 at 16 a rank: 3.0%, limit 5%. A model whose
+logits are biased only under a process group of 2: 1249%, failed at step 1.
+
 >>> from autotune.config import TrialConfig
 >>> needs_parity(TrialConfig(amp="bf16")), needs_parity(TrialConfig(num_workers=4))
 (True, False)
+>>> needs_parity(TrialConfig(), world_size=2)
+True
 """
 
 from __future__ import annotations
@@ -51,12 +72,13 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from autotune.machine.launch import python_command
 from autotune._records import Record, check, is_int, is_num
-from autotune.config import TrialConfig, Workload
+from autotune.config import DDP_KNOBS, TrialConfig, Workload
 from autotune.trial.runner import child_env
 from autotune.trial.triallog import CappedLog
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "first_passing", "reference_config", "divergence",
-           "check_seconds", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR"]
+           "check_seconds", "compared_with", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS", "LOSS_FLOOR",
+           "FLOOR_FACTOR"]
 
 DEFAULT_STEPS = 30
 DEFAULT_TOLERANCE = 0.05
@@ -64,34 +86,50 @@ SMOOTH_STEPS = 5
 LOSS_FLOOR = 1e-3
 FLOOR_FACTOR = 3.0
 DEFAULT_TIMEOUT_S = 600.0
+# the reference runs no DDP: its config keeps none of DDP's arguments (they would only name it apart)
+_DDP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig) if f.name in DDP_KNOBS}
 
 
-def needs_parity(config: TrialConfig) -> bool:
-    """True when ``config`` changes the arithmetic against fp32 eager: autocast, channels_last or compile."""
-    return config.amp != "off" or config.channels_last or config.compile_mode != "none"
+def needs_parity(config: TrialConfig, *, world_size: int = 1) -> bool:
+    """True when ``config`` changes the arithmetic against fp32 eager in one process: autocast, channels_last,
+    compile, or training as ``world_size`` > 1 DDP ranks (per-rank BatchNorm statistics, another order of the
+    gradients' sums)."""
+    return config.amp != "off" or config.channels_last or config.compile_mode != "none" or world_size > 1
 
 
 CHECK_STARTUP_S = 10.0  # a check's child: start-up and building the model three times, roughly
+RANKS_STARTUP_S = 15.0  # N spawned ranks: each imports torch, builds the model and joins the group (2 CPU cores)
 
 
 def check_seconds(config: TrialConfig, *, samples_per_s: float, fp32_samples_per_s: float,
-                  steps: int = DEFAULT_STEPS) -> float:
+                  steps: int = DEFAULT_STEPS, workload: Workload | None = None) -> float:
     """What the numerics check of ``config`` is expected to take, in seconds: ``steps`` steps of the candidate
     at its measured rate, and twice ``steps`` of fp32 eager (the reference and the control) at ``config``'s batch
-    size, at fp32 eager's measured rate (the baseline trial's); 0 for a config that needs no check.
+    size, at fp32 eager's measured rate (the baseline trial's); 0 for a config that needs no check. For a training
+    ``workload`` of N ranks a step is an optimizer step of the global batch (batch x N x accumulation steps), the
+    rates are the ranks' global ones, and the ranks' start-up is added.
 
     >>> check_seconds(TrialConfig(batch_size=64, amp="bf16"), samples_per_s=80.0, fp32_samples_per_s=40.0)
     130.0
+    >>> check_seconds(TrialConfig(batch_size=16), samples_per_s=80.0, fp32_samples_per_s=80.0, steps=10,
+    ...               workload=Workload(nproc_per_node=2))
+    37.0
     """
-    if not needs_parity(config) or steps <= 0:
+    world = _world(workload) if workload is not None else 1
+    if not needs_parity(config, world_size=world) or steps <= 0:
         return 0.0
-    batch = config.batch_size
-    return CHECK_STARTUP_S + steps * batch / samples_per_s + 2 * steps * batch / fp32_samples_per_s
+    batch = _rank_record(workload, config, world).get("global_batch", config.batch_size)
+    startup = CHECK_STARTUP_S + (RANKS_STARTUP_S if world > 1 else 0.0)
+    return startup + steps * batch / samples_per_s + 2 * steps * batch / fp32_samples_per_s
 
 
-def reference_config(config: TrialConfig) -> TrialConfig:
-    """fp32 eager with ``config``'s batch size and threads, data loaded in the process (the check's reference)."""
-    return config.replace(amp="off", channels_last=False, compile_mode="none", num_workers=0, pin_memory=False)
+def reference_config(config: TrialConfig, *, world_size: int = 1) -> TrialConfig:
+    """fp32 eager with ``config``'s batch size and intra-op threads, both times ``world_size`` (one process does the
+    ranks' work, on the cores they had), data loaded in the process, DDP's knobs at their defaults (the check's
+    reference). Threads change the speed of the check, not what it compares."""
+    threads = config.intra_op_threads * world_size if config.intra_op_threads else None
+    return config.replace(amp="off", channels_last=False, compile_mode="none", num_workers=0, pin_memory=False,
+                          batch_size=config.batch_size * world_size, intra_op_threads=threads, **_DDP_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -123,14 +161,20 @@ class ParityResult(Record):
     # False when the check could not run for want of memory: no numerics verdict either way
     checked: bool = True
     skipped_steps: tuple = ()  # steps (1-based) fp16's GradScaler skipped, left out of every curve
+    world_size: int = 1  # the candidate's DDP ranks; the reference and the control are one process
+    per_rank_batch: int | None = None
+    accumulation_steps: int | None = None
+    global_batch: int | None = None  # samples per optimizer step, for the ranks together and for the reference
 
     def __post_init__(self) -> None:
         check(isinstance(self.ok, bool), "ok", self.ok, "true or false")
         check(is_int(self.steps) and self.steps >= 0, "steps", self.steps, "a whole number >= 0")
         check(is_num(self.tolerance) and self.tolerance > 0, "tolerance", self.tolerance, "a positive number")
         check(self.compared in ("loss", "output"), "compared", self.compared, "loss or output")
+        check(is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size, "a whole number >= 1")
         for name in ("losses_reference", "losses_candidate", "rel_diffs", "losses_control"):
             object.__setattr__(self, name, tuple(math.nan if v is None else float(v) for v in getattr(self, name)))
+        object.__setattr__(self, "skipped_steps", tuple(self.skipped_steps))  # a list, read back from JSON
 
     def note(self, who: str) -> str:
         """One line for a recommendation's notes: ``who`` (e.g. "b64 bf16 cl (trial 12)") and the verdict."""
@@ -146,7 +190,13 @@ class ParityResult(Record):
         for name in ("max_rel_diff", "final_rel_diff", "noise_floor", "limit"):
             if d[name] is not None and not math.isfinite(d[name]):
                 d[name] = None
+        if self.world_size == 1:
+            for name in _RANK_FIELDS:
+                del d[name]
         return d
+
+
+_RANK_FIELDS = ("world_size", "per_rank_batch", "accumulation_steps", "global_batch")
 
 
 def _smooth(xs: list[float], k: int) -> list[float]:
@@ -176,9 +226,11 @@ def _first_bad(xs: tuple) -> int | None:
     return next((i for i, x in enumerate(xs) if not math.isfinite(x)), None)
 
 
-def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResult:
+def judge(raw: dict, *, steps: int, tolerance: float, label: str, against: str = "fp32 eager",
+          **record: Any) -> ParityResult:
     """Turn the child's curves (``raw``: losses_reference, losses_candidate, and for infer output_rel_diffs) into
-    a verdict with its reason. ``label`` names the candidate's knobs in the reason."""
+    a verdict with its reason. ``label`` names the candidate's knobs in the reason, ``against`` the reference;
+    ``record``: more fields of the result (the ranks')."""
     ref = tuple(math.nan if v is None else float(v) for v in raw["losses_reference"])
     cand = tuple(math.nan if v is None else float(v) for v in raw["losses_candidate"])
     control = tuple(math.nan if v is None else float(v) for v in raw.get("losses_control") or ())
@@ -186,7 +238,7 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
     common = dict(steps=steps, losses_reference=ref, losses_candidate=cand, losses_control=control,
                   tolerance=tolerance,
                   compared=compared, seconds=raw.get("seconds"), child_pid=raw.get("pid"),
-                  skipped_steps=tuple(raw.get("skipped_steps") or ()))
+                  skipped_steps=tuple(raw.get("skipped_steps") or ()), **record)
     bad_ref = _first_bad(ref) if compared == "loss" else None
     if bad_ref is not None:
         return ParityResult(ok=False, reason=f"the fp32 eager reference's loss became {ref[bad_ref]} at step "
@@ -195,7 +247,7 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
     bad = _first_bad(cand)
     if bad is not None:
         return ParityResult(ok=False, reason=f"numerics diverge: with {label} the loss became {cand[bad]} at step "
-                            f"{bad + 1} of {steps} while fp32 eager stayed finite", **common)
+                            f"{bad + 1} of {steps} while {against} stayed finite", **common)
     if compared == "output":
         diffs = [math.nan if v is None else float(v) for v in raw["output_rel_diffs"]]
         what = "the outputs"
@@ -217,18 +269,19 @@ def judge(raw: dict, *, steps: int, tolerance: float, label: str) -> ParityResul
                   limit=limit)
     bound = f"tolerance {tolerance:.1%}" + (f", fp32 drifts {floor:.2%} on its own" if floor else "")
     if diffs[worst] > limit:
-        return ParityResult(ok=False, reason=f"numerics diverge: with {label} {what} differs from fp32 eager by "
+        return ParityResult(ok=False, reason=f"numerics diverge: with {label} {what} differs from {against} by "
                             f"{diffs[worst]:.1%} at step {worst + 1} of {len(diffs)} (limit {limit:.1%}: {bound})",
                             **common)
-    return ParityResult(ok=True, reason=f"{what} with {label} stays within {diffs[worst]:.2%} of fp32 eager over "
+    return ParityResult(ok=True, reason=f"{what} with {label} stays within {diffs[worst]:.2%} of {against} over "
                         f"{len(diffs)} steps (limit {limit:.1%}: {bound})", **common)
 
 
-def _label(config: TrialConfig) -> str:
+def _label(config: TrialConfig, world_size: int = 1) -> str:
     parts = [f"amp={config.amp}"] if config.amp != "off" else []
     parts += ["channels_last"] if config.channels_last else []
     parts += [f"compile={config.compile_mode}"] if config.compile_mode != "none" else []
-    return " + ".join(parts) or "fp32 eager"
+    ranks = f" on {world_size} DDP ranks" if world_size > 1 else ""
+    return (" + ".join(parts) or "fp32 eager") + ranks
 
 
 def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAULT_STEPS, seed: int = 0,
@@ -243,7 +296,12 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     child's tree is watched as a trial's is (``memwatch.MemoryWatch``: it holds three copies of the model) and
     killed over the cap, which fails the check with the reason.
 
-    Example (about 3 s on 2 CPU cores)::
+    With N DDP ranks (``workload.nproc_per_node`` > 1, training) the child is ``parity_ranks``: the candidate as N
+    ranks against one fp32 eager process at the global batch (see the module docstring). The ranks are the
+    child's children, so the memory cap counts them all and the time limit kills them with it; a rank that fails
+    fails the check with its reason ("rank 1: ..."), the others stopped by the launcher.
+
+    Example (about 3 s on 2 CPU cores; about 25 s with ``nproc_per_node=2``)::
 
         parity_check(Workload(model="tests.workloads_fixtures:tiny", image_size=16),
                      TrialConfig(batch_size=8, amp="bf16", channels_last=True), steps=10)
@@ -251,47 +309,88 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     check(is_int(steps) and steps >= 1, "steps", steps, "a whole number >= 1", "try 30")
     check(is_num(tolerance) and tolerance > 0, "tolerance", tolerance, "a positive number", "try 0.05")
     check(is_num(timeout_s) and timeout_s > 0, "timeout_s", timeout_s, "a positive number of seconds")
-    label = _label(config)
-    if not needs_parity(config):
+    world = _world(workload)
+    label = _label(config, world)
+    record = _rank_record(workload, config, world)
+    if not needs_parity(config, world_size=world):
         return ParityResult(ok=True, steps=0, tolerance=tolerance,
                             reason="fp32 eager: the arithmetic is the reference's, nothing to check")
-    with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:  # 0700: rank 0's initial weights too
         result_path = Path(tmp) / "result.json"
         log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"
         spec = {"workload": workload.to_dict(), "candidate": config.replace(num_workers=0).to_dict(),
-                "reference": reference_config(config).to_dict(), "steps": steps, "seed": seed,
-                "result_path": str(result_path)}
+                "reference": reference_config(config, world_size=world).to_dict(), "steps": steps, "seed": seed,
+                "result_path": str(result_path), "timeout_s": timeout_s,
+                "accumulation": record.get("accumulation_steps", 1)}
+        module = "autotune.trial.parity_ranks" if world > 1 else "autotune.trial.parity_child"
         start = time.perf_counter()
         with CappedLog(log) as out:  # the user's code prints here: under a trial log's cap (autotune.trial.triallog)
-            proc = subprocess.Popen(python_command(sys.executable, "autotune.trial.parity_child"),
-                                    stdin=subprocess.PIPE, stdout=out, stderr=out, env=child_env(config),
-                                    start_new_session=True)
+            proc = subprocess.Popen(python_command(sys.executable, module), stdin=subprocess.PIPE, stdout=out,
+                                    stderr=out, env=child_env(config), start_new_session=True)
         stopped = _watch(proc, json.dumps(spec).encode(), timeout_s=timeout_s, memory_cap_mb=memory_cap_mb)
         out.join()
-        seconds = time.perf_counter() - start
-        if stopped:
-            return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
-                                reason=f"the parity check of {label} {stopped}")
-        raw = json.loads(result_path.read_text()) if result_path.exists() else None
-        if raw is not None and raw.get("oom"):
-            return ParityResult(ok=False, checked=False, steps=steps, tolerance=tolerance, child_pid=proc.pid,
-                                seconds=seconds, reason=f"not checked: out of memory in the numerics check of {label} "
-                                f"({raw.get('error')}); its numerics are not vouched for")
-        if proc.returncode != 0 or raw is None or "error" in raw:
-            why = (raw or {}).get("error") or _tail(log) or f"exit code {proc.returncode}"
-            return ParityResult(ok=False, steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=seconds,
-                                reason=f"the parity check of {label} failed: {why}")
-    raw["seconds"] = seconds
-    return judge(raw, steps=steps, tolerance=tolerance, label=label)
+        common = dict(steps=steps, tolerance=tolerance, child_pid=proc.pid, seconds=time.perf_counter() - start,
+                      **record)
+        raw = json.loads(result_path.read_text()) if result_path.exists() and not stopped else None
+        failed = _failed(proc, raw, stopped, log, label, common)
+    if failed is not None:
+        return failed
+    raw["seconds"] = common["seconds"]
+    against = f"one fp32 eager process at the global batch {record['global_batch']}" if world > 1 else "fp32 eager"
+    return judge(raw, steps=steps, tolerance=tolerance, label=label, against=against, **record)
+
+
+def _world(workload: Workload) -> int:
+    """The candidate's DDP ranks: the workload's for training; 1 for inference, which is not wrapped in DDP."""
+    return workload.nproc_per_node if workload.task == "train" else 1
+
+
+def compared_with(workload: Workload) -> str:
+    """How a check of ``workload`` compares, for a log line.
+
+    >>> compared_with(Workload(nproc_per_node=2))
+    'as 2 DDP ranks against one fp32 eager process at the global batch'
+    """
+    n = _world(workload)
+    return f"as {n} DDP ranks against one fp32 eager process at the global batch" if n > 1 else "against fp32 eager"
+
+
+def _rank_record(workload: Workload, config: TrialConfig, world: int) -> dict[str, Any]:
+    """The result's fields for an N-rank check (none for one process)."""
+    if world <= 1:
+        return {}
+    from autotune.workloads.global_batch import accumulation_steps
+
+    accumulation = accumulation_steps(workload.global_batch, config.batch_size, world_size=world)
+    return {"world_size": world, "per_rank_batch": config.batch_size, "accumulation_steps": accumulation,
+            "global_batch": config.batch_size * world * accumulation}
+
+
+def _failed(proc: subprocess.Popen, raw: dict | None, stopped: str | None, log: Path, label: str,
+            common: dict) -> ParityResult | None:
+    """The result of a check child that gave no curves (stopped, failed, out of memory, or a workload the check
+    cannot lay out), else None."""
+    if stopped:
+        return ParityResult(ok=False, reason=f"the parity check of {label} {stopped}", **common)
+    if raw is not None and raw.get("oom"):
+        return ParityResult(ok=False, checked=False, reason=f"not checked: out of memory in the numerics check of "
+                            f"{label} ({raw.get('error')}); its numerics are not vouched for", **common)
+    if raw is not None and raw.get("unchecked"):
+        return ParityResult(ok=False, checked=False, reason=f"not checked: {raw['unchecked']}", **common)
+    if proc.returncode != 0 or raw is None or "error" in raw:
+        why = (raw or {}).get("error") or _tail(log) or f"exit code {proc.returncode}"
+        return ParityResult(ok=False, reason=f"the parity check of {label} failed: {why}", **common)
+    return None
 
 
 def first_passing(ranked: Sequence[TrialConfig], workload: Workload, *,
                   check: Callable[..., ParityResult] | None = None,
                   **kwargs: Any) -> tuple[int | None, list[tuple[TrialConfig, ParityResult]]]:
-    """Check ``ranked`` configs (best first) in turn until one passes, or could not be checked for want of
-    memory (``checked=False``: no verdict, so it is not passed over as if it had failed); return its index (None
-    if none did) and every config checked with its result. fp32 eager configs pass without a child. ``kwargs``
-    go to ``check`` (``parity_check`` unless a test passes another)."""
+    """Check ``ranked`` configs (best first) in turn until one passes, or could not be checked (``checked=False``:
+    out of memory, or N ranks whose samples cannot be laid out as one process's: no verdict, so it is not passed
+    over as if it had failed); return its index (None if none did) and every config checked with its result. fp32
+    eager configs of one process pass without a child. ``kwargs`` go to ``check`` (``parity_check`` unless a test
+    passes another)."""
     run = check or parity_check
     checked: list[tuple[TrialConfig, ParityResult]] = []
     for i, config in enumerate(ranked):

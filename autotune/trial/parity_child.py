@@ -15,6 +15,10 @@ while it finds its scale). The candidate runs first; the steps it skipped are sk
 control too (not stepped at all), and left out of all the curves: the runs are compared on the steps the
 optimizer took, from the same weights. An out-of-memory error is reported as such (``"oom": true``), never as
 a numerics verdict.
+
+The N-rank check's child (``autotune.trial.parity_ranks``) reuses the step loop (``run_steps``: an optimizer step
+of ``accumulation`` micro-batches, its loss optionally averaged over the ranks), the nudge (``nudged``) and the
+result file's protocol (``serve``).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import os
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from autotune.trial.worker import apply_threads, die_with_parent, make_step
+
+__all__ = ["CONTROL_NOISE", "nudged", "run_steps", "run", "serve", "main"]
 
 
 def _rng_streams(torch: Any, seed: int, cuda_index: int | None) -> dict:
@@ -58,7 +64,8 @@ def _in_stream(torch: Any, state: dict, cuda_index: int | None, fn: Any) -> Any:
 CONTROL_NOISE = 1e-6
 
 
-def _nudged(torch: Any, model: Any, seed: int) -> Any:
+def nudged(torch: Any, model: Any, seed: int) -> Any:
+    """``model`` with its weights nudged by a relative ``CONTROL_NOISE`` (seeded): the control's start."""
     g = torch.Generator().manual_seed(seed + 2)
     with torch.no_grad():
         for p in model.parameters():
@@ -96,19 +103,19 @@ def run(spec: dict) -> dict:
     initial = copy.deepcopy(built.model)  # every pass starts from these weights and buffers
     cuda_index = dev.index if dev.type == "cuda" else None
 
-    def one_pass(config: Any, *, nudged: bool, skip: set[int]) -> tuple[list, list, set[int]]:
+    def one_pass(config: Any, *, nudge: bool, skip: set[int]) -> tuple[list, list, set[int]]:
         model = copy.deepcopy(initial)
-        step = make_step(_nudged(torch, model, seed) if nudged else model, built.loss_fn, config, dev, train=train,
+        step = make_step(nudged(torch, model, seed) if nudge else model, built.loss_fn, config, dev, train=train,
                          parts=built)
-        curve, outputs, skipped = _steps(torch, step, _loader(torch, built, candidate, seed), steps=steps, seed=seed,
-                                         cuda_index=cuda_index, skip=skip, keep_outputs=not train)
+        curve, outputs, skipped = run_steps(torch, step, _loader(torch, built, candidate, seed), steps=steps,
+                                            seed=seed, cuda_index=cuda_index, skip=skip, keep_outputs=not train)
         del step, model
         dev.release_cached_memory()  # the next pass's model gets what this one held
         return curve, outputs, skipped
 
-    cand, cand_out, skipped = one_pass(candidate, nudged=False, skip=set())
-    ref, ref_out, _ = one_pass(reference, nudged=False, skip=skipped)
-    control = one_pass(reference, nudged=True, skip=skipped)[0] if train else []
+    cand, cand_out, skipped = one_pass(candidate, nudge=False, skip=set())
+    ref, ref_out, _ = one_pass(reference, nudge=False, skip=skipped)
+    control = one_pass(reference, nudge=True, skip=skipped)[0] if train else []
     kept = lambda xs: [x for i, x in enumerate(xs) if i not in skipped]  # noqa: E731
     output_diffs = [float(((c - r).norm() / r.norm().clamp_min(1e-12)).item()) for r, c in zip(ref_out, cand_out)]
     return {"losses_reference": kept(ref), "losses_candidate": kept(cand), "losses_control": kept(control),
@@ -131,59 +138,88 @@ def _loader(torch: Any, built: Any, candidate: Any, seed: int) -> Any:
     return loader
 
 
-def _steps(torch: Any, step: Any, loader: Any, *, steps: int, seed: int, cuda_index: int | None, skip: set[int],
-           keep_outputs: bool) -> tuple[list, list, set[int]]:
-    """Run ``step`` over ``steps`` batches of ``loader`` in its own random stream: the losses (stopping at the
-    first non-finite one), the outputs when asked (on the host), and the steps whose optimizer step fp16's
-    GradScaler skipped. Batches in ``skip`` are drawn but not stepped."""
+def run_steps(torch: Any, step: Any, loader: Any, *, steps: int, seed: int, cuda_index: int | None, skip: set[int],
+              keep_outputs: bool, accumulation: int = 1,
+              reduce: Callable[[float | None], float | None] | None = None) -> tuple[list, list, set[int]]:
+    """Run ``steps`` optimizer steps of ``step`` over ``loader`` in its own random stream: the losses (stopping at
+    the first non-finite one), the outputs when asked (on the host), and the steps whose optimizer step fp16's
+    GradScaler skipped. Steps in ``skip`` draw their batches but are not stepped.
+
+    An optimizer step is ``accumulation`` calls of ``step`` (micro-batches; ``make_step`` steps the optimizer on
+    the last), and its loss is the mean of theirs: with equal micro-batches and a mean loss, that is the loss over
+    all their samples. ``reduce`` (a DDP rank's: the mean over the ranks, a collective every rank makes at every
+    step) turns a rank's loss into the global one, so every rank stops at the same step."""
     stream = _rng_streams(torch, seed, cuda_index)
     scaler = getattr(step, "scaler", None)
     curve: list = []
     outputs: list = []
     skipped: set[int] = set()
     it = iter(loader)
-    for i in range(steps):
+
+    def next_batch() -> Any:
+        nonlocal it
         try:
-            batch = next(it)
+            return next(it)
         except StopIteration:
             it = iter(loader)
-            batch = next(it)
+            return next(it)
+
+    for i in range(steps):
+        batches = [next_batch() for _ in range(accumulation)]
         if i in skip:
             curve.append(None)
             continue
         before = scaler.get_scale() if scaler is not None else None
-        result = _in_stream(torch, stream, cuda_index, lambda: step(batch))
+        values = []
+        for batch in batches:
+            result = _in_stream(torch, stream, cuda_index, lambda: step(batch))
+            values.append(_value(result.loss))
+            if keep_outputs and result.output is not None:
+                outputs.append(result.output.detach().float().cpu())
         if scaler is not None and scaler.get_scale() < before:  # found inf: this optimizer step was skipped
             skipped.add(i)
-        value = _value(result.loss)
+        value = None if any(v is None for v in values) else sum(values) / len(values)
+        if reduce is not None:
+            value = reduce(value)
         curve.append(value)
-        if keep_outputs and result.output is not None:
-            outputs.append(result.output.detach().float().cpu())
         if value is not None and not math.isfinite(value):
             break  # a curve stops at its first non-finite loss: the rest would be noise
     return curve, outputs, skipped
 
 
-def main() -> int:
+def serve(work: Callable[[dict], dict]) -> None:
+    """A check child's life: read the spec on stdin, ``work(spec)``, write its result (or the error) to the spec's
+    ``result_path`` and exit at once (skip teardown: compile threads can hang it). An out-of-memory error, here
+    or on a DDP rank (``ddp.RankFailure`` of kind oom), is marked so: no numerics verdict."""
     die_with_parent()
     spec = json.loads(sys.stdin.read())
     path = spec["result_path"]
     t0 = time.perf_counter()
     try:
-        out = run(spec)
+        out = work(spec)
         out["child_s"] = time.perf_counter() - t0
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the result file
         from autotune.machine.oom import is_oom
 
         traceback.print_exc()
+        rank_tb = getattr(exc, "rank_traceback", None)
+        if rank_tb:  # the failed rank's own traceback: the log says where it broke
+            print(rank_tb, file=sys.stderr)
         msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
-        out = {"error": msg, "oom": is_oom(exc), "pid": os.getpid()}
+        msg = str(exc).splitlines()[0][:500] if hasattr(exc, "trial_kind") else msg  # "rank 1: ..." as said
+        oom = is_oom(exc) or getattr(exc, "trial_kind", None) == "oom"
+        out = {"error": msg, "oom": oom, "pid": os.getpid()}
     with open(path + ".tmp", "w") as f:
         json.dump(out, f)  # NaN is written as NaN, which json reads back
     os.replace(path + ".tmp", path)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if "error" not in out else 1)  # skip teardown: compile threads can hang it
+    os._exit(0 if "error" not in out else 1)
+
+
+def main() -> int:
+    serve(run)
+    return 0  # not reached: serve exits
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ interval of the ratio of medians over the interleaved rounds, not the windows' s
 
 from __future__ import annotations
 
+import pytest
+
 from autotune.config import TrialResult
 from autotune.search.finalists import ratio_interval
 from tests.helpers import QUICK, hardware, make_tuner, tiny_space
@@ -199,6 +201,35 @@ def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_p
     rows = {r["trial"]: r for r in trial_rows(tuner.study())}
     bf16 = [t.number for t in tuner.study().trials if t.params.get("amp") == "bf16"][0]
     assert rows[bf16]["reason"].startswith("not recommended: ")
+
+
+@pytest.mark.slow
+def test_a_winner_of_2_ranks_is_checked_as_2_ranks_and_the_yaml_says_so(tmp_path):
+    """An N-rank study's winner, fp32 eager, is still checked (the ranks change the arithmetic): as 2 real gloo
+    ranks against one fp32 eager process at the global batch; the recommendation's parity record says so."""
+    from autotune import Workload
+    from autotune.search.space import space_from_dict
+    from autotune.search.tuner import Tuner
+
+    space = space_from_dict({"name": "x2", "device": "cpu", "parameters": {"batch_size": {"type": "int",
+                                                                                          "choices": [8, 16]}},
+                             "baseline": {"batch_size": 8}}, hardware=hardware())
+
+    def fake(workload, config, measure, **kw):
+        v = 10.0 * config.batch_size
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=100.0,
+                           batch_size=config.batch_size)
+
+    said: list[str] = []
+    tuner = Tuner(Workload(model="tests.ddp_workloads:mlp", nproc_per_node=2), space=space, measure=QUICK,
+                  storage=f"sqlite:///{tmp_path}/t.db", hardware=hardware(), progress=False, log=said.append,
+                  finalists=2, finalist_rounds=1, seed=0, runner=fake, parity_steps=4)
+    rec = tuner.run(trials=2)
+    assert rec.parity is not None, rec.notes
+    p, b = rec.to_dict()["parity"], rec.config.batch_size
+    assert p["ok"] and p["steps"] == 4 and (p["world_size"], p["per_rank_batch"], p["global_batch"]) == (2, b, 2 * b)
+    assert any("passes the numerics check" in n and "on 2 DDP ranks" in n for n in rec.notes), rec.notes
+    assert any("as 2 DDP ranks against one fp32 eager process at the global batch" in m for m in said), said
 
 
 # --- the plan: two rounds before more finalists ---------------------------------------------------------------

@@ -192,7 +192,7 @@ def test_out_of_memory_in_the_check_is_not_a_numerics_verdict(tmp_path):
 def test_steps_the_grad_scaler_skipped_are_skipped_by_the_reference_and_left_out():
     """A real GradScaler (on the CPU, fp32 gradients) that starts at a scale so large the first gradients
     overflow: it skips those optimizer steps and halves its scale, as fp16's does on a GPU."""
-    from autotune.trial.parity_child import _steps
+    from autotune.trial.parity_child import run_steps as _steps
     from autotune.workloads.contract import StepOut
 
     def stepper(with_scaler: bool):
