@@ -82,6 +82,7 @@ def run(spec: dict) -> dict:
     """Build the workload once; run the candidate, the reference and (training) the control in turn over the
     same batches; return their curves on the steps the candidate's optimizer took."""
     from autotune.config import TrialConfig, Workload
+    from autotune.trial.parity import control_needed
 
     workload = Workload.from_dict(spec["workload"])
     reference = TrialConfig.from_dict(spec["reference"])
@@ -115,8 +116,10 @@ def run(spec: dict) -> dict:
 
     cand, cand_out, skipped = one_pass(candidate, nudge=False, skip=set())
     ref, ref_out, _ = one_pass(reference, nudge=False, skip=skipped)
-    control = one_pass(reference, nudge=True, skip=skipped)[0] if train else []
     kept = lambda xs: [x for i, x in enumerate(xs) if i not in skipped]  # noqa: E731
+    # the control only widens the limit: run it only when the candidate is over the tolerance
+    control = (one_pass(reference, nudge=True, skip=skipped)[0]
+               if train and control_needed(kept(ref), kept(cand), tolerance=float(spec["tolerance"])) else [])
     output_diffs = [float(((c - r).norm() / r.norm().clamp_min(1e-12)).item()) for r, c in zip(ref_out, cand_out)]
     return {"losses_reference": kept(ref), "losses_candidate": kept(cand), "losses_control": kept(control),
             "output_rel_diffs": output_diffs, "skipped_steps": sorted(i + 1 for i in skipped),

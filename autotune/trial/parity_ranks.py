@@ -46,7 +46,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autotune.trial.parity_child import nudged, run_steps, serve
 from autotune.trial.worker import apply_threads, make_step
@@ -176,9 +176,11 @@ def rank_pass(payload: dict, send: Any, *, device: Any, ranks: Any) -> dict:
     return {"losses_candidate": curve, "skipped": sorted(skipped), "plan": plan[0] if ranks.rank == 0 else None}
 
 
-def _reference_passes(spec: dict, plan: list[list], skip: set[int], initial_path: str) -> tuple[list, list]:
+def _reference_passes(spec: dict, plan: list[list], skip: set[int], initial_path: str, *,
+                      needs_control: Callable[[list], bool]) -> tuple[list, list]:
     """The reference and the control, here: fp32 eager from rank 0's initial weights (the control's nudged), over
-    the plan's batches of B x N, ``accumulation`` per optimizer step."""
+    the plan's batches of B x N, ``accumulation`` per optimizer step. The control runs only when
+    ``needs_control(reference curve)`` (else its curve is empty)."""
     import torch
 
     from autotune.config import TrialConfig, Workload
@@ -195,8 +197,11 @@ def _reference_passes(spec: dict, plan: list[list], skip: set[int], initial_path
     built = build(workload, seed=seed, config=candidate)  # built as each rank built it (a text workload's sampler)
     built.model.load_state_dict(torch.load(initial_path, map_location="cpu"))
     cuda_index = dev.index if dev.type == "cuda" else None
-    curves = []
+    curves: list[list] = []
     for nudge in (False, True):
+        if nudge and not needs_control(curves[0]):  # the control only widens the limit (parity.control_needed)
+            curves.append([])
+            break
         model = copy.deepcopy(built.model)
         step = make_step(nudged(torch, model, seed) if nudge else model, built.loss_fn, reference, dev, train=True,
                          parts=built, accumulation_steps=accumulation)
@@ -214,6 +219,7 @@ def run(spec: dict) -> dict:
     import time
 
     from autotune.trial.ddp import supervise
+    from autotune.trial.parity import control_needed
 
     world = int(spec["workload"]["nproc_per_node"])
     initial_path = str(Path(spec["result_path"]).with_name("initial.pt"))
@@ -227,9 +233,12 @@ def run(spec: dict) -> dict:
     if "unchecked" in done:
         return {"unchecked": done["unchecked"], "pid": os.getpid()}
     skipped = set(done["skipped"])
-    ref, control = _reference_passes(spec, done["plan"], skipped, initial_path)
     kept = lambda xs: [x for i, x in enumerate(xs) if i not in skipped]  # noqa: E731
-    return {"losses_reference": kept(ref), "losses_candidate": kept(done["losses_candidate"]),
+    cand = kept(done["losses_candidate"])
+    tolerance = float(spec["tolerance"])
+    ref, control = _reference_passes(spec, done["plan"], skipped, initial_path,
+                                     needs_control=lambda r: control_needed(kept(r), cand, tolerance=tolerance))
+    return {"losses_reference": kept(ref), "losses_candidate": cand,
             "losses_control": kept(control), "skipped_steps": sorted(i + 1 for i in skipped), "compared": "loss",
             "pid": os.getpid(), "world_size": world, "ranks_s": ranks_s}
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig, Workload
-from autotune.trial.parity import (DEFAULT_TOLERANCE, ParityResult, divergence, first_passing, judge, needs_parity,
-                                   parity_check, reference_config)
+from autotune.trial.parity import (DEFAULT_TOLERANCE, ParityResult, control_needed, divergence, first_passing, judge,
+                                   needs_parity, parity_check, reference_config)
 
 from tests.helpers import TINY
 
@@ -83,8 +83,8 @@ def test_bf16_channels_last_on_tiny_passes(tmp_path):
     assert all(math.isfinite(x) for x in r.losses_candidate)
     assert 0 <= r.max_rel_diff <= DEFAULT_TOLERANCE and r.tolerance == DEFAULT_TOLERANCE
     assert r.compared == "loss" and "within" in r.reason
-    # the control (fp32 from nudged weights) barely drifts on this stable net, so the limit is the tolerance
-    assert len(r.losses_control) == STEPS and r.noise_floor < 0.01 and r.limit == DEFAULT_TOLERANCE
+    # within the tolerance the control (fp32 from nudged weights) cannot change the verdict: it is not run
+    assert r.losses_control == () and r.noise_floor is None and r.limit == DEFAULT_TOLERANCE
     assert log.exists()
 
 
@@ -94,6 +94,8 @@ def test_loss_that_diverges_under_bf16_is_rejected():
     assert not r.ok
     assert "numerics diverge" in r.reason and "amp=bf16" in r.reason and "tolerance" in r.reason
     assert r.max_rel_diff > r.tolerance
+    # over the tolerance the control runs (it could widen the limit): this stable net drifts little from a nudge
+    assert len(r.losses_control) == STEPS and r.noise_floor < 0.01 and r.limit == DEFAULT_TOLERANCE
     # channels_last alone leaves this model's arithmetic alone: the same fixture passes
     assert parity_check(_workload("tests.workloads_fixtures:bf16_diverges"),
                         TrialConfig(batch_size=8, channels_last=True), steps=STEPS).ok
@@ -228,3 +230,14 @@ def test_steps_the_grad_scaler_skipped_are_skipped_by_the_reference_and_left_out
     took = [i for i in range(6) if i not in skipped]
     # on the steps both took, from the same weights, the losses agree exactly (fp32 both: only the skips differ)
     assert [round(cand[i], 5) for i in took] == [round(ref[i], 5) for i in took]
+
+
+def test_the_control_runs_only_when_it_could_change_the_verdict():
+    """The control widens the limit beyond the tolerance and nothing else: within the tolerance, or with a
+    non-finite curve (a failure whatever fp32 does), it is not needed."""
+    ref = [2.0] * 6
+    assert not control_needed(ref, [2.0, 2.0, 2.0, 2.0, 2.0, 2.02], tolerance=0.05)  # 0.2% of the average
+    assert control_needed(ref, [2.0, 2.0, 2.0, 2.0, 2.0, 3.0], tolerance=0.05)  # 10% of the 5-step average
+    assert not control_needed(ref, [2.0, float("nan"), 2.0, 2.0, 2.0, 3.0], tolerance=0.05)
+    assert not control_needed([2.0, None, 2.0], [2.0, 2.0, 3.0], tolerance=0.05)
+    assert not control_needed([], [], tolerance=0.05)
