@@ -47,8 +47,8 @@ from autotune.errors import WorkloadError
 from autotune.machine.limits import default_device_memory_cap_mb
 from autotune.search.backends.base import SearchBackend
 from autotune.search.backends.ray.actor import make_trainable
-from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, remote_runner,
-                                                  resources_for, trial_shape)
+from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, ray_memory_mb,
+                                                  remote_runner, resources_for, trial_shape)
 from autotune.search.backends.ray.search import make_scheduler, make_search
 from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
 
@@ -65,6 +65,7 @@ class RayBackend(SearchBackend):
         super().__init__(address=address)
         self._base: dict[str, float] = {}
         self._capacity = 1
+        self._cap_given: float | None = None  # the user's --memory-cap: each node's own cap is no higher
 
     @contextlib.contextmanager
     def connect(self, ctx: ConnectContext) -> Iterator[Placement]:
@@ -76,10 +77,13 @@ class RayBackend(SearchBackend):
             self._base, self._capacity = trial_shape(ray, ctx.workload)
             hw, node = probe(ray, self._base)
             measure = ctx.measure
-            cap, per_node = node_memory_cap_mb(hw, ctx.workload.device,
-                                               measure.memory_cap_mb if ctx.cap_given else None)
+            self._cap_given = measure.memory_cap_mb if ctx.cap_given else None
+            # the study's cap (the finalists', and what feasibility is judged by) is the probed node's; each
+            # trial runs under its own node's (``cluster.this_node_cap_mb``) and records it
+            cap, per_node = node_memory_cap_mb(hw, ctx.workload.device, self._cap_given,
+                                               ray_memory_mb=ray_memory_mb(ray, node))
             if cap != measure.memory_cap_mb:
-                ctx.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
+                ctx.log(f"memory cap per trial {cap:.0f} MiB: a node's memory (each trial: its own node's)"
                         + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
                 measure = measure.replace(memory_cap_mb=cap)
             if ctx.workload.device != "cpu" and not ctx.device_cap_given:
@@ -107,7 +111,8 @@ class RayBackend(SearchBackend):
         search = make_search(OptunaSearch)(ctx, deadline=deadline, budget_s=budget_s)
         trainable = tune.with_resources(
             tune.with_parameters(make_trainable(tune), workload=ctx.workload.to_dict(),
-                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
+                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS"),
+                                 cap_mb=self._cap_given),
             resources_for(self._base, ctx.workload.device))
         root = (private_dir(ctx.artifacts_dir) / "ray").resolve()
         root.mkdir(parents=True, exist_ok=True)
