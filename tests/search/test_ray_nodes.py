@@ -1,11 +1,11 @@
 """The Ray backend on a real two-node Ray cluster made on this machine (``ray.cluster_utils.Cluster``: a head and a
 worker node, each its own raylet with one CPU and its own declared memory), driven by the real CLI.
 
-Each node stands for a machine, so each has its own measuring lock (``$AUTOTUNE_MACHINE_LOCK``: the lock is per
-machine, and two nodes sharing one would refuse each other's trials). The CLI runs pinned to one core, a
-machine unlike the nodes (which see both cores): so the study is the nodes' and the finalists run on one node
-(``cluster.remote_runner``), as from a laptop driving a cluster. Timings here mean nothing (both nodes share two
-cores); the test is about where trials run, under which cap, and what a node's death costs.
+Each node stands for a one-core machine: its processes (raylet, Tune's actors, the trial children) are pinned to a
+core of their own, so its trials share no core with the other node's and ``detect()`` on it sees one core; and it
+has its own measuring lock (``$AUTOTUNE_MACHINE_LOCK``: the lock is per machine, and two nodes sharing one would
+refuse each other's trials). The CLI sees both cores, a machine unlike the nodes: so the study is the nodes'
+and the finalists run on one node (``cluster.remote_runner``), as from a laptop driving a cluster.
 """
 
 from __future__ import annotations
@@ -32,28 +32,31 @@ HEAD_MB, WORKER_MB = 3072, 2048  # each node's declared `memory`: below 85% of t
 
 @pytest.fixture
 def two_nodes(tmp_path):
-    """(cluster, worker node, head's runs folder, worker's runs folder); the cluster is shut down after."""
+    """(cluster, worker node, worker's runs folder): head on the first core, worker on the second; shut down after."""
     from ray.cluster_utils import Cluster
 
     head_runs, worker_runs = tmp_path / "head-runs", tmp_path / "worker-runs"
     head_runs.mkdir()
     worker_runs.mkdir()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "memory": HEAD_MB * 2**20, "include_dashboard": False,
-        "env_vars": {"AUTOTUNE_MACHINE_LOCK": str(tmp_path / "head.lock"), "AUTOTUNE_TEST_RUNS_DIR": str(head_runs),
-                     "AUTOTUNE_TEST_FIRST_WAITS_FOR": str(worker_runs)}})
+    cores = sorted(os.sched_getaffinity(0))
+    cluster = None
     try:
+        os.sched_setaffinity(0, {cores[0]})  # a node's processes inherit the core it starts on
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "memory": HEAD_MB * 2**20, "include_dashboard": False,
+            "env_vars": {"AUTOTUNE_MACHINE_LOCK": str(tmp_path / "head.lock"),
+                         "AUTOTUNE_TEST_RUNS_DIR": str(head_runs), "AUTOTUNE_TEST_FIRST_WAITS_FOR": str(worker_runs)}})
+        os.sched_setaffinity(0, {cores[1]})
         worker = cluster.add_node(num_cpus=1, memory=WORKER_MB * 2**20, env_vars={
             "AUTOTUNE_MACHINE_LOCK": str(tmp_path / "worker.lock"), "AUTOTUNE_TEST_RUNS_DIR": str(worker_runs),
             "AUTOTUNE_TEST_HANG_LATER": "1"})
+        os.sched_setaffinity(0, cores)
         cluster.wait_for_nodes()
-        yield cluster, worker, head_runs, worker_runs
+        yield cluster, worker, worker_runs
     finally:
-        cluster.shutdown()
-
-
-def _one_core() -> None:
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        os.sched_setaffinity(0, cores)
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def _running_on(storage: str, node_id: str) -> int | None:
@@ -65,25 +68,24 @@ def _running_on(storage: str, node_id: str) -> int | None:
     return None
 
 
-# slow: a two-node cluster and ~10 trial processes, ~1-2 min on 2 cores
+# slow: a two-node cluster and ~8 trial processes
 @pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the driver must be a machine unlike the nodes: "
-                                                             "pinned to one core of at least two")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two nodes of a core each, and a driver unlike them")
 def test_two_nodes_share_the_study_and_a_killed_node_loses_nothing(tmp_path, two_nodes):
     import psutil
 
-    cluster, worker, head_runs, worker_runs = two_nodes
+    cluster, worker, worker_runs = two_nodes
     head_id, worker_id = cluster.head_node.node_id, worker.node_id
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))
     storage = f"sqlite:///{tmp_path}/nodes.db"
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--backend", "ray", "--address", cluster.address,
            "--model", MODEL, "--image-size", "16", "--device", "cpu", "--space", str(space), "--storage", storage,
-           "--windows", "2", "--window-seconds", "0.2", "--finalists", "2", "--rounds", "1", "--trials", "5",
+           "--windows", "2", "--window-seconds", "0.2", "--finalists", "1", "--rounds", "1", "--trials", "4",
            "--no-progress"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, preexec_fn=_one_core)
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err)
     try:
         # the worker's second trial hangs in its first step (the head waits for it): kill the node under it
         killed, deadline = None, time.monotonic() + 300

@@ -24,11 +24,17 @@ Design (why it looks like this):
 * **Hardware.** A probe task with a trial's resources reports what the trial nodes are. When they differ
   from this machine (a laptop driving a cluster), the study is the nodes' (named after their fingerprint,
   space trimmed to their cores) and the finalists are re-measured on one such node
-  (``cluster.remote_runner``); otherwise here. Each trial records its node's fingerprint and
-  recommendations only use trials of the study's fingerprint.
+  (``cluster.remote_runner``; if that node left the cluster during the search, another one of the kind);
+  otherwise here. Each trial records its node's fingerprint and its Ray node id (``node``, from its first
+  result on, so a running trial shows it too), and recommendations only use trials of the study's fingerprint.
+* **Memory.** Each trial runs under its own node's cap (``cluster.this_node_cap_mb``: 85% of that node's
+  available memory, at most the ``memory`` resource the node gives Ray, shared among the trials it runs at once,
+  never above ``--memory-cap``) and records it; the study's cap, which feasibility and the finalists use, is the
+  probed node's.
 * **Faults.** A trial whose actor or node dies is retried by Tune (``FailureConfig(max_failures=2)``) under
-  the same Optuna trial; on a heartbeat-enabled storage (PostgreSQL/MySQL) the driver keeps each running
-  trial's heartbeat, so if the *driver* dies another worker fails and re-queues its trials.
+  the same Optuna trial, measured afresh (its ``ray_retries`` counts the restarts); on a heartbeat-enabled
+  storage (PostgreSQL/MySQL) the driver keeps each running trial's heartbeat, so if the *driver* dies another
+  worker fails and re-queues its trials.
   A config another trial is measuring right now is not measured again at the same time: the later trial
   waits (deferred in the driver, no node held) and copies the result.
 

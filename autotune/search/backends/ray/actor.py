@@ -25,8 +25,9 @@ def make_trainable(tune):
 
     class _TrialActor(tune.Trainable):
         """One trial in a Tune actor: the runner in a thread under its node's memory cap; a first Tune result
-        with the node and cap, one per measured window, the whole TrialResult (JSON) in the last. ``cleanup`` (Tune's stop: pruned, or the run ended) kills the
-        trial's child process group so nothing outlives the actor."""
+        with the node and cap, one per measured window, the whole TrialResult (JSON) in the last. ``cleanup``
+        (Tune's stop: pruned, or the run ended) kills the trial's child process group so nothing outlives the
+        actor."""
 
         def setup(self, config: dict, *, workload: dict, measure: dict, omp: str | None = None,
                   cap_mb: float | None = None) -> None:
