@@ -530,3 +530,39 @@ def chatty(image_size: int = 32):
         sys.stdout.write(f"chatty line {i:06d} " + "x" * 64 + "\n")
     sys.stdout.flush()
     return tiny(image_size)
+
+
+
+class _Hangs(nn.Module):
+    """``inner``, but its forward never returns (an hour's sleep): a trial that runs until it is killed."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        time.sleep(3600)
+        return self.inner(x)
+
+
+def tiny_on_test_nodes(image_size: int = 16):
+    """``tiny``, as tests/search/test_ray_nodes.py needs it on each of its two Ray nodes (from the node's
+    environment). ``$AUTOTUNE_TEST_RUNS_DIR``: the node's folder, where each trial process leaves its pid.
+    ``$AUTOTUNE_TEST_HANG_LATER``: every run but the node's first hangs in its first step, so the test can kill
+    the node under a running trial. ``$AUTOTUNE_TEST_FIRST_WAITS_FOR`` (another node's folder): the node's
+    first run starts only once that node has started its second (at most 2 minutes), so the other node, the
+    only free one meanwhile, is sure to get a second trial."""
+    model, dataset, loss_fn = tiny(image_size)
+    folder = os.environ.get("AUTOTUNE_TEST_RUNS_DIR")
+    if not folder:
+        return model, dataset, loss_fn
+    earlier = [f for f in os.listdir(folder) if f != str(os.getpid())]
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    other = os.environ.get("AUTOTUNE_TEST_FIRST_WAITS_FOR")
+    if other and not earlier:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(other)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if earlier and os.environ.get("AUTOTUNE_TEST_HANG_LATER"):
+        model = _Hangs(model)
+    return model, dataset, loss_fn

@@ -60,7 +60,8 @@ DUPLICATE_OF = "duplicate_of"    # the number of the trial whose figures this on
 WAITED_FOR = "waited_for"        # the number of the trial (another worker's) this one waited for
 BOTTLENECK = "bottleneck"
 TRACEBACK = "traceback"
-NODE = "node"                    # the Ray node that ran it
+NODE = "node"                    # the Ray node (its id) that ran it, or is running it
+RAY_RETRIES = "ray_retries"      # times Ray Tune ran the trial again after its actor or node died
 # figures of a measured trial (``TrialResult.figures()``'s keys) that the search and the views read back
 SAMPLES = "samples_per_s"        # each measured window's rate
 MEDIAN = "median_samples_per_s"
@@ -96,7 +97,7 @@ ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, 
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
-                     WALL_S)
+                     WALL_S, RAY_RETRIES)
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}

@@ -66,8 +66,8 @@ def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monk
 
 
 def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
-    """The cap is the node's (not the driver's) and is divided among the trials a node runs at once; a GPU
-    trial reserves the cores its threads and workers use."""
+    """The cap is the node's (not the driver's: its available memory, at most its Ray `memory`) and is divided
+    among the trials a node runs at once; a GPU trial reserves the cores its threads and workers use."""
     import dataclasses
 
     from autotune.search.backends.ray.cluster import gpu_trial, node_memory_cap_mb
@@ -80,6 +80,11 @@ def test_ray_trials_on_a_node_share_its_memory_and_reserve_their_threads():
     assert node_memory_cap_mb(node, "cpu", None) == (whole, 1)
     assert node_memory_cap_mb(node, "cuda", None) == (whole / 4, 4)  # four GPU trials at once
     assert node_memory_cap_mb(node, "cuda", 5000.0) == (5000.0, 4)  # the user's smaller cap stands
+    # no more than the memory the node gives Ray's tasks (its `memory` resource), shared the same way
+    assert node_memory_cap_mb(node, "cpu", None, ray_memory_mb=3072.0) == (3072.0, 1)
+    assert node_memory_cap_mb(node, "cuda", None, ray_memory_mb=40_000.0) == (10_000.0, 4)
+    assert node_memory_cap_mb(node, "cpu", None, ray_memory_mb=100_000.0) == (whole, 1)
+    assert node_memory_cap_mb(node, "cpu", 2000.0, ray_memory_mb=3072.0) == (2000.0, 1)
     assert gpu_trial({"intra_op_threads": 4, "num_workers": 2}) == {"CPU": 6.0, "GPU": 1.0}
     assert gpu_trial({"intra_op_threads": None, "num_workers": 0}) == {"CPU": 1.0, "GPU": 1.0}
 

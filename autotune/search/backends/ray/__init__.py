@@ -24,11 +24,17 @@ Design (why it looks like this):
 * **Hardware.** A probe task with a trial's resources reports what the trial nodes are. When they differ
   from this machine (a laptop driving a cluster), the study is the nodes' (named after their fingerprint,
   space trimmed to their cores) and the finalists are re-measured on one such node
-  (``cluster.remote_runner``); otherwise here. Each trial records its node's fingerprint and
-  recommendations only use trials of the study's fingerprint.
+  (``cluster.remote_runner``; if that node left the cluster during the search, another one of the kind);
+  otherwise here. Each trial records its node's fingerprint and its Ray node id (``node``, from its first
+  result on, so a running trial shows it too), and recommendations only use trials of the study's fingerprint.
+* **Memory.** Each trial runs under its own node's cap (``cluster.this_node_cap_mb``: 85% of that node's
+  available memory, at most the ``memory`` resource the node gives Ray, shared among the trials it runs at once,
+  never above ``--memory-cap``) and records it; the study's cap, which feasibility and the finalists use, is the
+  probed node's.
 * **Faults.** A trial whose actor or node dies is retried by Tune (``FailureConfig(max_failures=2)``) under
-  the same Optuna trial; on a heartbeat-enabled storage (PostgreSQL/MySQL) the driver keeps each running
-  trial's heartbeat, so if the *driver* dies another worker fails and re-queues its trials.
+  the same Optuna trial, measured afresh (its ``ray_retries`` counts the restarts); on a heartbeat-enabled
+  storage (PostgreSQL/MySQL) the driver keeps each running trial's heartbeat, so if the *driver* dies another
+  worker fails and re-queues its trials.
   A config another trial is measuring right now is not measured again at the same time: the later trial
   waits (deferred in the driver, no node held) and copies the result.
 
@@ -47,8 +53,8 @@ from autotune.errors import WorkloadError
 from autotune.machine.limits import default_device_memory_cap_mb
 from autotune.search.backends.base import SearchBackend
 from autotune.search.backends.ray.actor import make_trainable
-from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, remote_runner,
-                                                  resources_for, trial_shape)
+from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, ray_memory_mb,
+                                                  remote_runner, resources_for, trial_shape)
 from autotune.search.backends.ray.search import make_scheduler, make_search
 from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
 
@@ -65,6 +71,7 @@ class RayBackend(SearchBackend):
         super().__init__(address=address)
         self._base: dict[str, float] = {}
         self._capacity = 1
+        self._cap_given: float | None = None  # the user's --memory-cap: each node's own cap is no higher
 
     @contextlib.contextmanager
     def connect(self, ctx: ConnectContext) -> Iterator[Placement]:
@@ -76,10 +83,13 @@ class RayBackend(SearchBackend):
             self._base, self._capacity = trial_shape(ray, ctx.workload)
             hw, node = probe(ray, self._base)
             measure = ctx.measure
-            cap, per_node = node_memory_cap_mb(hw, ctx.workload.device,
-                                               measure.memory_cap_mb if ctx.cap_given else None)
+            self._cap_given = measure.memory_cap_mb if ctx.cap_given else None
+            # the study's cap (the finalists', and what feasibility is judged by) is the probed node's; each
+            # trial runs under its own node's (``cluster.this_node_cap_mb``) and records it
+            cap, per_node = node_memory_cap_mb(hw, ctx.workload.device, self._cap_given,
+                                               ray_memory_mb=ray_memory_mb(ray, node))
             if cap != measure.memory_cap_mb:
-                ctx.log(f"memory cap per trial {cap:.0f} MiB: a node's memory"
+                ctx.log(f"memory cap per trial {cap:.0f} MiB: a node's memory (each trial: its own node's)"
                         + (f", shared by the {per_node} trials it runs at once" if per_node > 1 else ""))
                 measure = measure.replace(memory_cap_mb=cap)
             if ctx.workload.device != "cpu" and not ctx.device_cap_given:
@@ -107,7 +117,8 @@ class RayBackend(SearchBackend):
         search = make_search(OptunaSearch)(ctx, deadline=deadline, budget_s=budget_s)
         trainable = tune.with_resources(
             tune.with_parameters(make_trainable(tune), workload=ctx.workload.to_dict(),
-                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS")),
+                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS"),
+                                 cap_mb=self._cap_given),
             resources_for(self._base, ctx.workload.device))
         root = (private_dir(ctx.artifacts_dir) / "ray").resolve()
         root.mkdir(parents=True, exist_ok=True)

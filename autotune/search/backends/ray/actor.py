@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.trial import events
-from autotune.search.backends.ray.cluster import PLAN_KEY, trial_device
+from autotune.search.backends.ray.cluster import PLAN_KEY, this_node_cap_mb, trial_device
 
 __all__ = ["make_trainable", "kill_trial_children", "METRIC"]
 
@@ -24,11 +24,15 @@ def make_trainable(tune):
     """The Tune trainable class that runs one trial (a class so that Tune's stop reaches ``cleanup``)."""
 
     class _TrialActor(tune.Trainable):
-        """One trial in a Tune actor: the runner in a thread, one Tune result per measured window, the whole
-        TrialResult (JSON) in the last one. ``cleanup`` (Tune's stop: pruned, or the run ended) kills the
-        trial's child process group so nothing outlives the actor."""
+        """One trial in a Tune actor: the runner in a thread under its node's memory cap; a first Tune result
+        with the node and cap, one per measured window, the whole TrialResult (JSON) in the last. ``cleanup``
+        (Tune's stop: pruned, or the run ended) kills the trial's child process group so nothing outlives the
+        actor."""
 
-        def setup(self, config: dict, *, workload: dict, measure: dict, omp: str | None = None) -> None:
+        def setup(self, config: dict, *, workload: dict, measure: dict, omp: str | None = None,
+                  cap_mb: float | None = None) -> None:
+            import ray
+
             self._events: queue.Queue = queue.Queue()
             self._stop = threading.Event()
             self._thread = None
@@ -36,6 +40,11 @@ def make_trainable(tune):
             if plan.get("shortcut"):
                 self._events.put(("shortcut", None))
                 return
+            # under this node's memory cap (nodes differ), no higher than the user's ``cap_mb``; both the node
+            # and the cap go with every result, so the study shows where a running trial is
+            self._node, self._cap_mb = this_node_cap_mb(ray, workload["device"], cap_mb)
+            measure = {**measure, "memory_cap_mb": self._cap_mb}
+            self._events.put(("started", None))
             # Ray sets OMP_NUM_THREADS to the actor's CPUs. A CPU trial holds the whole node: the child must
             # see what a local run sees. GPU trials share a node: torch's default threads are bounded by the
             # reservation (one core for the main process, ``gpu_trial``).
@@ -79,13 +88,16 @@ def make_trainable(tune):
             kind, payload = self._events.get()
             if kind == "window":
                 return {METRIC: payload.samples_per_s, "window": payload.index, "steps": payload.steps,
-                        "data_wait_s": payload.data_wait_s, "compute_s": payload.compute_s}
+                        "data_wait_s": payload.data_wait_s, "compute_s": payload.compute_s, "node": self._node,
+                        "memory_cap_mb": self._cap_mb}
+            if kind == "started":  # no figure yet: the node and cap, before the child's first window
+                return {METRIC: 0.0, "node": self._node, "memory_cap_mb": self._cap_mb}
             if kind == "shortcut":
                 return {METRIC: 0.0, "shortcut": True, "done": True}
             if kind == "done":
                 result, fingerprint = payload
                 return {METRIC: result.median_samples_per_s or 0.0, "trial_result": json.dumps(result.to_dict()),
-                        "fingerprint": fingerprint, "node": os.uname().nodename, "done": True}
+                        "fingerprint": fingerprint, "node": self._node, "memory_cap_mb": self._cap_mb, "done": True}
             raise RuntimeError(payload)
 
         # A trial is not resumable mid-measurement: Tune's restart after a failure measures it afresh.

@@ -11,7 +11,7 @@ from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 from autotune.errors import AutotuneError
 
 __all__ = ["import_ray", "connect", "trial_shape", "resources_for", "probe", "remote_runner", "node_memory_cap_mb",
-           "gpu_trial", "PLAN_KEY", "trial_device"]
+           "ray_memory_mb", "this_node_cap_mb", "gpu_trial", "PLAN_KEY", "trial_device"]
 
 INSTALL = 'pip install "ray[tune]"'
 # The one key of a Tune trial's config: {"config": {...}, "number": n, "shortcut": bool}
@@ -85,15 +85,41 @@ def gpu_trial(config: dict) -> dict[str, float]:
     return {"CPU": float(threads + int(config.get("num_workers") or 0)), "GPU": 1.0}
 
 
-def node_memory_cap_mb(hardware, device: str, requested_mb: float | None) -> tuple[float, int]:
+def node_memory_cap_mb(hardware, device: str, requested_mb: float | None, *,
+                       ray_memory_mb: float | None = None) -> tuple[float, int]:
     """``(cap per trial, trials at once on one node)`` for trials on a node of ``hardware``: the node's default
-    cap (a share of its available memory) divided among the trials it runs at once (one per node on the CPU,
-    one per GPU), and no more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
+    cap (a share of its available memory), no more than the memory the node gives Ray's tasks
+    (``ray_memory_mb``: its ``memory`` resource, declared with ``ray start --memory`` or what Ray left beside
+    the object store), divided among the trials it runs at once (one per node on the CPU, one per GPU), and no
+    more than ``requested_mb`` (the driver's cap, which knows nothing of the node)."""
     from autotune.machine.limits import default_memory_cap_mb, min_memory_cap_mb
 
     per_node = 1 if device == "cpu" else max(1, len(hardware.gpus))
-    cap = max(min_memory_cap_mb(device), default_memory_cap_mb(hardware) / per_node)  # below it no trial even starts
+    node_mb = default_memory_cap_mb(hardware)
+    if ray_memory_mb:
+        node_mb = min(node_mb, ray_memory_mb)
+    cap = max(min_memory_cap_mb(device), node_mb / per_node)  # below it no trial even starts
     return (min(cap, requested_mb) if requested_mb else cap), per_node
+
+
+def ray_memory_mb(ray, node_id: str) -> float | None:
+    """The ``memory`` resource (MiB) the node ``node_id`` gives Ray's tasks, or None if Ray does not say."""
+    for n in ray.nodes():
+        if n.get("NodeID") == node_id:
+            mem = n.get("Resources", {}).get("memory")
+            return float(mem) / 2**20 if mem else None
+    return None
+
+
+def this_node_cap_mb(ray, device: str, requested_mb: float | None) -> tuple[str, float]:
+    """``(node id, memory cap)`` of a trial in this Ray worker: its own node's (``node_memory_cap_mb``), not the
+    driver's figure, which came from whichever node the probe found (nodes differ in memory, and in what they
+    give Ray)."""
+    from autotune.machine.hardware import detect
+
+    node = ray.get_runtime_context().get_node_id()
+    cap, _ = node_memory_cap_mb(detect(with_torch=False), device, requested_mb, ray_memory_mb=ray_memory_mb(ray, node))
+    return node, cap
 
 
 def resources_for(base: dict[str, float], device: str):
@@ -132,11 +158,17 @@ def probe(ray, base: dict[str, float]):
 
 def remote_runner(ray, base: dict[str, float], node: str, device: str):
     """A trial runner (as ``Tuner.runner``) that runs on ``node`` with a trial's resources: every finalist
-    on the same node, so they are compared on one machine."""
+    on the same node, so they are compared on one machine. A node that left the cluster during the search
+    (killed, scaled down) is replaced once, by another node of the kind (``probe``), before the first finalist.
+    Each run is under the lower of the run's cap and that node's own (``this_node_cap_mb``); its log comes back
+    to ``log_path`` here, headed by the node that ran it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(max_retries=0)
-    def remote(workload: dict, config: dict, measure: dict) -> dict:
+    def remote(workload: dict, config: dict, measure: dict) -> tuple[dict, str, str]:
+        import tempfile
+        from pathlib import Path
+
         from autotune.trial.runner import run_trial
         from autotune.search.storage import machine_lock
 
@@ -145,15 +177,28 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
             os.environ.pop("OMP_NUM_THREADS", None)
         elif not config.get("intra_op_threads"):
             os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
-        with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
-            return run_trial(trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(config),
-                             MeasureSpec.from_dict(measure)).to_dict()
+        spec = MeasureSpec.from_dict(measure)
+        here, cap = this_node_cap_mb(ray, workload["device"], spec.memory_cap_mb)
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "trial.log"
+            with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
+                result = run_trial(trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(config),
+                                   spec.replace(memory_cap_mb=cap), log_path=log)
+            return result.to_dict(), here, log.read_text(errors="replace") if log.exists() else ""
+
+    pinned = [node]
 
     def run(workload, config, measure, *, on_window=None, log_path=None) -> TrialResult:
         res = base if device == "cpu" else gpu_trial(config.to_dict())
+        if not any(n["NodeID"] == pinned[0] for n in _nodes(ray)):
+            pinned[0] = probe(ray, res)[1]
         ref = remote.options(num_cpus=res.get("CPU", 1.0), num_gpus=res.get("GPU", 0.0),
-                             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(pinned[0], soft=False)
                              ).remote(workload.to_dict(), config.to_dict(), measure.to_dict())
-        return TrialResult.from_dict(ray.get(ref))
+        result, where, text = ray.get(ref)
+        if log_path is not None:
+            with open(log_path, "w") as f:
+                f.write(f"# ran on Ray node {where}\n{text}")
+        return TrialResult.from_dict(result)
 
     return run

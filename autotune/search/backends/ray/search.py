@@ -50,6 +50,8 @@ class _SearchMixin:
         self.stop_reason = ""  # why a phase ended the search (``phases.stop_reason``)
         self.told = 0
         self._windows: dict[str, list[dict]] = {}
+        self._where: dict[str, tuple[str, float | None]] = {}  # (Ray node id, memory cap) of the trial's attempt
+        self._failures: dict[str, int] = {}  # times Tune restarted the trial (its actor or node died)
         self._pruned: dict[str, str] = {}
         self._handled: set[str] = set()
         self._started: dict[str, float] = {}
@@ -150,14 +152,29 @@ class _SearchMixin:
                 optuna.storages.fail_stale_trials(self._ot_study)
 
     # --- results --------------------------------------------------------------------------------
-    def window(self, trial_id: str, result: dict) -> bool:
-        """Report one measured window; True when the tuner's pruning rule says stop now."""
+    def window(self, trial_id: str, result: dict, *, failures: int = 0) -> bool:
+        """Note where the trial runs; report one measured window; True when the tuner's pruning rule says stop
+        now. ``failures``: how many times Tune restarted the trial, which then measures afresh on another
+        actor, maybe another node."""
         trial = self._ot_trials.get(trial_id)
-        if trial is None or "window" not in result:
+        if trial is None:
             return False
-        trial.report(float(result[METRIC]), int(result["window"]))
-        self._windows.setdefault(trial_id, []).append(result)
+        if failures > self._failures.get(trial_id, 0):
+            self._failures[trial_id] = failures
+            self._windows.pop(trial_id, None)  # the new attempt's windows are the trial's figures
+            trial.set_user_attr(keys.RAY_RETRIES, failures)
+            self.ctx.log(f"trial {trial.number}: its Ray actor or node died; Tune runs it again (retry {failures})")
+        if result.get("node") and self._where.get(trial_id, ("",))[0] != result["node"]:
+            trial.set_user_attr(keys.NODE, result["node"])  # at once: `show` can say where a running trial is
+        if result.get("node"):
+            self._where[trial_id] = (result["node"], result.get("memory_cap_mb"))
+        if "window" not in result:
+            return False
         frozen = storage_of(self._ot_study).get_trial(storage_trial_id(trial))
+        if int(result["window"]) not in frozen.intermediate_values:  # a retry's first windows are reported already
+            trial.report(float(result[METRIC]), int(result["window"]))
+            frozen = storage_of(self._ot_study).get_trial(storage_trial_id(trial))
+        self._windows.setdefault(trial_id, []).append(result)
         if self.ctx.pruner.prune(self._ot_study, frozen):
             self._pruned[trial_id] = (f"stopped after {len(self._windows[trial_id])} window(s): "
                                       "cannot beat the best so far")
@@ -175,8 +192,6 @@ class _SearchMixin:
         if result and result.get("trial_result"):
             tr = TrialResult.from_dict(json.loads(result["trial_result"]))
             trial.set_user_attr(keys.FINGERPRINT, result.get("fingerprint") or self.ctx.fingerprint)
-            if result.get("node"):
-                trial.set_user_attr(keys.NODE, result["node"])
         elif trial_id in self._pruned:
             windows = self._windows.get(trial_id, [])
             tr = TrialResult(status="pruned", reason=self._pruned[trial_id], batch_size=config.batch_size,
@@ -197,12 +212,15 @@ class _SearchMixin:
             return
         state, value = protocol.settle(
             lambda: protocol.record(trial, tr, limit=self.ctx.limit))
+        node, cap = self._where.get(trial_id, (None, None))
+        if cap is not None:  # the cap it ran under was its node's, not the study's (``cluster.this_node_cap_mb``)
+            trial.set_user_attr(keys.TRIAL_CAP, cap)
         if trial_id in self._started:
             self.walls.append(time.monotonic() - self._started.pop(trial_id))
         self._tell(trial_id, trial, value, state)
         self.ctx.log(f"trial {trial.number} {tr.status:<8} {config.short():<40} "
                        + (f"{tr.median_samples_per_s:.1f} samples/s" if tr.ok else tr.reason)
-                       + (f"  [{result.get('node')}]" if result and result.get("node") else ""))
+                       + (f"  [node {node[:8]}]" if node else ""))
         self._resolve_deferred()
 
     def _fail(self, trial_id: str, trial: Trial, status: str, reason: str) -> None:
@@ -242,7 +260,7 @@ def make_scheduler(search):
 
     class PruneScheduler(FIFOScheduler):
         def on_trial_result(self, tune_controller, trial: TuneTrial, result: dict) -> str:
-            if search.window(trial.trial_id, result):
+            if search.window(trial.trial_id, result, failures=trial.num_failures):
                 return TrialScheduler.STOP
             return TrialScheduler.CONTINUE
 
