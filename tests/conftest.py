@@ -20,10 +20,15 @@ if str(REPO_ROOT) not in _pp.split(os.pathsep):
 
 # One machine lock per test session (runs the session starts share it), not the machine's: several sessions
 # (a developer's and a helper's) may run on one machine, and their trials' timings matter less than finishing.
+# Under pytest-xdist each worker is a session of its own: the controller's lock is inherited through the
+# environment, so a worker takes a file of its own beside it (two workers' runs would refuse each other).
 if not os.environ.get("AUTOTUNE_MACHINE_LOCK"):
     import tempfile
 
     os.environ["AUTOTUNE_MACHINE_LOCK"] = os.path.join(tempfile.mkdtemp(prefix="autotune-tests-"), "machine.lock")
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and not os.environ["AUTOTUNE_MACHINE_LOCK"].endswith(f"-{_WORKER}.lock"):
+    os.environ["AUTOTUNE_MACHINE_LOCK"] = os.environ["AUTOTUNE_MACHINE_LOCK"].removesuffix(".lock") + f"-{_WORKER}.lock"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
@@ -62,7 +67,15 @@ def report_study(tmp_path_factory):
     browser and security tests (``report_fixtures.ensure_study``)."""
     from tests import report_fixtures
 
-    return report_fixtures.ensure_study(tmp_path_factory.getbasetemp() / "report-study")
+    base = tmp_path_factory.getbasetemp()
+    if not _WORKER:
+        return report_fixtures.ensure_study(base / "report-study")
+    # under pytest-xdist: made once for all workers, in the folder their own folders share, under a file lock
+    from filelock import FileLock
+
+    root = base.parent / "report-study"
+    with FileLock(str(root) + ".lock"):
+        return report_fixtures.ensure_study(root)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -150,13 +150,19 @@ class TestWhileARunMeasures:
             proc.kill()
             proc.wait()
 
-    def test_second_run_on_one_sqlite_study_is_refused_and_export_stays_consistent(self, measuring, tmp_path):
-        first, storage = measuring.proc, measuring.storage
+    def test_second_run_on_one_sqlite_study_is_refused(self, measuring):
         second = run_cli("run", "--model", "tests.study_fixtures:sleepy", "--image-size", "16", "--space",
-                         str(measuring.space), "--storage", storage, "--trials", "1", "--device", "cpu",
+                         str(measuring.space), "--storage", measuring.storage, "--trials", "1", "--device", "cpu",
                          "--no-progress")
         assert second.returncode == 2
         assert "another autotune run" in second.stderr.strip().splitlines()[-1]
+
+    # slow: three exports, each a CLI process that stamps the environment (~35 s on 2 cores); by default `export`
+    # writes a real recommendation in test_security.py (test_a_recommendation_keeps_no_password_in_its_yaml...)
+    # and a failed write keeps the old file in test_recommend.py::test_failed_write_keeps_the_old_file_and_no_temp
+    @pytest.mark.slow
+    def test_exports_while_the_run_writes_are_refused_or_complete(self, measuring, tmp_path):
+        first, storage = measuring.proc, measuring.storage
         # exports while the first run writes: each is either a clean refusal or a complete, valid file
         out = tmp_path / "best.yaml"
         exported = 0

@@ -123,6 +123,9 @@ def test_no_command_prints_help_and_exits_2():
     assert "usage:" in proc.stdout
 
 
+# slow: a CLI trial; by default test_examples.py::test_custom_workload_trial_via_the_cli runs `autotune trial
+# --format json` for real and reads the same result fields
+@pytest.mark.slow
 def test_trial_runs_for_real_with_json_output():
     proc = run_cli("trial", "--model", TINY, "--image-size", "32", "--batch-size", "8", "--windows", "2",
                    "--window-seconds", "0.2", "--device", "cpu", "--memory-cap", "4GiB", "--trial-timeout", "2m",

@@ -91,7 +91,8 @@ def test_export_with_no_finished_trial_is_refused(tmp_path):
 
 
 # slow: a real `autotune run`; by default the CLI's run, report and `show --explain` run on conftest's report_study
-# (view/test_report.py), and exports from a real measuring run in test_faults.py::TestWhileARunMeasures
+# (view/test_report.py), and `export` writes a real recommendation in
+# test_security.py::test_a_recommendation_keeps_no_password_in_its_yaml_report_or_mlflow
 @pytest.mark.slow
 def test_run_show_export_round_trip(tmp_path, space_file):
     storage = f"sqlite:///{tmp_path}/flow.db"
