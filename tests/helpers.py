@@ -154,3 +154,17 @@ def store_recommendation(tmp_path, rec) -> str:
     study.set_user_attr("recommendation", rec.to_dict())
     assert stored_recommendation(study) == rec
     return url
+
+
+def alive_pids(pids):
+    """The pids still running (a zombie has exited: it is only waiting to be reaped)."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            pass
+    return alive

@@ -21,7 +21,7 @@ from autotune.machine.device import get_device
 from autotune.trial.ddp import check_ranks, rank_threads
 from autotune.trial.ranks import RankGroup, ShardedSampler
 from autotune.trial.runner import run_trial
-from tests.helpers import run_cli
+from tests.helpers import alive_pids, run_cli
 
 W = "tests.ddp_workloads"
 QUICK = MeasureSpec(windows=2, window_s=0.2, settle_windows=0, timeout_s=120)
@@ -101,20 +101,6 @@ def test_one_process_is_written_as_before():
 
 # --- real 2-rank trials ------------------------------------------------------------------------------------
 
-def _alive(pids):
-    """The pids still running (a zombie has exited: it is only waiting to be reaped)."""
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.Error:
-            pass
-    return alive
-
-
 class _Tree:
     """on_event for run_trial: keeps the rank pids and, at the first window, every process of the trial."""
 
@@ -176,7 +162,7 @@ def test_an_oom_on_rank_1_only_ends_the_trial_as_oom_within_seconds(tmp_path, mo
     assert r.status == "oom", (r.status, r.reason, r.traceback)
     assert r.reason.startswith("rank 1: ") and "out of memory" in r.reason and r.world_size == 2
     assert ended - float((tmp_path / "oom_at").read_text()) < 5.0  # not held up by rank 0's stuck all-reduce
-    assert tree.pids and _alive(tree.pids) == []
+    assert tree.pids and alive_pids(tree.pids) == []
 
 
 @pytest.mark.slow
@@ -188,7 +174,7 @@ def test_sigkill_of_one_rank_ends_the_trial_as_crashed_with_no_orphan():
     assert "rank 1 killed by SIGKILL" in r.reason
     assert time.monotonic() - tree.killed_at < 5.0
     assert len(tree.seen) >= 5  # the trial child, 2 ranks and a DataLoader worker each
-    assert _alive(tree.seen) == []
+    assert alive_pids(tree.seen) == []
 
 
 @pytest.mark.slow
@@ -200,7 +186,7 @@ def test_a_rank_stuck_in_a_collective_is_killed_at_the_time_limit(tmp_path, monk
                   QUICK.replace(windows=50, timeout_s=40), on_event=tree)
     assert r.status == "timeout" and (tmp_path / "hung_at").exists(), (r.status, r.reason)
     assert time.monotonic() - t0 < 40 + 15
-    assert tree.pids and _alive(tree.pids) == []
+    assert tree.pids and alive_pids(tree.pids) == []
 
 
 @pytest.mark.slow

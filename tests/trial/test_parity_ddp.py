@@ -20,6 +20,8 @@ from autotune.trial.parity import (DEFAULT_TOLERANCE, ParityResult, check_second
                                    parity_check, reference_config)
 from autotune.trial.parity_ranks import SeededSamples, global_batches, shard
 
+from tests.helpers import alive_pids
+
 W = "tests.ddp_workloads"
 STEPS = 6
 
@@ -161,19 +163,6 @@ def test_a_config_broken_only_under_ddp_fails_the_check():
     assert max(abs(a - b) for a, b in zip(r.losses_reference, r.losses_control)) < 1e-4
 
 
-def _alive(pids):
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _rank_pids(tmp_path):
     return [int(x) for x in (tmp_path / "pids").read_text().split()]
 
@@ -188,7 +177,7 @@ def test_a_rank_that_raises_fails_the_check_at_once_with_its_reason(tmp_path, mo
     assert "the parity check of fp32 eager on 2 DDP ranks failed: rank 1: RuntimeError: rank 1 broke" in r.reason
     assert ended - float((tmp_path / "raised_at").read_text()) < 10  # not held up by rank 0's all-reduce
     pids = _rank_pids(tmp_path)
-    assert len(pids) == 2 and _alive(pids + [r.child_pid]) == []
+    assert len(pids) == 2 and alive_pids(pids + [r.child_pid]) == []
     assert "rank 1 broke" in (tmp_path / "parity.log").read_text()  # the rank's traceback is in the log
 
 
@@ -208,4 +197,4 @@ def test_a_hung_rank_is_killed_with_the_check_at_its_time_limit(tmp_path, monkey
     assert not r.ok and "did not finish in 40 s" in r.reason and (tmp_path / "hung_at").exists(), r.reason
     assert time.monotonic() - t0 < 40 + 15
     pids = _rank_pids(tmp_path)
-    assert len(pids) == 2 and _alive(pids + [r.child_pid]) == []
+    assert len(pids) == 2 and alive_pids(pids + [r.child_pid]) == []
