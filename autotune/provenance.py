@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from autotune.config import TrialConfig, Workload, knob_args
-from autotune.machine.versions import package_version
+from autotune.machine.versions import package_version, torch_build
 from autotune.search import trials as keys
 
 __all__ = ["reproduce_command", "versions_of", "tokens_per_sample"]
@@ -39,14 +39,17 @@ def versions_of(hw) -> dict[str, Any]:
     from autotune import __version__
 
     out: dict[str, Any] = {"autotune": __version__, "python": platform.python_version()}
-    try:
-        import torch
+    build = torch_build()  # read from torch's version.py: this process need not import torch for it
+    if build is None:
+        try:
+            import torch
 
-        # torch.__version__ is a str subclass that yaml.safe_dump refuses: store plain strings
-        out.update(torch=str(torch.__version__), torchvision=package_version("torchvision"),
-                   cuda=None if torch.version.cuda is None else str(torch.version.cuda))
-    except ImportError:
-        pass
+            build = (torch.__version__, torch.version.cuda)
+        except ImportError:
+            pass
+    if build is not None:  # torch.__version__ is a str subclass that yaml.safe_dump refuses: plain strings
+        out.update(torch=str(build[0]), torchvision=package_version("torchvision"),
+                   cuda=None if build[1] is None else str(build[1]))
     gpus = hw.gpus if hw is not None else ()
     out["driver"] = gpus[0]["driver"] if gpus else None
     return out

@@ -76,8 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autotune.workloads.build import check
 
     timeout_s, ceiling_s, run_length = _budget_args(args)  # said before torch loads: a typo costs no seconds
-    hw = detect()
     workload = workload_from_args(args)
+    # with what its first batch holds (the space is fitted to it, the YAML records it); a module:callable is checked
+    # in a child, which also tells detect() what it needs of torch: this process never imports torch for it
+    workload = check(workload)
+    hw = detect()
     measure = measure_from_args(args, hardware=hw, device=workload.device)
     from autotune.machine.gpu_check import check_cuda_usable
 
@@ -85,7 +88,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     space = load_space(args.space, hardware=hw, device=workload.device)
     if args.oversubscribe:  # as a space that says so: ranks may outnumber the cores, threads and workers untrimmed
         space = dataclasses.replace(space, oversubscribe=True)
-    workload = check(workload)  # with what its first batch holds: the space is fitted to it, the YAML records it
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
     logger = None
     if args.mlflow:  # reached now, not after hours of trials

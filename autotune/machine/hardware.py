@@ -12,15 +12,19 @@ import math
 import os
 import platform
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from autotune.machine.device import cuda_device_gpus, nvml_gpus
 from autotune.machine.malloc import thp_mode
-from autotune.machine.versions import package_version
+from autotune.machine.versions import package_version, torch_build
 
-__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb"]
+__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb", "torch_facts", "remember_torch_facts"]
+
+# torch_facts() as a child of this process answered them (the check child): detect() then need not import torch
+_TORCH_FACTS: dict[str, str | None] = {}
 
 # CPU flags that change which kernels torch can use for the knobs we tune.
 PERF_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
@@ -256,8 +260,31 @@ class Hardware:
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
+def torch_facts() -> dict[str, str | None]:
+    """What only an imported torch tells: the CPU kernels it dispatches to (``AVX2``, ``AVX512``...) and cuDNN's
+    version where CUDA is usable. Imports torch: called in a process that has it or pays for it."""
+    import torch
+
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        cap = None
+    cudnn = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
+    return {"cpu_capability": cap, "cudnn": cudnn}
+
+
+def remember_torch_facts(facts: dict | None) -> None:
+    """Keep ``torch_facts()`` as a child of this process (same interpreter, same environment) answered them, so
+    that ``detect()`` here reads them instead of importing torch (3-9 s of CPU on a 2-core machine)."""
+    if facts and "cpu_capability" in facts:
+        _TORCH_FACTS.update(cpu_capability=facts.get("cpu_capability"), cudnn=facts.get("cudnn"))
+
+
 def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
-    """Detect this machine. ``with_torch=False`` skips importing torch (versions then read None).
+    """Detect this machine. ``with_torch=False`` skips torch (versions then read None). With it, torch's and
+    torchvision's versions are read from their ``version.py`` (``versions.py``), and the CPU kernels and cuDNN from
+    ``torch_facts()``: the torch this process imported, what a child answered (``remember_torch_facts``), or an
+    import of torch here.
 
     >>> hw = detect(with_torch=False)
     >>> hw.usable_cores >= 1
@@ -291,16 +318,14 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
 
     torch_v = tv_v = cuda_v = cudnn_v = cap = None
     if with_torch:
-        import torch
+        build = torch_build()
+        if build is None:  # a version.py of another shape: the import tells
+            import torch
 
-        torch_v = torch.__version__
-        cuda_v = torch.version.cuda
-        if torch.cuda.is_available():
-            cudnn_v = str(torch.backends.cudnn.version())
-        try:
-            cap = torch.backends.cpu.get_cpu_capability()
-        except AttributeError:
-            cap = None
+            build = (str(torch.__version__), torch.version.cuda)
+        torch_v, cuda_v = build
+        facts = _TORCH_FACTS if _TORCH_FACTS and "torch" not in sys.modules else torch_facts()
+        cap, cudnn_v = facts["cpu_capability"], facts["cudnn"]
         tv_v = package_version("torchvision")  # read, not imported: importing it costs seconds (versions.py)
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
     return Hardware(

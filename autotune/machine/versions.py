@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 
-__all__ = ["package_version"]
+__all__ = ["package_version", "torch_build"]
 
 
 def package_version(name: str) -> str | None:
@@ -43,16 +43,43 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def torch_build() -> tuple[str, str | None] | None:
+    """``(torch.__version__, torch.version.cuda)`` of the torch that ``import torch`` would load, read from its
+    ``version.py`` (``cuda`` None for a CPU-only build); None when torch is not installed or that file is not of
+    this shape (then import it)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        found = _assigned(f"{folder}/version.py")
+        if isinstance(found.get("__version__"), str) and "cuda" in found:
+            cuda = found["cuda"]
+            return found["__version__"], cuda if isinstance(cuda, str) else None
+    return None
+
+
 def _assigned_version(path: str) -> str | None:
     """The string literal assigned to ``__version__`` at the top level of ``path``, else None."""
+    found = _assigned(path).get("__version__")
+    return found if isinstance(found, str) else None
+
+
+def _assigned(path: str) -> dict[str, object]:
+    """The constants assigned to plain names at the top level of ``path`` (``x = 'a'``, ``x: T = None``)."""
     try:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), filename=path)
     except (OSError, SyntaxError, ValueError):
-        return None
+        return {}
+    out: dict[str, object] = {}
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "__version__" and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)):
-            return node.value.value
-    return None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            out[target.id] = value.value
+    return out

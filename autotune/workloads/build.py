@@ -48,12 +48,12 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 def list_models() -> list[str]:
     """torchvision's classification models and the built-in text ones (``autotune.workloads.text``): the names
-    ``--model`` accepts besides ``module:callable``."""
-    import torchvision
-
+    ``--model`` accepts besides ``module:callable``. Read from torchvision's source, not imported: a typo is said
+    in a fraction of a second (``autotune.workloads.names``)."""
+    from autotune.workloads.names import classification_models
     from autotune.workloads.text import TEXT_MODELS
 
-    return sorted([*torchvision.models.list_models(module=torchvision.models), *TEXT_MODELS])
+    return sorted([*classification_models(), *TEXT_MODELS])
 
 
 def resolve(spec: str) -> Callable[..., Any]:
@@ -138,6 +138,9 @@ def _check_in_child(workload: Workload) -> dict[str, Any]:
                             + (f": {last_err[:300]}" if last_err else "")) from None
     if "error" in answer:
         raise WorkloadError(answer["error"])
+    from autotune.machine.hardware import remember_torch_facts
+
+    remember_torch_facts(answer.get("torch"))  # this process's detect() then need not import torch
     return answer["data"]
 
 

@@ -4,7 +4,8 @@ by ``workloads.check``.
 It imports the user's module, resolves the callable, checks that it can be called as a workload, calls it and reads
 its first batch (``workloads.probe``), in a process of its own: the parent then never runs the user's code, and can
 end one that hangs. It prints one JSON line on its stdout, ``{"ok": true, "data": {...}}`` (what the first batch
-holds) or ``{"error": "<one line>"}``; whatever the module prints goes to stderr.
+holds, and ``torch``: ``hardware.torch_facts()``) or ``{"error": "<one line>"}``; whatever the module prints
+goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)  # the module's prints must not be taken for the answer
     from autotune.config import Workload
     from autotune.errors import WorkloadError
+    from autotune.machine.hardware import torch_facts
     from autotune.workloads.build import build, check_signature, offered_to, resolve
     from autotune.workloads.probe import probe
 
@@ -26,7 +28,8 @@ def main(argv: list[str]) -> int:
     try:
         fn = resolve(workload.model)
         check_signature(fn, workload)
-        msg: dict = {"ok": True, "data": probe(build(workload), takes=offered_to(fn, workload))}
+        msg: dict = {"ok": True, "data": probe(build(workload), takes=offered_to(fn, workload)),
+                     "torch": torch_facts()}  # the parent's hardware snapshot reads them: it need not import torch
     except WorkloadError as exc:
         msg = {"error": str(exc)}
     answer.write(json.dumps(msg) + "\n")

@@ -72,6 +72,27 @@ def test_detect_reports_the_kernels_thp_mode(hw):
     assert dataclasses.replace(hw, thp="never").fingerprint == hw.fingerprint  # a setting, not the hardware
 
 
+def test_a_run_parent_knows_torchs_facts_without_importing_torch(hw):
+    """`autotune run`'s parent checks a module:callable in a child, which answers what detect() needs of torch:
+    the parent then reads the versions from torch's version.py and never imports torch (3-9 s of CPU)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom autotune.config import Workload\nfrom autotune.workloads.build import check\n"
+            "from autotune.machine.hardware import detect\n"
+            "check(Workload(model='tests.study_fixtures:sleepy', image_size=16))\nhw = detect()\n"
+            "from autotune.provenance import versions_of\nv = versions_of(hw)\n"
+            "print(json.dumps(['torch' in sys.modules, hw.torch, hw.cuda, hw.torch_cpu_capability, hw.cudnn,"
+            " hw.torchvision, v['torch'], v['cuda']]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported, *facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not imported
+    assert facts == [hw.torch, hw.cuda, hw.torch_cpu_capability, hw.cudnn, hw.torchvision, hw.torch, hw.cuda]
+    assert hw.torch_cpu_capability  # this process imported torch: the real answer, compared above
+
+
 def test_detect_without_torch_has_no_versions():
     hw = detect(with_torch=False)
     assert hw.torch is None and hw.torchvision is None and hw.torch_cpu_capability is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 import torch
@@ -30,6 +31,20 @@ def test_list_models():
     names = list_models()
     assert "resnet18" in names and "mobilenet_v3_small" in names
     assert names == sorted(names)
+
+
+def test_the_model_names_read_from_torchvisions_source_are_the_ones_it_registers():
+    import subprocess
+
+    # in a child: the names are read without importing torchvision, then compared with what the import registers
+    code = ("import sys\nfrom autotune.workloads.names import classification_models\n"
+            "names = classification_models()\nassert 'torchvision' not in sys.modules\n"
+            "import torchvision\n"
+            "assert list(names) == sorted(torchvision.models.list_models(module=torchvision.models)), names\n"
+            "print(len(names))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) > 50  # resnets, vgg, vit, convnext, regnet...
 
 
 def test_check_unknown_model_suggests_close_names():
