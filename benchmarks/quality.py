@@ -11,13 +11,15 @@ the built-in text transformer; ``--workloads`` for others):
 3. Interleaved re-measurement (rounds rotate the order) of the grid's top three, the recommendation and
    PyTorch's defaults, and of the grid's best with the CPU launch knobs (``malloc`` jemalloc / tcmalloc where
    installed, ``affinity`` close).
-4. Per workload: recommendation / best (re-measured medians), the trials and seconds of trial time until
-   autotune had measured a config within 95% of the best (judged on the grid's figures), autotune's trials and
-   whole run time (search, finalists, numerics check), bf16 / fp32 at the best config's other settings, and the
-   launch knobs against the best.
+4. Per workload: recommendation / best (re-measured medians, pooled over the rounds), the recommendation over
+   the best other contender round by round (the median of the rounds' ratios and their range: a shortfall
+   inside the range is the machine's drift between rounds, not a worse config), the trials and seconds of trial
+   time until autotune had measured a config within 95% of the best (judged on the grid's figures), autotune's
+   trials and whole run time (search, finalists, numerics check), bf16 / fp32 at the best config's other
+   settings, and the launch knobs against the best.
 
-Not a test: the default run takes an hour or more; ``--quick`` (32 px, short windows, two batch sizes) takes
-10-15 minutes on 2 cores. ``benchmarks/quality_grid.py`` is the older one-workload benchmark (an exhaustive grid
+Not a test: the default run takes an hour or more; ``--quick`` (32 px, short windows, two batch sizes, 4 rounds) takes
+15-30 minutes on 2 cores. ``benchmarks/quality_grid.py`` is the older one-workload benchmark (an exhaustive grid
 over threads and workers too, FLOP/s against a matmul peak).
 
     python benchmarks/quality.py --quick
@@ -52,7 +54,7 @@ from autotune.workloads.build import check  # noqa: E402
 WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
 FULL = {"image_size": 128, "batches": "16,32,64", "space": "stock", "windows": 3, "window_seconds": 2.0, "rounds": 3,
         "finalist_rounds": 2, "parity_steps": 30, "dataset_size": 4096}
-QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_seconds": 0.5, "rounds": 2,
+QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_seconds": 0.5, "rounds": 4,
          "parity_steps": 10, "dataset_size": 1024}
 
 
@@ -91,18 +93,27 @@ def measure_all(workload, configs, measure, label: str) -> dict[tuple, dict]:
     return rows
 
 
-def interleaved(workload, contenders: dict[str, TrialConfig], measure, rounds: int) -> dict[str, list[float]]:
-    """Each contender once per round, the order rotating; the windows of the rounds that finished ok."""
+def interleaved(workload, contenders: dict[str, TrialConfig], measure, rounds: int) -> dict[str, list[list[float]]]:
+    """Each contender once per round, the order rotating; per contender, each round's windows ([] where that
+    round's trial failed), so ratios can be taken within a round (the VM drifts 5-20% between minutes)."""
     names = list(contenders)
-    out: dict[str, list[float]] = {n: [] for n in names}
+    out: dict[str, list[list[float]]] = {n: [] for n in names}
     for r in range(rounds):
         for n in names[r % len(names):] + names[: r % len(names)]:
             res = run_trial(workload, contenders[n], measure)
-            if res.ok:
-                out[n].extend(res.samples_per_s)
+            out[n].append(list(res.samples_per_s) if res.ok else [])
             print(f"  round {r + 1}/{rounds} {n:<22} {contenders[n].short():<38} {res.status:<6} "
                   f"{(res.median_samples_per_s or 0):8.1f}/s", flush=True)
     return out
+
+
+def paired(xs: dict[str, list[list[float]]], a: str, b: str) -> dict | None:
+    """``a`` over ``b`` within each round both finished (the ratio of that round's window medians): the median
+    ratio, the lowest and highest, and each round's; None when no round has both."""
+    ratios = [summarize(ra).median / summarize(rb).median for ra, rb in zip(xs[a], xs[b]) if ra and rb]
+    if not ratios:
+        return None
+    return {"median": summarize(ratios).median, "low": min(ratios), "high": max(ratios), "rounds": ratios}
 
 
 def reached(trials, grid: dict[tuple, dict], bar: float) -> dict | None:
@@ -156,10 +167,17 @@ def one_workload(name: str, a, hw, measure) -> dict:
     contenders["best + affinity close"] = best.replace(affinity="close")
     print(f"## {workload.label()}: re-measured, {a.rounds} interleaved rounds", flush=True)
     xs = interleaved(workload, contenders, measure.replace(window_s=2 * measure.window_s), a.rounds)
-    med = {n: summarize(v).median if v else None for n, v in xs.items()}
+    pooled = {n: [w for r in rounds for w in r] for n, rounds in xs.items()}
+    med = {n: summarize(v).median if v else None for n, v in pooled.items()}
     rec_name = next((n for n, c in contenders.items() if rec is not None and c.key() == rec.config.key()), None)
-    truth = [med[n] for n in contenders if (n.startswith("grid #") or n == rec_name) and med[n]]
-    best_med = max(truth) if truth else None
+    truth = [n for n in contenders if (n.startswith("grid #") or n == rec_name) and med[n]]
+    best_name = max(truth, key=lambda n: med[n]) if truth else None
+    best_med = med[best_name] if best_name else None
+    # the recommendation against the best of the others, round by round: its interval says whether a shortfall
+    # is more than the drift between rounds
+    rivals = [n for n in truth if n != rec_name]
+    rival = max(rivals, key=lambda n: med[n]) if rivals else None
+    vs_rival = paired(xs, rec_name, rival) if rec_name and rival else None
     hit = reached(trials, grid, 0.95 * ok[0]["median"]) if ok else None
     fp32 = grid.get(best.replace(amp="off").key(), {}).get("median")
     bf16 = grid.get(best.replace(amp="bf16").key(), {}).get("median")
@@ -172,6 +190,7 @@ def one_workload(name: str, a, hw, measure) -> dict:
                                    and t.user_attrs.get("duplicate_of") is None),
             "contenders": {n: c.short() for n, c in contenders.items()}, "remeasured": xs, "medians": med,
             "rec_over_best": (med[rec_name] / best_med) if rec_name and best_med and med[rec_name] else None,
+            "best": best_name, "rival": rival, "rec_over_rival_paired": vs_rival,
             "reached_95": hit, "bf16_over_fp32": (bf16 / fp32) if bf16 and fp32 else None, "launch": launch}
 
 
@@ -180,9 +199,10 @@ def table(rows: list[dict], hw, a, total_s: float) -> str:
           f"{'/'.join(map(str, a.batches))}, space: {a.space}; each trial {a.windows} windows of "
           f"{a.window_seconds:g} s; re-measured {a.rounds} rounds interleaved (windows twice as long); "
           f"whole benchmark {total_s / 60:.1f} min.", "",
-          "| workload | recommendation / best | trials (s) to 95% of best | autotune trials | autotune run | "
+          "| workload | recommendation / best | recommendation / best other, per round: median [low, high] | "
+          "trials (s) to 95% of best | autotune trials | autotune run | "
           "bf16 / fp32 | jemalloc / tcmalloc / affinity close vs best | recommendation |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def f(x, fmt="{:.3f}"):
         return "n/a" if x is None else fmt.format(x)
@@ -190,7 +210,10 @@ def table(rows: list[dict], hw, a, total_s: float) -> str:
     for r in rows:
         hit = r["reached_95"]
         launch = " / ".join(f(r["launch"].get(k), "{:.2f}") for k in ("jemalloc", "tcmalloc", "affinity close"))
-        md.append(f"| {r['label']} | {f(r['rec_over_best'])} | "
+        pr = r.get("rec_over_rival_paired")
+        vs = (f"{pr['median']:.3f} [{pr['low']:.3f}, {pr['high']:.3f}] vs {r['rival']}" if pr
+              else "n/a (the recommendation is not among the re-measured)")
+        md.append(f"| {r['label']} | {f(r['rec_over_best'])} | {vs} | "
                   + (f"{hit['trials']} ({hit['seconds']:.0f} s)" if hit else "not reached")
                   + f" | {r['measured_trials']} | {r['tune_s'] / 60:.1f} min | {f(r['bf16_over_fp32'], '{:.2f}')} | "
                   f"{launch} | {r['recommendation']} |")
@@ -215,8 +238,8 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling", type=float, default=3600.0, dest="ceiling_s", help="autotune's ceiling, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
-                   help="defaults for a smoke run: 32 px, batch 16/32, the grid's space, windows of 0.5 s, 2 rounds, "
-                        "autotune's default 2 finalist rounds, 10 parity steps (10-15 min on 2 cores for the four "
+                   help="defaults for a smoke run: 32 px, batch 16/32, the grid's space, windows of 0.5 s, 4 rounds, "
+                        "autotune's default 2 finalist rounds, 10 parity steps (15-30 min on 2 cores for the four "
                         "workloads)")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-multi-<time>.json)")
     a = p.parse_args(argv)

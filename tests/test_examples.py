@@ -75,6 +75,10 @@ def test_custom_workload_trial_via_the_cli():
 
 # --- train_with_recommend ----------------------------------------------------------------------------------
 
+# slow: the example whole (resnet18 built, a restart with the launch environment, 15 s); by default recommend()
+# answering from the store is test_recommend.py::test_recommend_answers_from_the_stored_recommendation and what
+# to export before start test_recommend.py::test_launch_env_and_yaml_say_what_to_export_before_start
+@pytest.mark.slow
 @pytest.mark.skipif(bool(detect(with_torch=False).gpus), reason="the seeded study is for the CPU")
 def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
