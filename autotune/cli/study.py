@@ -77,18 +77,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     timeout_s, ceiling_s, run_length = _budget_args(args)  # said before torch loads: a typo costs no seconds
     workload = workload_from_args(args)
-    # with what its first batch holds (the space is fitted to it, the YAML records it); a module:callable is checked
-    # in a child, which also tells detect() what it needs of torch: this process never imports torch for it
-    workload = check(workload)
-    hw = detect()
-    measure = measure_from_args(args, hardware=hw, device=workload.device)
+    # The user's numbers, space file and storage are checked against the machine first (cores, memory, GPUs, CPU
+    # flags: no torch needed), so a mistake costs a fraction of a second, not the workload check's child.
+    machine = detect(with_torch=False)
+    measure = measure_from_args(args, hardware=machine, device=workload.device)
     from autotune.machine.gpu_check import check_cuda_usable
 
-    check_cuda_usable(workload.device, hw)  # a GPU this torch cannot use: one line now, not a failed trial each
-    space = load_space(args.space, hardware=hw, device=workload.device)
+    check_cuda_usable(workload.device, machine)  # a GPU this torch cannot use: one line now, not a failed trial each
+    space = load_space(args.space, hardware=machine, device=workload.device)
     if args.oversubscribe:  # as a space that says so: ranks may outnumber the cores, threads and workers untrimmed
         space = dataclasses.replace(space, oversubscribe=True)
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
+    # With what its first batch holds (the space is fitted to it, the YAML records it). A module:callable is checked
+    # in a child, which also answers what detect() needs of torch: this process never imports torch for it.
+    workload = check(workload)
+    hw = detect()
     logger = None
     if args.mlflow:  # reached now, not after hours of trials
         from autotune.integrations.mlflow import MLflowLogger
