@@ -4,8 +4,10 @@ with a recommendation and printed by ``autotune env``, and which of them changed
 ``get_env_info()`` runs pip, conda, gcc, nvidia-smi... one after another (about 0.7 s here, seconds with a GPU or
 many packages), and initialises CUDA when a GPU is visible. So it runs in a child process with a time limit
 (``TIMEOUT_S``; a tuner's parent must not hold a CUDA context, and a hung ``nvidia-smi`` must not hang us), once
-per process (cached). Left out: ``cpu_info`` (lscpu's whole output: the recommendation's hardware section has the
-CPU model and the flags that matter) and ``pip_version``. The package lists are kept as lists of lines.
+per process (cached); or in the workload's check child, which imports torch anyway, alongside the check
+(``remember_env_stamp``: a run then starts no second child importing torch for it). Left out: ``cpu_info``
+(lscpu's whole output: the recommendation's hardware section has the CPU model and the flags that matter) and
+``pip_version``. The package lists are kept as lists of lines.
 
 >>> stamp = collect_env_stamp()                       # doctest: +SKIP
 >>> stamp["gcc_version"], stamp["pip_packages"][:1]   # doctest: +SKIP
@@ -22,7 +24,8 @@ from typing import Any
 
 from autotune.machine.launch import SAFE_PATH_PRELUDE
 
-__all__ = ["collect_env_stamp", "stamp_changes", "describe_stamp", "TIMEOUT_S"]
+__all__ = ["collect_env_stamp", "have_stamp", "remember_env_stamp", "raw_env_info", "stamp_from_raw", "stamp_changes",
+           "describe_stamp", "TIMEOUT_S"]
 
 TIMEOUT_S = 60.0
 _LEFT_OUT = ("cpu_info", "pip_version")
@@ -34,12 +37,33 @@ _CHILD = ("import json\nfrom torch.utils.collect_env import get_env_info\n"
           "print(json.dumps(get_env_info()._asdict(), default=str))")
 
 
-@functools.lru_cache(maxsize=1)
+# what a child of this process that had torch imported anyway answered (the workload's check child: ``remember``)
+_REMEMBERED: dict[str, Any] = {}
+
+
+def remember_env_stamp(raw: dict[str, Any] | None) -> None:
+    """Keep the ``get_env_info()._asdict()`` a child of this process (same interpreter and environment) answered:
+    ``collect_env_stamp()`` then returns it instead of starting a child that imports torch again."""
+    if raw and not _REMEMBERED:
+        _REMEMBERED.update(stamp_from_raw(raw) if "error" not in raw else raw)
+
+
+def have_stamp() -> bool:
+    """Whether this process has its stamp already (collected or remembered): a check child need not collect it."""
+    return bool(_REMEMBERED) or _collected.cache_info().currsize > 0
+
+
 def collect_env_stamp(timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
-    """``torch.utils.collect_env.get_env_info()`` as a plain dict (YAML-safe), from a child process.
+    """``torch.utils.collect_env.get_env_info()`` as a plain dict (YAML-safe), from a child process (or what the
+    workload's check child answered: ``remember_env_stamp``).
 
     When it cannot be had (torch too old to have it, the child failed or took over ``timeout_s``), the dict
     is ``{"error": why}``, and ``stamp_changes`` compares nothing against it."""
+    return dict(_REMEMBERED) if _REMEMBERED else _collected(timeout_s)
+
+
+@functools.lru_cache(maxsize=1)
+def _collected(timeout_s: float) -> dict[str, Any]:
     try:
         proc = subprocess.run([sys.executable, "-c", SAFE_PATH_PRELUDE + _CHILD], capture_output=True, text=True,
                               timeout=timeout_s)
@@ -54,6 +78,19 @@ def collect_env_stamp(timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
         raw = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"error": "collect_env printed no result"}
+    return stamp_from_raw(raw)
+
+
+def raw_env_info() -> dict[str, Any]:
+    """``get_env_info()._asdict()``, JSON-safe, in this process (which imports torch and may initialise CUDA: a
+    child's job, ``workloads.check_child``)."""
+    from torch.utils.collect_env import get_env_info
+
+    return json.loads(json.dumps(get_env_info()._asdict(), default=str))
+
+
+def stamp_from_raw(raw: dict[str, Any]) -> dict[str, Any]:
+    """The stamp kept from ``get_env_info()._asdict()``: ``_LEFT_OUT`` dropped, package lists as lists of lines."""
     out: dict[str, Any] = {}
     for k, v in raw.items():
         if k in _LEFT_OUT:

@@ -17,7 +17,9 @@ workload with ``data``, what its first batch holds (``autotune.workloads.probe``
 to. A ``module:callable`` is imported, resolved, its signature checked, built and probed in a short-lived child of
 its own (``autotune.workloads.check_child``), so the parent never runs the user's code and an import or build that
 hangs is ended after ``AUTOTUNE_IMPORT_TIMEOUT_S`` seconds (default 120) with a one-line ``WorkloadError``. The
-built-in workloads' data is probed in this process (autotune's own code; a couple of synthetic images at most).
+built-in workloads' data is probed in this process where it has torch already (a couple of synthetic images at
+most), else in that child. The child also answers what ``hardware.detect()`` needs of torch and the environment
+stamp (``machine.envstamp``), so `autotune run`'s parent never imports torch on the CPU.
 ``build(workload)`` runs in the child.
 """
 
@@ -34,8 +36,8 @@ from typing import Any, Callable
 from autotune.config import Workload
 from autotune.errors import WorkloadError
 
-__all__ = ["check", "profile", "build", "Built", "SyntheticJPEGDataset", "list_models", "resolve", "check_signature",
-           "IMPORT_TIMEOUT_ENV", "IMPORT_TIMEOUT_S", "offered_to"]
+__all__ = ["check", "profile", "build", "probe_builtin", "Built", "SyntheticJPEGDataset", "list_models", "resolve",
+           "check_signature", "IMPORT_TIMEOUT_ENV", "IMPORT_TIMEOUT_S", "import_timeout_s", "offered_to"]
 
 # How long the parent waits for the check child to import the user's module: importing torch on a loaded machine
 # takes seconds; one that takes minutes is stuck (a lock, a network mount, input()), and is reported, not waited on.
@@ -103,15 +105,18 @@ def _check_in_child(workload: Workload) -> dict[str, Any]:
 
     from autotune.machine.launch import SAFE_PATH_ENV, python_command
 
-    timeout_s = _import_timeout_s()
+    timeout_s = import_timeout_s()
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)  # the package, when the parent runs from a source checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(SAFE_PATH_ENV)  # nothing planted in the working folder is imported (docs/security.md)
     mod_name = workload.model.partition(":")[0]
     with tempfile.TemporaryFile() as err:
+        from autotune.machine.envstamp import have_stamp
+
+        stamp = () if have_stamp() else ("--env-stamp",)  # the child collects it alongside, once per process
         proc = subprocess.Popen(python_command(sys.executable, "autotune.workloads.check_child",
-                                               json.dumps(workload.to_dict())),
+                                               json.dumps(workload.to_dict()), *stamp),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
                                 start_new_session=True)
         try:
@@ -138,13 +143,15 @@ def _check_in_child(workload: Workload) -> dict[str, Any]:
                             + (f": {last_err[:300]}" if last_err else "")) from None
     if "error" in answer:
         raise WorkloadError(answer["error"])
+    from autotune.machine.envstamp import remember_env_stamp
     from autotune.machine.hardware import remember_torch_facts
 
-    remember_torch_facts(answer.get("torch"))  # this process's detect() then need not import torch
+    remember_torch_facts(answer.get("torch"))  # this process's detect() then need not import torch,
+    remember_env_stamp(answer.get("env"))  # nor its recommendation start a collect_env child
     return answer["data"]
 
 
-def _import_timeout_s() -> float:
+def import_timeout_s() -> float:
     raw = os.environ.get(IMPORT_TIMEOUT_ENV)
     if not raw:
         return IMPORT_TIMEOUT_S
@@ -232,7 +239,6 @@ def check(workload: Workload) -> Workload:
         data = _check_in_child(workload)
     elif text.is_text(workload.model):
         text.check(workload)
-        data = _probe_builtin(workload)
     else:
         names = list_models()
         if workload.model not in names:
@@ -257,8 +263,11 @@ def check(workload: Workload) -> Workload:
         if empty:
             raise WorkloadError(f"data dir {workload.data_dir!r}: class folder(s) {', '.join(empty[:5])} hold no "
                                 "images; remove them or add images (ImageFolder refuses empty classes)")
-    if not workload.is_callable and not text.is_text(workload.model):
-        data = _probe_builtin(workload)
+    if not workload.is_callable:
+        # Where this process has torch (a training script, the tests), probing here costs milliseconds; where it
+        # has not (`autotune run`'s parent), the check child pays the import, and answers detect()'s facts of
+        # torch and the environment stamp on the way, so this process never imports torch.
+        data = probe_builtin(workload) if "torch" in sys.modules else _check_in_child(workload)
     _PROFILES[_profile_key(workload)] = data
     return workload.replace(data=data)
 
@@ -282,7 +291,7 @@ def profile(workload: Workload) -> dict[str, Any]:
     return found if found is not None else check(workload).data  # type: ignore[return-value]
 
 
-def _probe_builtin(workload: Workload) -> dict[str, Any]:
+def probe_builtin(workload: Workload) -> dict[str, Any]:
     """The first batch of a built-in workload, from its data alone (no model is built): the text workload's own
     parts; two synthetic images through the same transform the trial uses (a folder's images go through it too)."""
     from autotune.workloads import text

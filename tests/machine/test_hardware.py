@@ -72,25 +72,39 @@ def test_detect_reports_the_kernels_thp_mode(hw):
     assert dataclasses.replace(hw, thp="never").fingerprint == hw.fingerprint  # a setting, not the hardware
 
 
-def test_a_run_parent_knows_torchs_facts_without_importing_torch(hw):
-    """`autotune run`'s parent checks a module:callable in a child, which answers what detect() needs of torch:
-    the parent then reads the versions from torch's version.py and never imports torch (3-9 s of CPU)."""
+# a module:callable's check child is the same child (slow: every CLI run test goes through it, 7 s here)
+@pytest.mark.parametrize("model", [pytest.param("tests.study_fixtures:sleepy", marks=pytest.mark.slow),
+                                   "transformer_tiny"])
+def test_a_run_parent_knows_torchs_facts_without_importing_torch(hw, model):
+    """`autotune run`'s parent checks the workload in a child (a module:callable always, a built-in one where the
+    parent has no torch), which answers what detect() needs of torch and the collect_env stamp: the parent reads
+    the versions from torch's version.py and never imports torch (3-9 s of CPU), nor starts a second child."""
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom autotune.config import Workload\nfrom autotune.workloads.build import check\n"
-            "from autotune.machine.hardware import detect\n"
-            "check(Workload(model='tests.study_fixtures:sleepy', image_size=16))\nhw = detect()\n"
-            "from autotune.provenance import versions_of\nv = versions_of(hw)\n"
+    from autotune.config import Workload
+    from autotune.machine.envstamp import collect_env_stamp
+    from autotune.workloads.build import probe_builtin
+
+    code = ("import json, subprocess, sys\nfrom autotune.config import Workload\n"
+            "from autotune.workloads.build import check\nfrom autotune.machine.hardware import detect\n"
+            f"w = check(Workload(model={model!r}, image_size=16))\n"
+            "hw = detect()\nfrom autotune.provenance import versions_of\nv = versions_of(hw)\n"
+            "from autotune.machine.envstamp import collect_env_stamp\n"
+            "subprocess.run = subprocess.Popen = None  # the stamp comes without a child\nstamp = collect_env_stamp()\n"
             "print(json.dumps(['torch' in sys.modules, hw.torch, hw.cuda, hw.torch_cpu_capability, hw.cudnn,"
-            " hw.torchvision, v['torch'], v['cuda']]))")
+            " hw.torchvision, v['torch'], v['cuda'], stamp.get('torch_version'), stamp.get('gcc_version'), w.data]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
-    imported, *facts = json.loads(out.stdout.strip().splitlines()[-1])
+    imported, *facts, stamp_torch, stamp_gcc, data = json.loads(out.stdout.strip().splitlines()[-1])
     assert not imported
     assert facts == [hw.torch, hw.cuda, hw.torch_cpu_capability, hw.cudnn, hw.torchvision, hw.torch, hw.cuda]
     assert hw.torch_cpu_capability  # this process imported torch: the real answer, compared above
+    here = collect_env_stamp()  # this process's own, from a collect_env child
+    assert stamp_torch == here["torch_version"] == hw.torch and stamp_gcc == here["gcc_version"]
+    if ":" not in model:  # the child's probe of a built-in workload is this process's
+        assert data == json.loads(json.dumps(probe_builtin(Workload(model=model, image_size=16))))
 
 
 def test_detect_without_torch_has_no_versions():
