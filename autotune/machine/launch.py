@@ -19,12 +19,25 @@ of ``sys.path`` (after the standard library and site-packages) and imports the m
 
 from __future__ import annotations
 
-__all__ = ["python_command", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
+import os
+from pathlib import Path
+
+__all__ = ["python_command", "with_package_path", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
 
 # first lines of any `python -c` program autotune runs: the path entry `-c` added is the working folder
 SAFE_PATH_PRELUDE = "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
 _RUN_MODULE = "import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
 SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+
+
+def with_package_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the folder that holds the ``autotune`` package first on ``PYTHONPATH``, so a child imports
+    this autotune even when the parent runs from a source checkout that is not installed. The folder above the
+    package, never the package itself: that would make ``config``, ``search``, ``trial``... top-level names that
+    shadow the user's modules of those names."""
+    root = str(Path(__file__).resolve().parents[2])  # autotune/machine/launch.py -> the folder holding autotune/
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def python_command(python: str, module: str, *args: str) -> list[str]:

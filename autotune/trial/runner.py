@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from autotune.machine.launch import SAFE_PATH_ENV, python_command
+from autotune.machine.launch import SAFE_PATH_ENV, python_command, with_package_path
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune._units import format_mb
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
@@ -61,10 +61,10 @@ def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
         env["TRITON_CACHE_DIR"] = str(cache / "triton")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(SAFE_PATH_ENV)  # what the child starts does not import from the working folder either (_launch)
-    # The package must be importable by the child even when the parent runs from a source checkout.
-    pkg_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    # pytest's name for the test running in the parent changes with every test; a fork server serves only its
+    # exact environment, so with it each test under pytest would start one (importing torch) for its trials
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return with_package_path(env)  # importable even when the parent runs from a source checkout
 
 
 def _kill_tree(proc: subprocess.Popen, memory: MemoryWatch) -> None:

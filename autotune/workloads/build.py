@@ -103,12 +103,10 @@ def _check_in_child(workload: Workload) -> dict[str, Any]:
     import subprocess
     import tempfile
 
-    from autotune.machine.launch import SAFE_PATH_ENV, python_command
+    from autotune.machine.launch import SAFE_PATH_ENV, python_command, with_package_path
 
     timeout_s = import_timeout_s()
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)  # the package, when the parent runs from a source checkout
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = with_package_path(dict(os.environ))  # this autotune, when the parent runs from a source checkout
     env.update(SAFE_PATH_ENV)  # nothing planted in the working folder is imported (docs/security.md)
     mod_name = workload.model.partition(":")[0]
     with tempfile.TemporaryFile() as err:

@@ -399,9 +399,30 @@ def test_refuses_fp16_on_cpu(no_spawn):
 def test_child_env():
     env = child_env(TrialConfig(intra_op_threads=3), base={"PATH": "/bin", "PYTHONPATH": "/elsewhere"})
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "3"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(runner.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(runner.__file__))))
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    assert os.path.isfile(os.path.join(root, "autotune", "__init__.py"))  # the folder that holds the package
     assert env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    # pytest's per-test variable would give every test a fork server of its own
+    assert child_env(TrialConfig(), base={"PYTEST_CURRENT_TEST": "a.py::t (call)"}) == child_env(TrialConfig(), base={})
+
+
+def test_a_trial_child_imports_this_autotune_and_none_of_its_modules_as_top_level_names(tmp_path):
+    """The child's PYTHONPATH holds the folder above the package: `import autotune` is this one, and `config`,
+    `search`, `trial`... (autotune's own sub-modules) are not top-level names shadowing the user's (a real child)."""
+    import subprocess
+
+    env = child_env(TrialConfig(), base={"PATH": os.environ.get("PATH", "/usr/bin"), "HOME": str(tmp_path)})
+    code = ("import importlib.util, json, autotune\n"
+            "print(json.dumps([autotune.__file__, [n for n in ('config', 'search', 'trial', 'measure', 'errors')"
+            " if importlib.util.find_spec(n)]]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, shadowing = __import__("json").loads(out.stdout)
+    import autotune
+
+    assert where == autotune.__file__ and shadowing == []
     assert "OMP_NUM_THREADS" not in child_env(TrialConfig(), base={})
     assert not [k for k in child_env(TrialConfig(), base={}) if k.startswith("MALLOC_")]
     retain = child_env(TrialConfig(malloc="retain"), base={})
