@@ -104,12 +104,12 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     # the space is fitted to what the workload's data holds: a stored study says what it was fitted to (its answer
     # costs no run of the user's code); otherwise check reads the first batch, refusing a bad workload in one line
     stored = ((existing.user_attrs.get(keys.STUDY_WORKLOAD) or {}).get("data") if existing is not None else None)
-    tuner = make_tuner(workload.replace(data=stored) if stored else check(workload))
+    tuner = make_tuner(workload.replace(data=stored) if stored else check(workload, env_stamp=True))
     rec = _stored_answer(existing, tuner, run) if existing is not None else None
     if rec is not None:
         return rec
     if stored:  # a search follows: check the workload as it is now, and fit the space to that
-        checked = check(workload)
+        checked = check(workload, env_stamp=True)
         tuner = tuner if checked.data == stored else make_tuner(checked)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
     from autotune.search.latency_floor import check_floor

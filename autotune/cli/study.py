@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
     # With what its first batch holds (the space is fitted to it, the YAML records it). A module:callable is checked
     # in a child, which also answers what detect() needs of torch: this process never imports torch for it.
-    workload = check(workload)
+    workload = check(workload, env_stamp=True)
     hw = detect()
     logger = None
     if args.mlflow:  # reached now, not after hours of trials

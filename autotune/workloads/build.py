@@ -94,7 +94,7 @@ def check_signature(fn: Callable[..., Any], workload: Workload) -> None:
                             "(see autotune.workloads.contract)") from None
 
 
-def _check_in_child(workload: Workload) -> dict[str, Any]:
+def _check_in_child(workload: Workload, env_stamp: bool = False) -> dict[str, Any]:
     """Import, resolve, check, build and probe ``workload``'s callable in a child (``autotune.workloads.check_child``),
     bounded by ``AUTOTUNE_IMPORT_TIMEOUT_S``; the child's whole process group goes when it is done or out of time.
     Returns what its first batch holds (``probe.probe``)."""
@@ -112,7 +112,8 @@ def _check_in_child(workload: Workload) -> dict[str, Any]:
     with tempfile.TemporaryFile() as err:
         from autotune.machine.envstamp import have_stamp
 
-        stamp = () if have_stamp() else ("--env-stamp",)  # the child collects it alongside, once per process
+        # the child collects it alongside, for a caller that will recommend, once per process
+        stamp = ("--env-stamp",) if env_stamp and not have_stamp() else ()
         proc = subprocess.Popen(python_command(sys.executable, "autotune.workloads.check_child",
                                                json.dumps(workload.to_dict()), *stamp),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env,
@@ -228,13 +229,14 @@ def _image_files(root: Path) -> tuple[list[str], int, list[str]]:
     return classes, n, empty
 
 
-def check(workload: Workload) -> Workload:
+def check(workload: Workload, *, env_stamp: bool = False) -> Workload:
     """Refuse a workload that cannot be built, with a one-line WorkloadError that names the fix; else return it
-    with ``data``, what its first batch holds (``probe.probe``)."""
+    with ``data``, what its first batch holds (``probe.probe``). ``env_stamp``: the caller will recommend, so a
+    check child collects the environment stamp too (``machine.envstamp.remember_env_stamp``)."""
     from autotune.workloads import text
 
     if workload.is_callable:
-        data = _check_in_child(workload)
+        data = _check_in_child(workload, env_stamp)
     elif text.is_text(workload.model):
         text.check(workload)
     else:
@@ -265,7 +267,7 @@ def check(workload: Workload) -> Workload:
         # Where this process has torch (a training script, the tests), probing here costs milliseconds; where it
         # has not (`autotune run`'s parent), the check child pays the import, and answers detect()'s facts of
         # torch and the environment stamp on the way, so this process never imports torch.
-        data = probe_builtin(workload) if "torch" in sys.modules else _check_in_child(workload)
+        data = probe_builtin(workload) if "torch" in sys.modules else _check_in_child(workload, env_stamp)
     _PROFILES[_profile_key(workload)] = data
     return workload.replace(data=data)
 

@@ -88,7 +88,7 @@ def test_a_run_parent_knows_torchs_facts_without_importing_torch(hw, model):
 
     code = ("import json, subprocess, sys\nfrom autotune.config import Workload\n"
             "from autotune.workloads.build import check\nfrom autotune.machine.hardware import detect\n"
-            f"w = check(Workload(model={model!r}, image_size=16))\n"
+            f"w = check(Workload(model={model!r}, image_size=16), env_stamp=True)\n"
             "hw = detect()\nfrom autotune.provenance import versions_of\nv = versions_of(hw)\n"
             "from autotune.machine.envstamp import collect_env_stamp\n"
             "subprocess.run = subprocess.Popen = None  # the stamp comes without a child\nstamp = collect_env_stamp()\n"
