@@ -58,8 +58,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     from autotune.machine.envstamp import collect_env_stamp, describe_stamp
 
+    # what `python -m torch.utils.collect_env` says (a recommendation keeps it too), from a child that also tells
+    # detect() what it needs of torch: torch is imported once, there
+    stamp = collect_env_stamp()
     hw = detect()
-    stamp = collect_env_stamp()  # what `python -m torch.utils.collect_env` says (a recommendation keeps it too)
     if args.format == "json":
         print(json.dumps({**hw.to_dict(), "collect_env": stamp}, indent=2))
     else:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from typing import Any
 
-from autotune.machine.launch import SAFE_PATH_PRELUDE
+from autotune.machine.launch import SAFE_PATH_PRELUDE, with_package_path
 
 __all__ = ["collect_env_stamp", "have_stamp", "remember_env_stamp", "raw_env_info", "stamp_from_raw", "stamp_changes",
            "describe_stamp", "TIMEOUT_S"]
@@ -33,8 +34,10 @@ _PACKAGE_LISTS = ("pip_packages", "conda_packages")
 # facts the recommendation's ``versions`` already compares (check_versions names them once)
 _IN_VERSIONS = ("torch_version", "cuda_compiled_version", "nvidia_driver_version")
 _IN_VERSIONS_PACKAGES = ("torch", "torchvision")
-_CHILD = ("import json\nfrom torch.utils.collect_env import get_env_info\n"
-          "print(json.dumps(get_env_info()._asdict(), default=str))")
+# the child answers torch's facts too (hardware.torch_facts): `autotune env` then imports torch once, there
+_CHILD = ("import json\nfrom autotune.machine.envstamp import raw_env_info\n"
+          "from autotune.machine.hardware import torch_facts\n"
+          "print(json.dumps({'raw': raw_env_info(), 'torch': torch_facts()}))")
 
 
 # what a child of this process that had torch imported anyway answered (the workload's check child: ``remember``)
@@ -66,7 +69,7 @@ def collect_env_stamp(timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
 def _collected(timeout_s: float) -> dict[str, Any]:
     try:
         proc = subprocess.run([sys.executable, "-c", SAFE_PATH_PRELUDE + _CHILD], capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env=with_package_path(dict(os.environ)))
     except subprocess.TimeoutExpired:
         return {"error": f"collect_env took over {timeout_s:.0f} s"}
     except OSError as exc:
@@ -75,9 +78,13 @@ def _collected(timeout_s: float) -> dict[str, Any]:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"collect_env failed: {tail[:200]}"}
     try:
-        raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        raw = answer["raw"]
+    except (ValueError, IndexError, KeyError, TypeError):
         return {"error": "collect_env printed no result"}
+    from autotune.machine.hardware import remember_torch_facts
+
+    remember_torch_facts(answer.get("torch"))  # this process's detect() then need not import torch
     return stamp_from_raw(raw)
 
 

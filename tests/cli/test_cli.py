@@ -96,6 +96,11 @@ def test_env_json():
     data = json.loads(proc.stdout)
     assert len(data["fingerprint"]) == 10
     assert data["usable_cores"] >= 1 and data["ram_total_mb"] > 0
+    # torch's facts come from the collect_env child (the command imports torch once, there): the real ones
+    import torch
+
+    assert data["torch"] == torch.__version__ == data["collect_env"]["torch_version"]
+    assert data["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_help():
