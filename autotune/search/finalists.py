@@ -364,7 +364,8 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
     unless another is within noise of it and lighter on memory (device memory first, then host, then
-    threads), or as light with fewer knobs changed from PyTorch's defaults (``departures``): "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
+    threads), or as light with fewer knobs changed from PyTorch's defaults (``departures``): "within noise"
+    means the 95% interval of the ratio of their medians over the interleaved rounds
     (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
     with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
     if it does not, the next best is checked, and so on (an fp32 eager config of one process passes unchecked)."""
