@@ -62,6 +62,10 @@ def test_custom_workload_builds_model_dataset_and_loss():
         build(image_size=32, task="eval")
 
 
+# slow: a CLI trial of the example (12 s); by default the example builds in
+# test_custom_workload_builds_model_dataset_and_loss and a real `autotune trial --format json` of a user's
+# module:callable runs in test_security.py::test_a_trial_does_not_import_modules_planted_in_the_working_folder
+@pytest.mark.slow
 def test_custom_workload_trial_via_the_cli():
     r = run_cli("trial", "--model", "examples.custom_workload:build", "--image-size", "32", "--batch-size", "8",
                 "--windows", "2", "--window-seconds", "0.2", "--device", "cpu", "--format", "json", timeout=300)

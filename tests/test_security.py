@@ -6,6 +6,7 @@ real HTTP request, a real SQLite file). The threat model: docs/security.md.
 from __future__ import annotations
 
 import html
+import json
 import os
 import shutil
 import stat
@@ -164,6 +165,9 @@ def test_a_trial_does_not_import_modules_planted_in_the_working_folder(project):
                        cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert _marks(project) == []
     assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)  # and it measured: the CLI trial's JSON, as the slow CLI tests read it too
+    assert out["result"]["status"] == "ok" and len(out["result"]["samples_per_s"]) == 2
+    assert out["workload"]["model"] == "mymod:build" and out["result"]["final_loss"] is not None
 
 
 @pytest.mark.slow

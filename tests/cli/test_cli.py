@@ -128,8 +128,8 @@ def test_no_command_prints_help_and_exits_2():
     assert "usage:" in proc.stdout
 
 
-# slow: a CLI trial; by default test_examples.py::test_custom_workload_trial_via_the_cli runs `autotune trial
-# --format json` for real and reads the same result fields
+# slow: a CLI trial; by default test_security.py::test_a_trial_does_not_import_modules_planted_in_the_working_folder
+# runs `autotune trial --format json` for real and reads the same result fields
 @pytest.mark.slow
 def test_trial_runs_for_real_with_json_output():
     proc = run_cli("trial", "--model", TINY, "--image-size", "32", "--batch-size", "8", "--windows", "2",
