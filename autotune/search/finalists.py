@@ -28,7 +28,7 @@ from autotune.trial.parity import check_seconds, compared_with, first_passing
 from autotune.search.payback import Priced, RunLength, price
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
-from autotune.search.trials import MemoryLimit, baseline_value, feasible_by_config
+from autotune.search.trials import MemoryLimit, baseline_value, departures, feasible_by_config
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
            "out_of_time", "search_left_s", "long_trial_s", "plan", "Evidence", "remeasure", "pool_search_round",
-           "ratio_interval", "FinalistContext", "choose", "provisional", "departures"]
+           "ratio_interval", "FinalistContext", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -278,21 +278,6 @@ class FinalistContext:
     log: Callable[[str], None]
 
 
-# knobs whose PyTorch default is TrialConfig's own (batch size, loader workers and threads are compared above)
-_KNOBS = ("amp", "channels_last", "compile_mode", "malloc", "affinity", "bucket_by_length", "pin_memory",
-          "cudnn_benchmark", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
-
-
-def departures(config: TrialConfig) -> int:
-    """How many of ``_KNOBS`` ``config`` changes from PyTorch's defaults (``TrialConfig()``'s).
-
-    >>> departures(TrialConfig(batch_size=32)), departures(TrialConfig(channels_last=True, malloc="retain"))
-    (0, 2)
-    """
-    plain = TrialConfig()
-    return sum(getattr(config, k) != getattr(plain, k) for k in _KNOBS)
-
-
 class Scored(NamedTuple):
     """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
 
@@ -363,12 +348,11 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
 
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
-    unless another is within noise of it and lighter on memory (device memory first, then host, then
-    threads), or as light with fewer knobs changed from PyTorch's defaults (``departures``): "within noise"
-    means the 95% interval of the ratio of their medians over the interleaved rounds
-    (``ratio_interval``) includes 1, not that their windows spread widely. Then the numerics guard: a winner
-    with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a child);
-    if it does not, the next best is checked, and so on (an fp32 eager config of one process passes unchecked)."""
+    unless another is within noise of it and lighter on memory (device memory first, then host, then threads,
+    then knobs changed from PyTorch's defaults: ``trials.departures``): "within noise" means the 95% interval
+    of the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
+    windows spread widely. Then the numerics guard: a winner with bf16/fp16, channels_last or compile must train
+    like fp32 eager (``parity.parity_check``, in a child), else the next best is checked (one fp32 eager process passes)."""
     notes: list[str] = []
     limit = ctx.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)
@@ -387,8 +371,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     scored.sort(key=lambda x: -x[2].median * pricing.factor[x[0].key()])
     best = scored[0]
     rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
-    # configs within noise of the top: prefer less memory, then fewer cores busy, then fewer knobs changed from
-    # PyTorch's defaults (a knob whose gain the rounds cannot show is not recommended)
+    # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
     close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
     chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
                                        (x[0].intra_op_threads or 99) + x[0].num_workers, departures(x[0])))
@@ -409,8 +392,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
                      f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
-                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads or with "
-                     "fewer knobs changed from PyTorch's defaults")
+                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads or knobs")
     others = [x for x in scored if x is not chosen]
     margin = interval = None
     if others:

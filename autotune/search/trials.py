@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial",
            "baseline_value", "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart",
-           "one_knob_apart", "neighbours", "OBJECTIVE", "role"]
+           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures"]
 
 # What the study maximises, named on the study (``Study.set_metric_names``) so optuna-dashboard, the optuna CLI
 # and ``trials_dataframe`` (column ``value_samples/s``) say it instead of "Objective 0" / ``value``.
@@ -248,6 +248,21 @@ def config_of(trial: FrozenTrial, space=None) -> TrialConfig | None:
 # Fields that only mean something with DataLoader workers: a change of num_workers to or from 0 moves them too
 # (TrialConfig normalises them), so that is one knob, not three.
 _WORKER_FIELDS = ("prefetch_factor", "persistent_workers")
+
+
+# knobs whose PyTorch default is TrialConfig's own (batch size, loader workers and threads are compared above)
+_KNOBS = ("amp", "channels_last", "compile_mode", "malloc", "affinity", "bucket_by_length", "pin_memory",
+          "cudnn_benchmark", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+
+
+def departures(config: TrialConfig) -> int:
+    """How many of ``_KNOBS`` ``config`` changes from PyTorch's defaults (``TrialConfig()``'s).
+
+    >>> departures(TrialConfig(batch_size=32)), departures(TrialConfig(channels_last=True, malloc="retain"))
+    (0, 2)
+    """
+    plain = TrialConfig()
+    return sum(getattr(config, k) != getattr(plain, k) for k in _KNOBS)
 
 
 def knobs_apart(a: TrialConfig, b: TrialConfig) -> list[str]:
