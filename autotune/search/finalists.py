@@ -352,7 +352,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     then knobs changed from PyTorch's defaults: ``trials.departures``): "within noise" means the 95% interval
     of the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
     windows spread widely. Then the numerics guard: a winner with bf16/fp16, channels_last or compile must train
-    like fp32 eager (``parity.parity_check``, in a child), else the next best is checked (one fp32 eager process passes)."""
+    like fp32 eager (``parity.parity_check``, in a child), else the next best (one fp32 eager process passes)."""
     notes: list[str] = []
     limit = ctx.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)
