@@ -151,10 +151,13 @@ def test_quality_script_runs_each_workload_against_its_ground_truth(tmp_path):
         cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "| recommendation / best | trials (s) to 95% of best |" in proc.stdout
+    assert ("| recommendation / best | recommendation / best other, per round: median [low, high] | "
+            "trials (s) to 95% of best |") in proc.stdout
     (row,) = json.loads(out.read_text())["workloads"]
     assert len(row["grid"]) in (8, 16) and row["recommendation"] and row["stop_reason"]
     assert row["measured_trials"] >= 3 and "grid #1" in row["medians"]
+    # each round's windows kept apart, for the ratios within a round
+    assert all(isinstance(r, list) for rounds in row["remeasured"].values() for r in rounds)
     assert out.with_suffix(".md").read_text().startswith("Machine:")
 
 
