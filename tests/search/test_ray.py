@@ -45,7 +45,7 @@ def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
     # planned search measures one of them again first (a noise decision: it failed once on a loaded machine)
     ua = trials[2].user_attrs
     assert trials[1].user_attrs["likely_winner"] and (ua.get("batch_line") == 1 or ua.get("repeat_of") is not None
-                                                      or ua.get("knob_step")), ua
+                                                      or ua.get("requeue_of") is not None), ua
     assert trials[0].user_attrs["baseline"] is True and trials[0].user_attrs["status"] == "ok"
     for t in trials:  # recorded like a local trial: state, status, figures, constraint, config, fingerprint
         assert t.state.name in ("COMPLETE", "PRUNED"), (t.number, t.state.name, t.user_attrs)
