@@ -109,12 +109,13 @@ def _latency_record(ctx: FinalistContext, ev: Any, config: TrialConfig) -> dict 
 
 
 def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trials: list, ev: Any, base_trial: Any,
-           *, runner: Any, check_numerics: bool = True) -> Any:
+           *, runner: Any, check_numerics: bool = True, more: Any = None) -> Any:
     """``finalists.choose`` with the latency bound and the worst-case check (see the module docstring); None when
-    no finalist passes them all. ``runner`` runs the worst-case child (here, or on a remote node)."""
+    no finalist passes them all. ``runner`` runs the worst-case child (here, or on a remote node); ``more`` runs
+    extra rounds of two finalists in dispute (``settle.ExtraRounds``)."""
     latency_out(ctx.limit, configs, ev)
     while True:
-        rec = fin.choose(ctx, study, configs, trials, ev, base_trial, check_numerics=check_numerics)
+        rec = fin.choose(ctx, study, configs, trials, ev, base_trial, check_numerics=check_numerics, more=more)
         if rec is None:
             return None
         why, record = check_worst_case(ctx, rec.config, rec, runner)

@@ -1,30 +1,34 @@
-"""The finalists' rounds, kept in the study as they are measured, so a run killed during the finalists resumes
-them instead of losing them all; and their numerics checks (``record_parity``), kept where `show` finds them.
+"""The finalists' rounds: what they measured (``Evidence``, ``remeasure``), kept in the study as they are
+measured, so a run killed during the finalists resumes them instead of losing them all; and their numerics checks
+(``record_parity``), kept where `show` finds them.
 
 Each finalist run's result is stored (``trials.FINALIST_ROUNDS``: the plan's digest and every run's result) the
 moment it returns. A later ``finalize`` with the same plan (the same finalists in the same order, rounds and
 measurement: windows, time limit) takes every *complete* round from the store and measures the rest. A round stopped
 part-way is measured again whole: a round's configs run back to back, at one moment of the machine, and the
-ratio interval (``finalists.ratio_interval``) resamples rounds on that premise; the runs of a stopped round, hours
+ratio interval (``settle.ratio_interval``) resamples rounds on that premise; the runs of a stopped round, hours
 before the resume, would be compared with runs of another moment. A finished ``finalize`` empties the store, so
 a later run measures its finalists afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, TrialResult
+from autotune.trial.latency import worst_of
 
 if TYPE_CHECKING:
     from optuna import Study
 
     from autotune.trial.parity import ParityResult
 
-__all__ = ["SavedRounds", "record_parity"]
+__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round"]
 
 
 def _digest(value: Any) -> str:
@@ -82,3 +86,87 @@ def record_parity(study: Study, trial_number: int, result: ParityResult) -> None
     checks = dict(study.user_attrs.get(keys.PARITY) or {})
     checks[str(trial_number)] = result.to_dict()
     study.set_user_attr(keys.PARITY, checks)
+
+
+def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) -> bool:
+    """With only one finalist round, count each finalist's search trial (the same config, measured earlier)
+    as a round before it, so the choice rests on two measurements of each and ``ratio_interval`` has two
+    rounds to resample. A second-best stand-in: the search round is not interleaved, and it is the round
+    that put these configs among the finalists (its luck favours them), hence only when no second
+    finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
+    windows)."""
+    done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
+    if len(done) < 2 or not all(t.user_attrs.get(keys.SAMPLES) for _, t in done):
+        return False
+    for c, t in done:
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs[keys.SAMPLES]])
+    ev.pooled = True
+    return True
+
+
+# --- the re-measurement -------------------------------------------------------------------------------
+
+@dataclass
+class Evidence:
+    """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
+    host and device memory over them, and why it is out: each round it did not finish ok ("round 2:
+    over_memory (...)"), too little memory left under the margin, or a failed numerics check."""
+
+    rounds: dict[tuple, list[list[float]]]
+    peaks: dict[tuple, float]
+    failures: dict[tuple, list[str]]
+    device_peaks: dict[tuple, float | None]
+    rounds_run: int = 0  # the interleaved finalist rounds that ran
+    pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
+    compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
+    # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
+    device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
+    # inference: each percentile of the step latency, its worst over the rounds (``trial.latency.worst_of``)
+    latency: dict[tuple, dict] = dataclasses.field(default_factory=dict)
+
+    walls: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # each run's wall time, s
+
+    def samples(self, key: tuple) -> list[float]:
+        return [x for r in self.rounds[key] for x in r]
+
+    def add(self, r: int, c: TrialConfig, res) -> None:
+        """Round ``r``'s run of ``c``: its windows, peaks, compile time and latency, or why it failed."""
+        k = c.key()
+        self.walls.setdefault(k, []).append(res.wall_s or 0.0)
+        if not res.ok:
+            self.failures[k].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
+            return
+        self.rounds[k].append(list(res.samples_per_s))
+        self.peaks[k] = max(self.peaks[k], res.peak_host_mb or 0.0)
+        if res.peak_device_mb is not None:
+            self.device_peaks[k] = max(self.device_peaks[k] or 0.0, res.peak_device_mb)
+        if res.peak_device_allocated_mb is not None:
+            self.device_allocated[k] = max(self.device_allocated.get(k, 0.0), res.peak_device_allocated_mb)
+        if res.compile_s is not None:
+            self.compile_s.setdefault(k, []).append(res.compile_s)
+        if res.latency_p99_ms is not None:
+            self.latency[k] = worst_of(self.latency.get(k), res)
+
+
+def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
+              log: Callable[[str], None], saved=None) -> Evidence:
+    """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
+    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it."""
+    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
+                  {c.key(): None for c in configs})
+    ev.rounds_run = rounds
+    saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
+    log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
+        f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    for r in range(rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        kept = saved.round(r)
+        if kept is not None:
+            log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
+        for c in order:
+            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
+                workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log"))
+            ev.add(r, c, res)
+            log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
+                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason) + (" (kept)" if kept else ""))
+    return ev

@@ -4,13 +4,14 @@ re-measurement, and the recommendation chosen from it.
 A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
 measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
 is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory
-(device, then host, then threads) wins; a winner with reduced precision, channels_last, compile or N DDP ranks must
-pass the numerics check (``parity``) first.
+(device, then host, then threads, then knobs changed) wins if its median is within ``settle.TIE_TOLERANCE`` of the
+fastest's; further behind, the two are measured in more rounds first (``settle.ExtraRounds``). A winner with reduced
+precision, channels_last, compile or N DDP ranks must pass the numerics check (``parity``) first. What the rounds
+measured is ``finalist_rounds.Evidence``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -20,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from autotune.search import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.machine.envstamp import collect_env_stamp
-from autotune.search.finalist_rounds import SavedRounds, record_parity
+from autotune.search.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
-from autotune.trial.latency import worst_of
 from autotune.trial.parity import check_seconds, compared_with, first_passing
 from autotune.search.payback import Priced, RunLength, price
+from autotune.search.settle import TIE_TOLERANCE, ratio_interval
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
 from autotune.search.trials import MemoryLimit, baseline_value, departures, feasible_by_config
@@ -154,108 +155,6 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
     return cands, min(rounds, fit)
 
 
-def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) -> bool:
-    """With only one finalist round, count each finalist's search trial (the same config, measured earlier)
-    as a round before it, so the choice rests on two measurements of each and ``ratio_interval`` has two
-    rounds to resample. A second-best stand-in: the search round is not interleaved, and it is the round
-    that put these configs among the finalists (its luck favours them), hence only when no second
-    finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
-    windows)."""
-    done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
-    if len(done) < 2 or not all(t.user_attrs.get(keys.SAMPLES) for _, t in done):
-        return False
-    for c, t in done:
-        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs[keys.SAMPLES]])
-    ev.pooled = True
-    return True
-
-
-# --- the re-measurement -------------------------------------------------------------------------------
-
-@dataclass
-class Evidence:
-    """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
-    host and device memory over them, and why it is out: each round it did not finish ok ("round 2:
-    over_memory (...)"), too little memory left under the margin, or a failed numerics check."""
-
-    rounds: dict[tuple, list[list[float]]]
-    peaks: dict[tuple, float]
-    failures: dict[tuple, list[str]]
-    device_peaks: dict[tuple, float | None]
-    rounds_run: int = 0  # the interleaved finalist rounds that ran
-    pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
-    compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
-    # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
-    device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
-    # inference: each percentile of the step latency, its worst over the rounds (``trial.latency.worst_of``)
-    latency: dict[tuple, dict] = dataclasses.field(default_factory=dict)
-
-    def samples(self, key: tuple) -> list[float]:
-        return [x for r in self.rounds[key] for x in r]
-
-
-def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
-              log: Callable[[str], None], saved=None) -> Evidence:
-    """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
-    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it."""
-    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
-                  {c.key(): None for c in configs})
-    ev.rounds_run = rounds
-    saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
-    log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
-        f"{measure.windows} windows of >= {measure.window_s:g} s each")
-    for r in range(rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
-        kept = saved.round(r)
-        if kept is not None:
-            log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
-        for c in order:
-            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
-                workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log"))
-            if res.ok:
-                ev.rounds[c.key()].append(list(res.samples_per_s))
-                ev.peaks[c.key()] = max(ev.peaks[c.key()], res.peak_host_mb or 0.0)
-                if res.peak_device_mb is not None:
-                    ev.device_peaks[c.key()] = max(ev.device_peaks[c.key()] or 0.0, res.peak_device_mb)
-                if res.peak_device_allocated_mb is not None:
-                    ev.device_allocated[c.key()] = max(ev.device_allocated.get(c.key(), 0.0),
-                                                       res.peak_device_allocated_mb)
-                if res.compile_s is not None:
-                    ev.compile_s.setdefault(c.key(), []).append(res.compile_s)
-                if res.latency_p99_ms is not None:
-                    ev.latency[c.key()] = worst_of(ev.latency.get(c.key()), res)
-            else:
-                ev.failures[c.key()].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
-            log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
-                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason) + (" (kept)" if kept else ""))
-    return ev
-
-
-def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
-                   seed: int = 0) -> tuple[float, float, float]:
-    """``(ratio, low, high)``: the ratio of the medians of ``a`` and ``b`` (windows grouped by round) and a
-    percentile-bootstrap interval of it. Each resample draws rounds with replacement, the same rounds for both
-    (they ran interleaved, on the same moment of the machine), then windows within each drawn round: the
-    interval holds the drift between rounds as well as the spread within them."""
-    import random
-
-    def med(xs: list[float]) -> float:
-        return summarize(xs).median
-
-    ratio = med([x for r in a for x in r]) / med([x for r in b for x in r])
-    rng = random.Random(seed)
-    stats = []
-    paired = min(len(a), len(b))
-    for _ in range(resamples):
-        drawn = [rng.randrange(paired) for _ in range(paired)] if paired > 1 else [0] * paired
-        ra = [x for i in drawn for x in rng.choices(a[i], k=len(a[i]))]
-        rb = [x for i in drawn for x in rng.choices(b[i], k=len(b[i]))]
-        stats.append(med(ra) / med(rb))
-    stats.sort()
-    tail = (1 - level) / 2
-    return ratio, stats[int(tail * (resamples - 1))], stats[int((1 - tail) * (resamples - 1))]
-
-
 # --- the choice ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -287,23 +186,34 @@ class Scored(NamedTuple):
     peak_mb: float
 
 
+def _memory_out(limit, c: TrialConfig, ev: Evidence) -> list[str]:
+    """Why ``c`` is out on memory: it ran, but without the margin to spare (host, then device); [] if it is not."""
+    from autotune._units import format_mb
+
+    why, usable, alloc = [], limit.usable_mb, ev.device_allocated.get(c.key())
+    if usable is not None and ev.peaks[c.key()] > usable:
+        why.append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
+                   f"{100 * limit.margin:.0f}% margin leaves of the cap")
+    if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
+        why.append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
+                   f"{100 * (1 - limit.margin):.0f}% of the {format_mb(limit.device_mb)} device memory cap the margin "
+                   "leaves")
+    return why
+
+
+def _lightness(x: Scored, ev: Evidence) -> tuple:
+    """What wins a tie, least first: device memory, host memory (64 MB steps), threads, knobs changed."""
+    return (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
+            (x[0].intra_op_threads or 99) + x[0].num_workers, departures(x[0]))
+
+
 def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
                notes: list[str]) -> tuple[list[Scored], list[tuple]]:
     """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
     (config, trial), each out with a note saying why."""
-    from autotune._units import format_mb
-
     scored, out = [], []
-    usable = limit.usable_mb
     for c, t in zip(configs, trials):
-        if usable is not None and ev.peaks[c.key()] > usable:  # ran, but without the margin to spare
-            ev.failures[c.key()].append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
-                                        f"{100 * limit.margin:.0f}% margin leaves of the cap")
-        alloc = ev.device_allocated.get(c.key())
-        if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
-            ev.failures[c.key()].append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
-                                        f"{100 * (1 - limit.margin):.0f}% of the "
-                                        f"{format_mb(limit.device_mb)} device memory cap the margin leaves")
+        ev.failures[c.key()] += _memory_out(limit, c, ev)
         if ev.failures[c.key()]:
             out.append((c, t))
             notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
@@ -341,18 +251,67 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
     return summarize(base_xs).median if base_xs else None
 
 
+def _settle(ctx: FinalistContext, study: Study, scored: list[Scored], out: list, ev: Evidence, notes: list[str],
+            more: Callable[..., bool] | None) -> tuple[Scored, Scored, dict, Any] | None:
+    """``(the fastest, the chosen, each one's rounds priced, the pricing)`` among ``scored`` (sorted fastest first,
+    in place; one put out by an extra round moves to ``out``); None if none is left. See ``choose``."""
+    # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
+    extra = 0
+    while True:
+        pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(study, c, t, ev))
+                         for c, t, s, _ in scored], ctx.run_length)
+        speed = {x[0].key(): x[2].median * pricing.factor[x[0].key()] for x in scored}
+        scored.sort(key=lambda x: -speed[x[0].key()])
+        best = scored[0]
+        rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
+        # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
+        close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
+        chosen = min(close, key=lambda x: _lightness(x, ev))
+        gap = speed[best[0].key()] / speed[chosen[0].key()] - 1
+        if chosen is best or gap <= TIE_TOLERANCE:
+            break
+        why = f"{best[0].short()} measures {100 * gap:.1f}% ahead of the lighter {chosen[0].short()}, within noise"
+        if more is None or not more(ev, best[0], chosen[0], why):
+            # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
+            notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead by "
+                         f"median over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
+                         f"tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
+            chosen = min((x for x in close if speed[best[0].key()] / speed[x[0].key()] - 1 <= TIE_TOLERANCE),
+                         key=lambda x: _lightness(x, ev))
+            break
+        extra += 1
+        for x in (best, chosen):  # an extra round can put either out, as any round can
+            ev.failures[x[0].key()] += _memory_out(ctx.limit, x[0], ev)
+            if ev.failures[x[0].key()]:
+                scored.remove(x)
+                out.append((x[0], x[1]))
+                notes.append(f"{x[0].short()} (trial {x[1].number}) is out: {'; '.join(ev.failures[x[0].key()])}")
+        scored[:] = [x._replace(summary=summarize(ev.samples(x[0].key())), peak_mb=ev.peaks[x[0].key()])
+                     for x in scored]
+        if not scored:
+            return None
+    notes += pricing.notes
+    if extra:
+        notes.append(f"{extra} extra finalist round(s) of the two configs in dispute settled the choice")
+    return best, chosen, rounds, pricing
+
+
 def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trials: list[FrozenTrial], ev: Evidence,
-           base_trial: FrozenTrial | None, *, check_numerics: bool = True) -> Recommendation | None:
+           base_trial: FrozenTrial | None, *, check_numerics: bool = True,
+           more: Callable[..., bool] | None = None) -> Recommendation | None:
     """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
     left too little memory, or failed the numerics check).
 
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
     unless another is within noise of it and lighter on memory (device memory first, then host, then threads,
-    then knobs changed from PyTorch's defaults: ``trials.departures``): "within noise" means the 95% interval
-    of the ratio of their medians over the interleaved rounds (``ratio_interval``) includes 1, not that their
-    windows spread widely. Then the numerics guard: a winner with bf16/fp16, channels_last or compile must train
-    like fp32 eager (``parity.parity_check``, in a child), else the next best (one fp32 eager process passes)."""
+    then knobs changed from PyTorch's defaults: ``trials.departures``) and its median within ``TIE_TOLERANCE`` of
+    the fastest's: "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
+    (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config within noise but
+    further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why)`` runs
+    one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the numerics guard: a
+    winner with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a
+    child), else the next best (one fp32 eager process passes)."""
     notes: list[str] = []
     limit = ctx.limit
     scored, out = _qualified(limit, configs, trials, ev, notes)
@@ -364,17 +323,10 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
                         "the round that picked them, so the margin is less certain than two interleaved rounds'"
                         if ev.pooled else "the choice rests on one measurement of each")
                      + "; a longer --timeout gives two")
-    # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
-    pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(study, c, t, ev))
-                     for c, t, s, _ in scored], ctx.run_length)
-    notes += pricing.notes
-    scored.sort(key=lambda x: -x[2].median * pricing.factor[x[0].key()])
-    best = scored[0]
-    rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
-    # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
-    close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
-    chosen = min(close, key=lambda x: (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
-                                       (x[0].intra_op_threads or 99) + x[0].num_workers, departures(x[0])))
+    picked = _settle(ctx, study, scored, out, ev, notes, more)
+    if picked is None:
+        return None
+    best, chosen, rounds, pricing = picked
     tied = chosen is not best  # won a tie on memory/threads
     parity = None
     if ctx.parity_steps and not check_numerics:

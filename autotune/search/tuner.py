@@ -30,6 +30,7 @@ from autotune.search.convergence import Convergence, convergence
 from autotune.search.effects import save_dashboard_note
 from autotune.errors import AutotuneError, StorageError
 from autotune.search.finalist_rounds import SavedRounds, record_parity
+from autotune.search.settle import ExtraRounds
 from autotune.search.payback import RunLength
 from autotune.search.protocol import make_sampler
 from autotune.search.pruning import NoHopePruner, as_optuna_pruner
@@ -446,8 +447,10 @@ class Tuner:
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             # and the latency bound and the worst-case batch (final_checks), whose child runs here or remotely
+            more = ExtraRounds(runner=runner or self.runner, workload=self.workload, measure=measure,
+                               log_dir=self.artifacts_dir, log=self.log, deadline=deadline)
             rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
-                                      runner=runner or self.runner, check_numerics=runner is None)
+                                      runner=runner or self.runner, check_numerics=runner is None, more=more)
         if rec is not None and self.stop_reason:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)

@@ -602,15 +602,20 @@ def test_omitted_baseline_knob_takes_the_first_choice():
 
 
 def test_malloc_knob_needs_glibc_and_hugepages_needs_the_kernels_thp():
+    from autotune.machine.malloc import preload_path
+
+    # tcmalloc is in the shipped space where its library is installed (.ci/run installs it), trimmed elsewhere
+    tc = ("tcmalloc",) if preload_path("tcmalloc") else ()
     glibc = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36", thp="madvise"))
-    assert choices(glibc, "malloc") == ("default", "retain", "hugepages")
+    assert choices(glibc, "malloc") == ("default", "retain", "hugepages") + tc
+    assert tc or any("malloc=tcmalloc dropped: not installed here" in n for n in glibc.notes)
     musl = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc=None, thp="madvise"))
     assert choices(musl, "malloc") == ("default",)
-    assert any("malloc=retain/hugepages dropped" in n for n in musl.notes)
+    assert any("malloc=retain/hugepages/tcmalloc dropped" in n for n in musl.notes)
     assert musl.baseline_config().malloc == "default"
     for thp in ("never", None):
         no_thp = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(), libc="glibc 2.36", thp=thp))
-        assert choices(no_thp, "malloc") == ("default", "retain")
+        assert choices(no_thp, "malloc") == ("default", "retain") + tc
         assert any("malloc=hugepages dropped" in n and "transparent huge pages" in n for n in no_thp.notes)
 
 
