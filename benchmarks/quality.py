@@ -4,7 +4,8 @@ For each workload (default: a ResNet, a depthwise-separable MobileNet, a small v
 the built-in text transformer; ``--workloads`` for others):
 
 1. Its own ground truth: every combination of the likely-winner bundle's knobs (bf16 where the CPU has it,
-   channels_last for images, malloc retain, length bucketing for text) x the batch sizes, each through the same
+   channels_last for images, the allocators: default, retain and tcmalloc where installed, length bucketing for
+   text) x the batch sizes, each through the same
    isolated runner, in shuffled order.
 2. autotune with no budget (it stops by itself: ``autotune.search.convergence``) on the same space (``--space grid``,
    the default with ``--quick``) or on the stock CPU space (``--space stock``), recording every trial.
@@ -65,19 +66,23 @@ def space_doc(batches, baseline_batch: int) -> dict:
             "parameters": {"batch_size": {"type": "int", "choices": list(batches)},
                            "amp": {"type": "categorical", "choices": ["off", "bf16"]},
                            "channels_last": {"type": "bool"},
-                           "malloc": {"type": "categorical", "choices": ["default", "retain"]}},
+                           "malloc": {"type": "categorical",
+                                      "choices": ["default", "retain"] + (["tcmalloc"] if preload_path("tcmalloc")
+                                                                          else [])}},
             "fixed": {"num_workers": 0, "inter_op_threads": 1, "compile_mode": "none"},
             "baseline": {"batch_size": baseline_batch, "amp": "off", "channels_last": False, "malloc": "default"}}
 
 
 def ground_truth(space) -> list[TrialConfig]:
-    """Every combination of the bundle's knobs (where the likely winners differ from the baseline) and the batch
-    sizes, the other knobs at the baseline's values."""
+    """Every combination of the bundle's knobs (where the likely winners differ from the baseline; every allocator
+    the space offers, tcmalloc too where installed) and the batch sizes, the other knobs at the baseline's values."""
     base, likely = space.baseline_params(), space.likely_params() or {}
     members = [k for k in likely if likely[k] != base.get(k)]
-    batches = next((p.choices for p in space.params if p.name == "batch_size"), (base.get("batch_size"),))
+    offered = {p.name: tuple(p.choices) for p in space.params if p.choices}
+    batches = offered.get("batch_size", (base.get("batch_size"),))
+    values_of = [offered["malloc"] if k == "malloc" and "malloc" in offered else (base[k], likely[k]) for k in members]
     out = []
-    for bs, values in itertools.product(batches, itertools.product(*[(base[k], likely[k]) for k in members])):
+    for bs, values in itertools.product(batches, itertools.product(*values_of)):
         out.append(space.effective({**base, "batch_size": bs, **dict(zip(members, values))}))
     return list({c.key(): c for c in out}.values())
 
@@ -161,8 +166,8 @@ def one_workload(name: str, a, hw, measure) -> dict:
     if defaults.key() not in {c.key() for c in contenders.values()}:
         contenders["defaults"] = defaults
     best = top[0]
-    for mode in ("jemalloc", "tcmalloc"):
-        if preload_path(mode):
+    for mode in ("jemalloc", "tcmalloc"):  # tcmalloc is in the grid where installed: only if its best is not here
+        if preload_path(mode) and best.replace(malloc=mode).key() not in {c.key() for c in contenders.values()}:
             contenders[f"best + {mode}"] = best.replace(malloc=mode)
     contenders["best + affinity close"] = best.replace(affinity="close")
     print(f"## {workload.label()}: re-measured, {a.rounds} interleaved rounds", flush=True)
