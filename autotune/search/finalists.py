@@ -271,7 +271,7 @@ def _settle(ctx: FinalistContext, study: Study, scored: list[Scored], out: list,
         if chosen is best or gap <= TIE_TOLERANCE:
             break
         why = f"{best[0].short()} measures {100 * gap:.1f}% ahead of the lighter {chosen[0].short()}, within noise"
-        if more is None or not more(ev, best[0], chosen[0], why):
+        if more is None or not more(ev, best[0], chosen[0], why, gap):
             # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
             notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead by "
                          f"median over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
@@ -308,7 +308,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     then knobs changed from PyTorch's defaults: ``trials.departures``) and its median within ``TIE_TOLERANCE`` of
     the fastest's: "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
     (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config within noise but
-    further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why)`` runs
+    further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why, gap)`` runs
     one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the numerics guard: a
     winner with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a
     child), else the next best (one fp32 eager process passes)."""

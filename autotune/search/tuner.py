@@ -448,7 +448,7 @@ class Tuner:
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             # and the latency bound and the worst-case batch (final_checks), whose child runs here or remotely
             more = ExtraRounds(runner=runner or self.runner, workload=self.workload, measure=measure,
-                               log_dir=self.artifacts_dir, log=self.log, deadline=deadline)
+                               log_dir=self.artifacts_dir, log=self.log, deadline=deadline, run=self.run_length)
             rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
                                       runner=runner or self.runner, check_numerics=runner is None, more=more)
         if rec is not None and self.stop_reason:

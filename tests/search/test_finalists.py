@@ -96,7 +96,7 @@ def test_a_lighter_config_further_behind_than_the_tolerance_is_measured_again_be
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0, log=said.append)
     rec = tuner.run(trials=4)
     assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
-    assert any("one more round of the two (1 of at most 4 extra)" in m for m in said)
+    assert any("one more round of the two (1 of at most 3 extra)" in m for m in said)
     assert runner.runs[(16, True)] == runner.runs[(16, False)] > 2  # the two, round for round; nobody else
     assert runner.runs.get((8, True), 0) <= 2 and runner.runs.get((8, False), 0) <= 2
     assert any("extra finalist round(s)" in n for n in rec.notes)
@@ -120,7 +120,7 @@ def test_when_the_extra_rounds_cannot_settle_it_the_faster_by_median_wins(tmp_pa
     runner = _swinging(speed, {(16, True): [1.3, 0.85]})
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
     rec = tuner.run(trials=4)
-    assert runner.runs[(16, True)] == 2 + 4  # the planned rounds and every extra one
+    assert runner.runs[(16, True)] == 2 + 3  # the planned rounds and every extra one
     assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
     assert any("kept over the lighter bs=16" in n and "within 2% of the fastest" in n for n in rec.notes)
 
@@ -137,8 +137,39 @@ def test_no_extra_round_runs_past_the_deadline(tmp_path):
     ran = []
     more = ExtraRounds(runner=lambda *a, **k: ran.append(1), workload=None, measure=QUICK, log_dir=tmp_path,
                        log=said.append, deadline=time.monotonic() + 50.0)
-    assert more(ev, a, b, "why") is False and not ran
+    assert more(ev, a, b, "why", 0.10) is False and not ran
     assert "no time left in the budget for another round of the two (~60 s)" in said[-1]
+
+
+def test_no_extra_round_costs_more_than_the_gap_could_over_the_users_run(tmp_path):
+    """A 5% gap over a 10-minute run is ~29 s of training; a round of two 30 s runs is not worth it. Over the
+    assumed hour it is (~171 s)."""
+    from autotune.search.finalist_rounds import Evidence
+    from autotune.search.payback import RunLength
+    from autotune.search.settle import ExtraRounds
+    from autotune.config import TrialConfig
+
+    a, b = TrialConfig(batch_size=16), TrialConfig(batch_size=16, channels_last=True)
+
+    def evidence():
+        return Evidence({a.key(): [[100.0]], b.key(): [[95.0]]}, {a.key(): 0.0, b.key(): 0.0},
+                        {a.key(): [], b.key(): []}, {a.key(): None, b.key(): None},
+                        walls={a.key(): [30.0], b.key(): [30.0]})
+
+    said: list[str] = []
+    ok = TrialResult(status="ok", samples_per_s=(100.0,), wall_s=30.0)
+    short = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                        run=RunLength(seconds=600))
+    assert short(evidence(), a, b, "why", 0.05) is False
+    assert "costs more than the gap could over the 10m run (~29 s)" in said[-1]
+    hour = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                       run=RunLength.default())
+    ev = evidence()
+    assert hour(ev, a, b, "why", 0.05) is True and len(ev.rounds[a.key()]) == len(ev.rounds[b.key()]) == 2
+    # in steps: 2,000 steps of 16 samples at 100 samples/s is 320 s of training, ~15 s at stake
+    steps = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                        run=RunLength(steps=2000))
+    assert steps(evidence(), a, b, "why", 0.05) is False and "(~15 s)" in said[-1]
 
 
 def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_path):
