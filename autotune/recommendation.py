@@ -78,7 +78,7 @@ class Recommendation:
     reproduce: str = ""
     created: str = field(default_factory=_now)
     provisional: bool = False
-    # 95% interval of margin_vs_runner_up, from the interleaved rounds (finalists.ratio_interval)
+    # 95% interval of margin_vs_runner_up, from the interleaved rounds (settle.ratio_interval)
     margin_interval: tuple[float, float] | None = None
     # the share of the cap a feasible config keeps free (MeasureSpec.memory_margin); None in older exports
     memory_margin: float | None = None

@@ -20,7 +20,7 @@ config so far, the best of them kept if it beats it. Only then does the sampler 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
 IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above
 it one trial each says nothing, so both are measured once more (a trial with ``repeat_of``), and the candidate wins only
-if the 95% interval of the ratio of their medians over the two rounds (``finalists.ratio_interval``) is above 1. A
+if the 95% interval of the ratio of their medians over the two rounds (``settle.ratio_interval``) is above 1. A
 candidate at or below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or
 two measurements in trial order, so a later repeat never changes a decision taken before it.
 
@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 from autotune.search import trials as keys
 from autotune.search.batch_walk import next_steps, walked
-from autotune.search.finalists import ratio_interval
+from autotune.search.settle import ratio_interval
 from autotune.measure import NOISY_REL_IQR, median_or_none
 from autotune.search.trials import MemoryLimit, config_of, is_feasible, knobs_apart
 

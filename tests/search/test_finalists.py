@@ -8,7 +8,7 @@ import time
 import pytest
 
 from autotune.config import TrialResult
-from autotune.search.finalists import ratio_interval
+from autotune.search.settle import ratio_interval
 from tests.helpers import QUICK, hardware, make_tuner, tiny_space
 
 SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
