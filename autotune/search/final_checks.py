@@ -21,6 +21,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from autotune.search import finalists as fin
+from autotune.search.finalist_rounds import run_log
 from autotune.config import MeasureSpec, TrialConfig
 from autotune.errors import WorkloadError
 
@@ -75,7 +76,7 @@ def check_worst_case(ctx: FinalistContext, config: TrialConfig, rec: Any, runner
                       "usable_mb": limit.usable_mb, "fits": True}
     ctx.log(f"checking {config.short()} on the largest batch its data can produce, in a child under the cap")
     res = runner(ctx.workload, config, worst_case_measure(ctx.measure),
-                 log_path=ctx.artifacts_dir / f"worst-case-{abs(hash(config.key())) % 10**6}.log")
+                 log_path=run_log(ctx.artifacts_dir, "worst-case", config))
     if res.user_error:  # the model rejects the worst-case batch: the workload's fault, one line
         raise WorkloadError(res.reason.removeprefix("WorkloadError: "))
     fits = res.ok and limit.fits(res.peak_host_mb, res.peak_device_mb, res.peak_device_allocated_mb)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from autotune.trial.parity import ParityResult
 
-__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round"]
+__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line"]
 
 
 def _digest(value: Any) -> str:
@@ -148,6 +148,17 @@ class Evidence:
             self.latency[k] = worst_of(self.latency.get(k), res)
 
 
+def run_log(log_dir: Any, tag: str, config: TrialConfig) -> Any:
+    """The log file of one finalist-stage child run of ``config`` in ``log_dir``: ``<tag>-<config digest>.log``."""
+    return log_dir / f"{tag}-{abs(hash(config.key())) % 10**6}.log"
+
+
+def run_line(label: str, config: TrialConfig, res: TrialResult) -> str:
+    """One run's line in the log: ``  <label> <config> <status> <samples/s or why>``."""
+    return (f"  {label} {config.short():<40} {res.status:<8} "
+            + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+
+
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
               log: Callable[[str], None], saved=None) -> Evidence:
     """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
@@ -165,8 +176,7 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
             log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
         for c in order:
             res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
-                workload, c, measure, log_path=log_dir / f"finalist-{r}-{abs(hash(c.key())) % 10**6}.log"))
+                workload, c, measure, log_path=run_log(log_dir, f"finalist-{r}", c)))
             ev.add(r, c, res)
-            log(f"  round {r + 1}/{rounds} {c.short():<40} {res.status:<8} "
-                + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason) + (" (kept)" if kept else ""))
+            log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
     return ev

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable
 
 from autotune.measure import summarize
+from autotune.search.finalist_rounds import run_line, run_log
 
 __all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "ExtraRounds"]
 
@@ -96,8 +97,7 @@ class ExtraRounds:
         self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)")
         for c in pair:
             res = self.runner(self.workload, c, self.measure,
-                              log_path=self.log_dir / f"finalist-extra-{self.ran}-{abs(hash(c.key())) % 10**6}.log")
+                              log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
             ev.add(r, c, res)
-            self.log(f"  extra round {self.ran} {c.short():<40} {res.status:<8} "
-                     + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+            self.log(run_line(f"extra round {self.ran}", c, res))
         return True

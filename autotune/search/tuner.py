@@ -440,17 +440,18 @@ class Tuner:
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         rounds, measure = (rounds if len(configs) > 1 else 1), fin.finalist_measure(self.measure)
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
+        run = runner or self.runner
         with here:
-            evidence = fin.remeasure(configs, rounds, runner=runner or self.runner, workload=self.workload,
+            evidence = fin.remeasure(configs, rounds, runner=run, workload=self.workload,
                                      measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved)
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             # and the latency bound and the worst-case batch (final_checks), whose child runs here or remotely
-            more = ExtraRounds(runner=runner or self.runner, workload=self.workload, measure=measure,
+            more = ExtraRounds(runner=run, workload=self.workload, measure=measure,
                                log_dir=self.artifacts_dir, log=self.log, deadline=deadline, run=self.run_length)
             rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
-                                      runner=runner or self.runner, check_numerics=runner is None, more=more)
+                                      runner=run, check_numerics=runner is None, more=more)
         if rec is not None and self.stop_reason:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
