@@ -26,9 +26,11 @@ class Applied:
         inside the process group ``torchrun`` started), then compiled: the order the trials ran."""
         import torch
 
+        from autotune.machine.device import channels_last_model
+
         model = model.to(self._dev.torch_device())
         if self.config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            model = channels_last_model(model)  # lazy modules too
         if self.world_size > 1:
             model = self._ddp(model)
         if self.config.compile_mode != "none":

@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name",
+__all__ = ["channels_last_model", "CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name",
            "cuda_device_gpus", "HostStepTimer", "EventStepTimer"]
 
 
@@ -32,6 +32,40 @@ def autocast_dtype_name(device_type: str, amp: str) -> str | None:
     if amp == "fp16" and device_type == "cpu":
         raise ConfigError("amp='fp16' is not supported on the CPU; use amp='bf16' or amp='off'")
     return {"bf16": "bfloat16", "fp16": "float16"}[amp]
+
+
+def channels_last_model(model: Any) -> Any:
+    """``model.to(memory_format=torch.channels_last)``, for a model holding lazy modules too (``LazyLinear``,
+    ``LazyConv2d``): torch refuses to touch an uninitialised parameter, so the initialised 4-D parameters and
+    buffers are converted now, and each lazy module converts its own just before its first forward, once it has
+    materialised them (its pre-hook runs before ours: it was registered when the module was made).
+
+    >>> import torch
+    >>> m = channels_last_model(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2)))
+    >>> m[0].weight.is_contiguous(memory_format=torch.channels_last)
+    True
+    """
+    import torch
+    from torch.nn.parameter import is_lazy
+
+    def lazy(m: Any) -> bool:
+        return any(is_lazy(t) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+
+    lazies = [m for m in model.modules() if lazy(m)]
+    if not lazies:
+        return model.to(memory_format=torch.channels_last)
+
+    def convert(m: Any) -> None:
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
+            if not is_lazy(t) and t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+    for m in model.modules():
+        convert(m)
+    for m in lazies:
+        handles: list = []
+        handles.append(m.register_forward_pre_hook(lambda mod, args, h=handles: (convert(mod), h[0].remove(), None)[-1]))
+    return model
 
 
 class CPUDevice:

@@ -58,10 +58,11 @@ def make_step(model: Any, loss_fn: Any, config: Any, dev: Any, *, train: bool,
     import torch
 
     from autotune.workloads.contract import StepContext, count_batch, default_count, make_optimizer, move, user_step
+    from autotune.machine.device import channels_last_model
 
     model = model.to(dev.torch_device())
     if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = channels_last_model(model)  # lazy modules too
     model.train(train)
     ddp = None
     if wrap is not None:

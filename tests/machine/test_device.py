@@ -434,3 +434,27 @@ def test_hardware_round_trip_keeps_cuda_numbering():
     assert back == hw and names(back.gpus_for("cuda")) == ["NVIDIA A100-SXM4-40GB"]
     old = {k: v for k, v in hw.to_dict().items() if k not in ("cuda_visible_devices", "cuda_device_order")}
     assert hardware.Hardware.from_dict(old).cuda_visible_devices is None  # a Hardware stored before these fields
+
+
+def test_lazy_model_trains_channels_last_on_the_cpu():
+    """A model holding lazy modules (``LazyConv2d``, ``LazyLinear``) trains through the trial's ``make_step`` with
+    channels_last: torch refuses ``model.to(memory_format=...)`` on an uninitialised parameter (the first GPU run's
+    crash); the lazy module converts its own weights once it has made them."""
+    import torch
+    from torch import nn
+
+    from autotune.config import TrialConfig
+    from autotune.machine.device import CPUDevice
+    from autotune.trial.worker import make_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyConv2d(5, 3), nn.Flatten(), nn.LazyLinear(2))
+    with pytest.raises(ValueError, match="uninitialized parameter"):
+        nn.Sequential(nn.LazyLinear(2)).to(memory_format=torch.channels_last)  # what the trial used to do
+    step = make_step(model, nn.CrossEntropyLoss(), TrialConfig(batch_size=4, channels_last=True), CPUDevice(),
+                     train=True)
+    batch = (torch.randn(4, 3, 12, 12), torch.tensor([0, 1, 0, 1]))
+    losses = [float(step(batch).loss) for _ in range(5)]
+    assert model[1].weight.is_contiguous(memory_format=torch.channels_last)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert losses[-1] < losses[0]  # it trains: the optimizer holds the materialised parameters
