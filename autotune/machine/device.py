@@ -17,8 +17,8 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["channels_last_model", "CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo", "autocast_dtype_name",
-           "cuda_device_gpus", "HostStepTimer", "EventStepTimer"]
+__all__ = ["channels_last_model", "CPUDevice", "CUDADevice", "get_device", "nvml_gpus", "GPUInfo",
+           "autocast_dtype_name", "cuda_device_gpus", "HostStepTimer", "EventStepTimer"]
 
 
 def autocast_dtype_name(device_type: str, amp: str) -> str | None:
@@ -41,7 +41,8 @@ def channels_last_model(model: Any) -> Any:
     materialised them (its pre-hook runs before ours: it was registered when the module was made).
 
     >>> import torch
-    >>> m = channels_last_model(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(2)))
+    >>> nn = torch.nn
+    >>> m = channels_last_model(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2)))
     >>> m[0].weight.is_contiguous(memory_format=torch.channels_last)
     True
     """
@@ -64,7 +65,12 @@ def channels_last_model(model: Any) -> Any:
         convert(m)
     for m in lazies:
         handles: list = []
-        handles.append(m.register_forward_pre_hook(lambda mod, args, h=handles: (convert(mod), h[0].remove(), None)[-1]))
+
+        def once(mod: Any, args: Any, h: list = handles) -> None:
+            convert(mod)
+            h[0].remove()
+
+        handles.append(m.register_forward_pre_hook(once))
     return model
 
 
