@@ -404,6 +404,10 @@ class MeasureSpec(Record):
     # The trial runs the largest batch the data can produce, over and over (autotune.workloads.worst_case): the
     # check a config passes before it is recommended; the search's trials run the data as it comes.
     worst_case: bool = False
+    # What the child measures: "full" (a trial: the loader feeding the model), or one ceiling alone
+    # (``autotune.trial.parts``): "model" (the step on one batch already on the device) or "data" (the loader and
+    # the copy to the device, no model). The search's trials are "full".
+    part: str = "full"
 
     def __post_init__(self) -> None:
         check(is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
@@ -432,3 +436,5 @@ class MeasureSpec(Record):
         check(self.latency_p99_ms is None or (is_num(self.latency_p99_ms) and self.latency_p99_ms > 0),
               "latency_p99_ms", self.latency_p99_ms, "None or a positive number of milliseconds (--latency-p99)")
         check(isinstance(self.worst_case, bool), "worst_case", self.worst_case, "true or false")
+        check(self.part in ("full", "model", "data"), "part", self.part,
+              "full (a trial), model (the model alone) or data (the data path alone)")

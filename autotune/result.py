@@ -34,6 +34,7 @@ class TrialResult(Record):
     data_wait_s_per_step: float | None = None
     compute_s_per_step: float | None = None
     kernel_cpu_share: float | None = None  # of the training process's CPU time while measuring
+    cpu_cores_used: float | None = None  # CPU seconds of the process and its DataLoader workers per wall second
     minor_faults_per_step: float | None = None
     peak_host_mb: float | None = None
     peak_host_rss_mb: float | None = None
@@ -133,6 +134,7 @@ class TrialResult(Record):
             "data_wait_s_per_step": self.data_wait_s_per_step,
             "compute_s_per_step": self.compute_s_per_step,
             "kernel_cpu_share": None if self.kernel_cpu_share is None else round(self.kernel_cpu_share, 4),
+            "cpu_cores_used": None if self.cpu_cores_used is None else round(self.cpu_cores_used, 3),
             "minor_faults_per_step": None if self.minor_faults_per_step is None else round(self.minor_faults_per_step),
             "peak_host_mb": self.peak_host_mb,
             "peak_device_mb": self.peak_device_mb,

@@ -173,12 +173,14 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
 
 
 def plan(space, trials: Iterable, *, noise: float = NOISY_REL_IQR, limit: MemoryLimit | None = None,
-         fingerprint: str | None = None) -> Plan:
+         fingerprint: str | None = None, feed: dict[str, Any] | None = None) -> Plan:
     """Where the planned search stands, and what to queue now (module docstring). ``noise``: the floor of the
-    noise a gain must clear (each comparison uses the median window spread of the trials up to its own)."""
+    noise a gain must clear (each comparison uses the median window spread of the trials up to its own).
+    ``feed``: the loader knobs that feed the model (``ceilings.feed``, from the study's measured ceilings): once
+    the baseline and the likely winners ran, both get them, and the search goes on from there."""
     trials = list(trials)
     by_key, present, roles = measurements(trials, space, limit=limit, fingerprint=fingerprint)
-    replay = _Replay(space, by_key, present, noise)
+    replay = _Replay(space, by_key, present, noise, feed=feed)
     try:
         incumbent = replay.run(roles)
         phase = "done"
@@ -195,8 +197,10 @@ class _Replay:
     """The planned search, replayed from the start over what the study measured: each step reads the
     measurements it needs, or records them as needed and stops (``_Wait``)."""
 
-    def __init__(self, space, by_key: dict[tuple, list[Measured]], present: Counter, noise: float) -> None:
+    def __init__(self, space, by_key: dict[tuple, list[Measured]], present: Counter, noise: float, *,
+                 feed: dict[str, Any] | None = None) -> None:
         self.space, self.by_key, self.present, self.floor = space, by_key, present, noise
+        self.feed = feed
         self.spreads = sorted((m.number, m.rel_iqr) for ms in by_key.values() for m in ms if m.rel_iqr is not None)
         self.needs: list[Need] = []
         self.notes: list[str] = []
@@ -281,6 +285,8 @@ class _Replay:
             if not roles[keys.LIKELY_WINNER]:
                 raise _Wait
             likely = roles[keys.LIKELY_WINNER][0]
+        if self.feed:
+            base, likely = self.fed(base, likely)
         inc = self.separate(base, likely)
         if inc is None:
             return None
@@ -291,6 +297,23 @@ class _Replay:
                 inc = self.incumbent = params
         inc = self.incumbent = self.walk(inc)
         return self.sweep(inc)
+
+    def fed(self, base: dict[str, Any], likely: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The baseline and the likely winners with the loader that feeds the model (``self.feed``), after both
+        ran as they are: the data path binds, so every comparison from here on runs fed (``search.ceilings``)."""
+        self.get([(base, {})] + ([(likely, {})] if likely is not None else []))
+        loader = ", ".join(f"{k}={v}" for k, v in self.feed.items())
+        self.notes.append(f"the data path binds: from here every config runs with the loader sized to the model "
+                          f"({loader}; search.ceilings)")
+        out = []
+        for params, what in ((base, "the baseline"), (likely, "the likely winners")):
+            if params is None:
+                out.append(None)
+                continue
+            p = complete(self.space, {**params, **self.feed})
+            self.why.setdefault(self.key(p), f"queued: {what} with the loader sized to the model ({loader})")
+            out.append(p)
+        return out[0], out[1]
 
     def separate(self, base: dict[str, Any], likely: dict[str, Any] | None) -> dict[str, Any] | None:
         """The bundle taken apart (module docstring); returns the best config measured, None when neither the

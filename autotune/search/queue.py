@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search import trials as keys
 from autotune.search.batch_walk import evidence, next_steps
+from autotune.search import ceilings
 from autotune.search.coordinate import Plan, plan
 from autotune.search.optuna_compat import storage_of, trial_id
 from autotune.search.storage import server_lock
@@ -115,7 +116,8 @@ def advance_plan(study: Study, space, *, storage, limit: MemoryLimit | None, fin
     """Queue what the planned search (``coordinate.plan``) needs now and log its decisions not in ``said`` yet
     (the caller's set, updated). Called after every finished trial, however it was answered."""
     with server_lock(storage, study.study_name):
-        p = plan(space, study.get_trials(deepcopy=False), limit=limit, fingerprint=fingerprint)
+        p = plan(space, study.get_trials(deepcopy=False), limit=limit, fingerprint=fingerprint,
+                 feed=ceilings.feed(study, space))
         for need in p.needs:
             enqueue(study, space, need.params, **need.roles)
     for line in p.notes + [need.why for need in p.needs]:

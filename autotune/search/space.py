@@ -83,7 +83,10 @@ class SearchSpace:
         values = {**self.fixed, **{k: v for k, v in params.items() if k in _KNOBS}}
         cores = self.rank_cores
         if not self.oversubscribe:
-            workers = min(int(values.get("num_workers", 0)), max(0, cores - 1))
+            # Workers may take every core: where the training process needs little CPU (a GPU's, or a small model
+            # over heavy data) that is what feeds it; the ceilings (``search.ceilings``) measure which, not a rule.
+            # The training process's threads get what the workers leave, at least one.
+            workers = min(int(values.get("num_workers", 0)), cores)
             values["num_workers"] = workers
             if self.ranks > 1 and not values.get("intra_op_threads"):
                 values["intra_op_threads"] = cores  # torch's default would give every rank all the cores
@@ -433,14 +436,12 @@ def _trim(name: str, choices: list, *, hardware, is_cpu: bool, cores: int, notes
             notes.append("pin_memory=true dropped: page-locked memory only helps copies to a GPU")
         kept = [False]
     elif name in ("intra_op_threads", "inter_op_threads", "num_workers"):
-        # Without oversubscription a worker needs a core of its own beside the training process's.
-        limit = cores if (name != "num_workers" or oversubscribe) else max(0, cores - 1)
-        over = [c for c in kept if c > limit]
+        # Without oversubscription threads, and workers, stay within the usable cores (a worker may take every
+        # core: the training process then keeps one thread; the ceilings measure whether that feeds it).
+        over = [c for c in kept if c > cores]
         if over:
-            kept = [c for c in kept if c <= limit]
-            why = (f"each worker needs a core beside the training process ({cores} usable)"
-                   if limit < cores else f"more than the {cores} usable cores")
-            notes.append(f"{name} {over} dropped: {why}")
+            kept = [c for c in kept if c <= cores]
+            notes.append(f"{name} {over} dropped: more than the {cores} usable cores")
     return kept
 
 

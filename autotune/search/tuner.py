@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from autotune.search import final_checks
+from autotune.search import ceilings, final_checks
 from autotune.search import finalists as fin
 from autotune.search import queue as study_queue
 from autotune.search import trials as keys
@@ -319,6 +319,9 @@ class Tuner:
         from autotune.search import phases
 
         if study.user_attrs.get(keys.PLAN):
+            # after the baseline and the likely winners: the two ceilings, when the data path may bind
+            ceilings.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
+                                       measure=self.measure, log_dir=self.artifacts_dir, log=self.log)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
                                                fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
@@ -340,7 +343,7 @@ class Tuner:
         states = self._states(study)
         if self._plan is None or self._plan[0] != states:
             self._plan = (states, plan(self.space, study.get_trials(deepcopy=False), limit=self.limit,
-                                       fingerprint=self.hardware.fingerprint))
+                                       fingerprint=self.hardware.fingerprint, feed=ceilings.feed(study, self.space)))
         return self._plan[1]
 
     def convergence(self, study: Study) -> Convergence:

@@ -129,6 +129,7 @@ class Done(_Event):
     peak_device_mb: float | None
     peak_device_allocated_mb: float | None = None
     samples_per_step: float
+    cpu_cores_used: float | None = field(default=None, metadata=_OMIT_NONE)  # the process tree's CPU / wall
     profile: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)  # ``Profiled``'s fields
     world_size: int = 1
     ranks: tuple[dict[str, Any], ...] = ()  # with DDP ranks: each rank's figures (``trial.ranks.RankGroup.per_rank``)

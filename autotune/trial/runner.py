@@ -354,12 +354,13 @@ def _done_figures(done: Done | None, windows: list[Window]) -> dict:
     if done is None:
         return {"data_wait_s_per_step": waits, "compute_s_per_step": computes, "kernel_cpu_share": None,
                 "minor_faults_per_step": None, "peak_device_mb": None, "peak_device_allocated_mb": None,
-                "final_loss": None, "samples_per_step": None}
+                "final_loss": None, "samples_per_step": None, "cpu_cores_used": None}
     return {"data_wait_s_per_step": done.data_wait_s_per_step or waits,
             "compute_s_per_step": done.compute_s_per_step or computes,
             "kernel_cpu_share": done.kernel_cpu_share, "minor_faults_per_step": done.minor_faults_per_step,
             "peak_device_mb": done.peak_device_mb, "peak_device_allocated_mb": done.peak_device_allocated_mb,
-            "final_loss": done.final_loss, "samples_per_step": done.samples_per_step}
+            "final_loss": done.final_loss, "samples_per_step": done.samples_per_step,
+            "cpu_cores_used": done.cpu_cores_used}
 
 
 def _drain(fd: int) -> bytes:

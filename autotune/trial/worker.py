@@ -162,6 +162,10 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     kw = loader_kwargs(built, config, spec.seed)
     loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
     loader, train_step, latency, worst = _measured_step(built, config, spec, dev, train, train_step, loader)
+    if spec.part != "full":  # one ceiling alone: the model on a batch on the device, or the data path alone
+        from autotune.trial.parts import alone
+
+        loader, train_step = alone(spec.part, built, loader, train_step, config, dev)
     per_epoch = steps_per_epoch(loader)
     if per_epoch == 0:
         raise ValueError(f"the dataset has {len(built.dataset)} samples, fewer than one batch of {config.batch_size}")
@@ -177,8 +181,10 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         stepper = ranks.lead(stepper)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+    tree0 = _tree_cpu_s()
     totals = _measure(stepper, spec, warm, send)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    tree1 = _tree_cpu_s()
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     out = {
         # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
@@ -191,6 +197,9 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         "peak_device_mb": dev.peak_memory_mb(),
         "peak_device_allocated_mb": dev.peak_allocated_mb(),
         "samples_per_step": totals["samples"] / max(1, totals["steps"]),
+        # the cores the trial's process and its DataLoader workers kept busy while measuring (CPU s / wall s)
+        "cpu_cores_used": ((tree1[0] - tree0[0]) / (tree1[1] - tree0[1])
+                           if tree0 is not None and tree1 is not None and tree1[1] > tree0[1] else None),
         **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
@@ -198,6 +207,25 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
                                   workload.device, payload["config"])
         send(Profiled(**out["profile"]))
     return out if ranks is None else ranks.finish(out)
+
+
+def _tree_cpu_s() -> tuple[float, float] | None:
+    """``(CPU seconds, wall clock)`` of this process and its descendants (the DataLoader workers) now, or None
+    where psutil cannot read them; a worker that exits between two readings takes its seconds with it."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        total = 0.0
+        for p in (me, *me.children(recursive=True)):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total, time.perf_counter()
+    except Exception:  # noqa: BLE001 - a figure we can do without
+        return None
 
 
 def _measured_step(built: Any, config: Any, spec: Any, dev: Any, train: bool, train_step: Callable[[Any], StepOut],

@@ -1,0 +1,411 @@
+"""The two ceilings of a training step, and the one model of the pipeline that reads them.
+
+A step is a pipeline: the DataLoader makes batches (read, decode, transform, collate, pin, copy) while the model
+consumes them; end to end it runs no faster than the slower of the two. Each is measured alone, in a trial child of
+its own under the trial's caps (``autotune.trial.parts``):
+
+* **the model**: the workload's step on one batch already on the device, on the best config the search has measured
+  so far (the likely winners, else the baseline);
+* **the data path**: the workload's own DataLoader with no model, at a few worker counts, climbing as tf.data's
+  AUTOTUNE hill-climbs: 1, 2, 4, ... workers (as the space offers them) until the data rate covers the model's with
+  ``HEADROOM`` or stops growing (the cores ran out), never worker by worker.
+
+``Ceilings`` holds both and answers "what would this config run at, and why" (``predict``); ``workers_to_feed`` is
+the fewest workers whose data rate covers the model (interpolated between the two measured points around it), and
+``verdict`` says which ceiling binds a measured config, with the levers beyond the knobs when even every core
+cannot feed the model. The planned search reads them through ``feed`` (``coordinate.plan``), the study keeps them
+as a user attribute (``CEILINGS``), the recommendation's YAML as ``ceilings:``.
+
+The tuner measures them once, after the baseline and the likely winners, when the baseline waited for data more
+than ``INPUT_BOUND_SHARE`` of its step (the TF profiler's "highly input-bound") or the trials run on a GPU (where
+the model is often many times faster than one core's data path) and the space searches ``num_workers``.
+Plumber (MLSys 2022) solves an LP over per-stage rates instead; here every figure is a measurement.
+
+>>> c = Ceilings(model=Point("model", {"batch_size": 64}, 1000.0),
+...              data=(Point("data", {"num_workers": 1}, 300.0), Point("data", {"num_workers": 4}, 1100.0)))
+>>> c.workers_to_feed(), round(c.data_rate(2)), c.predict({"num_workers": 2})[1]
+(4, 567, 'data')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from optuna import Study
+
+__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "INPUT_BOUND_SHARE", "GROWTH", "worker_ladder", "feed",
+           "load", "store", "wanted", "LEVERS"]
+
+CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
+# The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
+# batch), and a loader exactly as fast as the model leaves it waiting on every hiccup.
+HEADROOM = 1.15
+# From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
+# a step "highly input-bound" from 20%); the per-trial diagnosis says "input-bound" from 30% (``diagnose``).
+INPUT_BOUND_SHARE = 0.20
+# Doubling the workers must raise the data rate by this much for the climb to go on: less, the cores ran out.
+GROWTH = 1.10
+# What buys a faster data path beyond the knobs, each with what it would buy; named when every core cannot feed it.
+LEVERS = ("decode on the GPU (torchvision.io.decode_jpeg(device='cuda'), or NVIDIA DALI): takes the decode, "
+          "usually most of the data path's CPU, off the cores",
+          "cache the decoded, resized tensors (or smaller JPEGs) once, before training: each epoch then pays only "
+          "for the augmentation",
+          "lighter transforms (a smaller RandomResizedCrop source, fewer augmentations): the data path's cost per "
+          "sample falls with them")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One ceiling measured alone: ``part`` ("model" or "data"), the config it ran (``TrialConfig.to_dict``), its
+    median samples/s (0.0 when it failed), its windows, their relative IQR, the cores its process tree kept busy,
+    and how it ended."""
+
+    part: str
+    config: dict[str, Any]
+    samples_per_s: float
+    windows: tuple[float, ...] = ()
+    rel_iqr: float | None = None
+    cpu_cores_used: float | None = None
+    status: str = "ok"
+    reason: str = ""
+
+    @property
+    def workers(self) -> int:
+        return int(self.config.get("num_workers") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "config": dict(self.config), "samples_per_s": round(self.samples_per_s, 3),
+                "windows": [round(w, 3) for w in self.windows], "rel_iqr": self.rel_iqr,
+                "cpu_cores_used": self.cpu_cores_used, "status": self.status, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Point:
+        return cls(part=str(d["part"]), config=dict(d.get("config") or {}),
+                   samples_per_s=float(d.get("samples_per_s") or 0.0),
+                   windows=tuple(float(w) for w in d.get("windows") or ()), rel_iqr=d.get("rel_iqr"),
+                   cpu_cores_used=d.get("cpu_cores_used"), status=str(d.get("status", "ok")),
+                   reason=str(d.get("reason", "")))
+
+    def line(self) -> str:
+        spread = f", IQR {100 * self.rel_iqr:.0f}%" if isinstance(self.rel_iqr, (int, float)) else ""
+        cores = f", {self.cpu_cores_used:.1f} cores busy" if isinstance(self.cpu_cores_used, (int, float)) else ""
+        if self.status != "ok":
+            return f"{self.status}: {self.reason}"
+        return f"{self.samples_per_s:.1f} samples/s ({len(self.windows)} windows{spread}{cores})"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The model's ceiling and the data path's climb (by workers, in the order measured); ``why``: why they were
+    measured (the baseline's wait for data, or a GPU)."""
+
+    model: Point | None
+    data: tuple[Point, ...] = ()
+    why: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    # --- the model of the pipeline --------------------------------------------------------------------------
+    @property
+    def model_rate(self) -> float:
+        return self.model.samples_per_s if self.model is not None and self.model.status == "ok" else 0.0
+
+    def measured(self) -> list[Point]:
+        """The data points that ran, by workers."""
+        return sorted((p for p in self.data if p.status == "ok" and p.samples_per_s > 0), key=lambda p: p.workers)
+
+    def data_rate(self, workers: int) -> float | None:
+        """The data path's rate at ``workers``: measured, or linear between the two measured points around it;
+        beyond the last point, the last point's (the climb stopped there because it stopped growing or covered
+        the model); below the first, in proportion to the workers (0 workers: unknown, None)."""
+        pts = self.measured()
+        if not pts or workers <= 0:
+            return None
+        for a, b in zip(pts, pts[1:]):
+            if a.workers <= workers <= b.workers:
+                if b.workers == a.workers:
+                    return max(a.samples_per_s, b.samples_per_s)
+                f = (workers - a.workers) / (b.workers - a.workers)
+                return a.samples_per_s + f * (b.samples_per_s - a.samples_per_s)
+        if workers >= pts[-1].workers:
+            return pts[-1].samples_per_s
+        return pts[0].samples_per_s * workers / max(1, pts[0].workers)
+
+    def best_data(self) -> Point | None:
+        pts = self.measured()
+        return max(pts, key=lambda p: p.samples_per_s) if pts else None
+
+    def workers_to_feed(self, headroom: float = HEADROOM) -> int | None:
+        """The fewest workers whose data rate covers the model's with ``headroom``; where none measured does, the
+        workers of the fastest data point (the data path binds whatever the model does); None when nothing ran."""
+        pts = self.measured()
+        if not pts:
+            return None
+        target = self.model_rate * headroom
+        if target <= 0:
+            return self.best_data().workers
+        before = None
+        for p in pts:
+            if p.samples_per_s >= target:
+                if before is None or p.workers - before.workers <= 1:
+                    return p.workers
+                per_worker = (p.samples_per_s - before.samples_per_s) / (p.workers - before.workers)
+                if per_worker <= 0:
+                    return p.workers
+                return min(p.workers, before.workers + math.ceil((target - before.samples_per_s) / per_worker))
+            before = p
+        return self.best_data().workers
+
+    def feeds(self) -> bool:
+        """Whether some measured worker count covers the model with headroom."""
+        best = self.best_data()
+        return best is not None and best.samples_per_s >= self.model_rate * HEADROOM > 0
+
+    def predict(self, config: dict[str, Any]) -> tuple[float | None, str]:
+        """``(samples/s, "model" | "data" | "unknown")``: what ``config`` would run at by the ceilings, and which
+        binds. With 0 workers the data path runs in the training process, one after the model: the two serialise
+        (1 / (1/model + 1/data)), and that is "data" when loading takes longer than the model."""
+        workers = int(config.get("num_workers") or 0)
+        model = self.model_rate or None
+        if workers == 0:
+            w0 = next((p.samples_per_s for p in self.measured() if p.workers == 0), None)
+            if model is None or w0 is None:
+                return None, "unknown"
+            return 1.0 / (1.0 / model + 1.0 / w0), "data" if w0 < model else "model"
+        data = self.data_rate(workers)
+        if model is None or data is None:
+            return (model or data), "unknown"
+        return min(model, data), "data" if data < model else "model"
+
+    def verdict(self, config: dict[str, Any], measured: float | None) -> str:
+        """Which ceiling binds ``config`` (measured end to end at ``measured`` samples/s), in one line."""
+        model = self.model
+        best = self.best_data()
+        workers = int(config.get("num_workers") or 0)
+        rate = self.data_rate(workers) if workers else None
+        parts = []
+        if model is not None and model.status == "ok":
+            parts.append(f"the model alone runs {model.samples_per_s:.0f} samples/s "
+                         f"(bs={model.config.get('batch_size')}, amp={model.config.get('amp', 'off')})")
+        if rate is not None:
+            parts.append(f"your data path gives about {rate:.0f} with {workers} worker(s)")
+        elif best is not None:
+            parts.append(f"your data path gives at most {best.samples_per_s:.0f} (with {best.workers} worker(s))")
+        _, which = self.predict(config)
+        if measured and self.model_rate and measured < 0.8 * min(self.model_rate, rate or math.inf):
+            which_word = "neither ceiling is reached (the two share the cores, or the config differs from the " \
+                         "ceilings')"
+        else:
+            which_word = {"data": "input-bound", "model": "model-bound", "unknown": "which binds is unknown"}[which]
+        head = f"{measured:.0f} samples/s end to end: " if measured else ""
+        return head + "; ".join(parts) + f": {which_word}"
+
+    def levers(self) -> list[str]:
+        """The levers beyond the knobs, when no worker count measured could feed the model (else none)."""
+        if self.model_rate <= 0 or self.feeds():
+            return []
+        best = self.best_data()
+        short = f"{best.samples_per_s / self.model_rate:.0%} of the model's rate" if best is not None else "no rate"
+        return [f"even the fastest data path measured ({short}) cannot feed the model: " + lever for lever in LEVERS]
+
+    # --- records ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        feed = self.workers_to_feed()
+        return {"model": None if self.model is None else self.model.to_dict(),
+                "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
+                "workers_to_feed": feed, "headroom": HEADROOM,
+                "binds": "data" if not self.feeds() else "model"}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Ceilings | None:
+        if not d:
+            return None
+        return cls(model=Point.from_dict(d["model"]) if d.get("model") else None,
+                   data=tuple(Point.from_dict(p) for p in d.get("data") or ()), why=str(d.get("why", "")),
+                   notes=tuple(d.get("notes") or ()))
+
+    def lines(self) -> list[str]:
+        out = [f"ceilings ({self.why})" if self.why else "ceilings"]
+        if self.model is not None:
+            out.append(f"  model alone   {self.model.line()}  [{_short(self.model.config)}]")
+        for p in self.data:
+            out.append(f"  data path w={p.workers:<3} {p.line()}  [{_short(p.config)}]")
+        feed = self.workers_to_feed()
+        if feed is not None:
+            out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}"
+                       + ("" if self.feeds() else " (none measured covers it: the data path binds)"))
+        return out
+
+
+def _short(config: dict[str, Any]) -> str:
+    from autotune.config import TrialConfig
+
+    try:
+        return TrialConfig.from_dict(config).short()
+    except Exception:  # noqa: BLE001 - a config from another version: shown as stored
+        return ", ".join(f"{k}={v}" for k, v in config.items())
+
+
+def worker_ladder(choices: tuple[int, ...] | list[int]) -> list[int]:
+    """The worker counts the climb may try, from the space's choices: 1, 2, 4, 8, ... (the nearest choice to
+    each), then the largest.
+
+    >>> worker_ladder(range(0, 16)), worker_ladder([0, 2, 4]), worker_ladder([0])
+    ([1, 2, 4, 8, 15], [2, 4], [])
+    """
+    offered = sorted({int(c) for c in choices if int(c) > 0})
+    if not offered:
+        return []
+    out, w = [], 1
+    while w < offered[-1]:
+        near = min(offered, key=lambda c: (abs(c - w), c))
+        if near not in out and (not out or near > out[-1]):
+            out.append(near)
+        w *= 2
+    if offered[-1] not in out:
+        out.append(offered[-1])
+    return out
+
+
+def load(study: Study) -> Ceilings | None:
+    return Ceilings.from_dict(study.user_attrs.get(CEILINGS))
+
+
+def store(study: Study, ceilings: Ceilings) -> None:
+    study.set_user_attr(CEILINGS, ceilings.to_dict())
+
+
+def feed(study: Study, space: Any) -> dict[str, Any] | None:
+    """The loader knobs the planned search gives every config from now on (``coordinate.plan``), from the stored
+    ceilings: the workers to feed the model, the pinned memory and persistent workers the space offers, and the
+    data path's prefetch; None without ceilings, or when the space does not search ``num_workers``."""
+    c = load(study)
+    if c is None:
+        return None
+    workers = c.workers_to_feed()
+    choices = {p.name: p.choices for p in space.params}
+    if not workers or workers not in choices.get("num_workers", ()):
+        return None
+    out: dict[str, Any] = {"num_workers": workers}
+    ref = (c.best_data() or c.data[0]).config
+    for knob in ("pin_memory", "persistent_workers", "prefetch_factor"):
+        if ref.get(knob) is not None and ref.get(knob) in choices.get(knob, ()):
+            out[knob] = ref[knob]
+    return out
+
+
+def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str | None:
+    """Why the ceilings should be measured now (a line for the log), or None: the space searches workers, and the
+    baseline waited for data more than ``INPUT_BOUND_SHARE`` of its step, or the trials run on a GPU."""
+    p = next((p for p in space.params if p.name == "num_workers"), None)
+    if p is None or not worker_ladder(p.choices):
+        return None
+    if isinstance(baseline_wait_share, (int, float)) and baseline_wait_share > INPUT_BOUND_SHARE:
+        return (f"the baseline waited for data {100 * baseline_wait_share:.0f}% of its step (over "
+                f"{100 * INPUT_BOUND_SHARE:.0f}%: input-bound)")
+    if device.startswith("cuda"):
+        return "the trials run on a GPU, where one core's data path rarely keeps up with the model"
+    return None
+
+
+Run = Callable[[dict[str, Any], str], Point]  # (config dict, part) -> the point measured
+
+
+def climb(model_config: dict[str, Any], data_config: dict[str, Any], ladder: list[int], run: Run, *,
+          log: Callable[[str], None] = lambda _: None, why: str = "") -> Ceilings:
+    """Measure the model alone on ``model_config``, then the data path on ``data_config`` at each worker count of
+    ``ladder`` in turn, until it covers the model with ``HEADROOM`` or grows by less than ``GROWTH`` from the point
+    before (the module docstring). ``run`` measures one point in a child."""
+    model = run(model_config, "model")
+    log(f"ceiling: the model alone {model.line()}")
+    target = model.samples_per_s * HEADROOM if model.status == "ok" else math.inf
+    points: list[Point] = []
+    notes: list[str] = []
+    for w in ladder:
+        p = run({**data_config, "num_workers": w}, "data")
+        points.append(p)
+        log(f"ceiling: the data path with {w} worker(s) {p.line()}")
+        if p.status != "ok":
+            notes.append(f"the data path with {w} worker(s) did not run: {p.reason}")
+            break
+        if p.samples_per_s >= target:
+            break
+        ok = [q for q in points[:-1] if q.status == "ok"]
+        if ok and p.samples_per_s < ok[-1].samples_per_s * GROWTH:
+            notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
+                         f"({ok[-1].samples_per_s:.0f} -> {p.samples_per_s:.0f} samples/s): the cores ran out")
+            break
+    return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes))
+
+
+def _first(study: Study, role: str):
+    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(role) and t.state.is_finished()]
+    return min(done, key=lambda t: t.number) if done else None
+
+
+def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], workload: Any, measure: Any,
+                      log_dir: Any, log: Callable[[str], None]) -> Ceilings | None:
+    """After the baseline and the likely winners ran: measure and store the ceilings when ``wanted`` says so and
+    the study has none (once per study; a resumed run reads them back). Returns them, or None."""
+    from autotune.search import trials as keys
+
+    if load(study) is not None:
+        return None
+    base = _first(study, keys.BASELINE)
+    likely = _first(study, keys.LIKELY_WINNER) if space.likely_params() is not None else None
+    if base is None or (space.likely_params() is not None and likely is None):
+        return None
+    why = wanted(base.user_attrs.get(keys.DATA_WAIT_SHARE), device=workload.device, space=space)
+    if why is None:
+        return None
+    ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
+    if not ran:
+        return None
+    model_config = keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict()
+    data_config = _loader_config(keys.config_of(base).to_dict(), space)
+    ladder = worker_ladder(next(p.choices for p in space.params if p.name == "num_workers"))
+    log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
+        f"the data path with {', '.join(map(str, ladder))} worker(s) until it covers the model")
+    spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
+    c = climb(model_config, data_config, ladder, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
+    store(study, c)
+    for line in c.notes:
+        log(f"ceiling: {line}")
+    feed_w = c.workers_to_feed()
+    if feed_w is not None:
+        log(f"ceiling: the fewest workers to feed the model: {feed_w}"
+            + ("" if c.feeds() else " (none measured covers it: the data path binds whatever the knobs)"))
+    return c
+
+
+def _loader_config(config: dict[str, Any], space: Any) -> dict[str, Any]:
+    """The baseline's config with the loader knobs a fed config would take: pinned memory (on a GPU) and
+    persistent workers where the space offers them, its prefetch (else the first offered)."""
+    choices = {p.name: p.choices for p in space.params}
+    out = dict(config)
+    for knob, want in (("pin_memory", True), ("persistent_workers", True)):
+        if want in choices.get(knob, ()):
+            out[knob] = want
+    if "prefetch_factor" in choices and out.get("prefetch_factor") not in choices["prefetch_factor"]:
+        out["prefetch_factor"] = choices["prefetch_factor"][0]
+    return out
+
+
+def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir: Any) -> Run:
+    from pathlib import Path
+
+    from autotune.config import TrialConfig
+
+    def run(config: dict[str, Any], part: str) -> Point:
+        cfg = TrialConfig.from_dict(config)
+        name = f"ceiling-{part}" + (f"-w{cfg.num_workers}" if part == "data" else "") + ".log"
+        kw = {"log_path": Path(log_dir) / name} if log_dir is not None else {}
+        r = runner(workload, cfg, spec.replace(part=part), **kw)
+        ok = r.status == "ok" and bool(r.samples_per_s)
+        return Point(part=part, config=cfg.to_dict(), samples_per_s=r.median_samples_per_s if ok else 0.0,
+                     windows=tuple(r.samples_per_s), rel_iqr=r.summary.rel_iqr if ok else None,
+                     cpu_cores_used=r.cpu_cores_used, status=r.status, reason=r.reason)
+
+    return run

@@ -1,0 +1,100 @@
+"""The child side of the two ceilings: a training step is a pipeline, the data path feeding the model, and each
+part is measured alone in a trial child of its own (``MeasureSpec.part``), under the same caps and windows as a
+trial (the parent's side is ``autotune.search.ceilings``).
+
+* ``model``: the workload's own step on one batch that is already on the device, over and over (no loader:
+  ``workloads.worst_case.Repeat``): how fast the model could go if the data were free. The batch is the loader's
+  first, so its shapes are the ones the trial's steps see.
+* ``data``: the workload's own DataLoader (its dataset, collate_fn, sampler) with the config's num_workers,
+  prefetch_factor, pin_memory and persistent_workers, each batch copied to the device (non_blocking from pinned
+  memory, as the trial's step copies it) and nothing else: how fast the data could come if the model were free.
+  The windows synchronise the device at their edges, so a copy still in flight is counted.
+
+A failure of the data path alone (a worker that crashes, a collate that raises) is the workload's: it becomes a
+``WorkloadError`` naming the data path and carrying the workload's own message, never retried.
+
+Plumber (``mkuchnik/PlumberApp``) times the model on a fake dataset in the same way; the NVIDIA examples and
+``romerojosh/benchy`` call the two SYNTHETIC and IO.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from autotune.errors import WorkloadError
+from autotune.workloads.contract import StepOut
+
+__all__ = ["PARTS", "alone", "DataPathOnly"]
+
+PARTS = ("full", "model", "data")
+
+
+def alone(part: str, built: Any, loader: Any, train_step: Callable[[Any], StepOut], config: Any,
+          dev: Any) -> tuple[Any, Callable[[Any], StepOut]]:
+    """``(loader, step)`` for measuring ``part`` alone (module docstring); ``full`` gives them back as they are."""
+    if part == "full":
+        return loader, train_step
+    if part == "model":
+        return _model_alone(loader, train_step, config, dev)
+    if part == "data":
+        return DataPathOnly(loader, config.num_workers), _copy_step(getattr(built, "count", None), config, dev)
+    raise ValueError(f"part {part!r} is not one of {', '.join(PARTS)}")
+
+
+def _model_alone(loader: Any, train_step: Callable[[Any], StepOut], config: Any,
+                 dev: Any) -> tuple[Any, Callable[[Any], StepOut]]:
+    from autotune.workloads.contract import move
+    from autotune.workloads.worst_case import Repeat
+
+    try:
+        batch = next(iter(loader))
+    except StopIteration:
+        raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)") from None
+    # on the device once, in the layout the step wants: the step's own move is then a no-op
+    on_device = move(batch, dev, non_blocking=False, channels_last=config.channels_last)
+    dev.synchronize()
+    return Repeat(on_device), train_step
+
+
+def _copy_step(count: Any, config: Any, dev: Any) -> Callable[[Any], StepOut]:
+    """A step that only copies the batch to the device as the trial's step would (``contract.move``), counting its
+    samples as the trial does (the workload's own ``count`` where it has one)."""
+    from autotune.workloads.contract import count_batch, default_count, move
+
+    def step(batch: Any) -> StepOut:
+        n = (count_batch(count, batch) if count is not None else None) or (default_count(batch), None)
+        move(batch, dev, non_blocking=config.pin_memory, channels_last=config.channels_last)
+        return StepOut(None, None, *n)
+
+    step.scaler = None  # type: ignore[attr-defined]
+    return step
+
+
+class DataPathOnly:
+    """The workload's loader, iterated alone: an error from it (a worker's, the collate's) is the data path's
+    failure and says so with the workload's own message; running out of memory stays what it is."""
+
+    def __init__(self, loader: Any, workers: int) -> None:
+        self.loader, self.workers = loader, workers
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        from autotune.machine.oom import is_oom
+
+        it = iter(self.loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except WorkloadError:
+                raise
+            except Exception as exc:
+                if is_oom(exc):
+                    raise
+                first = next((line for line in str(exc).splitlines() if line.strip()), "")[:400]
+                raise WorkloadError(f"the data path alone (the workload's DataLoader, {self.workers} worker(s), no "
+                                    f"model) failed: {type(exc).__name__}: {first}") from exc
+            yield batch

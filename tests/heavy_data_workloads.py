@@ -1,0 +1,63 @@
+"""Workloads bound by their data path, for the ceilings' tests (autotune.search.ceilings): a model of a few
+hundred parameters over JPEGs decoded and cropped on the CPU, as a real image pipeline does (PIL's decoder, a
+torchvision RandomResizedCrop), so nearly all of a step is loading; and one whose collate raises.
+
+The JPEG is made here, in memory, once per process (smooth noise, as photos compress): nothing is downloaded."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from torch import nn
+
+_SIDE = (640, 480)
+
+
+def _jpeg() -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 255, (_SIDE[1] // 16, _SIDE[0] // 16, 3), dtype=np.uint8)
+    img = Image.fromarray(small).resize(_SIDE, Image.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+class Decoded(torch.utils.data.Dataset):
+    """``n`` items, each one JPEG decoded, randomly resized and cropped to ``image_size``, flipped, to a tensor."""
+
+    def __init__(self, image_size: int = 32, n: int = 256) -> None:
+        from torchvision import transforms
+
+        self.blob, self.n = _jpeg(), n
+        self.tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
+                                      transforms.ToTensor()])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(self.blob)).convert("RGB")
+        return self.tf(img), i % 4
+
+
+def build(image_size: int = 32):
+    """A tiny convnet over decoded JPEGs: the data path binds (the model is a few hundred parameters)."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, 4))
+    return model, Decoded(image_size), nn.CrossEntropyLoss()
+
+
+def _bad_collate(items):
+    raise ValueError("labels of mixed types: cannot stack")
+
+
+def bad_collate(image_size: int = 32):
+    """As ``build``, with a collate that raises: the data path fails alone, with the workload's own message."""
+    model, dataset, loss = build(image_size)
+    return {"model": model, "dataset": dataset, "loss_fn": loss, "collate_fn": _bad_collate}
