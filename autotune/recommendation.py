@@ -111,6 +111,10 @@ class Recommendation:
     # the largest batch the data can produce and the config's peak on it against the usable memory
     # (search.final_checks.check_worst_case); None in older exports and provisional ones (not checked)
     worst_case: dict | None = None
+    # the model's and the data path's ceilings, each measured alone, and which binds this config (``verdict``), with
+    # the levers beyond the knobs when no worker count fed the model (``search.ceilings``); None: not measured (the
+    # baseline was not input-bound on a CPU), or an older export
+    ceilings: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -157,6 +161,7 @@ class Recommendation:
                            "reproduce": self.reproduce},
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
+            "ceilings": self.ceilings,
             "parity": self.parity,
             "compile": self.compile,
             "notes": list(self.notes),
@@ -210,6 +215,7 @@ class Recommendation:
                 user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
                 tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
                 worst_case=d.get("worst_case"),
+                ceilings=d.get("ceilings"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -448,11 +454,20 @@ class Recommendation:
             wc = self.worst_case
             peak = f": peak {format_mb(wc['peak_host_mb'])}" if wc.get("peak_host_mb") else ""
             lines.append(f"  worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
+        lines += [f"  {line}" for line in ceiling_lines(self.ceilings)]
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def ceiling_lines(ceilings: dict | None) -> list[str]:
+    """What a person reads of a recommendation's ``ceilings`` (``search.ceilings``): which binds, then the levers."""
+    if not ceilings:
+        return []
+    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
+        [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
 
 
 def _latency_read(measured: dict[str, Any]) -> dict | None:

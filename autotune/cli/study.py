@@ -14,6 +14,7 @@ from autotune.cli.args import (add_measure_args, add_ranks_args, add_study_args,
 from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search import trials as keys
+from autotune.recommendation import ceiling_lines
 
 if TYPE_CHECKING:
     from autotune.search.tuner import Tuner
@@ -230,12 +231,17 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
               f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}"
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
-        for line in _limits_lines(rec):
+        for line in _limits_lines(rec) + ceiling_lines(rec.get("ceilings")):
             print(line)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
     if args.explain:  # what limited each trial, one line each, in the table's order
+        from autotune.search import ceilings
         from autotune.search.diagnose import explain_study
+
+        measured = ceilings.load(study)
+        if measured is not None:  # each ceiling alone, as measured (search.ceilings)
+            print("\n" + "\n".join(measured.lines()))
 
         print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
         print("\n".join(explain_study(study, view["trial"].tolist())))

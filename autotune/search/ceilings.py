@@ -403,9 +403,26 @@ def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir:
         name = f"ceiling-{part}" + (f"-w{cfg.num_workers}" if part == "data" else "") + ".log"
         kw = {"log_path": Path(log_dir) / name} if log_dir is not None else {}
         r = runner(workload, cfg, spec.replace(part=part), **kw)
+        if r.user_error:  # the workload's own fault (a collate that raises, a worker that crashes): said, not retried
+            from autotune.errors import WorkloadError
+
+            raise WorkloadError(r.reason.removeprefix("WorkloadError: "))
         ok = r.status == "ok" and bool(r.samples_per_s)
         return Point(part=part, config=cfg.to_dict(), samples_per_s=r.median_samples_per_s if ok else 0.0,
                      windows=tuple(r.samples_per_s), rel_iqr=r.summary.rel_iqr if ok else None,
                      cpu_cores_used=r.cpu_cores_used, status=r.status, reason=r.reason)
 
     return run
+
+
+def recorded(study: Study, rec: Any) -> Any:
+    """``rec`` (a Recommendation) with the study's ceilings, the verdict on its config and the levers (None
+    without ceilings: returned as is)."""
+    import dataclasses
+
+    c = load(study)
+    if c is None:
+        return rec
+    record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
+              "levers": c.levers()}
+    return dataclasses.replace(rec, ceilings=record)

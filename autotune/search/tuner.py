@@ -455,6 +455,8 @@ class Tuner:
                                log_dir=self.artifacts_dir, log=self.log, deadline=deadline, run=self.run_length)
             rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
                                       runner=run, check_numerics=runner is None, more=more)
+        if rec is not None:
+            rec = ceilings.recorded(study, rec)
         if rec is not None and self.stop_reason:
             rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)

@@ -1,0 +1,192 @@
+"""The two ceilings (autotune.search.ceilings): the data path and the model measured alone, the climb over workers,
+the one model of the pipeline that reads them, and the planned search that sizes the loader from them.
+
+The tuner test's runner is a fake with a response model of a pipeline (end to end = the slower of the model and the
+data path; the data path grows with workers until the cores run out): what is under test is which children the
+tuner asks for and what it concludes. The real mechanism (real children over decoded JPEGs) is in
+tests/trial/test_parts.py and the slow test at the end here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig, TrialResult
+from autotune.machine.hardware import detect
+from autotune.search import ceilings
+from autotune.search.ceilings import Ceilings, Point, climb, worker_ladder
+from autotune.search.space import space_from_dict
+from autotune.search.tuner import Tuner
+
+HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36", usable_cores=8,
+                         cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
+QUICK = MeasureSpec(windows=3, window_s=0.2, timeout_s=120, memory_cap_mb=4096.0)
+
+
+def _c(model: float, *data: tuple[int, float]) -> Ceilings:
+    return Ceilings(model=Point("model", {"batch_size": 64, "amp": "bf16"}, model),
+                    data=tuple(Point("data", {"num_workers": w}, r) for w, r in data))
+
+
+def test_workers_to_feed_interpolates_between_the_points_around_the_model():
+    # model 1000/s, x1.15 headroom: 1150 needed; 2 workers give 600, 4 give 1300: 300/s a worker, 2 + ceil(550/350)
+    assert _c(1000.0, (1, 300.0), (2, 600.0), (4, 1300.0)).workers_to_feed() == 4
+    assert _c(1000.0, (1, 300.0), (2, 600.0), (8, 1800.0)).workers_to_feed() == 5  # 200/s a worker: 600 + 3 x 200
+    assert _c(100.0, (1, 300.0), (2, 600.0)).workers_to_feed() == 1  # one worker already covers it
+    # none covers it: the fastest data point's workers, and the data path binds whatever the knobs
+    c = _c(5000.0, (1, 300.0), (2, 600.0), (4, 650.0))
+    assert c.workers_to_feed() == 4 and not c.feeds()
+    assert c.levers() and all("cannot feed the model" in lever for lever in c.levers())
+    assert "decode_jpeg(device='cuda')" in " ".join(c.levers())
+    assert _c(1000.0, (2, 1500.0)).levers() == []  # fed: no lever to name
+
+
+def test_predict_and_verdict_say_which_ceiling_binds():
+    c = _c(1000.0, (1, 300.0), (4, 1300.0))
+    assert c.predict({"num_workers": 2}) == (pytest.approx(633.33, rel=1e-3), "data")
+    assert c.predict({"num_workers": 4}) == (1000.0, "model")
+    assert c.predict({"num_workers": 0}) == (None, "unknown")  # no point at 0 workers measured
+    assert c.data_rate(16) == 1300.0  # beyond the climb: its last point (it stopped there)
+    line = c.verdict({"num_workers": 2}, 600.0)
+    assert line.startswith("600 samples/s end to end: the model alone runs 1000 samples/s")
+    assert "your data path gives about 633 with 2 worker(s)" in line and line.endswith("input-bound")
+    assert c.verdict({"num_workers": 4}, 990.0).endswith("model-bound")
+
+
+def test_worker_ladder_doubles_within_the_offered_choices():
+    assert worker_ladder(range(0, 65)) == [1, 2, 4, 8, 16, 32, 64]
+    assert worker_ladder([0, 1, 2]) == [1, 2]
+    assert worker_ladder([0, 3, 6, 12]) == [3, 6, 12]
+    assert worker_ladder([0]) == []
+
+
+def test_climb_stops_once_the_data_covers_the_model_or_stops_growing():
+    asked: list[tuple[str, int]] = []
+
+    def run(rate_of):
+        def measure(config, part):
+            asked.append((part, config.get("num_workers", 0)))
+            return Point(part, config, rate_of(part, config.get("num_workers", 0)), windows=(1.0, 1.0, 1.0))
+        return measure
+
+    covers = climb({"batch_size": 64}, {"batch_size": 64}, [1, 2, 4, 8, 16],
+                   run(lambda part, w: 1000.0 if part == "model" else 300.0 * w))
+    assert asked == [("model", 0), ("data", 1), ("data", 2), ("data", 4)]  # 1200 >= 1150 at 4
+    assert covers.workers_to_feed() == 4 and covers.feeds()
+    asked.clear()
+    flat = climb({}, {}, [1, 2, 4, 8, 16], run(lambda part, w: 5000.0 if part == "model" else min(300.0 * w, 650.0)))
+    assert asked == [("model", 0), ("data", 1), ("data", 2), ("data", 4)]  # 600 -> 650: < 10% more: cores ran out
+    assert "stopped growing" in flat.notes[0] and not flat.feeds()
+    back = Ceilings.from_dict(flat.to_dict())
+    assert back == flat and flat.to_dict()["binds"] == "data"
+
+
+def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
+    import optuna
+
+    space = space_from_dict({"name": "g", "device": "cuda", "parameters": {
+        "batch_size": {"type": "int", "choices": [32, 64]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "pin_memory": {"type": "bool"}}}, hardware=HW, device="cuda")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/f.db", study_name="f")
+    assert ceilings.feed(study, space) is None  # nothing measured: nothing to feed
+    data_config = ceilings._loader_config({"batch_size": 64, "num_workers": 0, "pin_memory": False}, space)
+    assert data_config["pin_memory"] is True and data_config["persistent_workers"] is True
+    ceilings.store(study, Ceilings(model=Point("model", {}, 1000.0),
+                                   data=(Point("data", {**data_config, "num_workers": 4}, 1300.0),)))
+    assert ceilings.feed(study, space) == {"num_workers": 4, "pin_memory": True, "persistent_workers": True,
+                                           "prefetch_factor": 2}
+
+
+def _pipeline(model_rate: float, per_worker: float, cores: int):
+    """A fake runner: the model alone runs ``model_rate`` (x1.2 with bf16), the data path ``per_worker`` a worker up
+    to the cores (0 workers: one core's worth, in the training loop, serialised with the model)."""
+    calls: list[tuple[str, TrialConfig]] = []
+
+    def run(workload, c, measure, **kw):
+        calls.append((measure.part, c))
+        model = model_rate * (1.2 if c.amp == "bf16" else 1.0)
+        data = per_worker * min(c.num_workers, cores) if c.num_workers else per_worker
+        rate = {"model": model, "data": data}.get(measure.part)
+        if rate is None:
+            rate = 1 / (1 / model + 1 / data) if c.num_workers == 0 else min(model, data)
+        wait = max(0.0, 1 / rate - 1 / model)
+        return TrialResult(status="ok", samples_per_s=(0.99 * rate, rate, 1.01 * rate), wall_s=20.0, peak_host_mb=10.0,
+                           batch_size=c.batch_size, data_wait_s_per_step=wait * c.batch_size,
+                           compute_s_per_step=c.batch_size / model, cpu_cores_used=1.0)
+
+    run.calls = calls
+    return run
+
+
+def _space():
+    return space_from_dict({"name": "fake", "device": "cpu", "parameters": {
+        "batch_size": {"type": "int", "choices": [32, 64]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+        "baseline": {"batch_size": 64, "num_workers": 0, "amp": "off"}}, hardware=HW)
+
+
+def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
+    """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its step. The tuner
+    measures the model alone, then the data path at 1, 2, 4, 8 workers (8 x 140 = 1120 < 1200:
+    none covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=logs.append)
+    rec = tuner.run(trials=4)
+    parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
+    assert parts == [("model", 0), ("data", 1), ("data", 2), ("data", 4), ("data", 8)]
+    assert runner.calls[2][0] == "model"  # measured after the baseline and the likely winners, before trial 2
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
+    assert [c.num_workers for c in first3] == [0, 0, 8]
+    assert any("the data path binds: from here every config runs with the loader sized to the model" in m
+               for m in logs)
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
+    assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
+    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 2, 4, 8]
+    assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
+    assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
+
+
+def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):
+    runner = _pipeline(100.0, 5000.0, cores=8)  # the data path 50x the model: the baseline barely waits
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=lambda m: None)
+    rec = tuner.run(trials=3)
+    assert all(p == "full" for p, _ in runner.calls)
+    assert rec.ceilings is None and ceilings.load(tuner.study()) is None
+
+
+def test_a_ceiling_child_that_fails_for_the_workload_stops_the_run_with_its_message(tmp_path):
+    """The baseline ran without workers; the data path with one worker fails in the workload's code (as a dataset
+    that cannot cross to a worker process does): one line naming the data path, nothing retried."""
+    from autotune.errors import WorkloadError
+
+    base = _pipeline(1000.0, 140.0, cores=8)
+
+    def runner(workload, c, measure, **kw):
+        if measure.part == "data":
+            base.calls.append((measure.part, c))
+            return TrialResult(status="error", user_error=True, reason="WorkloadError: the data path alone (the "
+                               "workload's DataLoader, 1 worker(s), no model) failed: PicklingError: can't pickle")
+        return base(workload, c, measure, **kw)
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=lambda m: None)
+    with pytest.raises(WorkloadError, match=r"^the data path alone .* failed: PicklingError: can't pickle$"):
+        tuner.run(trials=4)
+    assert [p for p, _ in base.calls].count("data") == 1  # not retried
