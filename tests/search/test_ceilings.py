@@ -135,9 +135,9 @@ def _space():
 
 
 def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
-    """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its step. The tuner
-    measures the model alone, then the data path at 1, 2, 4, 8 workers (8 x 140 = 1120 < 1200:
-    none covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
+    """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its
+    step. The tuner measures the model alone, then the data path at 1, 2, 4, 8 workers (8 x 140 = 1120 < 1200: none
+    covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
     runner = _pipeline(1000.0, 140.0, cores=8)
     logs: list[str] = []
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,

@@ -42,5 +42,5 @@ def test_a_data_path_that_fails_alone_says_so_with_the_workloads_message():
     r = run_trial(Workload(model="tests.heavy_data_workloads:bad_collate", image_size=32),
                   TrialConfig(batch_size=8, intra_op_threads=1), SPEC.replace(part="data"))
     assert r.status == "error" and r.user_error
-    assert r.reason.startswith("WorkloadError: the data path alone (the workload's DataLoader, 0 worker(s), no model) failed: "
-                               "ValueError: labels of mixed types: cannot stack"), r.reason
+    assert r.reason.startswith("WorkloadError: the data path alone (the workload's DataLoader, 0 worker(s), no model) "
+                               "failed: ValueError: labels of mixed types: cannot stack"), r.reason
