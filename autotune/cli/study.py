@@ -76,6 +76,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autotune.search.tuner import Tuner
     from autotune.workloads.build import check
 
+    import time
+
+    started = time.monotonic()  # --timeout counts from here: the workload's check is inside the budget
     timeout_s, ceiling_s, run_length = _budget_args(args)  # said before torch loads: a typo costs no seconds
     workload = workload_from_args(args)
     # The user's numbers, space file and storage are checked against the machine first (cores, memory, GPUs, CPU
@@ -118,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
-                        ceiling_s=ceiling_s)
+                        ceiling_s=ceiling_s, started=started)
     except KeyboardInterrupt:
         print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} "
               f"(study {tuner.study_name}); run the same command again to resume", file=sys.stderr)

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "INPUT_BOUND_SHARE", "GROWTH", "worker_ladder", "feed",
-           "load", "store", "wanted", "LEVERS"]
+__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "INPUT_BOUND_SHARE", "GROWTH", "BUDGET_SHARE", "LEVERS",
+           "worker_ladder", "feed", "load", "store", "wanted", "climb", "measure_if_wanted", "recorded"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
@@ -46,6 +46,8 @@ HEADROOM = 1.15
 # From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
 # a step "highly input-bound" from 20%); the per-trial diagnosis says "input-bound" from 30% (``diagnose``).
 INPUT_BOUND_SHARE = 0.20
+# The most of the time left in a --timeout budget the climb may take (skipped, saying so, when it would take more).
+BUDGET_SHARE = 0.25
 # Doubling the workers must raise the data rate by this much for the climb to go on: less, the cores ran out.
 GROWTH = 1.10
 # What buys a faster data path beyond the knobs, each with what it would buy; named when every core cannot feed it.
@@ -346,9 +348,11 @@ def _first(study: Study, role: str):
 
 
 def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], workload: Any, measure: Any,
-                      log_dir: Any, log: Callable[[str], None]) -> Ceilings | None:
+                      log_dir: Any, log: Callable[[str], None], time_left_s: float | None = None) -> Ceilings | None:
     """After the baseline and the likely winners ran: measure and store the ceilings when ``wanted`` says so and
-    the study has none (once per study; a resumed run reads them back). Returns them, or None."""
+    the study has none (once per study; a resumed run reads them back). Returns them, or None. With
+    ``time_left_s`` (a budget), only when the climb's expected cost (a child a point, each about the median trial's
+    wall) is at most ``BUDGET_SHARE`` of it: a budget is a budget."""
     from autotune.search import trials as keys
 
     if load(study) is not None:
@@ -366,6 +370,14 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     model_config = keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict()
     data_config = _loader_config(keys.config_of(base).to_dict(), space)
     ladder = worker_ladder(next(p.choices for p in space.params if p.name == "num_workers"))
+    if time_left_s is not None:
+        walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in (base, likely) if t is not None)
+        cost = (1 + len(ladder)) * walls[len(walls) // 2]
+        if cost > BUDGET_SHARE * time_left_s:
+            log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
+                f"{time_left_s:.0f} s left in the budget")
+            store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share"))
+            return None
     log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
         f"the data path with {', '.join(map(str, ladder))} worker(s) until it covers the model")
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
@@ -423,6 +435,8 @@ def recorded(study: Study, rec: Any) -> Any:
     c = load(study)
     if c is None:
         return rec
+    if c.model is None and not c.data:  # skipped (the budget): said, not guessed
+        return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": f"not measured ({c.why})", "levers": []})
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
     return dataclasses.replace(rec, ceilings=record)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from autotune.search.finalists import FinalistContext
 
-__all__ = ["choose", "worst_case_measure", "check_worst_case", "latency_out", "WORST_CASE_WINDOW_S"]
+__all__ = ["choose", "worst_case_measure", "check_worst_case", "latency_out", "WORST_CASE_WINDOW_S", "workload_data"]
 
 # The worst-case run is a memory check, not a measurement: one short window after the first step is enough for
 # the kernel's high-water marks (and the device's peak) to hold the batch's peak.
@@ -55,7 +55,8 @@ def latency_out(limit: Any, configs: list[TrialConfig], ev: Any) -> None:
                 else f"no step latency measured, under a {limit.latency_p99_ms:g} ms p99 bound")
 
 
-def _data(workload: Any) -> dict | None:
+def workload_data(workload: Any) -> dict | None:
+    """What the workload's first batch showed (``Workload.data``), probed now where the workload was not checked."""
     if workload.data is not None:
         return workload.data
     from autotune.workloads.build import profile
@@ -69,7 +70,7 @@ def check_worst_case(ctx: FinalistContext, config: TrialConfig, rec: Any, runner
     from autotune.workloads.worst_case import needs_child
 
     limit = ctx.limit
-    if not needs_child(_data(ctx.workload)):
+    if not needs_child(workload_data(ctx.workload)):
         return None, {"source": "normal", "what": "a normal batch (fixed shapes)",
                       "checked_by": "the finalists' rounds (each ran such batches under the same caps)",
                       "peak_host_mb": rec.peak_host_mb, "peak_device_allocated_mb": rec.peak_device_allocated_mb,

@@ -24,9 +24,9 @@ _PER_RANK = ("intra_op_threads", "inter_op_threads", "num_workers")
 
 def for_ranks(space: Any, world_size: int) -> Any:
     """``space`` for trials of ``world_size`` DDP ranks sharing this machine's cores. Threads and workers are per
-    rank: unless the space says ``oversubscribe``, their choices above a rank's share (usable cores // ranks;
-    a worker needs a core beside its rank's) are dropped, the baseline's clamped, and ``effective`` keeps
-    ranks x (threads + workers) within the cores. DDP's arguments (``DDP_PARAMS``) are added, at DDP's defaults in
+    rank: unless the space says ``oversubscribe``, their choices above a rank's share (usable cores // ranks) are
+    dropped, the baseline's clamped, and ``effective`` keeps each rank's threads within what its workers leave
+    (at least one). DDP's arguments (``DDP_PARAMS``) are added, at DDP's defaults in
     the baseline, unless the space lists or fixes them. For one process they are never searched: a space that
     lists them has them dropped, with a note, so one process runs at DDP's defaults as before."""
     params, fixed, baseline, notes = list(space.params), dict(space.fixed), dict(space.baseline), list(space.notes)
@@ -56,11 +56,11 @@ def _rank_param(p: Param, rank_cores: int, world_size: int, cores: int, notes: l
     """A thread or worker parameter cut to one rank's share of the cores (others as they are)."""
     if p.name not in _PER_RANK:
         return p
-    limit = rank_cores - 1 if p.name == "num_workers" else rank_cores
+    # a rank's workers may take its whole share (the ceilings measure whether that feeds it: search.ceilings)
+    limit = rank_cores
     kept = [c for c in p.choices if c <= limit]
     if len(kept) == len(p.choices):
         return p
-    worker = " (a worker needs one beside its rank's)" if limit < rank_cores else ""
     notes.append(f"{p.name} {[c for c in p.choices if c > limit]} dropped: {world_size} ranks share {cores} usable "
-                 f"cores, {rank_cores} each{worker}")
+                 f"cores, {rank_cores} each")
     return dataclasses.replace(p, choices=tuple(kept or [max(0, min(limit, min(p.choices)))]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 import warnings
@@ -38,6 +39,10 @@ from autotune.search.storage import (DEFAULT_STORAGE, artifacts_dir, check_study
                                      run_lock, sqlite_path, study_name_for)
 from autotune.search.trials import MemoryLimit, baseline_trial, feasible_by_config
 from autotune.search.warm_start import queue_warm_start
+from autotune.trial.parity import CHECK_STARTUP_S
+
+# The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
+MIN_CHECK_STEPS = 10
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -139,6 +144,9 @@ class Tuner:
         self._reported: set[int] = set()
         self._storage = None
         self._study = None
+        self._deadline: float | None = None  # the run's time budget's end (time.monotonic()), while a run is on
+        self._budget_s: float | None = None  # the run's whole time budget (--timeout), while a run is on
+        self._check_steps = parity_steps  # the numerics check's steps in this run: fewer where the budget is short
 
     # --- the study -----------------------------------------------------------------------------------
     @property
@@ -279,7 +287,7 @@ class Tuner:
         return fin.FinalistContext(
             workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,
             study_name=self.study_name, storage_url=self.storage_url, artifacts_dir=self.artifacts_dir,
-            compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=self.parity_steps,
+            compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=self._check_steps,
             parity=self.parity, log=self.log)
 
     # --- the search ----------------------------------------------------------------------------------------
@@ -320,8 +328,9 @@ class Tuner:
 
         if study.user_attrs.get(keys.PLAN):
             # after the baseline and the likely winners: the two ceilings, when the data path may bind
+            left = None if self._deadline is None else self._deadline - time.monotonic()
             ceilings.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
-                                       measure=self.measure, log_dir=self.artifacts_dir, log=self.log)
+                                       measure=self.measure, log_dir=self.artifacts_dir, log=self.log, time_left_s=left)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
                                                fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
@@ -363,24 +372,60 @@ class Tuner:
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
                                rounds=self.finalist_rounds, check_s=check_s)
 
-    def numerics_check_s(self, study: Study) -> float:
-        """The expected time of the numerics check of the best feasible config so far
-        (``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
+    def numerics_steps_within(self, study: Study, deadline: float) -> int:
+        """The numerics check's steps that fit its share of the budget (``finalists.NUMERICS_SHARE`` of it, and of
+        the time left): ``parity_steps`` when the whole check fits, fewer (at least ``MIN_CHECK_STEPS``) when not,
+        0 (no check, said) when not even those fit."""
+        full = self.numerics_check_s(study)
+        if not full or not self.parity_steps:
+            return self.parity_steps
+        share = min(fin.NUMERICS_SHARE * (self._budget_s or math.inf), max(0.0, deadline - time.monotonic()) / 2)
+        if full <= share:
+            return self.parity_steps
+        per_step = (full - CHECK_STARTUP_S) / self.parity_steps
+        steps = int((share - CHECK_STARTUP_S) / per_step) if per_step > 0 else 0
+        if steps >= MIN_CHECK_STEPS:
+            self.log(f"the numerics check gets {steps} of {self.parity_steps} steps: the whole (~{full:.0f} s) would "
+                     f"take more than its share of the budget ({share:.0f} s)")
+            return steps
+        self.log(f"no numerics check: even {MIN_CHECK_STEPS} steps would take more than its share of the budget "
+                 f"({share:.0f} s); the recommendation says so (a longer --timeout checks it)")
+        return 0
+
+    def final_checks_s(self, study: Study) -> float:
+        """What the checks after the finalists' rounds are expected to take: the numerics check of the best config
+        so far at this run's steps (``numerics_check_s``, ``_check_steps``) and, for a workload whose data can make a
+        batch larger than its trials drew, the worst-case child (about a short trial: the median search trial's
+        wall)."""
+        from autotune.search.final_checks import workload_data
+        from autotune.workloads.worst_case import needs_child
+
+        walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in study.get_trials(deepcopy=False)
+                       if t.state.is_finished() and t.user_attrs.get(keys.WALL_S))
+        worst = walls[len(walls) // 2] if walls and needs_child(workload_data(self.workload)) else 0.0
+        return self.numerics_check_s(study, steps=self._check_steps) + worst
+
+    def numerics_check_s(self, study: Study, *, steps: int | None = None) -> float:
+        """The expected time of the numerics check of the best feasible config so far, of ``steps`` steps (default
+        ``parity_steps``; ``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
+        steps = self.parity_steps if steps is None else steps
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
-        if not self.parity_steps or not feasible:
+        if not steps or not feasible:
             return 0.0
         best = max(feasible.values(), key=lambda t: t.value or 0.0)
-        return fin.expected_check_s(best, baseline_trial(study), steps=self.parity_steps, workload=self.workload)
+        return fin.expected_check_s(best, baseline_trial(study), steps=steps, workload=self.workload)
 
     # --- the run -------------------------------------------------------------------------------------
     def run(self, *, trials: int | None = None, timeout_s: float | None = None, backend: str = "local",
-            address: str | None = None, ceiling_s: float = CEILING_S):
+            address: str | None = None, ceiling_s: float = CEILING_S, started: float | None = None):
         """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search settled (the planned search
         done, then the sampler converged or ran out of new configs, then compile tried last on the best eager
         config: ``phases``), whichever comes first, then re-measure the finalists. With neither ``trials`` nor
         ``timeout_s``, ``ceiling_s`` (8 h) is the time budget, against a search that never settles.
 
-        The time budget covers the finalists too: the search stops early enough to leave them room.
+        The time budget covers the finalists too: the search stops early enough to leave them room, and the
+        checks after them (numerics, worst case) and the environment stamp are inside it. ``started``: when the
+        budget began (``time.monotonic()``; the CLI's start, so its workload check counts); default now.
         A KeyboardInterrupt (the CLI turns SIGTERM into one) stops at once; every finished trial is in the
         storage, the one running is marked interrupted, and a re-run resumes and retries it.
         """
@@ -392,6 +437,8 @@ class Tuner:
                 raise AutotuneError("give a budget (--trials N and/or --timeout DURATION) or leave --patience "
                                     "on: with --patience 0 and no budget the search would only stop at the ceiling")
             timeout_s = ceiling_s
+        self._deadline = (time.monotonic() if started is None else started) + timeout_s if timeout_s else None
+        self._budget_s = timeout_s
         searcher = load_backend(backend, address=address)
         self.stop_reason = ""
         with searcher.connect(self.connect_context()) as placement:
@@ -408,8 +455,12 @@ class Tuner:
         private_dir(self.artifacts_dir)
         study = self.study()  # opens (and checks) the storage once this run may write to it
         self._reported = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+        deadline = self._deadline
+        if deadline is not None:  # the stamp the recommendation keeps, now (inside the budget), never beside a trial
+            from autotune.machine.envstamp import collect_env_stamp
+
+            collect_env_stamp()
         self.prepare(study)
-        deadline = time.monotonic() + timeout_s if timeout_s else None
         outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials, deadline=deadline,
                                                  budget_s=timeout_s)
         n = outcome.trials_run
@@ -434,6 +485,13 @@ class Tuner:
             return None
         top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
         base = baseline_trial(study)
+        # the checks after the rounds (numerics, worst case) are inside the budget: the rounds get what they leave
+        self._check_steps = self.parity_steps
+        if deadline is not None and runner is None and self.parity_steps:
+            self._check_steps = self.numerics_steps_within(study, deadline)
+        checks_s = self.final_checks_s(study) if deadline is not None and runner is None else 0.0
+        if deadline is not None:
+            deadline -= checks_s
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         chosen = fin.plan(top, base, measure=self.measure, rounds=self.finalist_rounds, left_s=left, log=self.log)
         if chosen is None:

@@ -88,21 +88,29 @@ def test_a_source_checkout_that_is_not_installed_finds_its_own_shipped_spaces():
 
 
 def test_shipped_cpu_space_loads_on_a_plain_cpu():
-    hw = fake_hw(cores=4, flags=("avx2",), compiler=None)
+    from autotune.machine.malloc import preload_path
+
+    # glibc with transparent huge pages: the malloc knob keeps default/retain/hugepages whatever this machine is;
+    # tcmalloc stays only where its library is installed (the product's own check), else one note more
+    hw = dataclasses.replace(fake_hw(cores=4, flags=("avx2",), compiler=None), libc="glibc 2.36", thp="madvise")
+    tcmalloc = preload_path("tcmalloc") is not None
     sp = load_space(hardware=hw, device="cpu")
     assert sp.name == "cpu" and sp.device == "cpu" and sp.usable_cores == 4 and not sp.oversubscribe
     assert sp.source.endswith("cpu.yaml")
     assert choices(sp, "amp") == ("off",)                         # no bf16 without avx512_bf16/amx_bf16
     assert choices(sp, "compile_mode") == ("none",)               # no compiler: only eager
-    assert choices(sp, "num_workers") == (0, 1, 2, 3)             # a core stays for the training process
+    assert choices(sp, "num_workers") == (0, 1, 2, 3, 4)          # workers may take every core (search.ceilings)
     assert choices(sp, "intra_op_threads") == (1, 2, 3, 4)
     assert "fp16" not in choices(sp, "amp")
     assert sp.fixed == {"pin_memory": False, "cudnn_benchmark": False}
     notes = " | ".join(sp.notes)
     assert "amp=bf16 dropped" in notes and "bf16" in notes
     assert "compile modes default, max-autotune dropped" in notes and "compiler" in notes
-    assert "num_workers [4] dropped" in notes
-    assert len(sp.notes) == 3, sp.notes  # one note per drop, nothing unexplained
+    assert "num_workers" not in notes
+    assert choices(sp, "malloc") == ("default", "retain", "hugepages") + (("tcmalloc",) if tcmalloc else ())
+    assert ("malloc=tcmalloc dropped: not installed here (apt-get install libtcmalloc-minimal4" in notes) \
+        is not tcmalloc
+    assert len(sp.notes) == 2 + (not tcmalloc), sp.notes  # one note per drop, nothing unexplained
     # conditional knobs keep their condition
     pf = next(p for p in sp.params if p.name == "prefetch_factor")
     assert pf.when == ("num_workers", ">", 0) and pf.choices == (2, 4)
@@ -181,7 +189,8 @@ def test_workers_and_threads_never_exceed_the_cores(tmp_path, cores):
           inter_op_threads: {type: int, choices: [1, 2, 4, 8, 16]}
         """)
     sp = load_space(path, hardware=fake_hw(cores=cores))
-    assert max(choices(sp, "num_workers")) <= cores - 1
+    assert max(choices(sp, "num_workers")) <= cores  # a worker may take every core; the threads then keep one
+    assert sp.effective({"num_workers": cores, "intra_op_threads": cores}).intra_op_threads == 1
     assert max(choices(sp, "intra_op_threads")) <= cores
     assert max(choices(sp, "inter_op_threads")) <= cores
     for name in ("num_workers", "intra_op_threads", "inter_op_threads"):
@@ -194,15 +203,17 @@ def test_oversubscribe_true_allows_a_worker_per_core():
     hw = fake_hw(cores=4)
     strict = space_from_dict(small_doc(), hardware=hw)
     loose = space_from_dict(small_doc(oversubscribe=True), hardware=hw)
-    assert choices(strict, "num_workers") == (0, 1, 2, 3)
-    assert choices(loose, "num_workers") == (0, 1, 2, 3, 4)
+    assert choices(strict, "num_workers") == choices(loose, "num_workers") == (0, 1, 2, 3, 4)
+    # without oversubscription the training process's threads get what the workers leave (at least one)
+    assert strict.effective({"num_workers": 3, "intra_op_threads": 4}).intra_op_threads == 1
+    assert loose.effective({"num_workers": 3, "intra_op_threads": 4}).intra_op_threads == 4
     assert choices(loose, "intra_op_threads") == (1, 2, 3, 4)
     assert loose.oversubscribe and not strict.oversubscribe
 
 
 def test_shipped_cpu_space_on_one_core_still_loads():
     sp = load_space(CPU_YAML, hardware=fake_hw(cores=1))
-    assert choices(sp, "num_workers") == (0,)
+    assert choices(sp, "num_workers") == (0, 1)  # the one worker takes the core, the training process one thread
     assert choices(sp, "intra_op_threads") == (1,)
     assert choices(sp, "inter_op_threads") == (1,)
     base = sp.baseline_config()
@@ -526,7 +537,7 @@ def test_conditional_params_are_suggested_only_when_their_condition_holds():
             assert "prefetch_factor" not in trial.params and "persistent_workers" not in trial.params
             assert cfg.prefetch_factor is None
         # every sampled point is a config that respects the cores
-        assert cfg.num_workers + cfg.intra_op_threads <= 4
+        assert cfg.num_workers <= 4 and cfg.intra_op_threads <= max(1, 4 - cfg.num_workers)
         assert cfg.inter_op_threads <= 4
         study.tell(trial, 1.0)
     assert 0 in seen_workers and len(seen_workers) > 1
@@ -539,7 +550,7 @@ def test_suggest_uses_int_ranges_and_categoricals_as_optuna_distributions():
     sp.suggest(trial)
     dists = trial.distributions
     assert isinstance(dists["num_workers"], optuna.distributions.IntDistribution)
-    assert (dists["num_workers"].low, dists["num_workers"].high) == (0, 7)
+    assert (dists["num_workers"].low, dists["num_workers"].high) == (0, 8)
     assert isinstance(dists["intra_op_threads"], optuna.distributions.IntDistribution)
     assert isinstance(dists["batch_size"], optuna.distributions.CategoricalDistribution)
     assert dists["batch_size"].choices == (16, 32, 64, 128, 256)
@@ -560,10 +571,10 @@ def test_effective_clamps_threads_to_the_cores_without_oversubscription():
     cfg = sp.effective({"batch_size": 16, "num_workers": 3, "prefetch_factor": 2, "intra_op_threads": 4})
     assert (cfg.num_workers, cfg.intra_op_threads) == (3, 1)
     cfg = sp.effective({"batch_size": 16, "num_workers": 9, "intra_op_threads": 9, "inter_op_threads": 9})
-    assert (cfg.num_workers, cfg.intra_op_threads, cfg.inter_op_threads) == (3, 1, 4)
+    assert (cfg.num_workers, cfg.intra_op_threads, cfg.inter_op_threads) == (4, 1, 4)
     for w, t in itertools.product(range(0, 6), range(1, 6)):
         cfg = sp.effective({"num_workers": w, "intra_op_threads": t})
-        assert cfg.num_workers + cfg.intra_op_threads <= 4, (w, t, cfg)
+        assert cfg.num_workers <= 4 and cfg.intra_op_threads <= max(1, 4 - cfg.num_workers), (w, t, cfg)
         assert cfg.intra_op_threads >= 1
 
 

@@ -1,0 +1,90 @@
+"""A budget is a budget: ``autotune run --timeout T`` ends by T plus 5%, the finalists' rounds, the numerics check and
+the worst-case check inside it. The runner and the numerics check are fakes that take real time (they sleep for as
+long as the real ones are expected to: the trial's windows, ``parity.check_seconds``), and the clock is the real
+one: what is under test is the plan of the budget, not a measurement."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig, TrialResult
+from autotune.machine.hardware import detect
+from autotune.search.space import space_from_dict
+from autotune.search.tuner import Tuner
+from autotune.trial.parity import ParityResult, check_seconds
+
+HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36",
+                         cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
+SPEC = MeasureSpec(windows=3, window_s=0.15, timeout_s=60, memory_cap_mb=4096.0)
+STARTUP_S = 0.2
+
+
+RATE = [1.0]
+
+
+def _rate(c: TrialConfig) -> float:
+    knobs = (1.3 if c.amp == "bf16" else 1.0) * (1.1 if c.channels_last else 1.0) * (c.batch_size / 32) ** 0.1
+    return RATE[0] * 100.0 * knobs
+
+
+def runner(workload, c, measure, **kw):
+    wall = STARTUP_S + measure.windows * measure.window_s
+    time.sleep(wall)
+    v = _rate(c)
+    return TrialResult(status="ok", samples_per_s=(0.99 * v, v, 1.01 * v), wall_s=wall, peak_host_mb=10.0,
+                       batch_size=c.batch_size, startup_s=STARTUP_S)
+
+
+checks: list[float] = []
+
+
+def parity(workload, config, *, steps, **kw):
+    """As long as the real check is expected to take (the candidate's steps and fp32 eager's twice)."""
+    took = check_seconds(config, samples_per_s=_rate(config), fp32_samples_per_s=_rate(TrialConfig()), steps=steps)
+    checks.append(took)
+    time.sleep(took)
+    return ParityResult(ok=True, steps=steps, reason="within tolerance (fake)")
+
+
+def _run(tmp_path, budget: float, rate_scale: float = 1.0):
+    from autotune.machine.envstamp import collect_env_stamp
+
+    collect_env_stamp()  # the stamp the recommendation keeps (a child importing torch): cached, before the clock
+    space = space_from_dict({"name": "b", "device": "cpu", "parameters": {
+        "batch_size": {"type": "int", "choices": [16, 32, 64]},
+        "amp": {"type": "categorical", "choices": ["off", "bf16"]},
+        "channels_last": {"type": "bool"}},
+        "baseline": {"batch_size": 32, "amp": "off", "channels_last": False}}, hardware=HW)
+    logs: list[str] = []
+    RATE[0] = rate_scale
+    checks.clear()
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=space, hardware=HW,
+                  measure=SPEC, storage=f"sqlite:///{tmp_path}/b.db", progress=False, runner=runner, parity=parity,
+                  parity_steps=20, seed=0, finalists=3, finalist_rounds=2, log=logs.append)
+    start = time.monotonic()
+    rec = tuner.run(timeout_s=budget)
+    return rec, time.monotonic() - start, logs
+
+
+def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_fit(tmp_path):
+    """10 s: the search, two finalist rounds and no numerics check (its child alone is expected to take 10 s)."""
+    rec, took, logs = _run(tmp_path, 10.0)
+    assert took <= 10.0 * 1.05, (took, logs)
+    assert rec is not None and not checks
+    assert any(m.startswith("no numerics check: even 10 steps would take more than its share of the budget")
+               for m in logs), logs
+
+
+@pytest.mark.slow
+def test_a_timeout_ends_by_its_budget_with_the_numerics_check_inside(tmp_path):
+    """40 s, a model so fast that the check is its child's start-up (~10 s, parity.CHECK_STARTUP_S): it runs, in the
+    budget, and the run still ends by it (the 2026-11-26 H200 run ended at 178 s of a 140 s budget)."""
+    rec, took, logs = _run(tmp_path, 40.0, rate_scale=100.0)
+    assert rec is not None and rec.config.amp == "bf16"
+    assert len(checks) == 1 and checks[0] >= 10.0  # the winner's numerics were checked
+    assert any("checking the numerics" in m for m in logs)
+    assert took <= 40.0 * 1.05, (took, logs)
