@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
     from autotune.search.finalists import FinalistContext
 
-__all__ = ["choose", "worst_case_measure", "check_worst_case", "latency_out", "WORST_CASE_WINDOW_S", "workload_data"]
+__all__ = ["choose", "worst_case_measure", "check_worst_case", "latency_out", "WORST_CASE_WINDOW_S", "workload_data",
+           "expected_s"]
 
 # The worst-case run is a memory check, not a measurement: one short window after the first step is enough for
 # the kernel's high-water marks (and the device's peak) to hold the batch's peak.
@@ -53,6 +54,19 @@ def latency_out(limit: Any, configs: list[TrialConfig], ev: Any) -> None:
             ev.failures[c.key()].append(
                 f"p99 latency {seen['p99_ms']:.2f} ms over the {limit.latency_p99_ms:g} ms bound" if seen
                 else f"no step latency measured, under a {limit.latency_p99_ms:g} ms p99 bound")
+
+
+def expected_s(study: Study, workload: Any, numerics_s: float) -> float:
+    """What the checks after the finalists' rounds are expected to take: the numerics check (``numerics_s``) and,
+    for a workload whose data can make a batch larger than its trials drew, the worst-case child (about a short
+    trial: the median finished search trial's wall)."""
+    from autotune.search import trials as keys
+    from autotune.workloads.worst_case import needs_child
+
+    walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in study.get_trials(deepcopy=False)
+                   if t.state.is_finished() and t.user_attrs.get(keys.WALL_S))
+    worst = walls[len(walls) // 2] if walls and needs_child(workload_data(workload)) else 0.0
+    return numerics_s + worst
 
 
 def workload_data(workload: Any) -> dict | None:

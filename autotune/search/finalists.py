@@ -24,7 +24,7 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.search.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
-from autotune.trial.parity import check_seconds, compared_with, first_passing
+from autotune.trial.parity import CHECK_STARTUP_S, check_seconds, compared_with, first_passing
 from autotune.search.payback import Priced, RunLength, price
 from autotune.search.settle import TIE_TOLERANCE, ratio_interval
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from autotune.machine.hardware import Hardware
 
 __all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
-           "out_of_time", "search_left_s", "long_trial_s", "plan", "Evidence", "remeasure", "pool_search_round",
+           "out_of_time", "search_left_s", "check_steps_within", "MIN_CHECK_STEPS", "long_trial_s", "plan", "Evidence",
+           "remeasure", "pool_search_round",
            "ratio_interval", "FinalistContext", "choose", "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -46,6 +47,8 @@ FINALIST_SHARE = 0.30
 # The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
 # top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
 NUMERICS_SHARE = 0.30
+# The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
+MIN_CHECK_STEPS = 10
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
 
@@ -88,6 +91,32 @@ def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | N
     reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
     reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
     return deadline - time.monotonic() - reserve
+
+
+def check_steps_within(full_s: float, steps: int, *, budget_s: float | None, left_s: float,
+                       log: Callable[[str], None]) -> int:
+    """The steps of a numerics check expected to take ``full_s`` at ``steps`` steps that fit its share of the budget
+    (``NUMERICS_SHARE`` of ``budget_s``, at most half the ``left_s`` seconds left): ``steps`` when the whole check
+    fits, fewer (at least ``MIN_CHECK_STEPS``) when not, 0 (no check, said) when not even those fit.
+
+    >>> check_steps_within(40.0, 30, budget_s=100.0, left_s=80.0, log=print)
+    the numerics check gets 20 of 30 steps: the whole (~40 s) would take more than its share of the budget (30 s)
+    20
+    """
+    if not full_s or not steps:
+        return steps
+    share = min(NUMERICS_SHARE * (budget_s or math.inf), max(0.0, left_s) / 2)
+    if full_s <= share:
+        return steps
+    per_step = (full_s - CHECK_STARTUP_S) / steps
+    fit = int((share - CHECK_STARTUP_S) / per_step) if per_step > 0 else 0
+    if fit >= MIN_CHECK_STEPS:
+        log(f"the numerics check gets {fit} of {steps} steps: the whole (~{full_s:.0f} s) would take more than its "
+            f"share of the budget ({share:.0f} s)")
+        return fit
+    log(f"no numerics check: even {MIN_CHECK_STEPS} steps would take more than its share of the budget "
+        f"({share:.0f} s); a longer --timeout checks it")
+    return 0
 
 
 def long_trial_s(trial_walls: list[float]) -> float:

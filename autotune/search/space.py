@@ -83,9 +83,8 @@ class SearchSpace:
         values = {**self.fixed, **{k: v for k, v in params.items() if k in _KNOBS}}
         cores = self.rank_cores
         if not self.oversubscribe:
-            # Workers may take every core: where the training process needs little CPU (a GPU's, or a small model
-            # over heavy data) that is what feeds it; the ceilings (``search.ceilings``) measure which, not a rule.
-            # The training process's threads get what the workers leave, at least one.
+            # Workers may take every core (a GPU's training process, or a small model's, needs little CPU: the
+            # ceilings measure it, search.ceilings); the threads get what the workers leave, at least one.
             workers = min(int(values.get("num_workers", 0)), cores)
             values["num_workers"] = workers
             if self.ranks > 1 and not values.get("intra_op_threads"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
 import time
 import warnings
@@ -39,10 +38,6 @@ from autotune.search.storage import (DEFAULT_STORAGE, artifacts_dir, check_study
                                      run_lock, sqlite_path, study_name_for)
 from autotune.search.trials import MemoryLimit, baseline_trial, feasible_by_config
 from autotune.search.warm_start import queue_warm_start
-from autotune.trial.parity import CHECK_STARTUP_S
-
-# The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
-MIN_CHECK_STEPS = 10
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -373,37 +368,13 @@ class Tuner:
                                rounds=self.finalist_rounds, check_s=check_s)
 
     def numerics_steps_within(self, study: Study, deadline: float) -> int:
-        """The numerics check's steps that fit its share of the budget (``finalists.NUMERICS_SHARE`` of it, and of
-        the time left): ``parity_steps`` when the whole check fits, fewer (at least ``MIN_CHECK_STEPS``) when not,
-        0 (no check, said) when not even those fit."""
-        full = self.numerics_check_s(study)
-        if not full or not self.parity_steps:
-            return self.parity_steps
-        share = min(fin.NUMERICS_SHARE * (self._budget_s or math.inf), max(0.0, deadline - time.monotonic()) / 2)
-        if full <= share:
-            return self.parity_steps
-        per_step = (full - CHECK_STARTUP_S) / self.parity_steps
-        steps = int((share - CHECK_STARTUP_S) / per_step) if per_step > 0 else 0
-        if steps >= MIN_CHECK_STEPS:
-            self.log(f"the numerics check gets {steps} of {self.parity_steps} steps: the whole (~{full:.0f} s) would "
-                     f"take more than its share of the budget ({share:.0f} s)")
-            return steps
-        self.log(f"no numerics check: even {MIN_CHECK_STEPS} steps would take more than its share of the budget "
-                 f"({share:.0f} s); the recommendation says so (a longer --timeout checks it)")
-        return 0
+        """The numerics check's steps that fit its share of the budget (``finalists.check_steps_within``)."""
+        return fin.check_steps_within(self.numerics_check_s(study), self.parity_steps, budget_s=self._budget_s,
+                                      left_s=deadline - time.monotonic(), log=self.log)
 
     def final_checks_s(self, study: Study) -> float:
-        """What the checks after the finalists' rounds are expected to take: the numerics check of the best config
-        so far at this run's steps (``numerics_check_s``, ``_check_steps``) and, for a workload whose data can make a
-        batch larger than its trials drew, the worst-case child (about a short trial: the median search trial's
-        wall)."""
-        from autotune.search.final_checks import workload_data
-        from autotune.workloads.worst_case import needs_child
-
-        walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in study.get_trials(deepcopy=False)
-                       if t.state.is_finished() and t.user_attrs.get(keys.WALL_S))
-        worst = walls[len(walls) // 2] if walls and needs_child(workload_data(self.workload)) else 0.0
-        return self.numerics_check_s(study, steps=self._check_steps) + worst
+        """What the checks after the finalists' rounds are expected to take (``final_checks.expected_s``)."""
+        return final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
 
     def numerics_check_s(self, study: Study, *, steps: int | None = None) -> float:
         """The expected time of the numerics check of the best feasible config so far, of ``steps`` steps (default

@@ -16,8 +16,9 @@ them, and forks a child per trial. What the runner relies on stays true of a for
   counts, glibc malloc settings, torch's huge-page switch, all read at load or first allocation). So a server
   serves only trials whose environment is exactly its own; another environment gets another server.
 
-Not forked: CUDA workloads (a CUDA context must never cross a fork; they take the cold path) and children run
-by another interpreter (``python=``). ``AUTOTUNE_FORK_SERVER=0`` turns servers off (every trial cold); a server
+CUDA trials are forked too (a CUDA context must never cross a fork, and none does: the server never initialises
+CUDA, and checks that before each fork; each child initialises its own). Not forked: children run by another
+interpreter (``python=``). ``AUTOTUNE_FORK_SERVER=0`` turns servers off (every trial cold); a server
 that fails to start or dies sends its trial (and that environment's later ones) down the cold path.
 A server dies with the tuner (parent-death signal, and EOF on its socket), when its pool is closed (the
 tuner's run closes the default pool), and by itself after 15 idle minutes.
@@ -53,8 +54,10 @@ class ForkServerError(RuntimeError):
 
 
 def forkable(device: str, python: str) -> bool:
-    """Whether a trial may be forked: CPU only (never fork a CUDA context), and this interpreter."""
-    return device == "cpu" and python == sys.executable
+    """Whether a trial may be forked: this interpreter, on the CPU or a GPU. A CUDA context must never cross a
+    fork, and none does: the server imports torch and never initialises CUDA (``worker_forkserver`` checks it before
+    every fork); each forked child initialises its own, as a cold one would."""
+    return python == sys.executable and (device == "cpu" or device.startswith("cuda"))
 
 
 class ForkedChild:

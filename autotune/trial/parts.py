@@ -19,12 +19,13 @@ Plumber (``mkuchnik/PlumberApp``) times the model on a fake dataset in the same 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from autotune.errors import WorkloadError
 from autotune.workloads.contract import StepOut
 
-__all__ = ["PARTS", "alone", "DataPathOnly"]
+__all__ = ["PARTS", "alone", "DataPathOnly", "tree_cpu_s"]
 
 PARTS = ("full", "model", "data")
 
@@ -98,3 +99,22 @@ class DataPathOnly:
                 raise WorkloadError(f"the data path alone (the workload's DataLoader, {self.workers} worker(s), no "
                                     f"model) failed: {type(exc).__name__}: {first}") from exc
             yield batch
+
+
+def tree_cpu_s() -> tuple[float, float] | None:
+    """``(CPU seconds, wall clock)`` of this process and its descendants (the DataLoader workers) now, or None
+    where psutil cannot read them; a worker that exits between two readings takes its seconds with it."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        total = 0.0
+        for p in (me, *me.children(recursive=True)):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total, time.perf_counter()
+    except Exception:  # noqa: BLE001 - a figure we can do without
+        return None

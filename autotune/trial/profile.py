@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 
-__all__ = ["Profile", "profile_config", "TRACE_NAME", "TOP_OPS_NAME"]
+__all__ = ["Profile", "profile_config", "profile_steps", "PROFILE_STEPS", "TRACE_NAME", "TOP_OPS_NAME"]
 
 TRACE_NAME = "trace.pt.trace.json"
 TOP_OPS_NAME = "top_ops.json"
@@ -77,3 +77,40 @@ def profile_config(workload: Workload, config: TrialConfig, out_dir: str | Path,
     doc = json.loads(top.read_text())
     return Profile(config=config, result=result, out_dir=out, trace_path=trace, top_ops=tuple(doc["ops"]),
                    sort_by=doc.get("sort_by", "self_cpu_ms"), steps=int(doc.get("steps", 0)))
+
+
+PROFILE_STEPS = 5  # enough to see a steady step's operators; a trace of many steps is slow to open
+
+
+def profile_steps(step: Callable[[], Any], profile_dir: str, steps: int, device: str, config: dict) -> dict:
+    """In the trial's child: run ``steps`` more steps under torch.profiler; write a Chrome trace and the top
+    operators as JSON.
+
+    The trace is named ``*.pt.trace.json`` so TensorBoard's profiler plugin finds it; Perfetto opens it as is.
+    """
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    out = Path(profile_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    on_device = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=activities) as prof:
+        for i in range(steps):
+            with record_function(f"autotune.step#{i}"):
+                step()
+    trace = out / "trace.pt.trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in prof.key_averages() if not e.key.startswith("autotune.step")]
+    total_cpu = sum(e.self_cpu_time_total for e in events) or 1.0
+    key = (lambda e: -e.self_device_time_total) if on_device else (lambda e: -e.self_cpu_time_total)
+    ops = [{"name": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1000, 3),
+            "self_cpu_share": round(e.self_cpu_time_total / total_cpu, 4),
+            "cpu_total_ms": round(e.cpu_time_total / 1000, 3),
+            **({"self_device_ms": round(e.self_device_time_total / 1000, 3)} if on_device else {})}
+           for e in sorted(events, key=key)[:25]]
+    top = out / "top_ops.json"
+    top.write_text(json.dumps({"steps": steps, "device": device, "config": config,
+                               "sort_by": "self_device_ms" if on_device else "self_cpu_ms", "ops": ops}, indent=1))
+    return {"trace": str(trace), "top_ops": str(top), "steps": steps}

@@ -181,10 +181,12 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         stepper = ranks.lead(stepper)
     warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
-    tree0 = _tree_cpu_s()
+    from autotune.trial.parts import tree_cpu_s
+
+    tree0 = tree_cpu_s()
     totals = _measure(stepper, spec, warm, send)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    tree1 = _tree_cpu_s()
+    tree1 = tree_cpu_s()
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     out = {
         # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
@@ -203,29 +205,12 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
-        out["profile"] = _profile(stepper.step, payload["profile_dir"], _PROFILE_STEPS,
-                                  workload.device, payload["config"])
+        from autotune.trial.profile import PROFILE_STEPS, profile_steps
+
+        out["profile"] = profile_steps(stepper.step, payload["profile_dir"], PROFILE_STEPS,
+                                       workload.device, payload["config"])
         send(Profiled(**out["profile"]))
     return out if ranks is None else ranks.finish(out)
-
-
-def _tree_cpu_s() -> tuple[float, float] | None:
-    """``(CPU seconds, wall clock)`` of this process and its descendants (the DataLoader workers) now, or None
-    where psutil cannot read them; a worker that exits between two readings takes its seconds with it."""
-    try:
-        import psutil
-
-        me = psutil.Process()
-        total = 0.0
-        for p in (me, *me.children(recursive=True)):
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                continue
-        return total, time.perf_counter()
-    except Exception:  # noqa: BLE001 - a figure we can do without
-        return None
 
 
 def _measured_step(built: Any, config: Any, spec: Any, dev: Any, train: bool, train_step: Callable[[Any], StepOut],
@@ -437,42 +422,6 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         else:
             unsettled.append(held.pop(0))
     return totals
-
-
-_PROFILE_STEPS = 5  # enough to see a steady step's operators; a trace of many steps is slow to open
-
-
-def _profile(step: Callable[[], Any], profile_dir: str, steps: int, device: str, config: dict) -> dict:
-    """Run ``steps`` more steps under torch.profiler; write a Chrome trace and the top operators as JSON.
-
-    The trace is named ``*.pt.trace.json`` so TensorBoard's profiler plugin finds it; Perfetto opens it as is.
-    """
-    from pathlib import Path
-
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    out = Path(profile_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    on_device = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
-    with profile(activities=activities) as prof:
-        for i in range(steps):
-            with record_function(f"autotune.step#{i}"):
-                step()
-    trace = out / "trace.pt.trace.json"
-    prof.export_chrome_trace(str(trace))
-    events = [e for e in prof.key_averages() if not e.key.startswith("autotune.step")]
-    total_cpu = sum(e.self_cpu_time_total for e in events) or 1.0
-    key = (lambda e: -e.self_device_time_total) if on_device else (lambda e: -e.self_cpu_time_total)
-    ops = [{"name": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1000, 3),
-            "self_cpu_share": round(e.self_cpu_time_total / total_cpu, 4),
-            "cpu_total_ms": round(e.cpu_time_total / 1000, 3),
-            **({"self_device_ms": round(e.self_device_time_total / 1000, 3)} if on_device else {})}
-           for e in sorted(events, key=key)[:25]]
-    top = out / "top_ops.json"
-    top.write_text(json.dumps({"steps": steps, "device": device, "config": config,
-                               "sort_by": "self_device_ms" if on_device else "self_cpu_ms", "ops": ops}, indent=1))
-    return {"trace": str(trace), "top_ops": str(top), "steps": steps}
 
 
 def main(argv: list[str]) -> int:

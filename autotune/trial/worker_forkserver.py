@@ -45,6 +45,16 @@ def _preload() -> None:
             pass
 
 
+def cuda_initialised() -> bool:
+    """Whether this server's torch has a CUDA context (nothing here should make one: a library that did on
+    import would hand it to every child)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without the call: it made no context we could know of
+        return False
+
+
 def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int) -> None:
     """In the forked child: become a session leader, take the trial's log as stdout/stderr, run the worker."""
     code = 1
@@ -124,6 +134,8 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
         fds_in += fds
         *lines, buf = buf.split(b"\n")
         for line in lines:
+            if cuda_initialised():  # never fork a CUDA context: the parent sees the server gone, trials go cold
+                return
             request = json.loads(line)
             log_fd, chan_fd = fds_in[:2]
             del fds_in[:2]

@@ -473,7 +473,8 @@ def _build(workload: Workload, *, seed: int, config: Any) -> Built:
     import torch
     import torchvision
 
-    check(workload)
+    if workload.data is None:  # checked by the parent (``data`` is what its check found): not again in each trial
+        check(workload)
     model = torchvision.models.get_model(workload.model, weights=None, num_classes=workload.num_classes)
     transform = _transforms(workload.image_size, workload.task)
     if workload.data_dir is not None:

@@ -176,10 +176,22 @@ def test_off_by_the_environment_switch(monkeypatch):
     assert default_servers().enabled is True
 
 
-def test_only_cpu_trials_of_this_interpreter_are_forked():
+def test_trials_of_this_interpreter_are_forked_cuda_ones_too():
     assert forkable("cpu", sys.executable)
-    assert not forkable("cuda", sys.executable) and not forkable("cuda:1", sys.executable)
+    assert forkable("cuda", sys.executable) and forkable("cuda:1", sys.executable)
     assert not forkable("cpu", "/tmp/fake-child.py")  # the runner tests' scripted children run cold
+
+
+def test_the_servers_imports_make_no_cuda_context():
+    """What makes forking a CUDA trial safe: after everything the server imports, torch has no CUDA context (so none
+    crosses the fork; each child makes its own). Checked in a fresh interpreter, as the server starts."""
+    import subprocess
+
+    code = ("from autotune.trial import worker_forkserver as s; s._preload(); import torch; "
+            "print(torch.cuda.is_initialized(), s.cuda_initialised())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
 
 
 class _BrokenStart:
