@@ -86,10 +86,12 @@ def make_tuner(tmp_path, model=TINY, space=None, measure=QUICK, **kw):
 
 def fake_hw(cores: int = 4, flags: tuple[str, ...] = ("avx2", "fma"), compiler: str | None = "/usr/bin/g++",
             gpus: tuple[dict, ...] = (), visible: str | None = None, order: str | None = None):
-    """The real ``Hardware`` of this machine (detected without torch) with chosen fields."""
+    """The real ``Hardware`` of this machine (detected without torch) with chosen fields. Python's headers are
+    there (``python_headers``), so ``compiler`` alone decides whether torch.compile is offered, whatever this
+    machine has (python3-dev)."""
     return dataclasses.replace(_real_without_torch(), usable_cores=cores, affinity_cores=cores,
                                logical_cores=cores, cpu_flags=tuple(flags), compiler=compiler, gpus=tuple(gpus),
-                               cuda_visible_devices=visible, cuda_device_order=order)
+                               cuda_visible_devices=visible, cuda_device_order=order, python_headers=True)
 
 
 @lru_cache(maxsize=1)

@@ -22,7 +22,7 @@ def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):
     assert target.read_text() == "new\n" and os.listdir(tmp_path) == ["best.yaml"]
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (apt-get install strace)")
 def test_the_folder_is_fsynced_after_the_rename(tmp_path):
     target = tmp_path / "out" / "best.yaml"
     code = ("from pathlib import Path; from autotune._atomic import atomic_write; "

@@ -95,10 +95,12 @@ def test_a_device_cap_off_a_gpu_too_small_or_too_large_is_one_line():
 # --- CUDA graphs and gradient accumulation -----------------------------------------------------------------
 
 def _space():
+    # a compiler and Python.h on the fake machine: torch.compile's modes are offered whatever this one has
+    hw = dataclasses.replace(hw_with(gpu()), compiler="/usr/bin/g++", python_headers=True)
     return space_from_dict({"name": "t", "device": "cuda", "parameters": {
         "batch_size": {"type": "int", "choices": [32, 64, 128]},
         "compile_mode": {"type": "categorical", "choices": ["none", "default", "reduce-overhead", "max-autotune"]}}},
-        hardware=hw_with(gpu()), device="cuda")
+        hardware=hw, device="cuda")
 
 
 def test_cuda_graph_modes_are_not_searched_under_a_global_batch_on_a_gpu():

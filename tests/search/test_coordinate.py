@@ -21,8 +21,9 @@ from autotune.machine.hardware import detect
 from autotune.search.space import Param, space_from_dict
 from autotune.search.tuner import Tuner
 
-# every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler, malloc glibc)
-HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36",
+# every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler and Python.h,
+# malloc glibc)
+HW = dataclasses.replace(detect(with_torch=False), compiler="g++", python_headers=True, libc="glibc 2.36",
                          cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
 QUICK = MeasureSpec(windows=3, window_s=0.2, timeout_s=120, memory_cap_mb=4096.0)
 BATCH = {8: 0.7, 16: 0.9, 32: 1.0, 64: 0.95}

@@ -735,10 +735,10 @@ def test_parent_interrupted_kills_the_child(fake):
 def test_a_preloaded_allocator_and_pinned_threads_reach_the_trial(mode):
     """malloc=jemalloc/tcmalloc preloads the library into the trial's process (fork server or not) and
     affinity=close pins OpenMP's threads; the same workload fails without them (its check can fail)."""
-    from autotune.machine.malloc import preload_path
+    from autotune.machine.malloc import install_hint, preload_path
 
     if preload_path(mode) is None:
-        pytest.skip(f"{mode} is not installed here (.ci/run installs it)")
+        pytest.skip(f"{mode} is not installed here ({install_hint(mode)}; .ci/run installs it)")
     env = child_env(TrialConfig(malloc=mode, affinity="close"), base={})
     assert env["LD_PRELOAD"] == preload_path(mode) and env["OMP_PROC_BIND"] == "close"
     assert ("MALLOC_CONF" in env) is (mode == "jemalloc")
