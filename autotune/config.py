@@ -408,6 +408,9 @@ class MeasureSpec(Record):
     # (``autotune.trial.parts``): "model" (the step on one batch already on the device) or "data" (the loader and
     # the copy to the device, no model). The search's trials are "full".
     part: str = "full"
+    # Stop measuring, from the third measured window on, once the measured windows' range is within this share of
+    # their median (torch.utils.benchmark's adaptive_autorange idea: a quiet GPU needs no 5 x 3 s); 0: every window.
+    tight_spread: float = 0.0
 
     def __post_init__(self) -> None:
         check(is_int(self.windows) and self.windows >= 1, "windows", self.windows, "a whole number >= 1")
@@ -436,5 +439,7 @@ class MeasureSpec(Record):
         check(self.latency_p99_ms is None or (is_num(self.latency_p99_ms) and self.latency_p99_ms > 0),
               "latency_p99_ms", self.latency_p99_ms, "None or a positive number of milliseconds (--latency-p99)")
         check(isinstance(self.worst_case, bool), "worst_case", self.worst_case, "true or false")
+        check(is_num(self.tight_spread) and 0 <= self.tight_spread < 1, "tight_spread", self.tight_spread,
+              "a share from 0 (measure every window) to 1")
         check(self.part in ("full", "model", "data"), "part", self.part,
               "full (a trial), model (the model alone) or data (the data path alone)")

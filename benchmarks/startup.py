@@ -5,6 +5,9 @@ Interleaved trials of one config (cold, forked, cold, forked, ...) through the r
 start-up (launch -> workload built, dataloader ready), warm-up (first step and the settle rule), the measured
 windows, and the fixed share (start-up + warm-up) / wall, which ``benchmarks/quality_grid.py`` reports per grid.
 The first forked trial also starts the server (one torch import): it is shown apart, not in the medians.
+The workload is checked first, as ``autotune run`` checks it (its ``data`` then travels to each trial, which need not
+check it again); ``--recheck`` adds forked trials of the unchecked workload, interleaved, whose child checks it itself
+(what every trial paid before 2026-11-27).
 
     python benchmarks/startup.py                       # resnet18, 64 px, batch 32, 2 threads, 4 trials a mode
     python benchmarks/startup.py --trials 6 --image-size 128
@@ -46,24 +49,31 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-seconds", type=float, default=2.0)
     p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--recheck", action="store_true",
+                   help="also forked trials of the unchecked workload (the child checks it), interleaved")
     a = p.parse_args(argv)
     # quality_grid.py's spec: the same trial the grid runs
     spec = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1,
                        warmup_min_steps=a.warmup_steps, timeout_s=600)
-    workload = Workload(model=a.model, image_size=a.image_size, dataset_size=2048)
+    from autotune.workloads.build import check
+
+    unchecked = Workload(model=a.model, image_size=a.image_size, dataset_size=2048)
+    workload = check(unchecked)  # as autotune run does: the trials get what it found
     config = TrialConfig(batch_size=a.batch_size, intra_op_threads=a.threads, inter_op_threads=1, amp=a.amp,
                          channels_last=a.channels_last)
     load = Path("/proc/loadavg").read_text().split()[:3] if os.path.exists("/proc/loadavg") else "?"
     print(f"# {workload.label()} {config.short()}  loadavg at start {' '.join(load)}")
-    rows: dict[str, list[dict]] = {"cold": [], "fork": []}
+    rows: dict[str, list[dict]] = {"cold": [], "fork": [], **({"fork-recheck": []} if a.recheck else {})}
     first = None
     with ForkServers() as servers:
         cold = ForkServers(enabled=False)
         for i in range(a.trials + 1):  # one more forked trial: the first starts the server
-            for mode, pool in (("fork", servers), ("cold", cold)):
-                if mode == "cold" and i == a.trials:
+            modes = [("fork", servers, workload), ("cold", cold, workload)]
+            modes += [("fork-recheck", servers, unchecked)] if a.recheck else []
+            for mode, pool, w in modes:
+                if mode != "fork" and i == a.trials:
                     continue
-                r = run_trial(workload, config, spec, servers=pool)
+                r = run_trial(w, config, spec, servers=pool)
                 if not r.ok:
                     print(f"{mode} trial failed: {r.status} {r.reason}")
                     continue

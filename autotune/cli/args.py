@@ -52,12 +52,22 @@ def _add_global_batch(g) -> None:
                         "N, with N / batch size gradient accumulation steps (default: no accumulation)")
 
 
+# On a GPU a step takes milliseconds and a quiet device repeats itself: shorter windows, and the windows stop once
+# three of them agree within TIGHT_SPREAD (torch.utils.benchmark's adaptive_autorange idea); a noisy CPU VM keeps its
+# windows (MeasureSpec.tight_spread).
+GPU_WINDOW_S = 1.0
+TIGHT_SPREAD = 0.02
+
+
 def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: float = 3.0,
                      timeout_help: str = "per-trial time limit") -> None:
     g = p.add_argument_group("measurement")
     g.add_argument("--windows", type=int, default=windows, help="measured windows per trial (default: %(default)s)")
-    g.add_argument("--window-seconds", type=float, default=window_s, metavar="S",
-                   help="minimum length of one window (default: %(default)s)")
+    g.add_argument("--window-seconds", type=float, default=None, metavar="S",
+                   help=f"minimum length of one window (default: {window_s:g} on the CPU, {GPU_WINDOW_S:g} on a GPU, "
+                        f"where the windows also stop early, from the third, once they agree within "
+                        f"{TIGHT_SPREAD:.0%})")
+    g.set_defaults(cpu_window_seconds=window_s)
     g.add_argument("--trial-timeout", default="10m", metavar="DURATION",
                    help=f"{timeout_help}, e.g. 90s, 10m (default: %(default)s)")
     g.add_argument("--memory-cap", default=None, metavar="SIZE",
@@ -156,7 +166,11 @@ def measure_from_args(args: argparse.Namespace, *, hardware=None, device: str = 
         from autotune.trial.latency import check_bound
 
         check_bound(getattr(args, "task", "train"), latency_ms)
-    return MeasureSpec(windows=args.windows, window_s=args.window_seconds, latency_p99_ms=latency_ms,
+    gpu = device.startswith("cuda")
+    window_s = args.window_seconds if args.window_seconds is not None else \
+        GPU_WINDOW_S if gpu else args.cpu_window_seconds
+    return MeasureSpec(windows=args.windows, window_s=window_s, latency_p99_ms=latency_ms,
+                       tight_spread=TIGHT_SPREAD if gpu else 0.0,
                        timeout_s=parse_duration_s(args.trial_timeout, what="--trial-timeout", require_unit=True),
                        memory_cap_mb=cap,
                        memory_margin=parse_share(args.memory_margin, what="--memory-margin", upto=0.9),

@@ -380,7 +380,8 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
     tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged."""
     from autotune.measure import MAX_UNSETTLED_WINDOWS, window_settled
 
-    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0, "spans": []}
+    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0, "spans": [],
+                              "rates": []}
     held: list[dict] = []
     unsettled: list[dict] = []
     later = min(spec.settle_windows, spec.windows - 1)
@@ -394,12 +395,13 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         totals["waits"].append(w["data_wait_s"])
         totals["comps"].append(w["compute_s"])
         totals["spans"].append((w["started"], w["started"] + w["elapsed"]))  # whose steps' latencies count
+        totals["rates"].append(w["samples_per_s"])
         send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
                     compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s"),
                     rank_samples_per_s=w.get("rank_samples_per_s")))
         sent += 1
 
-    while sent < spec.windows:
+    while sent < spec.windows and not _tight(totals["rates"], spec.tight_spread):
         w = stepper.window(spec)
         totals["all_steps"] += w["steps"]
         if settled:
@@ -422,6 +424,15 @@ def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
         else:
             unsettled.append(held.pop(0))
     return totals
+
+
+def _tight(rates: list[float], spread: float) -> bool:
+    """Whether the measured windows may stop before ``MeasureSpec.windows``: at least three, all within ``spread``
+    of their median (the settled windows of a quiet device agree; a noisy machine's never do)."""
+    if not spread or len(rates) < 3:
+        return False
+    mid = statistics.median(rates)
+    return mid > 0 and (max(rates) - min(rates)) / mid <= spread
 
 
 def main(argv: list[str]) -> int:
