@@ -7,8 +7,10 @@ its own under the trial's caps (``autotune.trial.parts``):
 * **the model**: the workload's step on one batch already on the device, on the best config the search has measured
   so far (the likely winners, else the baseline);
 * **the data path**: the workload's own DataLoader with no model, at a few worker counts, climbing as tf.data's
-  AUTOTUNE hill-climbs: 1, 2, 4, ... workers (as the space offers them) until the data rate covers the model's with
-  ``HEADROOM`` or stops growing (the cores ran out), never worker by worker.
+  AUTOTUNE hill-climbs: one worker, then the count its rate predicts would cover the model's with ``HEADROOM``,
+  then the count that point predicts (the rate is concave: each prediction undershoots less), until it covers the
+  model, reaches the most workers offered or stops growing (the cores ran out): a few children, never one per
+  worker count (``next_workers``).
 
 ``Ceilings`` holds both and answers "what would this config run at, and why" (``predict``); ``workers_to_feed`` is
 the fewest workers whose data rate covers the model (interpolated between the two measured points around it), and
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "INPUT_BOUND_SHARE", "GROWTH", "BUDGET_SHARE", "LEVERS",
-           "worker_ladder", "feed", "load", "store", "wanted", "climb", "measure_if_wanted", "recorded"]
+           "offered_workers", "next_workers", "MAX_POINTS", "feed", "load", "store", "wanted", "climb",
+           "measure_if_wanted", "recorded"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
@@ -46,6 +49,8 @@ HEADROOM = 1.15
 # From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
 # a step "highly input-bound" from 20%); the per-trial diagnosis says "input-bound" from 30% (``diagnose``).
 INPUT_BOUND_SHARE = 0.20
+# The most data-path points a climb measures (it usually needs 2 to 4: ``next_workers``).
+MAX_POINTS = 6
 # The most of the time left in a --timeout budget the climb may take (skipped, saying so, when it would take more).
 BUDGET_SHARE = 0.25
 # Doubling the workers must raise the data rate by this much for the climb to go on: less, the cores ran out.
@@ -250,25 +255,44 @@ def _short(config: dict[str, Any]) -> str:
         return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
-def worker_ladder(choices: tuple[int, ...] | list[int]) -> list[int]:
-    """The worker counts the climb may try, from the space's choices: 1, 2, 4, 8, ... (the nearest choice to
-    each), then the largest.
+def offered_workers(choices: tuple[int, ...] | list[int]) -> list[int]:
+    """The worker counts above 0 the space offers, in order.
 
-    >>> worker_ladder(range(0, 16)), worker_ladder([0, 2, 4]), worker_ladder([0])
-    ([1, 2, 4, 8, 15], [2, 4], [])
+    >>> offered_workers(range(0, 4)), offered_workers([0])
+    ([1, 2, 3], [])
     """
-    offered = sorted({int(c) for c in choices if int(c) > 0})
+    return sorted({int(c) for c in choices if int(c) > 0})
+
+
+def next_workers(points: list[Point], target: float, offered: list[int]) -> int | None:
+    """The next worker count the climb measures, or None when it is done: one worker first (a worker's rate); then
+    the count that rate predicts would reach ``target`` (at least one more than the last, at most the most
+    offered); then, while the rate still grows by ``GROWTH``, the count the last point predicts, and so on. The data
+    rate is concave in the workers (they share cores, memory bandwidth, the GIL of the pinning thread), so a
+    prediction from a point undershoots and the next corrects it: a few children, never one per worker count.
+
+    >>> p = lambda w, r: Point("data", {"num_workers": w}, r)
+    >>> next_workers([], 1000.0, list(range(1, 65))), next_workers([p(1, 100.0)], 1000.0, list(range(1, 65)))
+    (1, 10)
+    >>> next_workers([p(1, 100.0), p(10, 800.0)], 1000.0, list(range(1, 65)))
+    13
+    >>> next_workers([p(1, 100.0), p(10, 1100.0)], 1000.0, list(range(1, 65))) is None  # covered
+    True
+    """
     if not offered:
-        return []
-    out, w = [], 1
-    while w < offered[-1]:
-        near = min(offered, key=lambda c: (abs(c - w), c))
-        if near not in out and (not out or near > out[-1]):
-            out.append(near)
-        w *= 2
-    if offered[-1] not in out:
-        out.append(offered[-1])
-    return out
+        return None
+    ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
+    if not ok:
+        return None if points else offered[0]
+    last = ok[-1]
+    if last.samples_per_s >= target or last.workers >= offered[-1]:
+        return None
+    if len(ok) >= 2 and last.samples_per_s < ok[-2].samples_per_s * GROWTH:
+        return None
+    if math.isinf(target):  # no model figure to cover (it failed alone): the most workers offered
+        return offered[-1]
+    want = max(last.workers + 1, math.ceil(last.workers * target / last.samples_per_s))
+    return next((c for c in offered if c >= want), offered[-1])
 
 
 def load(study: Study) -> Ceilings | None:
@@ -302,7 +326,7 @@ def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str
     """Why the ceilings should be measured now (a line for the log), or None: the space searches workers, and the
     baseline waited for data more than ``INPUT_BOUND_SHARE`` of its step, or the trials run on a GPU."""
     p = next((p for p in space.params if p.name == "num_workers"), None)
-    if p is None or not worker_ladder(p.choices):
+    if p is None or not offered_workers(p.choices):
         return None
     if isinstance(baseline_wait_share, (int, float)) and baseline_wait_share > INPUT_BOUND_SHARE:
         return (f"the baseline waited for data {100 * baseline_wait_share:.0f}% of its step (over "
@@ -315,30 +339,27 @@ def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str
 Run = Callable[[dict[str, Any], str], Point]  # (config dict, part) -> the point measured
 
 
-def climb(model_config: dict[str, Any], data_config: dict[str, Any], ladder: list[int], run: Run, *,
+def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: list[int], run: Run, *,
           log: Callable[[str], None] = lambda _: None, why: str = "") -> Ceilings:
-    """Measure the model alone on ``model_config``, then the data path on ``data_config`` at each worker count of
-    ``ladder`` in turn, until it covers the model with ``HEADROOM`` or grows by less than ``GROWTH`` from the point
-    before (the module docstring). ``run`` measures one point in a child."""
+    """Measure the model alone on ``model_config``, then the data path on ``data_config`` at the worker counts
+    ``next_workers`` picks from ``offered``, until it covers the model with ``HEADROOM``, reaches the most workers
+    offered, or grows by less than ``GROWTH`` from the point before. ``run`` measures one point in a child."""
     model = run(model_config, "model")
     log(f"ceiling: the model alone {model.line()}")
     target = model.samples_per_s * HEADROOM if model.status == "ok" else math.inf
     points: list[Point] = []
     notes: list[str] = []
-    for w in ladder:
+    while (w := next_workers(points, target, offered)) is not None and len(points) < MAX_POINTS:
         p = run({**data_config, "num_workers": w}, "data")
         points.append(p)
         log(f"ceiling: the data path with {w} worker(s) {p.line()}")
         if p.status != "ok":
             notes.append(f"the data path with {w} worker(s) did not run: {p.reason}")
             break
-        if p.samples_per_s >= target:
-            break
         ok = [q for q in points[:-1] if q.status == "ok"]
-        if ok and p.samples_per_s < ok[-1].samples_per_s * GROWTH:
+        if ok and p.samples_per_s < target and p.samples_per_s < ok[-1].samples_per_s * GROWTH:
             notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
                          f"({ok[-1].samples_per_s:.0f} -> {p.samples_per_s:.0f} samples/s): the cores ran out")
-            break
     return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes))
 
 
@@ -369,19 +390,19 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         return None
     model_config = keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict()
     data_config = _loader_config(keys.config_of(base).to_dict(), space)
-    ladder = worker_ladder(next(p.choices for p in space.params if p.name == "num_workers"))
-    if time_left_s is not None:
-        walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in (base, likely) if t is not None)
-        cost = (1 + len(ladder)) * walls[len(walls) // 2]
+    offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
+    if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial
+        walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in (base, likely) if t is not None]
+        cost = 4 * min(walls)
         if cost > BUDGET_SHARE * time_left_s:
             log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
                 f"{time_left_s:.0f} s left in the budget")
             store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share"))
             return None
     log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
-        f"the data path with {', '.join(map(str, ladder))} worker(s) until it covers the model")
+        f"the data path from 1 worker to as many as cover the model (up to {offered[-1]})")
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
-    c = climb(model_config, data_config, ladder, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
+    c = climb(model_config, data_config, offered, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
     store(study, c)
     for line in c.notes:
         log(f"ceiling: {line}")
