@@ -66,7 +66,7 @@ def add_measure_args(p: argparse.ArgumentParser, *, windows: int = 5, window_s: 
     g.add_argument("--window-seconds", type=float, default=None, metavar="S",
                    help=f"minimum length of one window (default: {window_s:g} on the CPU, {GPU_WINDOW_S:g} on a GPU, "
                         f"where the windows also stop early, from the third, once they agree within "
-                        f"{TIGHT_SPREAD:.0%})")
+                        f"{100 * TIGHT_SPREAD:.0f}%%)")
     g.set_defaults(cpu_window_seconds=window_s)
     g.add_argument("--trial-timeout", default="10m", metavar="DURATION",
                    help=f"{timeout_help}, e.g. 90s, 10m (default: %(default)s)")
