@@ -25,7 +25,9 @@ runner and the numerics check are the model's, and the clock: ``time.monotonic``
 trial's wall, so a budget of 10 simulated minutes takes seconds. For each host (8, 16 and 64 cores) and budget
 (1, 3 and 10 simulated minutes) it prints the recommendation's rate over the model's best (both noise-free, over the
 whole space), the trials the search ran, the trial at which it first had a config within 95% of the best, and which
-ceiling binds. Goal (issue 35): >= 0.95 within 3 minutes on each host.
+ceiling binds. Goal (issue 35): >= 0.95 within 3 minutes on each host, for the H200 run's JPEG data path. A second,
+lighter data path (pre-decoded tensors) makes the model bind: there the best config compiles, which a 3-minute
+budget cannot afford (the compile gate keeps it for the end), so its 3-minute cells show that limit.
 
     python benchmarks/gpu_host_sim.py                 # the 3 x 3 table, ~1-3 minutes
     python benchmarks/gpu_host_sim.py --cores 16 --minutes 3 --log   # one cell, with the tuner's log
@@ -37,7 +39,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import math
 import random
 import sys
 import tempfile
@@ -65,6 +66,8 @@ WORKER_START_S = 0.4     # a worker's start (and its dataset's copy)
 COLD_START_S, FORKED_START_S = 7.5, 1.5  # a trial child's start-up: importing torch, or forked (H200: 7.3-8.2 s)
 FIRST_STEPS_S = 2.0      # CUDA context, the first steps, cudnn's search
 NOISE = 0.01             # a window's spread on a quiet GPU host (relative, one sigma)
+CACHED_COMPILE = 0.2     # a config compiled before in the run loads inductor's cache: a fifth of the cold compile
+RUN_S = 3600.0           # the planned run the tuner prices compile over (its default --run-length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Host:
     """A GPU host of ``cores`` cores (one GPU): the model above, answering one config."""
 
     cores: int
+    per_worker: float = PER_WORKER
+    in_process: float = IN_PROCESS
 
     def model_rate(self, c) -> float:
         """The step alone on a batch already on the device (the ``model`` ceiling)."""
@@ -84,12 +89,17 @@ class Host:
         """The loader alone (the ``data`` ceiling): workers share the cores the training process leaves."""
         w = c.num_workers
         if w == 0:
-            return IN_PROCESS
+            return self.in_process
         share = min(1.0, max(1, self.cores - 1) / w)  # the training process keeps one core busy
-        rate = w * PER_WORKER / (1 + CONTENTION * w) * share * PREFETCH.get(c.prefetch_factor or 2, 0.97)
+        rate = w * self.per_worker / (1 + CONTENTION * w) * share * PREFETCH.get(c.prefetch_factor or 2, 0.97)
         if not c.persistent_workers:  # a new set of workers every epoch
             rate = EPOCH / (EPOCH / rate + WORKER_START_S)
         return rate
+
+    def over_the_run(self, c) -> float:
+        """Samples/s over the planned run (an hour, the tuner's default ``--run-length``), compile time included: what
+        the tuner ranks finalists by (``search.payback``), so what the best and the recommendation are judged on."""
+        return self.end_to_end(c)[0] * RUN_S / (RUN_S + COMPILE[c.compile_mode][1])
 
     def end_to_end(self, c) -> tuple[float, float]:
         """``(samples/s, share of the step waiting for data)`` of the whole trial."""
@@ -122,6 +132,7 @@ class SimRunner:
         self.host, self.clock, self.rng = host, clock, random.Random(seed)
         self.ran: list = []
         self.started = False
+        self.compiled: set = set()  # configs compiled once: later trials load inductor's cache (the study's)
 
     def __call__(self, workload, c, measure, **kw):
         from autotune.config import TrialResult
@@ -139,11 +150,16 @@ class SimRunner:
         while len(windows) < measure.windows:
             windows.append(rate * drift * self.rng.gauss(1.0, NOISE))
             mid = sorted(windows)[len(windows) // 2]
-            if measure.tight_spread and len(windows) >= 3 and (max(windows) - min(windows)) / mid <= measure.tight_spread:
+            spread = (max(windows) - min(windows)) / mid
+            if measure.tight_spread and len(windows) >= 3 and spread <= measure.tight_spread:
                 break
         startup = FORKED_START_S if self.started else COLD_START_S
         self.started = True
         compile_s = COMPILE[c.compile_mode][1] if part != "data" else 0.0
+        if compile_s and c.key() in self.compiled:
+            compile_s *= CACHED_COMPILE  # the study's inductor cache (Tuner.compile_cache_dir)
+        elif compile_s:
+            self.compiled.add(c.key())
         workers_s = WORKER_START_S if c.num_workers and part != "model" else 0.0
         wall = startup + FIRST_STEPS_S + compile_s + workers_s + len(windows) * measure.window_s
         self.clock.offset += wall
@@ -171,7 +187,8 @@ def _hardware(cores: int):
 
 
 def best_of(space, host: Host) -> tuple[float, object]:
-    """The model's best over the whole space (noise-free; threads do not move the model), by brute force."""
+    """The model's best over the whole space over the planned run (noise-free, compile priced in; threads do not move
+    the model), by brute force."""
     from autotune.config import TrialConfig
 
     choices = {p.name: p.choices for p in space.params}
@@ -183,25 +200,30 @@ def best_of(space, host: Host) -> tuple[float, object]:
         c = TrialConfig(batch_size=bs, num_workers=w, amp=amp, channels_last=cl, cudnn_benchmark=cudnn,
                         compile_mode=comp, pin_memory=pin, persistent_workers=persist and w > 0,
                         prefetch_factor=pf if w else None)
-        rate = host.end_to_end(c)[0]
+        rate = host.over_the_run(c)
         if rate > best[0]:
             best = (rate, c)
     return best
 
 
-def run_cell(cores: int, minutes: float, *, seed: int = 0, log: bool = False) -> dict:
+# Hosts whose data path is the JPEG pipeline of the H200 run, or a light one (tensors decoded and resized once, before
+# training: ~10x cheaper a sample), where the model binds once a few workers feed it and its own knobs decide.
+SCENARIOS = {"jpeg": {}, "light": {"per_worker": 3300.0, "in_process": 4900.0}}
+
+
+def run_cell(cores: int, minutes: float, *, seed: int = 0, log: bool = False, scenario: str = "jpeg") -> dict:
     from autotune.config import MeasureSpec, Workload
     from autotune.search.space import load_space
     from autotune.search.tuner import Tuner
     from autotune.trial.parity import ParityResult, check_seconds
 
-    host, clock = Host(cores), Clock()
+    host, clock = Host(cores, **SCENARIOS[scenario]), Clock()
     runner = SimRunner(host, clock, seed)
     hw = _hardware(cores)
 
     def parity(workload, config, *, steps, **kw):  # the check takes as long as the real one is expected to
         clock.offset += check_seconds(config, samples_per_s=host.end_to_end(config)[0],
-                                      fp32_samples_per_s=IN_PROCESS, steps=steps)
+                                      fp32_samples_per_s=host.in_process, steps=steps)
         return ParityResult(ok=True, steps=steps, reason="simulated")
 
     lines: list[str] = []
@@ -222,10 +244,11 @@ def run_cell(cores: int, minutes: float, *, seed: int = 0, log: bool = False) ->
         best_rate, best_config = best_of(tuner.space, host)
     if log:
         print("\n".join(lines))
-    rates = [host.end_to_end(c)[0] for c in runner.ran]
+    rates = [host.over_the_run(c) for c in runner.ran]
     to95 = next((i for i, r in enumerate(rates) if r >= 0.95 * best_rate), None)
-    rec_rate = host.end_to_end(rec.config)[0] if rec is not None else 0.0
-    return {"cores": cores, "minutes": minutes, "rec_over_best": rec_rate / best_rate, "trials": len(runner.ran),
+    rec_rate = host.over_the_run(rec.config) if rec is not None else 0.0
+    return {"scenario": scenario, "cores": cores, "minutes": minutes, "rec_over_best": rec_rate / best_rate,
+            "trials": len(runner.ran),
             "trial_to_95": to95, "simulated_s": took, "rec": rec.config.short() if rec else None,
             "best": best_config.short(), "best_rate": best_rate, "rec_rate": rec_rate,
             "binds": (rec.ceilings or {}).get("binds") if rec else None}
@@ -236,6 +259,9 @@ def main(argv=None) -> int:
     p.add_argument("--cores", type=int, nargs="*", default=[8, 16, 64])
     p.add_argument("--minutes", type=float, nargs="*", default=[1.0, 3.0, 10.0])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenario", nargs="*", default=["jpeg", "light"], choices=list(SCENARIOS),
+                   help="jpeg: the H200 run's JPEG pipeline (the data path binds); light: pre-decoded data (the "
+                        "model binds once a few workers feed it)")
     p.add_argument("--log", action="store_true", help="print the tuner's log of each cell")
     p.add_argument("--json", metavar="FILE", help="write every cell's figures here")
     a = p.parse_args(argv)
@@ -243,23 +269,25 @@ def main(argv=None) -> int:
 
     collect_env_stamp()  # once, before any simulated clock: the recommendation keeps it
     print("# a MODEL of a GPU host (benchmarks/gpu_host_sim.py), calibrated on one H200 run: not a measurement")
-    print("| cores | budget | rec / best | trials | first within 95% | binds | recommended | model's best |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| data path | cores | budget | rec / best | trials | first within 95% | binds | recommended | "
+          "model's best |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     cells = []
-    for cores, minutes in itertools.product(a.cores, a.minutes):
-        cell = run_cell(cores, minutes, seed=a.seed, log=a.log)
+    for scenario, cores, minutes in itertools.product(a.scenario, a.cores, a.minutes):
+        cell = run_cell(cores, minutes, seed=a.seed, log=a.log, scenario=scenario)
         cells.append(cell)
         to95 = "never" if cell["trial_to_95"] is None else f"trial {cell['trial_to_95']}"
-        print(f"| {cores} | {minutes:g} min | {cell['rec_over_best']:.3f} | {cell['trials']} | {to95} | "
+        print(f"| {scenario} | {cores} | {minutes:g} min | {cell['rec_over_best']:.3f} | {cell['trials']} | {to95} | "
               f"{cell['binds']} | {cell['rec']} ({cell['rec_rate']:.0f}/s) | {cell['best']} "
               f"({cell['best_rate']:.0f}/s) |", flush=True)
-    goal = [c for c in cells if c["minutes"] == 3.0]
-    if goal:
-        met = all(c["rec_over_best"] >= 0.95 for c in goal)
-        print(f"\ngoal (>= 0.95 within 3 minutes on each host): {'met' if met else 'NOT met'}")
+    for scenario in a.scenario:  # the issue's goal is the H200-calibrated host's (jpeg); light shows the limit
+        goal = [c for c in cells if c["minutes"] == 3.0 and c["scenario"] == scenario]
+        if goal:
+            met = all(c["rec_over_best"] >= 0.95 for c in goal)
+            print(f"goal (>= 0.95 within 3 minutes on each host), {scenario} data path: {'met' if met else 'NOT met'}")
     if a.json:
         Path(a.json).write_text(json.dumps({"cells": cells, "model": "benchmarks/gpu_host_sim.py"}, indent=1))
-    print("rates are the model's, noise-free; a model, not a measurement")
+    print("rates are the model's, noise-free, over an hour's run (compile priced in); a model, not a measurement")
     return 0
 
 

@@ -223,7 +223,8 @@ class Ceilings:
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
                 "workers_to_feed": feed, "headroom": HEADROOM,
-                "binds": "data" if not self.feeds() else "model"}
+                "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
+                          "model" if self.feeds() else "data")}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> Ceilings | None:
@@ -388,7 +389,8 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
     if not ran:
         return None
-    model_config = keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict()
+    model_config = {**keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict(),  # its loader plays no part
+                    "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
     data_config = _loader_config(keys.config_of(base).to_dict(), space)
     offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
     if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial

@@ -287,6 +287,8 @@ class _Replay:
             likely = roles[keys.LIKELY_WINNER][0]
         if self.feed:
             base, likely = self.fed(base, likely)
+        if likely is not None:
+            base, likely = self.walk_first(base, likely)
         inc = self.separate(base, likely)
         if inc is None:
             return None
@@ -303,8 +305,8 @@ class _Replay:
         ran as they are: the data path binds, so every comparison from here on runs fed (``search.ceilings``)."""
         self.get([(base, {})] + ([(likely, {})] if likely is not None else []))
         loader = ", ".join(f"{k}={v}" for k, v in self.feed.items())
-        self.notes.append(f"the data path binds: from here every config runs with the loader sized to the model "
-                          f"({loader}; search.ceilings)")
+        self.notes.append(f"from here every config runs with the loader sized to the model ({loader}; "
+                          "search.ceilings)")
         out = []
         for params, what in ((base, "the baseline"), (likely, "the likely winners")):
             if params is None:
@@ -314,6 +316,26 @@ class _Replay:
             self.why.setdefault(self.key(p), f"queued: {what} with the loader sized to the model ({loader})")
             out.append(p)
         return out[0], out[1]
+
+    def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """When the likely winners beat the baseline beyond the noise, the batch walk goes from them first, and
+        their separation (each knob reverted) runs at the batch it found, with the baseline moved there too: the
+        batch size is the largest lever there is on a GPU, and a bundle that won is the incumbent either way (a knob
+        that harms it is still found, at the batch the run will use). Else (a tie, a loss) nothing changes: the
+        knobs are tried alone on the baseline first, and the walk goes from what they found."""
+        b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
+        if not (lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))):
+            return base, likely
+        self.incumbent = likely
+        walked = self.walk(likely)
+        if walked.get("batch_size") == likely.get("batch_size"):
+            return base, likely
+        self.notes.append(f"the likely winners won: their knobs are taken apart at batch {walked['batch_size']}, "
+                          "where the walk from them went")
+        moved = complete(self.space, {**base, "batch_size": walked["batch_size"]})
+        self.why.setdefault(self.key(moved), f"queued: the baseline at batch {walked['batch_size']}, beside the likely "
+                                             "winners there")
+        return moved, walked
 
     def separate(self, base: dict[str, Any], likely: dict[str, Any] | None) -> dict[str, Any] | None:
         """The bundle taken apart (module docstring); returns the best config measured, None when neither the

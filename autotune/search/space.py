@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune.config import KNOBS, TrialConfig, device_family
+from autotune.search.likely import LIKELY_WINNERS, likely_params
 from autotune.search.param import Param
 from autotune._yaml import read_yaml
 from autotune.errors import SpaceError
@@ -103,29 +104,12 @@ class SearchSpace:
     def baseline_config(self) -> TrialConfig:
         return self.effective(self.baseline)
 
-    # Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
-    # hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
-    # and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
-    # buffers (hugepages was as fast with more memory, so it is left to the search; autotune/machine/malloc.py).
-    # On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
-    # PyTorch's default). Length bucketing (where the workload gives lengths) cut padding from ~65% to ~4% of the
-    # tokens. Measured like any trial. In order of preference per knob: the first one the trimmed space offers is
-    # taken.
-    # With ranks, gradients as views into DDP's buckets save a copy of every gradient and its memory.
-    LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
-                      "cudnn_benchmark": (True,), "bucket_by_length": (True,), "gradient_as_bucket_view": (True,)}
+    LIKELY_WINNERS = LIKELY_WINNERS  # search.likely: the knob values that usually win
 
     def likely_params(self) -> dict[str, Any] | None:
         """The baseline with the usual winners this space offers switched on (Optuna params), or None when
-        that is the baseline itself. The tuner runs it right after the baseline, to anchor the sampler early."""
-        base = self.baseline_params()
-        params = dict(base)
-        choices = {p.name: p.choices for p in self.params}
-        for name, preferred in self.LIKELY_WINNERS.items():
-            value = next((v for v in preferred if v in choices.get(name, ())), None)
-            if value is not None:
-                params[name] = value
-        return params if params != base else None
+        that is the baseline itself (``search.likely``). The tuner runs it right after the baseline."""
+        return likely_params(self)
 
     def batch_step(self, params: dict[str, Any], direction: int) -> dict[str, Any] | None:
         """``params`` with the batch size one choice up (``direction`` +1) or down (-1), or None at the end of

@@ -466,7 +466,7 @@ class Tuner:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         chosen = fin.plan(top, base, measure=self.measure, rounds=self.finalist_rounds, left_s=left, log=self.log)
         if chosen is None:
-            return fin.provisional(study, storage=self.storage_url)
+            return ceilings.recorded(study, fin.provisional(study, storage=self.storage_url))
         cands, rounds = chosen
         configs = [keys.config_of(t) for t in cands]
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")

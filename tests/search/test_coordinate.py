@@ -88,17 +88,22 @@ def test_a_harmful_knob_in_the_bundle_does_not_hide_the_others_and_the_run_stops
 
 
 def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
-    """bf16 x0.8, channels_last x1.3, retain x1.3: the bundle beats the baseline (1.35x), so each knob is
-    reverted from it in turn; reverting bf16 wins, and the walk goes on without it."""
+    """bf16 x0.8, channels_last x1.3, retain x1.3: the bundle beats the baseline (1.35x), so the batch walk goes
+    from it first (to 32), and each knob is reverted from it there, beside the baseline at 32; reverting bf16 wins,
+    and the walk goes on without it."""
     runner = _model(bf16=0.8, cl=1.3, retain=1.3)
     logs: list[str] = []
     tuner = _tuner(tmp_path, runner, space=_space(compile_modes=("none",)), log=logs.append)
-    rec = tuner.run(trials=9)
-    assert [c.short() for c in runner.ran[2:5]] == ["bs=16 w=0 cl malloc=retain", "bs=16 w=0 bf16 malloc=retain",
-                                                    "bs=16 w=0 bf16 cl"]
+    rec = tuner.run(trials=11)
+    assert [c.short() for c in runner.ran[2:5]] == ["bs=8 w=0 bf16 cl malloc=retain", "bs=32 w=0 bf16 cl malloc=retain",
+                                                    "bs=64 w=0 bf16 cl malloc=retain"]  # the walk from the bundle
+    assert [c.short() for c in runner.ran[5:9]] == ["bs=32 w=0", "bs=32 w=0 cl malloc=retain",
+                                                    "bs=32 w=0 bf16 malloc=retain", "bs=32 w=0 bf16 cl"]
+    assert any(m == "the likely winners won: their knobs are taken apart at batch 32, where the walk from them went"
+               for m in logs)
     assert any("each is reverted from them in turn" in m for m in logs)
     assert any(m == "reverting amp helped" for m in logs)
-    assert [c.short() for c in runner.ran[5:7]] == ["bs=8 w=0 cl malloc=retain", "bs=32 w=0 cl malloc=retain"]
+    assert [c.short() for c in runner.ran[9:11]] == ["bs=16 w=0 cl malloc=retain", "bs=64 w=0 cl malloc=retain"]
     assert rec.config.amp == "off" and rec.config.channels_last and rec.config.malloc == "retain"
 
 
@@ -185,13 +190,19 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
 
 
 def test_the_plan_waits_for_what_is_queued_and_queues_nothing_twice():
-    """The bundle at 1.5x the baseline, beyond the 5% noise of their trials: each knob is reverted from it. Later
-    trials whose windows spread 60% do not turn that into a tie (the noise of a decision is that of the trials
-    up to it); queued probes are present, not needed again."""
+    """The bundle at 1.5x the baseline, beyond the 5% noise of their trials: the walk goes from it first, then each
+    knob is reverted from it. Later trials whose windows spread 60% do not turn that into a tie (the noise of a
+    decision is that of the trials up to it); queued probes are present, not needed again."""
     space, study = _study([(BASE, 100.0, {"baseline": True})])
     assert plan(space, study.get_trials()).phase == "bundle"  # the likely winner is not in yet
+    won = [(BASE, 100.0, {"baseline": True}), (LIKELY, 150.0, {"likely_winner": True})]
+    space, study = _study(won)
+    p = plan(space, study.get_trials())
+    assert p.phase == "walk" and [n.params["batch_size"] for n in p.needs] == [8, 32]  # from the bundle
     noisy = [({**BASE, "batch_size": bs, "amp": amp}, 50.0, {}, 0.6) for bs in (8, 32, 64) for amp in ("off", "bf16")]
-    space, study = _study([(BASE, 100.0, {"baseline": True}), (LIKELY, 150.0, {"likely_winner": True})] + noisy)
+    line = [({**LIKELY, "batch_size": 8}, 120.0, {"batch_line": -1}), ({**LIKELY, "batch_size": 32}, 140.0,
+                                                                         {"batch_line": 1})]
+    space, study = _study(won + line + noisy)
     p = plan(space, study.get_trials())
     assert [n.roles["knob_step"] for n in p.needs] == ["amp=off", "channels_last=False", "malloc=default"]
     for need in p.needs:  # queued (WAITING): present, not measured

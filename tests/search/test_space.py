@@ -645,3 +645,21 @@ def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
     only_batch = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]}},
                                   "baseline": {"batch_size": 8}}, hardware=fake_hw())
     assert only_batch.likely_params() is None  # nothing to switch on: no extra trial
+
+
+def test_on_a_gpu_the_likely_winners_feed_the_loader_as_every_recipe_does():
+    """The shipped cuda space on a 16-core host: trial 1 has 15 workers (Lightning's hint, a core for the training
+    process), pinned memory and persistent workers beside the model's usual winners; with 4 DDP ranks, 3 each."""
+    from autotune.search.rank_space import for_ranks
+
+    a100 = {"index": 0, "name": "NVIDIA A100", "compute_capability": "8.0", "memory_total_mb": 40960.0,
+            "memory_free_mb": 40000.0, "driver": "580.82.07", "uuid": "GPU-0", "pci_bus_id": "0000:01:00.0"}
+    hw = dataclasses.replace(fake_hw(cores=16, gpus=(a100,)), libc="glibc 2.36", thp="madvise")
+    sp = load_space(hardware=hw, device="cuda")
+    likely = sp.likely_params()
+    assert (likely["num_workers"], likely["pin_memory"], likely["persistent_workers"]) == (15, True, True)
+    assert likely["amp"] == "bf16" and likely["channels_last"] is True and likely["cudnn_benchmark"] is True
+    assert sp.baseline_params()["num_workers"] == 0  # the baseline stays PyTorch's defaults
+    assert for_ranks(sp, 4).likely_params()["num_workers"] == 3
+    cpu = load_space(CPU_YAML, hardware=fake_hw(cores=16))
+    assert cpu.likely_params() is None or cpu.likely_params().get("num_workers", 0) == 0  # the CPU measures first
