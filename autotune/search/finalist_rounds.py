@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -160,16 +161,26 @@ def run_line(label: str, config: TrialConfig, res: TrialResult) -> str:
 
 
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
-              log: Callable[[str], None], saved=None) -> Evidence:
+              log: Callable[[str], None], saved=None, deadline: float | None = None) -> Evidence:
     """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
-    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it."""
+    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it.
+    With a ``deadline`` (``time.monotonic()``), a round starts only when the round before took less than the time
+    left (the plan's estimate is the search trials' walls; a loaded machine's rounds take longer): the rounds not
+    run are said, and ``rounds_run`` counts those that ran."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
     ev.rounds_run = rounds
     saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    last_s = 0.0
     for r in range(rounds):
+        if deadline is not None and r > 0 and time.monotonic() + last_s > deadline:
+            log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, more than the "
+                f"{max(0.0, deadline - time.monotonic()):.0f} s left in the budget")
+            ev.rounds_run = r
+            break
+        started = time.monotonic()
         order = configs[r % len(configs):] + configs[: r % len(configs)]
         kept = saved.round(r)
         if kept is not None:
@@ -179,4 +190,5 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
                 workload, c, measure, log_path=run_log(log_dir, f"finalist-{r}", c)))
             ev.add(r, c, res)
             log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
+        last_s = time.monotonic() - started
     return ev

@@ -475,7 +475,8 @@ class Tuner:
         run = runner or self.runner
         with here:
             evidence = fin.remeasure(configs, rounds, runner=run, workload=self.workload,
-                                     measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved)
+                                     measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved,
+                                     deadline=deadline)
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._redact import redact
 from autotune.config import finite_or_none
+from autotune.view.ceilings_plot import ceilings_summary, with_ceilings
 from autotune.search import trials as keys
 from autotune.search.diagnose import diagnose, explain_study, levers_allowed, measured_values
 from autotune.errors import AutotuneError
@@ -338,6 +339,7 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
     from autotune.view.latency_plot import with_latency
 
     titles = with_latency(figures, dict(PLOTS), rows, ua, rec_t.number if rec_t else None)  # inference only
+    titles = with_ceilings(figures, titles, rows, study, rec_t.number if rec_t else None)  # where measured
     before = {"plot-importances": _importances_note(trusted)}
     after = {"plot-importances": _effects_table(study)}
     plots = "".join(
@@ -364,6 +366,7 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
                         f"{speed}" + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
     else:
         summary.append(("recommended", "none yet (no measured feasible trial)"))
+    summary += ceilings_summary(rec)
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in summary)
 
     limits = []

@@ -60,12 +60,17 @@ def _run(tmp_path, budget: float, rate_scale: float = 1.0):
         "channels_last": {"type": "bool"}},
         "baseline": {"batch_size": 32, "amp": "off", "channels_last": False}}, hardware=HW)
     logs: list[str] = []
+    t0 = time.monotonic()
+
+    def log(line: str) -> None:  # when each line was said, for a failure's message
+        logs.append(f"[{time.monotonic() - t0:5.1f}] {line}")
+
     RATE[0] = rate_scale
     checks.clear()
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=space, hardware=HW,
                   measure=SPEC, storage=f"sqlite:///{tmp_path}/b.db", progress=False, runner=runner, parity=parity,
-                  parity_steps=20, seed=0, finalists=3, finalist_rounds=2, log=logs.append)
-    start = time.monotonic()
+                  parity_steps=20, seed=0, finalists=3, finalist_rounds=2, log=log)
+    start = t0 = time.monotonic()
     rec = tuner.run(timeout_s=budget)
     return rec, time.monotonic() - start, logs
 
@@ -73,9 +78,9 @@ def _run(tmp_path, budget: float, rate_scale: float = 1.0):
 def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_fit(tmp_path):
     """10 s: the search, two finalist rounds and no numerics check (its child alone is expected to take 10 s)."""
     rec, took, logs = _run(tmp_path, 10.0)
-    assert took <= 10.0 * 1.05, (took, logs)
+    assert took <= 10.0 * 1.05, (took, "\n".join(logs))
     assert rec is not None and not checks
-    assert any(m.startswith("no numerics check: even 10 steps would take more than its share of the budget")
+    assert any("] no numerics check: even 10 steps would take more than its share of the budget" in m
                for m in logs), logs
 
 
@@ -86,5 +91,23 @@ def test_a_timeout_ends_by_its_budget_with_the_numerics_check_inside(tmp_path):
     rec, took, logs = _run(tmp_path, 40.0, rate_scale=100.0)
     assert rec is not None and rec.config.amp == "bf16"
     assert len(checks) == 1 and checks[0] >= 10.0  # the winner's numerics were checked
-    assert any("checking the numerics" in m for m in logs)
-    assert took <= 40.0 * 1.05, (took, logs)
+    assert any("] checking the numerics" in m for m in logs)
+    assert took <= 40.0 * 1.05, (took, "\n".join(logs))
+
+
+def test_a_finalist_round_starts_only_while_the_last_one_fits_the_time_left(tmp_path):
+    """The plan sizes the rounds from the search trials' walls; on a loaded machine a round takes longer. A round
+    that took 1 s with 0.5 s left: the next one is not started, and the log says why."""
+    from autotune.search.finalist_rounds import remeasure
+
+    def slow(workload, c, measure, **kw):
+        time.sleep(0.5)
+        return TrialResult(status="ok", samples_per_s=(100.0, 100.0, 100.0), wall_s=0.1, batch_size=c.batch_size)
+
+    logs: list[str] = []
+    configs = [TrialConfig(batch_size=16), TrialConfig(batch_size=32)]
+    start = time.monotonic()
+    ev = remeasure(configs, 3, runner=slow, workload=Workload(model="tests.workloads_fixtures:tiny"), measure=SPEC,
+                   log_dir=tmp_path, log=logs.append, deadline=start + 1.5)
+    assert ev.rounds_run == 1 and time.monotonic() - start < 1.5
+    assert any(m.startswith("  round 2/3 and after not run: the last took 1 s") for m in logs), logs

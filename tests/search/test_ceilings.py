@@ -196,3 +196,43 @@ def test_a_ceiling_child_that_fails_for_the_workload_stops_the_run_with_its_mess
     with pytest.raises(WorkloadError, match=r"^the data path alone .* failed: PicklingError: can't pickle$"):
         tuner.run(trials=4)
     assert [p for p, _ in base.calls].count("data") == 1  # not retried
+
+
+@pytest.mark.slow
+def test_a_workload_bound_by_its_data_path_gets_its_loader_sized_and_show_report_and_yaml_agree(tmp_path):
+    """The real mechanism on the CPU: a model of a few hundred parameters over JPEGs decoded by PIL (the data path is
+    nearly all of a step), `autotune run` with real children: the ceilings are measured after the baseline and the
+    likely winners, a trial among the first three has workers, and the recommendation names the binding ceiling
+    in the YAML, `show` and the HTML report alike."""
+    import optuna
+
+    from tests.helpers import run_cli
+
+    db = f"sqlite:///{tmp_path}/heavy.db"
+    common = ["--storage", db]
+    run = run_cli("run", "--model", "tests.heavy_data_workloads:build", "--image-size", "32", "--trials", "4",
+                  "--windows", "3", "--window-seconds", "0.5", "--parity-steps", "0", "--no-progress", *common,
+                  timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = run.stdout + run.stderr
+    assert "measuring the two ceilings" in said and "  ceilings: " in said  # the log, then run's closing lines
+    out = tmp_path / "best.yaml"
+    assert run_cli("export", "--format", "yaml", "-o", str(out), *common).returncode == 0
+    doc = yaml.safe_load(out.read_text())
+    verdict = doc["ceilings"]["verdict"]
+    assert doc["ceilings"]["model"]["samples_per_s"] > 0 and doc["ceilings"]["data"]
+    assert verdict.endswith(("input-bound", "model-bound", "neither ceiling is reached (the two share the cores, "
+                             "or the config differs from the ceilings')"))
+    (name,) = optuna.get_all_study_names(db)
+    trials = sorted(optuna.load_study(study_name=name, storage=db).trials, key=lambda t: t.number)
+    assert any(t.user_attrs["config"]["num_workers"] > 0 for t in trials[:3])
+    show = run_cli("show", "--explain", *common)
+    assert show.returncode == 0 and f"ceilings: {verdict}" in show.stdout and "data path w=" in show.stdout
+    html = tmp_path / "r.html"
+    report = run_cli("report", "-o", str(html), "--no-profile", *common, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    page = html.read_text()
+    assert 'id="plot-ceilings"' in page
+    from html import escape
+
+    assert escape(verdict) in page
