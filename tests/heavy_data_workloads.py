@@ -61,3 +61,17 @@ def bad_collate(image_size: int = 32):
     """As ``build``, with a collate that raises: the data path fails alone, with the workload's own message."""
     model, dataset, loss = build(image_size)
     return {"model": model, "dataset": dataset, "loss_fn": loss, "collate_fn": _bad_collate}
+
+
+class _FailsInAWorker(Decoded):
+    def __getitem__(self, i: int):
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("the image store is not reachable from a worker process")
+        return super().__getitem__(i)
+
+
+def fails_in_a_worker(image_size: int = 32):
+    """As ``build``, with a dataset that loads in the training process and fails in any DataLoader worker (a handle
+    that does not survive the fork): the data path fails only when measured with workers."""
+    model, _, loss = build(image_size)
+    return model, _FailsInAWorker(image_size), loss

@@ -384,7 +384,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     if base is None or (space.likely_params() is not None and likely is None):
         return None
     why = wanted(base.user_attrs.get(keys.DATA_WAIT_SHARE), device=workload.device, space=space)
-    if why is None:
+    if why is None or workload.nproc_per_node > 1:  # N ranks: each part alone in N ranks is not built yet
         return None
     ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
     if not ran:

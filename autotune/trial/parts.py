@@ -71,6 +71,15 @@ def _copy_step(count: Any, config: Any, dev: Any) -> Callable[[Any], StepOut]:
     return step
 
 
+def _own_message(exc: BaseException) -> str:
+    """``Type: message`` of the workload's own error: a DataLoader worker's comes wrapped ("Caught X in DataLoader
+    worker process 0." and the worker's traceback), whose last line is the original."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and "DataLoader worker process" in lines[0]:
+        return lines[-1].strip()[:400]
+    return f"{type(exc).__name__}: {lines[0][:400] if lines else ''}"
+
+
 class DataPathOnly:
     """The workload's loader, iterated alone: an error from it (a worker's, the collate's) is the data path's
     failure and says so with the workload's own message; running out of memory stays what it is."""
@@ -95,9 +104,8 @@ class DataPathOnly:
             except Exception as exc:
                 if is_oom(exc):
                     raise
-                first = next((line for line in str(exc).splitlines() if line.strip()), "")[:400]
                 raise WorkloadError(f"the data path alone (the workload's DataLoader, {self.workers} worker(s), no "
-                                    f"model) failed: {type(exc).__name__}: {first}") from exc
+                                    f"model) failed: {_own_message(exc)}") from exc
             yield batch
 
 

@@ -236,3 +236,18 @@ def test_a_workload_bound_by_its_data_path_gets_its_loader_sized_and_show_report
     from html import escape
 
     assert escape(verdict) in page
+
+
+def test_a_data_path_that_fails_only_with_workers_stops_the_run_in_one_line(tmp_path):
+    """The real CLI: a dataset that loads in the training process and fails in any worker (the baseline and the
+    likely winners run without workers, the data path's ceiling with one): one line naming the data path with the
+    workload's own message, exit 2, no traceback."""
+    from tests.helpers import run_cli
+
+    out = run_cli("run", "--model", "tests.heavy_data_workloads:fails_in_a_worker", "--image-size", "32",
+                  "--trials", "4", "--windows", "2", "--window-seconds", "0.3", "--parity-steps", "0", "--no-progress",
+                  "--storage", f"sqlite:///{tmp_path}/w.db", timeout=300)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert last == ("autotune run: error: the data path alone (the workload's DataLoader, 1 worker(s), no model) "
+                    "failed: RuntimeError: the image store is not reachable from a worker process"), last
