@@ -115,9 +115,22 @@ class Recommendation:
     # the levers beyond the knobs when no worker count fed the model (``search.ceilings``); None: not measured (the
     # baseline was not input-bound on a CPU), or an older export
     ceilings: dict | None = None
+    # what chose the config (the finalists' figures) and the rounds that state the claim, which did not choose it
+    # (``search.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
+    selection: dict | None = None
+    confirmation: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
+
+    def claim(self) -> str:
+        """The speedup over the baseline and how sure it is, in one line: the confirmation's (``search.confirm``),
+        or, for a recommendation without one, the selection's figure said unconfirmed."""
+        if self.confirmation and self.confirmation.get("headline"):
+            return self.confirmation["headline"]
+        from autotune.search.confirm import unconfirmed_line
+
+        return (f"x{self.speedup_vs_baseline:.2f}, " if self.speedup_vs_baseline else "") + unconfirmed_line()
 
     @property
     def median_tokens_per_s(self) -> float | None:
@@ -162,6 +175,8 @@ class Recommendation:
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
             "ceilings": self.ceilings,
+            "selection": self.selection,
+            "confirmation": self.confirmation,
             "parity": self.parity,
             "compile": self.compile,
             "notes": list(self.notes),
@@ -215,7 +230,7 @@ class Recommendation:
                 user_parts=tuple(str(x) for x in d.get("user_parts") or ()),
                 tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
                 worst_case=d.get("worst_case"),
-                ceilings=d.get("ceilings"),
+                ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -406,10 +421,8 @@ class Recommendation:
 
     def summary(self) -> str:
         lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",
-                 f"  {self.median_samples_per_s:.1f} samples/s median (IQR {self.iqr_samples_per_s:.1f}, "
-                 f"{len(self.samples_per_s)} windows)"
-                 + (f", x{self.speedup_vs_baseline:.2f} vs the PyTorch-defaults baseline "
-                    f"({self.baseline_samples_per_s:.1f}/s)" if self.speedup_vs_baseline else "")]
+                 f"  {self.median_samples_per_s:.1f} samples/s median vs the PyTorch-defaults baseline's "
+                 f"{self.baseline_samples_per_s or float('nan'):.1f}: {self.claim()}"]
         if self.global_batch:
             from autotune.workloads.global_batch import describe
 

@@ -230,9 +230,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     rec = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     if rec:
         m = rec["measured"]
-        print(f"recommendation (finalists re-measured together): {m['median_samples_per_s']:.1f} samples/s vs the "
-              f"baseline's {m.get('baseline_samples_per_s') or float('nan'):.1f} in the same rounds, "
-              f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}; trial {rec['provenance'].get('trial')}"
+        from autotune.search.confirm import unconfirmed_line
+
+        claim = (rec.get("confirmation") or {}).get("headline") or \
+            f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, {unconfirmed_line()}"
+        print(f"recommendation: {m['median_samples_per_s']:.1f} samples/s vs the baseline's "
+              f"{m.get('baseline_samples_per_s') or float('nan'):.1f}: {claim}; trial {rec['provenance'].get('trial')}"
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
         for line in _limits_lines(rec) + ceiling_lines(rec.get("ceilings")):
             print(line)

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from autotune.search import ceilings, final_checks
+from autotune.search import ceilings, confirm, final_checks
 from autotune.search import finalists as fin
 from autotune.search import queue as study_queue
 from autotune.search import trials as keys
@@ -141,6 +141,7 @@ class Tuner:
         self._study = None
         self._deadline: float | None = None  # the run's time budget's end (time.monotonic()), while a run is on
         self._budget_s: float | None = None  # the run's whole time budget (--timeout), while a run is on
+        self._run_started = time.monotonic()  # when the run (and its budget) began
         self._check_steps = parity_steps  # the numerics check's steps in this run: fewer where the budget is short
 
     # --- the study -----------------------------------------------------------------------------------
@@ -367,11 +368,6 @@ class Tuner:
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
                                rounds=self.finalist_rounds, check_s=check_s)
 
-    def numerics_steps_within(self, study: Study, deadline: float) -> int:
-        """The numerics check's steps that fit its share of the budget (``finalists.check_steps_within``)."""
-        return fin.check_steps_within(self.numerics_check_s(study), self.parity_steps, budget_s=self._budget_s,
-                                      left_s=deadline - time.monotonic(), log=self.log)
-
     def final_checks_s(self, study: Study) -> float:
         """What the checks after the finalists' rounds are expected to take (``final_checks.expected_s``)."""
         return final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
@@ -408,7 +404,8 @@ class Tuner:
                 raise AutotuneError("give a budget (--trials N and/or --timeout DURATION) or leave --patience "
                                     "on: with --patience 0 and no budget the search would only stop at the ceiling")
             timeout_s = ceiling_s
-        self._deadline = (time.monotonic() if started is None else started) + timeout_s if timeout_s else None
+        self._run_started = time.monotonic() if started is None else started
+        self._deadline = self._run_started + timeout_s if timeout_s else None
         self._budget_s = timeout_s
         searcher = load_backend(backend, address=address)
         self.stop_reason = ""
@@ -459,10 +456,13 @@ class Tuner:
         # the checks after the rounds (numerics, worst case) are inside the budget: the rounds get what they leave
         self._check_steps = self.parity_steps
         if deadline is not None and runner is None and self.parity_steps:
-            self._check_steps = self.numerics_steps_within(study, deadline)
+            self._check_steps = fin.check_steps_within(self.numerics_check_s(study), self.parity_steps,  # its share
+                                                       budget_s=self._budget_s, left_s=deadline - time.monotonic(),
+                                                       log=self.log)
         checks_s = self.final_checks_s(study) if deadline is not None and runner is None else 0.0
+        end = deadline  # the confirmation's rounds (search.confirm) have the rest, and at least two rounds' reserve
         if deadline is not None:
-            deadline -= checks_s
+            deadline -= checks_s + confirm.reserve_s(top, base, measure=fin.finalist_measure(self.measure))
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         chosen = fin.plan(top, base, measure=self.measure, rounds=self.finalist_rounds, left_s=left, log=self.log)
         if chosen is None:
@@ -485,6 +485,9 @@ class Tuner:
                                log_dir=self.artifacts_dir, log=self.log, deadline=deadline, run=self.run_length)
             rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
                                       runner=run, check_numerics=runner is None, more=more)
+            rec = confirm.confirmed(rec, base, runner=run, workload=self.workload, measure=measure,
+                                    log_dir=self.artifacts_dir, log=self.log, deadline=end,
+                                    search_s=time.monotonic() - self._run_started)
         if rec is not None:
             rec = ceilings.recorded(study, rec)
         if rec is not None and self.stop_reason:

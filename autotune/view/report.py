@@ -361,7 +361,7 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
                ("baseline",
                 f"{base:.1f} samples/s (trial {base_t.number}, PyTorch defaults)" if base else "not measured")]
     if rec is not None:
-        speed = f", x{rec.speedup_vs_baseline:.2f} vs the baseline" if rec.speedup_vs_baseline else ""
+        speed = f", vs the baseline {rec.claim()}"
         summary.append(("recommended", f"{rec.config.short()}: {rec.median_samples_per_s:.1f} samples/s median"
                         f"{speed}" + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
     else:

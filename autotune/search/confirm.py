@@ -1,0 +1,247 @@
+"""The claim a recommendation states comes from rounds that did not choose it.
+
+Among configs within the noise of each other, the one whose measurements came out high wins the selection (the
+search trials, the finalists' rounds) and would then report those high measurements: the winner's curse of any
+selection. Re-measured by an independent loop, a claim of x1.66 was x1.48 (CPU) and x1.12 was x1.00 (H200) on
+2026-11-26. So once the finalists have chosen, the winner and the baseline run again in fresh processes,
+interleaved (A B, B A, A B, ...), in rounds the choice never saw, and the claim (samples/s, the speedup over the
+baseline, its 95% interval) comes from these rounds alone (``Confirmation``).
+
+As many rounds as the noise needs, no more: at least ``MIN_ROUNDS``; then more while the 95% interval of the ratio
+(``settle.ratio_interval``: rounds resampled together, windows within them) is wider than +/-``TARGET`` and the time
+allows a round like the last one (the budget's, or with no budget ``NO_BUDGET_SHARE`` of the run so far, at least
+two rounds), at most ``MAX_ROUNDS``. A budget too short for two rounds gets one, and the claim says it is
+unconfirmed; none, and it says so. A claim whose interval is wider than +/-``NOISY`` says "noisy" in its headline.
+
+When the confirmation disagrees with the choice (the winner no faster than the baseline, or slower), the headline
+says so and no gain is reported that the confirmation did not see; a winner the confirmation measured slower than
+the baseline beyond the noise is not recommended: the baseline is (``verdict``).
+
+>>> c = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
+...                          {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
+>>> c.headline()
+'x1.50 (95% interval x1.47 to x1.53), confirmed over 2 interleaved rounds'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autotune.measure import summarize
+
+__all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET", "NOISY",
+           "NO_BUDGET_SHARE", "unconfirmed_line", "apply", "selection_record"]
+
+MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
+MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
+TARGET = 0.05       # more rounds while the 95% interval of the ratio is wider than +/-5% ...
+NOISY = 0.10        # ... and a claim wider than +/-10% says "noisy" in its headline
+NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation rounds (each ``{"winner": windows, "baseline": windows}``, in the order run) and the claim
+    from them alone: the ratio of the winner's median to the baseline's and its 95% interval; ``status`` is
+    ``confirmed`` (>= 2 rounds), ``unconfirmed`` (fewer: the budget) or ``failed`` (a run did not finish: ``why``)."""
+
+    rounds: tuple[dict, ...]
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    status: str = "confirmed"
+    why: str = ""
+    rule: str = ""  # how many rounds it could take, and why
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def winner_median(self) -> float | None:
+        xs = [x for r in self.rounds for x in r.get("winner", ())]
+        return summarize(xs).median if xs else None
+
+    @property
+    def baseline_median(self) -> float | None:
+        xs = [x for r in self.rounds for x in r.get("baseline", ())]
+        return summarize(xs).median if xs else None
+
+    @property
+    def half_width(self) -> float | None:
+        if self.low is None or self.high is None or not self.ratio:
+            return None
+        return max(self.high / self.ratio - 1, 1 - self.low / self.ratio)
+
+    @property
+    def noisy(self) -> bool:
+        return self.half_width is not None and self.half_width > NOISY
+
+    def headline(self) -> str:
+        """The claim in one line: ``x1.47 (95% interval x1.38 to x1.57)``, said noisy, unconfirmed or failed."""
+        if self.status == "failed" or self.ratio is None:
+            return f"unconfirmed: {self.why or 'no confirmation round finished'}"
+        n = len(self.rounds)
+        interval = (f" (95% interval x{self.low:.2f} to x{self.high:.2f})"
+                    if self.low is not None and self.high is not None and n > 1 else "")
+        head = f"x{self.ratio:.2f}{interval}"
+        if self.status == "unconfirmed":
+            return f"{head}, unconfirmed: one round only ({self.why})"
+        head += f", confirmed over {n} interleaved rounds"
+        if self.noisy:
+            head += f", noisy (+/-{100 * self.half_width:.0f}%)"
+        if self.high is not None and self.high < 1:
+            head += ": slower than the baseline"
+        elif self.low is not None and self.low <= 1:
+            head += ": no gain over the baseline shown"
+        return head
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
+        return {"status": self.status, "why": self.why, "rule": self.rule, "notes": list(self.notes),
+                "speedup_vs_baseline": r(self.ratio), "interval": [r(self.low), r(self.high)],
+                "median_samples_per_s": r(self.winner_median), "baseline_samples_per_s": r(self.baseline_median),
+                "rounds": [{k: [round(x, 3) for x in v] for k, v in rd.items()} for rd in self.rounds],
+                "headline": self.headline()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Confirmation | None:
+        if not d:
+            return None
+        low, high = (d.get("interval") or [None, None])[:2]
+        return cls(rounds=tuple(d.get("rounds") or ()), ratio=d.get("speedup_vs_baseline"), low=low, high=high,
+                   status=str(d.get("status", "confirmed")), why=str(d.get("why", "")), rule=str(d.get("rule", "")),
+                   notes=tuple(d.get("notes") or ()))
+
+
+def unconfirmed_line() -> str:
+    """What a recommendation from before confirmation rounds (or without them) says of its claim."""
+    return "unconfirmed: the figures are the selection's own (no confirmation rounds: autotune before 2026-11-27)"
+
+
+def _interval(rounds: list[dict]) -> tuple[float, float, float]:
+    from autotune.search.settle import ratio_interval
+
+    return ratio_interval([r["winner"] for r in rounds], [r["baseline"] for r in rounds], resamples=1000)
+
+
+def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
+            log: Callable[[str], None], deadline: float | None, search_s: float) -> Confirmation:
+    """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
+    run a fresh child through ``runner``; ``deadline`` (``time.monotonic()``) or, without one, ``search_s`` (the
+    run so far) bound the rounds past the first two."""
+    from autotune.search.finalist_rounds import run_line, run_log
+
+    limit = ("the time left in the budget" if deadline is not None else
+             f"{NO_BUDGET_SHARE:.0%} of the run so far ({NO_BUDGET_SHARE * search_s:.0f} s) past the first two")
+    rule = (f"at least {MIN_ROUNDS} rounds, more while the 95% interval is wider than +/-{TARGET:.0%} and "
+            f"{limit} allows, at most {MAX_ROUNDS}")
+    log(f"confirming the claim: {winner.short()} against the baseline {baseline.short()}, interleaved, in fresh "
+        f"processes ({rule})")
+    rounds: list[dict] = []
+    last_s = extra_s = 0.0  # the last round's time; the time of the rounds past MIN_ROUNDS
+    while len(rounds) < MAX_ROUNDS:
+        if rounds and deadline is not None and time.monotonic() + last_s > deadline:
+            break
+        if len(rounds) >= MIN_ROUNDS:
+            ratio, lo, hi = _interval(rounds)
+            if max(hi / ratio - 1, 1 - lo / ratio) <= TARGET:
+                break
+            if deadline is None and extra_s + last_s > NO_BUDGET_SHARE * search_s:
+                break
+        t0 = time.monotonic()
+        order = [("winner", winner), ("baseline", baseline)]
+        if len(rounds) % 2:
+            order.reverse()
+        got: dict[str, list[float]] = {}
+        for role, c in order:
+            kw = {"log_path": run_log(log_dir, f"confirm-{len(rounds)}", c)} if log_dir is not None else {}
+            res = runner(workload, c, measure, **kw)
+            log(run_line(f"confirmation {len(rounds) + 1}", c, res))
+            if not res.ok or not res.samples_per_s:
+                return Confirmation(tuple(rounds), status="failed", rule=rule,
+                                    why=f"the {role}'s run {res.status}" + (f": {res.reason}" if res.reason else ""))
+            got[role] = [float(x) for x in res.samples_per_s]
+        rounds.append(got)
+        last_s = time.monotonic() - t0
+        extra_s += last_s if len(rounds) > MIN_ROUNDS else 0.0
+    if not rounds:
+        return Confirmation((), status="failed", rule=rule, why="no time was left in the budget for one round")
+    if len(rounds) < MIN_ROUNDS:
+        w, b = (summarize(rounds[0][k]).median for k in ("winner", "baseline"))
+        return Confirmation(tuple(rounds), ratio=w / b, status="unconfirmed", rule=rule,
+                            why="the budget left time for one round; a longer --timeout confirms it")
+    ratio, lo, hi = _interval(rounds)
+    return Confirmation(tuple(rounds), ratio=ratio, low=lo, high=hi, rule=rule)
+
+
+def selection_record(rec: Any) -> dict[str, Any]:
+    """What chose the recommendation, kept apart from the claim: the finalists' figures and rounds."""
+    return {"median_samples_per_s": rec.median_samples_per_s, "iqr_samples_per_s": rec.iqr_samples_per_s,
+            "samples_per_s": list(rec.samples_per_s), "baseline_samples_per_s": rec.baseline_samples_per_s,
+            "speedup_vs_baseline": rec.speedup_vs_baseline, "finalist_rounds": rec.finalist_rounds,
+            "search_round_pooled": rec.search_round_pooled, "trial": rec.trial_number,
+            "margin_vs_runner_up": rec.margin_vs_runner_up,
+            "margin_interval": list(rec.margin_interval) if rec.margin_interval else None}
+
+
+def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[Any], str] | None = None) -> Any:
+    """``rec`` (a Recommendation) with its claim from ``conf``: the confirmed samples/s, baseline and speedup, the
+    selection's own figures kept apart; when the confirmation saw the winner slower than the baseline beyond the
+    noise, the baseline's config is recommended instead, with both figures said."""
+    selection = selection_record(rec)
+    notes = list(rec.notes)
+    if conf.ratio is None:
+        return dataclasses.replace(rec, selection=selection, confirmation=conf.to_dict(),
+                                   notes=tuple(notes + [f"claim {conf.headline()}"]))
+    winner_med, base_med = conf.winner_median, conf.baseline_median
+    sel = rec.speedup_vs_baseline
+    if sel and conf.high is not None and conf.high < sel and conf.status == "confirmed":
+        notes.append(f"the selection measured x{sel:.2f}; rounds that did not choose it measure x{conf.ratio:.2f}: "
+                     "the claim is theirs (the selection's luck is left out)")
+    out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
+                              baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
+                              selection=selection, confirmation=conf.to_dict(), notes=tuple(notes))
+    if conf.status == "confirmed" and conf.high is not None and conf.high < 1:
+        out = dataclasses.replace(
+            out, config=baseline, trial_number=None, speedup_vs_baseline=1.0, median_samples_per_s=round(base_med, 3),
+            reproduce=reproduce(baseline) if reproduce is not None else "", parity=None, compile=None,
+            notes=out.notes + (f"{rec.config.short()} won the selection (x{sel or 0:.2f}) but ran slower than the "
+                               f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
+                               "recommended",))
+    return out
+
+
+def reserve_s(top: list, base: Any, *, measure: Any) -> float:
+    """The time a budget keeps for two confirmation rounds (two runs each), each run about a search trial's wall plus
+    the finalists' longer windows: planned with the finalists, so the budget still ends in time."""
+    from autotune.search import trials as keys
+
+    walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in [*top, base] if t is not None)
+    if not walls:
+        return 0.0
+    extra = measure.windows * measure.window_s / 2  # finalist windows are twice the search's
+    return MIN_ROUNDS * 2 * (walls[len(walls) // 2] + extra)
+
+
+def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
+              log: Callable[[str], None], deadline: float | None, search_s: float) -> Any:
+    """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
+    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so."""
+    from autotune.provenance import reproduce_command
+    from autotune.search import trials as keys
+
+    if rec is None or base_trial is None:
+        return rec
+    baseline = keys.config_of(base_trial)
+    if baseline.key() == rec.config.key():
+        conf = Confirmation((), ratio=1.0, status="baseline", why="the recommendation is PyTorch's defaults")
+        return dataclasses.replace(rec, selection=selection_record(rec),
+                                   confirmation={**conf.to_dict(), "headline": "x1.00: the recommendation is "
+                                                 "PyTorch's defaults (nothing to confirm)"})
+    conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
+                   deadline=deadline, search_s=search_s)
+    log(f"claim: {conf.headline()}")
+    return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb))

@@ -1,0 +1,161 @@
+"""The claim comes from rounds that did not choose it (autotune.search.confirm): after the finalists chose, the
+winner and the baseline run again, interleaved, and the samples/s, the speedup and its interval are theirs.
+
+The tuner tests' runner is a fake whose rounds swing (a lucky winner): what is under test is which runs the claim
+reads. The real mechanism is the report study's (real children through the real CLI) and a confirmation of real
+trial children on a tiny workload."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig, TrialResult
+from autotune.recommendation import Recommendation
+from autotune.search.confirm import Confirmation, confirm
+
+from tests.helpers import QUICK, make_tuner
+
+SPREAD = (0.99, 1.0, 1.01)
+
+
+def _lucky(speed: dict, luck: dict):
+    """Search trials and finalist rounds at ``speed`` x ``luck`` (the moments that chose), confirmation runs at the
+    config's true ``speed``; each kept by kind."""
+    seen: dict[str, list] = {"search": [], "finalist": [], "confirm": []}
+
+    def run(workload, c, measure, **kw):
+        k = (c.batch_size, c.channels_last)
+        kind = ("confirm" if "confirm-" in str(kw.get("log_path", "")) else
+                "search" if measure.window_s == QUICK.window_s else "finalist")
+        seen[kind].append(k)
+        v = speed[k] * (1.0 if kind == "confirm" else luck.get(k, 1.0))
+        return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=1.0, peak_host_mb=200.0,
+                           batch_size=c.batch_size)
+
+    run.seen = seen
+    return run
+
+
+def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_path):
+    """channels_last at bs 16 runs 2.1x the baseline (bs 8), but every measurement that chose it came out 30% high:
+    the claim is the confirmation's x2.10 in an interval that holds it, not the selection's x2.73, kept apart."""
+    speed = {(8, False): 50.0, (8, True): 60.0, (16, False): 100.0, (16, True): 105.0}
+    runner = _lucky(speed, {(16, True): 1.3})
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
+    rec = tuner.run(trials=6)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
+    assert rec.selection["speedup_vs_baseline"] == pytest.approx(2.73, rel=0.02)
+    assert rec.speedup_vs_baseline == pytest.approx(2.1, rel=0.01)
+    c = rec.confirmation
+    assert c["status"] == "confirmed" and len(c["rounds"]) >= 2
+    low, high = c["interval"]
+    assert low <= 2.1 <= high and high < 2.73
+    assert c["headline"].startswith("x2.10 (95% interval x") and "confirmed over" in c["headline"]
+    # the confirmation's runs are the winner and the baseline alone, interleaved: A B, B A, ...
+    assert runner.seen["confirm"][:4] == [(16, True), (8, False), (8, False), (16, True)]
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["measured"]["speedup_vs_baseline"] == pytest.approx(2.1, rel=0.01)
+    assert doc["selection"]["speedup_vs_baseline"] == pytest.approx(2.73, rel=0.02)
+    assert [len(r["winner"]) for r in doc["confirmation"]["rounds"]] == [3] * len(c["rounds"])  # raw windows kept
+    assert any("rounds that did not choose it measure x2.10" in n for n in rec.notes)
+    assert c["headline"] in rec.summary()
+
+
+def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_recommended(tmp_path):
+    """bs 16 with channels_last measured 135/s whenever it was being chosen, 45/s (under the baseline's 50) when not."""
+    speed = {(8, False): 50.0, (8, True): 60.0, (16, False): 100.0, (16, True): 45.0}
+    runner = _lucky(speed, {(16, True): 3.0})
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
+    rec = tuner.run(trials=6)
+    assert rec.selection["speedup_vs_baseline"] > 2
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, False)  # PyTorch's defaults
+    assert rec.speedup_vs_baseline == 1.0 and rec.confirmation["interval"][1] < 1
+    assert "slower than the baseline" in rec.confirmation["headline"]
+    assert any("PyTorch's defaults are recommended" in n for n in rec.notes)
+
+
+def test_a_budget_with_time_for_one_round_only_says_the_claim_is_unconfirmed():
+    def run(workload, c, measure, **kw):
+        time.sleep(0.3)
+        v = 120.0 if c.channels_last else 100.0
+        return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=0.3, batch_size=16)
+
+    said: list[str] = []
+    conf = confirm(TrialConfig(batch_size=16, channels_last=True), TrialConfig(batch_size=16), runner=run,
+                   workload=Workload(model="tests.workloads_fixtures:tiny"), measure=QUICK, log_dir=None,
+                   log=said.append, deadline=time.monotonic() + 0.9, search_s=10.0)
+    assert conf.status == "unconfirmed" and len(conf.rounds) == 1
+    assert conf.headline() == ("x1.20, unconfirmed: one round only (the budget left time for one round; a longer "
+                               "--timeout confirms it)")
+
+
+def test_rounds_go_on_while_the_interval_is_wide_and_stop_once_it_is_tight():
+    """A machine whose rounds drift +/-10%: more rounds than two, at most MAX_ROUNDS; a quiet one: two."""
+    from autotune.search.confirm import MAX_ROUNDS
+
+    drift = iter([1.1, 0.9] * 7)  # round 1 favours the winner (run first), round 2 the baseline (run first), ...
+
+    def noisy(workload, c, measure, **kw):
+        v = (110.0 if c.channels_last else 100.0) * next(drift)
+        return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=0.01, batch_size=16)
+
+    def quiet(workload, c, measure, **kw):
+        v = 110.0 if c.channels_last else 100.0
+        return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=0.01, batch_size=16)
+
+    args = dict(workload=Workload(model="tests.workloads_fixtures:tiny"), measure=QUICK, log_dir=None,
+                log=lambda m: None, deadline=None, search_s=3600.0)
+    a, b = TrialConfig(batch_size=16, channels_last=True), TrialConfig(batch_size=16)
+    wide = confirm(a, b, runner=noisy, **args)
+    tight = confirm(a, b, runner=quiet, **args)
+    assert len(wide.rounds) == MAX_ROUNDS and wide.noisy and "noisy" in wide.headline()
+    assert len(tight.rounds) == 2 and not tight.noisy and tight.ratio == pytest.approx(1.1)
+
+
+def test_an_old_yaml_without_a_confirmation_loads_and_says_its_claim_is_unconfirmed(tmp_path):
+    from tests.helpers import make_rec
+
+    doc = yaml.safe_load(make_rec().to_yaml())
+    doc.pop("confirmation", None)
+    doc.pop("selection", None)
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    old = Recommendation.from_yaml(path)
+    assert old.confirmation is None and "unconfirmed: the figures are the selection's own" in old.claim()
+    assert "unconfirmed" in old.summary()
+
+
+def test_the_real_cli_run_states_a_claim_confirmed_by_its_own_rounds(report_study):
+    """The report study (real children through the real CLI): its recommendation's claim has its own rounds, or is
+    PyTorch's defaults with nothing to confirm."""
+    import optuna
+
+    rec = optuna.load_study(study_name=report_study.study_name, storage=report_study.storage).user_attrs[
+        "recommendation"]
+    c = rec["confirmation"]
+    assert c is not None and rec["selection"] is not None
+    if c["status"] == "baseline":
+        assert rec["measured"]["speedup_vs_baseline"] in (1.0, None)
+    else:
+        assert c["status"] == "confirmed" and len(c["rounds"]) >= 2
+        assert rec["measured"]["speedup_vs_baseline"] == pytest.approx(c["speedup_vs_baseline"], rel=1e-3)
+
+
+def test_a_confirmation_of_real_children_runs_the_two_interleaved(tmp_path):
+    """Real trial children on a tiny workload: two rounds at least, each with both configs' windows."""
+    from autotune.trial.runner import run_trial
+
+    spec = MeasureSpec(windows=2, window_s=0.2, settle_windows=0, timeout_s=120)
+    conf = confirm(TrialConfig(batch_size=16, intra_op_threads=1), TrialConfig(batch_size=8, intra_op_threads=1),
+                   runner=run_trial, workload=Workload(model="tests.workloads_fixtures:tiny", image_size=16),
+                   measure=spec, log_dir=tmp_path, log=lambda m: None, deadline=time.monotonic() + 60, search_s=30.0)
+    assert conf.status == "confirmed" and len(conf.rounds) >= 2
+    assert all(len(r["winner"]) == 2 and len(r["baseline"]) == 2 for r in conf.rounds)
+    assert conf.low <= conf.ratio <= conf.high
+    logs = sorted(p.name for p in tmp_path.iterdir())
+    assert sum(n.startswith("confirm-0-") for n in logs) == 2 and sum(n.startswith("confirm-1-") for n in logs) == 2
+    assert Confirmation.from_dict(conf.to_dict()).headline() == conf.headline()
