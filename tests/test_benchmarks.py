@@ -193,3 +193,20 @@ def test_ddp_vs_threads_script_runs_both_interleaved_and_writes_json(tmp_path):
     assert "ranks / one process:" in proc.stdout
     raw = json.loads(out.read_text())["windows"]
     assert [len(runs) for runs in raw.values()] == [2, 2] and all(len(w) == 2 for runs in raw.values() for w in runs)
+
+
+def test_claims_independent_loop_measures_a_config_in_a_fresh_process(tmp_path):
+    """benchmarks/claims.py's own loop (no code of autotune's worker): a config's windows, in samples/s."""
+    import json
+
+    spec = {"workload": {"model": "tests.workloads_fixtures:tiny", "image_size": 16},
+            "config": {"batch_size": 8, "intra_op_threads": 1, "channels_last": True}, "windows": 2,
+            "window_s": 0.2, "warmup_s": 0.2}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "claims.py"), "--one", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    windows = json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"]
+    assert len(windows) == 2 and all(w > 0 for w in windows)
+    assert "autotune.trial" not in (REPO_ROOT / "benchmarks" / "claims.py").read_text()  # none of the worker

@@ -193,8 +193,9 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     noise, the baseline's config is recommended instead, with both figures said."""
     selection = selection_record(rec)
     notes = list(rec.notes)
+    record = {**conf.to_dict(), "baseline_config": baseline.to_dict()}  # what the claim is against
     if conf.ratio is None:
-        return dataclasses.replace(rec, selection=selection, confirmation=conf.to_dict(),
+        return dataclasses.replace(rec, selection=selection, confirmation=record,
                                    notes=tuple(notes + [f"claim {conf.headline()}"]))
     winner_med, base_med = conf.winner_median, conf.baseline_median
     sel = rec.speedup_vs_baseline
@@ -203,7 +204,7 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
                      "the claim is theirs (the selection's luck is left out)")
     out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
-                              selection=selection, confirmation=conf.to_dict(), notes=tuple(notes))
+                              selection=selection, confirmation=record, notes=tuple(notes))
     if conf.status == "confirmed" and conf.high is not None and conf.high < 1:
         out = dataclasses.replace(
             out, config=baseline, trial_number=None, speedup_vs_baseline=1.0, median_samples_per_s=round(base_med, 3),
@@ -239,8 +240,9 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
     if baseline.key() == rec.config.key():
         conf = Confirmation((), ratio=1.0, status="baseline", why="the recommendation is PyTorch's defaults")
         return dataclasses.replace(rec, selection=selection_record(rec),
-                                   confirmation={**conf.to_dict(), "headline": "x1.00: the recommendation is "
-                                                 "PyTorch's defaults (nothing to confirm)"})
+                                   confirmation={**conf.to_dict(), "baseline_config": baseline.to_dict(),
+                                                 "headline": "x1.00: the recommendation is PyTorch's defaults "
+                                                 "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
                    deadline=deadline, search_s=search_s)
     log(f"claim: {conf.headline()}")
