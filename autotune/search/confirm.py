@@ -15,7 +15,7 @@ unconfirmed; none, and it says so. A claim whose interval is wider than +/-``NOI
 
 When the confirmation disagrees with the choice (the winner no faster than the baseline, or slower), the headline
 says so and no gain is reported that the confirmation did not see; a winner the confirmation measured slower than
-the baseline beyond the noise is not recommended: the baseline is (``verdict``).
+the baseline beyond the noise (and not noisy itself) is not recommended: the baseline is (``apply``).
 
 >>> c = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
 ...                          {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
@@ -205,7 +205,9 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
                               selection=selection, confirmation=record, notes=tuple(notes))
-    if conf.status == "confirmed" and conf.high is not None and conf.high < 1:
+    # slower beyond the noise, and the confirmation not itself noisy (a +/-70% interval on a busy VM says nothing the
+    # selection's rounds did not): the defaults stand
+    if conf.status == "confirmed" and conf.high is not None and conf.high < 1 and not conf.noisy:
         out = dataclasses.replace(
             out, config=baseline, trial_number=None, speedup_vs_baseline=1.0, median_samples_per_s=round(base_med, 3),
             reproduce=reproduce(baseline) if reproduce is not None else "", parity=None, compile=None,

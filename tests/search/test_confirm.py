@@ -130,19 +130,25 @@ def test_an_old_yaml_without_a_confirmation_loads_and_says_its_claim_is_unconfir
 
 
 def test_the_real_cli_run_states_a_claim_confirmed_by_its_own_rounds(report_study):
-    """The report study (real children through the real CLI): its recommendation's claim has its own rounds, or is
-    PyTorch's defaults with nothing to confirm."""
+    """The report study (real children through the real CLI, a tiny model whose figures swing widely on a busy
+    2-core VM): its claim has its own rounds (and then is theirs, or PyTorch's defaults replaced a winner they
+    measured slower), or it is PyTorch's defaults with nothing to confirm."""
     import optuna
 
     rec = optuna.load_study(study_name=report_study.study_name, storage=report_study.storage).user_attrs[
         "recommendation"]
     c = rec["confirmation"]
     assert c is not None and rec["selection"] is not None
+    measured = rec["measured"]["speedup_vs_baseline"]
     if c["status"] == "baseline":
-        assert rec["measured"]["speedup_vs_baseline"] in (1.0, None)
+        assert measured in (1.0, None)
+        return
+    assert c["status"] == "confirmed" and len(c["rounds"]) >= 2
+    assert all(len(r["winner"]) == 2 and len(r["baseline"]) == 2 for r in c["rounds"])  # --windows 2, raw
+    if rec["config"] == c["baseline_config"]:  # the confirmation measured the winner slower: the defaults stand
+        assert measured == 1.0 and c["interval"][1] < 1 and "noisy" not in c["headline"]
     else:
-        assert c["status"] == "confirmed" and len(c["rounds"]) >= 2
-        assert rec["measured"]["speedup_vs_baseline"] == pytest.approx(c["speedup_vs_baseline"], rel=1e-3)
+        assert measured == pytest.approx(c["speedup_vs_baseline"], rel=1e-3)
 
 
 def test_a_confirmation_of_real_children_runs_the_two_interleaved(tmp_path):
