@@ -141,7 +141,7 @@ class Tuner:
         self._study = None
         self._deadline: float | None = None  # the run's time budget's end (time.monotonic()), while a run is on
         self._budget_s: float | None = None  # the run's whole time budget (--timeout), while a run is on
-        self._run_started = time.monotonic()  # when the run (and its budget) began
+        self._run_started, self._backend = time.monotonic(), "local"  # when the run (its budget) began; where
         self._check_steps = parity_steps  # the numerics check's steps in this run: fewer where the budget is short
 
     # --- the study -----------------------------------------------------------------------------------
@@ -323,10 +323,13 @@ class Tuner:
         from autotune.search import phases
 
         if study.user_attrs.get(keys.PLAN):
-            # after the baseline and the likely winners: the two ceilings, when the data path may bind
+            # after the baseline and the likely winners: the two ceilings, when the data path may bind; here, where
+            # the trials run (a Ray cluster's nodes are not this machine: not measured there yet)
             left = None if self._deadline is None else self._deadline - time.monotonic()
-            ceilings.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
-                                       measure=self.measure, log_dir=self.artifacts_dir, log=self.log, time_left_s=left)
+            if self._backend == "local":
+                ceilings.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
+                                           measure=self.measure, log_dir=self.artifacts_dir, log=self.log,
+                                           time_left_s=left)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
                                                fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
@@ -368,10 +371,6 @@ class Tuner:
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
                                rounds=self.finalist_rounds, check_s=check_s)
 
-    def final_checks_s(self, study: Study) -> float:
-        """What the checks after the finalists' rounds are expected to take (``final_checks.expected_s``)."""
-        return final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
-
     def numerics_check_s(self, study: Study, *, steps: int | None = None) -> float:
         """The expected time of the numerics check of the best feasible config so far, of ``steps`` steps (default
         ``parity_steps``; ``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
@@ -407,7 +406,7 @@ class Tuner:
         self._run_started = time.monotonic() if started is None else started
         self._deadline = self._run_started + timeout_s if timeout_s else None
         self._budget_s = timeout_s
-        searcher = load_backend(backend, address=address)
+        searcher, self._backend = load_backend(backend, address=address), backend
         self.stop_reason = ""
         with searcher.connect(self.connect_context()) as placement:
             finalist_runner = self.place(placement)  # before the lock: the study may be the trial machines'
@@ -459,7 +458,8 @@ class Tuner:
             self._check_steps = fin.check_steps_within(self.numerics_check_s(study), self.parity_steps,  # its share
                                                        budget_s=self._budget_s, left_s=deadline - time.monotonic(),
                                                        log=self.log)
-        checks_s = self.final_checks_s(study) if deadline is not None and runner is None else 0.0
+        checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
+                    if deadline is not None and runner is None else 0.0)
         end = deadline  # the confirmation's rounds (search.confirm) have the rest, and at least two rounds' reserve
         if deadline is not None:
             deadline -= checks_s + confirm.reserve_s(top, base, measure=fin.finalist_measure(self.measure))
