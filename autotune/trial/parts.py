@@ -10,8 +10,10 @@ trial (the parent's side is ``autotune.search.ceilings``).
   memory, as the trial's step copies it) and nothing else: how fast the data could come if the model were free.
   The windows synchronise the device at their edges, so a copy still in flight is counted.
 
-A failure of the data path alone (a worker that crashes, a collate that raises) is the workload's: it becomes a
-``WorkloadError`` naming the data path and carrying the workload's own message, never retried.
+A failure of the data path alone that the workload's code raised (in a worker or in the process: a dataset that
+fails in a worker, a collate that raises) is the workload's: it becomes a ``WorkloadError`` naming the data path
+and carrying the workload's own message, never retried. A worker that died (a signal, the OOM killer) may be the
+config's doing: that point fails, and the run goes on.
 
 Plumber (``mkuchnik/PlumberApp``) times the model on a fake dataset in the same way; the NVIDIA examples and
 ``romerojosh/benchy`` call the two SYNTHETIC and IO.
@@ -71,6 +73,13 @@ def _copy_step(count: Any, config: Any, dev: Any) -> Callable[[Any], StepOut]:
     return step
 
 
+def _worker_died(exc: BaseException) -> bool:
+    """A DataLoader worker that died (a signal, the OOM killer) rather than raised: torch says it "exited
+    unexpectedly"; that may be the config's doing (more workers, more memory), so the point fails, the run goes on."""
+    text = str(exc)
+    return "exited unexpectedly" in text or "killed by signal" in text
+
+
 def _own_message(exc: BaseException) -> str:
     """``Type: message`` of the workload's own error: a DataLoader worker's comes wrapped ("Caught X in DataLoader
     worker process 0." and the worker's traceback), whose last line is the original."""
@@ -102,7 +111,7 @@ class DataPathOnly:
             except WorkloadError:
                 raise
             except Exception as exc:
-                if is_oom(exc):
+                if is_oom(exc) or _worker_died(exc):  # not the workload's code: a failed point, not its error
                     raise
                 raise WorkloadError(f"the data path alone (the workload's DataLoader, {self.workers} worker(s), no "
                                     f"model) failed: {_own_message(exc)}") from exc

@@ -44,3 +44,12 @@ def test_a_data_path_that_fails_alone_says_so_with_the_workloads_message():
     assert r.status == "error" and r.user_error
     assert r.reason.startswith("WorkloadError: the data path alone (the workload's DataLoader, 0 worker(s), no model) "
                                "failed: ValueError: labels of mixed types: cannot stack"), r.reason
+
+
+def test_a_worker_that_dies_is_a_failed_point_not_the_workloads_error():
+    """A DataLoader worker killed by a signal (the OOM killer's way) may be the config's doing (more workers, more
+    memory): the data path's point fails, and nothing says the workload is wrong."""
+    r = run_trial(Workload(model="tests.study_fixtures:worker_killer", image_size=16),
+                  TrialConfig(batch_size=8, num_workers=1, intra_op_threads=1), SPEC.replace(part="data"))
+    assert r.status in ("error", "crashed") and not r.user_error, (r.status, r.reason)
+    assert "DataLoader worker" in r.reason
