@@ -49,10 +49,12 @@ def one(spec: dict) -> dict:
     cfg, wl = spec["config"], spec["workload"]
     if cfg.get("intra_op_threads"):
         torch.set_num_threads(int(cfg["intra_op_threads"]))
-    from autotune.config import Workload
-    from autotune.workloads.build import build  # the user's workload: its model, dataset and loss, nothing else
+    from autotune.config import TrialConfig, Workload
+    from autotune.workloads.build import build  # the user's workload: its model, data and loss, nothing else
 
-    built = build(Workload.from_dict(wl), seed=0)
+    # with the config: a text workload's batches are built for its batch size, and length bucketing (a sampler, as
+    # rec.dataloader_kwargs() gives a user) where the recommendation has it
+    built = build(Workload.from_dict(wl), seed=0, config=TrialConfig.from_dict(cfg))
     model, dataset = built.model, built.dataset
     loss_fn = built.loss_fn or torch.nn.CrossEntropyLoss()
     if cfg.get("channels_last"):
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
         a.image_size, a.trials, a.window_seconds = 32, 8, 0.5
     from autotune.machine.hardware import detect
 
-    hw = detect(with_torch=False)
+    hw = detect()  # with torch's version in its line (the tuning and the loop run in children)
     print(f"# {hw.summary_line()}\n# {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"claims-{time.strftime('%Y%m%d-%H%M%S')}.json")
     rows = []
