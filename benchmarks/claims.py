@@ -186,8 +186,12 @@ def main(argv=None) -> int:
     rows = []
     for name in [w.strip() for w in a.workloads.split(",") if w.strip()]:
         print(f"\n## {name}", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            rec = tune(name, a, Path(tmp))
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                rec = tune(name, a, Path(tmp))
+        except RuntimeError as exc:  # autotune said why in one line (a misspelt model, say): so do we
+            print(f"claims.py: {exc}", file=sys.stderr)
+            return 2
         m, conf = rec["measured"], rec.get("confirmation") or {}
         print(f"claim: {conf.get('headline') or m.get('speedup_vs_baseline')}", flush=True)
         again = remeasure(rec, a)
