@@ -148,7 +148,8 @@ def test_the_real_cli_run_states_a_claim_confirmed_by_its_own_rounds(report_stud
     if rec["config"] == c["baseline_config"]:  # the confirmation measured the winner slower: the defaults stand
         assert measured == 1.0 and c["interval"][1] < 1 and "noisy" not in c["headline"]
     else:
-        assert measured == pytest.approx(c["speedup_vs_baseline"], rel=1e-3)
+        # the claim keeps 3 decimals, the confirmation record 4 (a x0.067 claim of a x0.0674 record on a busy CI VM)
+        assert measured == pytest.approx(c["speedup_vs_baseline"], rel=1e-3, abs=6e-4)
 
 
 def test_a_confirmation_of_real_children_runs_the_two_interleaved(tmp_path):
