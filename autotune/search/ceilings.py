@@ -31,6 +31,7 @@ Plumber (MLSys 2022) solves an LP over per-stage rates instead; here every figur
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -107,12 +108,20 @@ class Point:
 @dataclass(frozen=True)
 class Ceilings:
     """The model's ceiling and the data path's climb (by workers, in the order measured); ``why``: why they were
-    measured (the baseline's wait for data, or a GPU)."""
+    measured (the baseline's wait for data, or a GPU). With ``world_size`` N > 1 DDP ranks each part ran in N ranks
+    at once, as the trials do: the rates are all ranks' together, the workers each rank's (the ranks' loaders share
+    the host's cores), the cores busy the whole trial's."""
 
     model: Point | None
     data: tuple[Point, ...] = ()
     why: str = ""
     notes: tuple[str, ...] = field(default=())
+    world_size: int = 1
+
+    @property
+    def per_rank(self) -> str:
+        """" per rank (N ranks)" after a worker count, with N > 1 ranks; "" with one process."""
+        return f" per rank ({self.world_size} ranks)" if self.world_size > 1 else ""
 
     # --- the model of the pipeline --------------------------------------------------------------------------
     @property
@@ -197,9 +206,10 @@ class Ceilings:
             parts.append(f"the model alone runs {model.samples_per_s:.0f} samples/s "
                          f"(bs={model.config.get('batch_size')}, amp={model.config.get('amp', 'off')})")
         if rate is not None:
-            parts.append(f"your data path gives about {rate:.0f} with {workers} worker(s)")
+            parts.append(f"your data path gives about {rate:.0f} with {workers} worker(s){self.per_rank}")
         elif best is not None:
-            parts.append(f"your data path gives at most {best.samples_per_s:.0f} (with {best.workers} worker(s))")
+            parts.append(f"your data path gives at most {best.samples_per_s:.0f} (with {best.workers} worker(s)"
+                         f"{self.per_rank})")
         _, which = self.predict(config)
         if measured and self.model_rate and measured < 0.8 * min(self.model_rate, rate or math.inf):
             which_word = "neither ceiling is reached (the two share the cores, or the config differs from the " \
@@ -222,7 +232,7 @@ class Ceilings:
         feed = self.workers_to_feed()
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
-                "workers_to_feed": feed, "headroom": HEADROOM,
+                "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size,
                 "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
                           "model" if self.feeds() else "data")}
 
@@ -232,17 +242,20 @@ class Ceilings:
             return None
         return cls(model=Point.from_dict(d["model"]) if d.get("model") else None,
                    data=tuple(Point.from_dict(p) for p in d.get("data") or ()), why=str(d.get("why", "")),
-                   notes=tuple(d.get("notes") or ()))
+                   notes=tuple(d.get("notes") or ()), world_size=int(d.get("world_size") or 1))
 
     def lines(self) -> list[str]:
         out = [f"ceilings ({self.why})" if self.why else "ceilings"]
+        if self.world_size > 1:
+            out.append(f"  each part ran in {self.world_size} DDP ranks at once: samples/s are all ranks' together, "
+                       "workers each rank's")
         if self.model is not None:
             out.append(f"  model alone   {self.model.line()}  [{_short(self.model.config)}]")
         for p in self.data:
             out.append(f"  data path w={p.workers:<3} {p.line()}  [{_short(p.config)}]")
         feed = self.workers_to_feed()
         if feed is not None:
-            out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}"
+            out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}{self.per_rank}"
                        + ("" if self.feeds() else " (none measured covers it: the data path binds)"))
         return out
 
@@ -384,7 +397,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     if base is None or (space.likely_params() is not None and likely is None):
         return None
     why = wanted(base.user_attrs.get(keys.DATA_WAIT_SHARE), device=workload.device, space=space)
-    if why is None or workload.nproc_per_node > 1:  # N ranks: each part alone in N ranks is not built yet
+    if why is None:
         return None
     ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
     if not ran:
@@ -401,16 +414,19 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
                 f"{time_left_s:.0f} s left in the budget")
             store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share"))
             return None
+    world = workload.nproc_per_node
+    ranks = f" per rank, in {world} DDP ranks at once as the trials run" if world > 1 else ""
     log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
-        f"the data path from 1 worker to as many as cover the model (up to {offered[-1]})")
+        f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})")
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
     c = climb(model_config, data_config, offered, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
+    c = dataclasses.replace(c, world_size=world)
     store(study, c)
     for line in c.notes:
         log(f"ceiling: {line}")
     feed_w = c.workers_to_feed()
     if feed_w is not None:
-        log(f"ceiling: the fewest workers to feed the model: {feed_w}"
+        log(f"ceiling: the fewest workers to feed the model: {feed_w}{c.per_rank}"
             + ("" if c.feeds() else " (none measured covers it: the data path binds whatever the knobs)"))
     return c
 
@@ -453,8 +469,6 @@ def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir:
 def recorded(study: Study, rec: Any) -> Any:
     """``rec`` (a Recommendation) with the study's ceilings, the verdict on its config and the levers (None
     without ceilings: returned as is)."""
-    import dataclasses
-
     c = load(study)
     if c is None:
         return rec

@@ -118,13 +118,15 @@ class DataPathOnly:
             yield batch
 
 
-def tree_cpu_s() -> tuple[float, float] | None:
+def tree_cpu_s(*, whole_trial: bool = False) -> tuple[float, float] | None:
     """``(CPU seconds, wall clock)`` of this process and its descendants (the DataLoader workers) now, or None
-    where psutil cannot read them; a worker that exits between two readings takes its seconds with it."""
+    where psutil cannot read them; a worker that exits between two readings takes its seconds with it.
+    ``whole_trial``: this process is a DDP rank, and the tree is its parent's (the trial child: every rank and
+    their workers)."""
     try:
         import psutil
 
-        me = psutil.Process()
+        me = psutil.Process().parent() if whole_trial else psutil.Process()
         total = 0.0
         for p in (me, *me.children(recursive=True)):
             try:

@@ -183,10 +183,10 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
     from autotune.trial.parts import tree_cpu_s
 
-    tree0 = tree_cpu_s()
+    tree0 = tree_cpu_s(whole_trial=ranks is not None)  # N ranks: rank 0 reads the trial's whole tree
     totals = _measure(stepper, spec, warm, send)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    tree1 = tree_cpu_s()
+    tree1 = tree_cpu_s(whole_trial=ranks is not None)
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     out = {
         # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
@@ -199,7 +199,8 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         "peak_device_mb": dev.peak_memory_mb(),
         "peak_device_allocated_mb": dev.peak_allocated_mb(),
         "samples_per_step": totals["samples"] / max(1, totals["steps"]),
-        # the cores the trial's process and its DataLoader workers kept busy while measuring (CPU s / wall s)
+        # the cores the trial's processes (its ranks) and their DataLoader workers kept busy while measuring
+        # (CPU s / wall s)
         "cpu_cores_used": ((tree1[0] - tree0[0]) / (tree1[1] - tree0[1])
                            if tree0 is not None and tree1 is not None and tree1[1] > tree0[1] else None),
         **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),

@@ -56,6 +56,17 @@ def test_predict_and_verdict_say_which_ceiling_binds():
     assert c.verdict({"num_workers": 4}, 990.0).endswith("model-bound")
 
 
+def test_ceilings_of_ddp_ranks_say_their_workers_are_each_ranks():
+    c = dataclasses.replace(_c(1000.0, (1, 300.0), (4, 1300.0)), world_size=8)
+    back = Ceilings.from_dict(c.to_dict())
+    assert back.world_size == 8 and back.to_dict() == c.to_dict()
+    assert "with 2 worker(s) per rank (8 ranks)" in back.verdict({"num_workers": 2}, 600.0)
+    assert any("in 8 DDP ranks at once" in line for line in back.lines())
+    assert back.lines()[-1].endswith(": 4 per rank (8 ranks)")
+    assert Ceilings.from_dict({"model": None}).world_size == 1  # a record from before: one process
+    assert "per rank" not in "".join(_c(1000.0, (1, 300.0)).lines())
+
+
 def _runner(asked: list, rate_of):
     def measure(config, part):
         asked.append((part, config.get("num_workers", 0)))
@@ -164,6 +175,23 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8]
     assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
     assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
+
+
+def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_workers(tmp_path):
+    """With 2 DDP ranks on 8 cores each rank may take 4 workers: the climb measures the parts with the ranks'
+    workload (the runner runs them in 2 ranks, as a trial) and offers each rank's workers; the YAML says so."""
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, nproc_per_node=2), space=_space(),
+                  hardware=HW, measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner,
+                  parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=logs.append)
+    rec = tuner.run(trials=3)
+    parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
+    assert parts == [("model", 0), ("data", 1), ("data", 4)]  # 4: the most a rank's share of 8 cores offers
+    assert any("in 2 DDP ranks at once as the trials run" in m for m in logs)
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["world_size"] == 2 and doc["ceilings"]["workers_to_feed"] == 4
+    assert "worker(s) per rank (2 ranks)" in doc["ceilings"]["verdict"]
 
 
 def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):

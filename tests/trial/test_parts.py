@@ -53,3 +53,57 @@ def test_a_worker_that_dies_is_a_failed_point_not_the_workloads_error():
                   TrialConfig(batch_size=8, num_workers=1, intra_op_threads=1), SPEC.replace(part="data"))
     assert r.status in ("error", "crashed") and not r.user_error, (r.status, r.reason)
     assert "DataLoader worker" in r.reason
+
+
+@pytest.mark.slow
+def test_each_part_runs_in_n_ddp_ranks_at_once_as_the_trials_do():
+    """Two real gloo ranks, each with its shard and one worker decoding JPEGs, against one process with one worker
+    (interleaved): the data path's rate is both ranks' together, its cores busy the whole trial's (both ranks'
+    workers, not rank 0's alone); the model part's steps (with DDP's all-reduce) never wait for data."""
+    import dataclasses
+    import statistics
+
+    two = dataclasses.replace(HEAVY, nproc_per_node=2)
+    cfg = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, intra_op_threads=1)
+    spec = SPEC.replace(part="data", windows=3, window_s=0.5)
+    ones, twos = [], []
+    for _ in range(2):  # interleaved: this VM's load moves between runs
+        ones.append(run_trial(HEAVY, cfg, spec))
+        twos.append(run_trial(two, cfg, spec))
+    model = run_trial(two, TrialConfig(batch_size=16, intra_op_threads=1), SPEC.replace(part="model"))
+    assert all(r.status == "ok" for r in [*ones, *twos, model]), [r.reason for r in [*ones, *twos, model]]
+    assert all(r.world_size == 2 for r in twos) and model.world_size == 2
+    assert model.data_wait_share < 0.2
+    rate = [statistics.median(r.median_samples_per_s for r in rs) for rs in (ones, twos)]
+    cores = [statistics.median(r.cpu_cores_used for r in rs) for rs in (ones, twos)]
+    print(f"one process, 1 worker: {cores[0]:.2f} cores busy, {rate[0]:.0f} samples/s; 2 ranks, 1 worker each: "
+          f"{cores[1]:.2f} cores busy, {rate[1]:.0f} samples/s")
+    # two workers decoding on this machine's cores (at least 2): rank 0's tree alone would hold one worker, and its
+    # samples alone would be about one process's
+    assert cores[1] > 1.2 * cores[0] and rate[1] > 1.2 * rate[0]
+
+
+def test_a_ranks_cores_busy_are_its_whole_trials():
+    """``tree_cpu_s(whole_trial=True)`` in a process reads its parent's tree: a sibling burning a core (another rank
+    and its workers) counts, where the process's own tree does not see it. Real processes, real CPU time."""
+    import subprocess
+    import sys
+    import textwrap
+
+    burn = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 8: pass"])
+    try:
+        probe = textwrap.dedent("""
+            import time
+            from autotune.trial.parts import tree_cpu_s
+            a, b = tree_cpu_s(), tree_cpu_s(whole_trial=True)
+            time.sleep(1.5)
+            c, d = tree_cpu_s(), tree_cpu_s(whole_trial=True)
+            print((c[0] - a[0]) / (c[1] - a[1]), (d[0] - b[0]) / (d[1] - b[1]))
+        """)
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    finally:
+        burn.kill()
+        burn.wait()
+    own, whole = (float(x) for x in out.stdout.split())
+    assert own < 0.2  # it slept
+    assert whole > own + 0.3, (own, whole)  # its sibling burned a core (a share of one on a busy VM)
