@@ -150,12 +150,14 @@ def _callback_class():
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             import torch
 
+            from autotune.machine.device import channels_last_model
+
             self.restore()  # a second train() on the same Trainer: apply afresh
             undo = contextlib.ExitStack()
             undo.enter_context(self.rec.apply())
             if self.rec.config.channels_last and model is not None:
-                model.to(memory_format=torch.channels_last)
-                undo.callback(model.to, memory_format=torch.contiguous_format)
+                channels_last_model(model)  # a lazy module (LazyLinear) converts at its first forward
+                undo.callback(channels_last_model, model, torch.contiguous_format)
             self._undo = undo
 
         def on_train_end(self, args, state, control, **kwargs):

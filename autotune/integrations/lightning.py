@@ -83,12 +83,14 @@ class AutotuneCallback(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         import torch
 
+        from autotune.machine.device import channels_last_model
+
         undo = contextlib.ExitStack()
         undo.enter_context(self.rec.apply())
         config = self.rec.config
         if config.channels_last:
-            pl_module.to(memory_format=torch.channels_last)
-            undo.callback(pl_module.to, memory_format=torch.contiguous_format)
+            channels_last_model(pl_module)  # a lazy module (LazyLinear) converts at its first forward
+            undo.callback(channels_last_model, pl_module, torch.contiguous_format)
         if config.compile_mode != "none":
             pl_module.compile(mode=config.compile_mode)
             undo.callback(_uncompile, pl_module)

@@ -34,11 +34,13 @@ def autocast_dtype_name(device_type: str, amp: str) -> str | None:
     return {"bf16": "bfloat16", "fp16": "float16"}[amp]
 
 
-def channels_last_model(model: Any) -> Any:
+def channels_last_model(model: Any, memory_format: Any = None) -> Any:
     """``model.to(memory_format=torch.channels_last)``, for a model holding lazy modules too (``LazyLinear``,
     ``LazyConv2d``): torch refuses to touch an uninitialised parameter, so the initialised 4-D parameters and
     buffers are converted now, and each lazy module converts its own just before its first forward, once it has
     materialised them (its pre-hook runs before ours: it was registered when the module was made).
+    ``memory_format`` another format (``torch.contiguous_format``: undoing it; a later call's hook runs after an
+    earlier one's, so the last format asked is the one a lazy module ends in).
 
     >>> import torch
     >>> nn = torch.nn
@@ -52,14 +54,15 @@ def channels_last_model(model: Any) -> Any:
     def lazy(m: Any) -> bool:
         return any(is_lazy(t) for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
 
+    fmt = torch.channels_last if memory_format is None else memory_format
     lazies = [m for m in model.modules() if lazy(m)]
     if not lazies:
-        return model.to(memory_format=torch.channels_last)
+        return model.to(memory_format=fmt)
 
     def convert(m: Any) -> None:
         for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)):
             if not is_lazy(t) and t.dim() == 4:
-                t.data = t.data.contiguous(memory_format=torch.channels_last)
+                t.data = t.data.contiguous(memory_format=fmt)
 
     for m in model.modules():
         convert(m)

@@ -52,18 +52,22 @@ def test_lightning_trains_two_steps_with_the_recommendation_applied_and_restores
     class Tiny(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+            # lazy modules too: torch refuses .to(memory_format=...) on an uninitialised parameter
+            self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyConv2d(4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                     nn.LazyLinear(2))
 
         def forward(self, x):
             return self.net(x)
 
         def training_step(self, batch, batch_idx):
             x, y = batch
+            out = self(x)  # the lazy conv materialises, then converts
             seen.append({"threads": torch.get_num_threads(), "batch": x.shape[0],
-                         "channels_last": self.net[0].weight.is_contiguous(memory_format=torch.channels_last),
+                         "channels_last": all(self.net[i].weight.is_contiguous(memory_format=torch.channels_last)
+                                              for i in (0, 1)),
                          "autocast": torch.is_autocast_enabled("cpu"),
                          "dtype": torch.get_autocast_dtype("cpu")})
-            return nn.functional.cross_entropy(self(x).float(), y)
+            return nn.functional.cross_entropy(out.float(), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -80,7 +84,7 @@ def test_lightning_trains_two_steps_with_the_recommendation_applied_and_restores
                      "dtype": torch.bfloat16} for s in seen), seen
     # restored after the fit
     assert torch.get_num_threads() == before
-    assert model.net[0].weight.is_contiguous()
+    assert model.net[0].weight.is_contiguous() and model.net[1].weight.is_contiguous()
 
 
 def test_lightning_callback_compiles_the_module_in_place_and_undoes_it():
@@ -158,6 +162,18 @@ def test_hf_trainer_runs_two_steps_with_the_training_arguments(tmp_path):
     out = trainer.train()
     assert out.global_step == 2
     assert seen == [(4, torch.bfloat16), (4, torch.bfloat16)]
+
+
+def test_hf_callback_puts_a_model_with_lazy_modules_in_channels_last_and_restores_it():
+    pytest.importorskip("transformers")
+    rec = make_rec(config=TrialConfig(channels_last=True))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LazyConv2d(4, 1), nn.Flatten(), nn.LazyLinear(2))
+    cb = rec.hf_callback()
+    cb.on_train_begin(None, None, None, model=model)  # torch's model.to(memory_format=...) raises here
+    model(torch.randn(2, 3, 8, 8))  # the lazy conv materialises, then converts
+    assert all(model[i].weight.is_contiguous(memory_format=torch.channels_last) for i in (0, 1))
+    cb.on_train_end(None, None, None)
+    assert all(model[i].weight.is_contiguous() for i in (0, 1))
 
 
 # --- without the extra: one line with the install command ---------------------------------------------
