@@ -43,6 +43,10 @@ MEMORY_BOUND_FRACTION = 0.90
 # a job as short as the trial would be faster without torch.compile.
 COMPILE_DOMINATED_SHARE = 0.50
 
+# The worker counts above a trial's that the input-bound lever looks for in the search space ("cores" is at most
+# this on any host we know of): none there, and "more workers" is not a lever the space can pull.
+MOST_WORKERS = 512
+
 # Share of the training process's CPU time spent in the kernel from which reusing freed memory (malloc: hugepages
 # or retain) is named as a lever. A training step should be almost all user-space math; at 0.10 the kernel is mostly
 # faulting in and zeroing pages the allocator gave back the step before (measured: 13-16% with glibc's defaults
@@ -216,6 +220,10 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
                              lambda v: v is not None and v > (workers or 0)) if near is not None else None
         if seen is not None:
             lever = f"lighter transforms ({seen})"
+        elif workers is not None and allowed is not None and not any(
+                allowed("num_workers", w) for w in range(workers + 1, max(MOST_WORKERS, workers + 2))):
+            lever = (f"{workers} worker(s) is the most the search space offers here: lighter transforms, decoding "
+                     "on the GPU or caching decoded tensors (the ceilings name what each buys)")
         return Diagnosis("input-bound", f"waiting for data {100 * share:.0f}% of the step: {lever}")
     if peak is not None and cap and peak >= MEMORY_BOUND_FRACTION * cap:
         return Diagnosis("memory-bound", f"peak memory {peak:.0f} MiB is {100 * peak / cap:.0f}% of the "

@@ -150,7 +150,7 @@ def record(trial: Trial, result: TrialResult, *, limit: MemoryLimit) -> float:
     decides."""
     import optuna
 
-    from autotune.search.diagnose import diagnose
+    from autotune.search.diagnose import diagnose, levers_allowed
 
     figures = result.figures()
     for k, v in figures.items():
@@ -158,9 +158,12 @@ def record(trial: Trial, result: TrialResult, *, limit: MemoryLimit) -> float:
     trial.set_user_attr(keys.TRIAL_CAP, limit.cap_mb)
     # one line on what limited this trial, stored so optuna-dashboard shows it too
     # (given the study's trials, it does not suggest a lever the study measured near this config already)
-    trial.set_user_attr(keys.BOTTLENECK, diagnose({**figures, "config": trial.user_attrs.get(keys.CONFIG)},
-                                                  memory_cap_mb=limit.cap_mb,
-                                                  trials=trial.study.get_trials(deepcopy=False)).line())
+    # (and, given the study's space, not one the space cannot pull: more workers than it offers)
+    config = trial.user_attrs.get(keys.CONFIG)
+    allowed = levers_allowed(trial.study, config or {}, figures.get("median_samples_per_s"))
+    trial.set_user_attr(keys.BOTTLENECK, diagnose({**figures, "config": config}, memory_cap_mb=limit.cap_mb,
+                                                  allowed=allowed, trials=trial.study.get_trials(deepcopy=False)
+                                                  ).line())
     if result.traceback and result.status in ("error", "crashed"):
         trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
     o = outcome(result, limit.cap_mb, limit.margin, limit.device_mb, limit.latency_p99_ms)

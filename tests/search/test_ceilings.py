@@ -194,6 +194,25 @@ def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_work
     assert "worker(s) per rank (2 ranks)" in doc["ceilings"]["verdict"]
 
 
+def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_workers(tmp_path):
+    """A worker gives 20/s against a model of 1000/s: trial 2 runs all 8 workers and still waits most of its step.
+    Its stored diagnosis (what `run` prints, optuna-dashboard shows) does not ask for more workers than the
+    space offers."""
+    from autotune.search import trials as keys
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False,
+                  runner=_pipeline(1000.0, 20.0, cores=8), parity_steps=0, seed=0, finalists=2, finalist_rounds=1,
+                  log=lambda m: None)
+    tuner.run(trials=3)
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    base, fed = trials[0].user_attrs[keys.BOTTLENECK], trials[2].user_attrs[keys.BOTTLENECK]
+    assert trials[2].user_attrs["config"]["num_workers"] == 8
+    assert base.startswith("input-bound") and "more DataLoader workers" in base
+    assert fed.startswith("input-bound") and "more DataLoader workers" not in fed, fed
+    assert "8 worker(s) is the most the search space offers here" in fed
+
+
 def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):
     runner = _pipeline(100.0, 5000.0, cores=8)  # the data path 50x the model: the baseline barely waits
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,

@@ -217,6 +217,17 @@ def test_a_lever_the_study_measured_near_the_config_is_not_suggested_but_reporte
                                   "no gain here)"), d.explanation
 
 
+
+def test_an_input_bound_trial_at_the_most_workers_offered_is_not_told_to_add_workers():
+    at_most = {"status": "ok", "median_samples_per_s": 100.0, "data_wait_share": 0.6,
+               "config": {"batch_size": 32, "num_workers": 2}}
+    two = diagnose(at_most, allowed=lambda knob, v: knob != "num_workers" or v in (0, 1, 2))
+    assert two.label == "input-bound" and "more DataLoader workers" not in two.explanation
+    assert "2 worker(s) is the most the search space offers here: lighter transforms" in two.explanation
+    four = diagnose(at_most, allowed=lambda knob, v: knob != "num_workers" or v in (0, 2, 4))  # 4 still there
+    assert "more DataLoader workers" in four.explanation
+
+
 def _frozen(config, number, value):
     from types import SimpleNamespace
 
