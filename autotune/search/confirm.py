@@ -33,13 +33,14 @@ from typing import Any, Callable
 from autotune.measure import summarize
 
 __all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET", "NOISY",
-           "NO_BUDGET_SHARE", "unconfirmed_line", "apply", "selection_record"]
+           "NO_BUDGET_SHARE", "CONFIRM_SHARE", "unconfirmed_line", "apply", "selection_record"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
 TARGET = 0.05       # more rounds while the 95% interval of the ratio is wider than +/-5% ...
 NOISY = 0.10        # ... and a claim wider than +/-10% says "noisy" in its headline
 NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
+CONFIRM_SHARE = 0.20  # the most of a --timeout budget the search keeps back for the two rounds (``reserve_s``)
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,12 @@ def _interval(rounds: list[dict]) -> tuple[float, float, float]:
 
 
 def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-            log: Callable[[str], None], deadline: float | None, search_s: float) -> Confirmation:
+            log: Callable[[str], None], deadline: float | None, search_s: float,
+            round_s: float = 0.0) -> Confirmation:
     """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
     run a fresh child through ``runner``; ``deadline`` (``time.monotonic()``) or, without one, ``search_s`` (the
-    run so far) bound the rounds past the first two."""
+    run so far) bound the rounds past the first two. With a deadline, a round starts only if it would end before
+    it: the first as long as ``round_s`` (its estimate: ``reserve_s``), each later one as long as the last."""
     from autotune.search.finalist_rounds import run_line, run_log
 
     limit = ("the time left in the budget" if deadline is not None else
@@ -143,7 +146,7 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     rounds: list[dict] = []
     last_s = extra_s = 0.0  # the last round's time; the time of the rounds past MIN_ROUNDS
     while len(rounds) < MAX_ROUNDS:
-        if rounds and deadline is not None and time.monotonic() + last_s > deadline:
+        if deadline is not None and time.monotonic() + (last_s if rounds else round_s) > deadline:
             break
         if len(rounds) >= MIN_ROUNDS:
             ratio, lo, hi = _interval(rounds)
@@ -217,22 +220,60 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     return out
 
 
-def reserve_s(top: list, base: Any, *, measure: Any) -> float:
-    """The time a budget keeps for two confirmation rounds (two runs each), each run about a search trial's wall plus
-    the finalists' longer windows: planned with the finalists, so the budget still ends in time."""
-    from autotune.search import trials as keys
+def reserve_s(walls: list[float], *, measure: Any, budget_s: float | None = None) -> float:
+    """The time a budget keeps for two confirmation rounds (two runs each), each run about the median of the search
+    trials' ``walls`` plus the finalists' longer windows (``measure`` is theirs), at most ``CONFIRM_SHARE`` of
+    ``budget_s``: kept back by the search (``finalists.out_of_time``) and by the finalists (``Tuner.finalize``), so
+    the budget still ends in time.
 
-    walls = sorted(t.user_attrs.get(keys.WALL_S) or 0.0 for t in [*top, base] if t is not None)
+    >>> from autotune.config import MeasureSpec
+    >>> reserve_s([10.0, 20.0, 30.0], measure=MeasureSpec(windows=5, window_s=2.0)), reserve_s([], measure=None)
+    (100.0, 0.0)
+    >>> reserve_s([10.0, 20.0, 30.0], measure=MeasureSpec(windows=5, window_s=2.0), budget_s=300.0)
+    60.0
+    """
+    walls = sorted(w for w in walls if w)
     if not walls:
         return 0.0
     extra = measure.windows * measure.window_s / 2  # finalist windows are twice the search's
-    return MIN_ROUNDS * 2 * (walls[len(walls) // 2] + extra)
+    full = MIN_ROUNDS * 2 * (walls[len(walls) // 2] + extra)
+    return min(full, CONFIRM_SHARE * budget_s) if budget_s else full
+
+
+def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], deadline: float | None, checks_s: float,
+                   budget_s: float | None, rounds: int, measure: Any, finalists: Any,
+                   log: Callable[[str], None]) -> tuple[Any, Any, float]:
+    """``(the finalists' deadline, plan(...), a confirmation round's expected time)`` for the top trials ``top`` and
+    the baseline trial ``base``, ``plan`` being ``finalists.plan`` (``measure``: the search's, ``finalists``: the
+    finalists' ``MeasureSpec``): the finalists get the time to ``deadline`` less ``checks_s`` (numerics, worst
+    case) and two confirmation rounds (``reserve_s``). When that leaves them not even one round, they get the
+    confirmation's reserve too: a provisional recommendation confirms nothing, so the reserve would go unused (and
+    the confirmation starts no round that would overrun)."""
+    import functools
+
+    from autotune.search import trials as keys
+
+    plan = functools.partial(plan, measure=measure, rounds=rounds)
+    walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in [*top, base] if t is not None]
+    round_s = reserve_s(walls, measure=finalists) / MIN_ROUNDS
+    if deadline is None:
+        return None, plan(top, base, left_s=None, log=log), round_s
+    finalists_end = deadline - checks_s - reserve_s(walls, measure=finalists, budget_s=budget_s)
+    said: list[str] = []
+    chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
+    if chosen is None:
+        finalists_end = deadline - checks_s
+        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log), round_s
+    for line in said:
+        log(line)
+    return finalists_end, chosen, round_s
 
 
 def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-              log: Callable[[str], None], deadline: float | None, search_s: float) -> Any:
+              log: Callable[[str], None], deadline: float | None, search_s: float, round_s: float = 0.0) -> Any:
     """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
-    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so."""
+    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``round_s``: a
+    round's expected time (``confirm``)."""
     from autotune.provenance import reproduce_command
     from autotune.search import trials as keys
 
@@ -246,6 +287,6 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "headline": "x1.00: the recommendation is PyTorch's defaults "
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
-                   deadline=deadline, search_s=search_s)
+                   deadline=deadline, search_s=search_s, round_s=round_s)
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb))

@@ -24,7 +24,7 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.search.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
-from autotune.trial.parity import CHECK_STARTUP_S, check_seconds, compared_with, first_passing
+from autotune.trial.parity import CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity
 from autotune.search.payback import Priced, RunLength, price
 from autotune.search.settle import TIE_TOLERANCE, ratio_interval
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -71,24 +71,31 @@ def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s
 
 
 def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
-                rounds: int, check_s: float = 0.0) -> bool:
+                rounds: int, check_s: float = 0.0, measure: MeasureSpec | None = None) -> bool:
     """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
     one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
     fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
     the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
     into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value.
     ``check_s``: the expected numerics check of the best config so far, reserved too (at most
-    ``NUMERICS_SHARE`` of the budget)."""
+    ``NUMERICS_SHARE`` of the budget); with the search's ``measure``, the confirmation's two rounds too
+    (``confirm.reserve_s``)."""
     if deadline is None:
         return False
-    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s)
+    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s,
+                         measure=measure)
     return left <= 0 or (bool(trial_walls) and left < long_trial_s(trial_walls))
 
 
 def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
-                  check_s: float = 0.0) -> float:
-    """Seconds the search has left before the finalists' reserve and the numerics check's (``out_of_time``)."""
+                  check_s: float = 0.0, measure: MeasureSpec | None = None) -> float:
+    """Seconds the search has left before the finalists' reserve, the numerics check's and (with the search's
+    ``measure``) the confirmation's (``out_of_time``)."""
+    from autotune.search import confirm
+
     reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
+    if measure is not None:
+        reserve += confirm.reserve_s(trial_walls, measure=finalist_measure(measure), budget_s=budget_s)
     reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
     return deadline - time.monotonic() - reserve
 
@@ -190,7 +197,8 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
 class FinalistContext:
     """What ``finalists.choose`` reads: the run's workload, machine, measurement and memory limit, where the study
     and its files are, the planned run (compile is priced over it), and the numerics check (``parity_steps`` 0:
-    none; ``parity``: the check, None for ``parity.parity_check``)."""
+    none; ``parity``: the check, None for ``parity.parity_check``; ``numerics_cut``: 0 because the budget left the
+    check no time, which the recommendation says when its config needed one)."""
 
     workload: Workload
     hardware: Hardware
@@ -204,6 +212,7 @@ class FinalistContext:
     parity_steps: int
     parity: Callable[..., Any] | None
     log: Callable[[str], None]
+    numerics_cut: bool = False
 
 
 class Scored(NamedTuple):
@@ -360,6 +369,9 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     parity = None
     if ctx.parity_steps and not check_numerics:
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
+    elif ctx.numerics_cut and needs_parity(chosen[0], world_size=ctx.workload.nproc_per_node):
+        notes.append("numerics not checked against fp32 eager: the budget left no time for the check (a longer "
+                     "--timeout checks it)")
     elif ctx.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
         index, ranked, parity, n_checked = _numerics_pass(ctx, study, chosen, scored, base_trial, ev, notes)
         failed = ranked[:n_checked - 1] if index is not None else ranked

@@ -284,7 +284,7 @@ class Tuner:
             workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,
             study_name=self.study_name, storage_url=self.storage_url, artifacts_dir=self.artifacts_dir,
             compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=self._check_steps,
-            parity=self.parity, log=self.log)
+            parity=self.parity, log=self.log, numerics_cut=self._check_steps == 0 < self.parity_steps)
 
     # --- the search ----------------------------------------------------------------------------------------
     def prepare(self, study: Study) -> None:
@@ -369,7 +369,7 @@ class Tuner:
         """True when no further search trial may start: the finalists need the time left."""
         check_s = self.numerics_check_s(self.study()) if deadline is not None and trial_walls else 0.0
         return fin.out_of_time(trial_walls, deadline, budget_s, finalists=self.finalists,
-                               rounds=self.finalist_rounds, check_s=check_s)
+                               rounds=self.finalist_rounds, check_s=check_s, measure=self.measure)
 
     def numerics_check_s(self, study: Study, *, steps: int | None = None) -> float:
         """The expected time of the numerics check of the best feasible config so far, of ``steps`` steps (default
@@ -443,8 +443,8 @@ class Tuner:
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
-        (``finalists``). With a ``deadline`` (``time.monotonic()``), only whole rounds that fit before it
-        run; if not even one fits, the best search trial is returned as a provisional recommendation."""
+        (``finalists``); confirm the claim (``confirm``). With a ``deadline`` (``time.monotonic()``), only whole
+        rounds that fit before it run; if none fits, the best search trial is the provisional recommendation."""
         study = self.study()
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
         if not feasible:
@@ -460,11 +460,11 @@ class Tuner:
                                                        log=self.log)
         checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
                     if deadline is not None and runner is None else 0.0)
-        end = deadline  # the confirmation's rounds (search.confirm) have the rest, and at least two rounds' reserve
-        if deadline is not None:
-            deadline -= checks_s + confirm.reserve_s(top, base, measure=fin.finalist_measure(self.measure))
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        chosen = fin.plan(top, base, measure=self.measure, rounds=self.finalist_rounds, left_s=left, log=self.log)
+        # the confirmation's rounds (search.confirm) have the rest to ``end``, and at least two rounds' reserve
+        end, (deadline, chosen, round_s) = deadline, confirm.plan_finalists(
+            top, base, plan=fin.plan, deadline=deadline, checks_s=checks_s, budget_s=self._budget_s,
+            rounds=self.finalist_rounds, measure=self.measure, finalists=fin.finalist_measure(self.measure),
+            log=self.log)
         if chosen is None:
             return ceilings.recorded(study, fin.provisional(study, storage=self.storage_url))
         cands, rounds = chosen
@@ -487,11 +487,11 @@ class Tuner:
                                       runner=run, check_numerics=runner is None, more=more)
             rec = confirm.confirmed(rec, base, runner=run, workload=self.workload, measure=measure,
                                     log_dir=self.artifacts_dir, log=self.log, deadline=end,
-                                    search_s=time.monotonic() - self._run_started)
+                                    search_s=time.monotonic() - self._run_started, round_s=round_s)
         if rec is not None:
             rec = ceilings.recorded(study, rec)
-        if rec is not None and self.stop_reason:
-            rec = dataclasses.replace(rec, notes=(f"search stopped: {self.stop_reason}",) + rec.notes)
+            stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
+            rec = dataclasses.replace(rec, notes=stopped + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         saved.clear()

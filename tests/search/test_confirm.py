@@ -166,3 +166,54 @@ def test_a_confirmation_of_real_children_runs_the_two_interleaved(tmp_path):
     logs = sorted(p.name for p in tmp_path.iterdir())
     assert sum(n.startswith("confirm-0-") for n in logs) == 2 and sum(n.startswith("confirm-1-") for n in logs) == 2
     assert Confirmation.from_dict(conf.to_dict()).headline() == conf.headline()
+
+
+def test_a_confirmation_starts_no_round_that_would_overrun_the_budget():
+    """The first round too: expected to take 10 s with 1 s left, none starts, and the claim says why."""
+    ran = []
+
+    def runner(workload, c, measure, **kw):
+        ran.append(c)
+        return TrialResult(status="ok", samples_per_s=(100.0,), wall_s=5.0, batch_size=c.batch_size)
+
+    conf = confirm(TrialConfig(batch_size=16), TrialConfig(batch_size=8), runner=runner, workload=Workload(),
+                   measure=QUICK, log_dir=None, log=lambda m: None, deadline=time.monotonic() + 1.0, search_s=60.0,
+                   round_s=10.0)
+    assert not ran and conf.status == "failed" and conf.why == "no time was left in the budget for one round"
+    assert "no time was left in the budget" in conf.headline()
+
+
+def _trial(number: int, config: TrialConfig, wall: float, value: float = 100.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(number=number, value=value, user_attrs={"config": config.to_dict(), "wall_s": wall})
+
+
+def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_round_fits():
+    """Two 10 s finalists and the baseline (a round ~33 s with the longer windows): 40 s left before the checks.
+    With the confirmation's reserve (2 rounds of 2 runs, ~48 s, at most 20% of a 100 s budget: 20 s) kept back, no
+    finalist round fits, so they get it all: a provisional recommendation would confirm nothing anyway. With 120 s
+    left, the reserve is kept back and the finalists plan around it."""
+    from autotune.search import finalists as fin
+    from autotune.search.confirm import plan_finalists, reserve_s
+
+    top = [_trial(1, TrialConfig(batch_size=32), 10.0), _trial(2, TrialConfig(batch_size=16), 10.0)]
+    base = _trial(0, TrialConfig(), 10.0)
+    spec = MeasureSpec(windows=3, window_s=0.5)
+    assert reserve_s([10.0] * 3, measure=fin.finalist_measure(spec), budget_s=100.0) == 20.0
+    said: list[str] = []
+
+    def planned(left: float):
+        now = time.monotonic()
+        end, chosen, round_s = plan_finalists(top, base, plan=fin.plan, deadline=now + left, checks_s=0.0,
+                                              budget_s=100.0, rounds=2, measure=spec,
+                                              finalists=fin.finalist_measure(spec), log=said.append)
+        return end - now, chosen, round_s
+
+    left, chosen, round_s = planned(40.0)
+    assert chosen is not None and round_s == pytest.approx(23.0)  # 2 runs of 10 s + 1.5 s of longer windows
+    assert left == pytest.approx(40.0, abs=0.5)  # the finalists' deadline is the whole time left
+    left, chosen, _ = planned(120.0)
+    assert chosen is not None and chosen[1] == 2 and left == pytest.approx(100.0, abs=0.5)
+    said.clear()
+    assert planned(5.0)[1] is None and any("no time left in the budget to re-measure" in m for m in said)
