@@ -130,7 +130,8 @@ class Recommendation:
             return self.confirmation["headline"]
         from autotune.search.confirm import unconfirmed_line
 
-        return (f"x{self.speedup_vs_baseline:.2f}, " if self.speedup_vs_baseline else "") + unconfirmed_line()
+        return ((f"x{self.speedup_vs_baseline:.2f}, " if self.speedup_vs_baseline else "")
+                + unconfirmed_line(provisional=self.provisional))
 
     @property
     def median_tokens_per_s(self) -> float | None:

@@ -211,7 +211,10 @@ class Ceilings:
             parts.append(f"your data path gives at most {best.samples_per_s:.0f} (with {best.workers} worker(s)"
                          f"{self.per_rank})")
         _, which = self.predict(config)
-        if measured and self.model_rate and measured < 0.8 * min(self.model_rate, rate or math.inf):
+        if workers == 0 and measured and self.model_rate and measured < 0.8 * self.model_rate:
+            which_word = ("input-bound: with no workers the loader runs in the training process, between the "
+                          "model's steps, and the two costs add up")
+        elif measured and self.model_rate and measured < 0.8 * min(self.model_rate, rate or math.inf):
             which_word = "neither ceiling is reached (the two share the cores, or the config differs from the " \
                          "ceilings')"
         else:
@@ -292,12 +295,21 @@ def next_workers(points: list[Point], target: float, offered: list[int]) -> int 
     13
     >>> next_workers([p(1, 100.0), p(10, 1100.0)], 1000.0, list(range(1, 65))) is None  # covered
     True
+
+    A count that failed (out of memory, a crash) bounds the climb: the next point halves the gap below it.
+
+    >>> next_workers([p(1, 100.0), Point("data", {"num_workers": 10}, 0.0, status="oom")], 1000.0, list(range(1, 65)))
+    6
     """
     if not offered:
         return None
     ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
     if not ok:
         return None if points else offered[0]
+    failed = [q.workers for q in points if q.status != "ok" and q.workers > ok[-1].workers]
+    if failed:  # a count above the best ran out of memory or crashed: halve the gap below it, once a point
+        between = [c for c in offered if ok[-1].workers < c < min(failed)]
+        return between[len(between) // 2] if between and ok[-1].samples_per_s < target else None
     last = ok[-1]
     if last.samples_per_s >= target or last.workers >= offered[-1]:
         return None
@@ -326,8 +338,10 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
         return None
     workers = c.workers_to_feed()
     choices = {p.name: p.choices for p in space.params}
-    if not workers or workers not in choices.get("num_workers", ()):
+    offered = offered_workers(choices.get("num_workers", ()))
+    if not workers or not offered:
         return None
+    workers = next((w for w in offered if w >= workers), offered[-1])  # a space's [0, 2, 4, 8] has no 3
     out: dict[str, Any] = {"num_workers": workers}
     ref = (c.best_data() or c.data[0]).config
     for knob in ("pin_memory", "persistent_workers", "prefetch_factor"):
@@ -367,9 +381,9 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
         p = run({**data_config, "num_workers": w}, "data")
         points.append(p)
         log(f"ceiling: the data path with {w} worker(s) {p.line()}")
-        if p.status != "ok":
-            notes.append(f"the data path with {w} worker(s) did not run: {p.reason}")
-            break
+        if p.status != "ok":  # the climb goes on below it (``next_workers``)
+            notes.append(f"the data path with {w} worker(s) did not run ({p.status}): {p.reason}")
+            continue
         ok = [q for q in points[:-1] if q.status == "ok"]
         if ok and p.samples_per_s < target and p.samples_per_s < ok[-1].samples_per_s * GROWTH:
             notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
@@ -390,7 +404,8 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     wall) is at most ``BUDGET_SHARE`` of it: a budget is a budget."""
     from autotune.search import trials as keys
 
-    if load(study) is not None:
+    before = load(study)
+    if before is not None and (before.model is not None or before.data):  # a budget's skip: a later run may measure
         return None
     base = _first(study, keys.BASELINE)
     likely = _first(study, keys.LIKELY_WINNER) if space.likely_params() is not None else None
@@ -407,8 +422,8 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     data_config = _loader_config(keys.config_of(base).to_dict(), space)
     offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
     if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial
-        walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in (base, likely) if t is not None]
-        cost = 4 * min(walls)
+        walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
+        cost = 4 * min(walls, default=0.0)
         if cost > BUDGET_SHARE * time_left_s:
             log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
                 f"{time_left_s:.0f} s left in the budget")

@@ -117,8 +117,12 @@ class Confirmation:
                    notes=tuple(d.get("notes") or ()))
 
 
-def unconfirmed_line() -> str:
-    """What a recommendation from before confirmation rounds (or without them) says of its claim."""
+def unconfirmed_line(*, provisional: bool = False) -> str:
+    """What a recommendation without confirmation rounds says of its claim: a provisional one (the budget left no
+    finalist round, so nothing was confirmed), or one from before confirmation rounds (autotune before 2026-11-27)."""
+    if provisional:
+        return ("unconfirmed: provisional, the figures are its search trial's own (the budget left no finalist "
+                "round; a longer --timeout confirms it)")
     return "unconfirmed: the figures are the selection's own (no confirmation rounds: autotune before 2026-11-27)"
 
 
@@ -190,10 +194,13 @@ def selection_record(rec: Any) -> dict[str, Any]:
             "margin_interval": list(rec.margin_interval) if rec.margin_interval else None}
 
 
-def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[Any], str] | None = None) -> Any:
+def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[Any], str] | None = None,
+          base_figures: dict | None = None) -> Any:
     """``rec`` (a Recommendation) with its claim from ``conf``: the confirmed samples/s, baseline and speedup, the
     selection's own figures kept apart; when the confirmation saw the winner slower than the baseline beyond the
-    noise, the baseline's config is recommended instead, with both figures said."""
+    noise, the baseline's config is recommended instead, with both figures said, and every figure of the record
+    is the baseline's (its windows from the confirmation, its peaks from ``base_figures``, its search trial's user
+    attributes) or left out, never the winner's."""
     selection = selection_record(rec)
     notes = list(rec.notes)
     record = {**conf.to_dict(), "baseline_config": baseline.to_dict()}  # what the claim is against
@@ -211,8 +218,15 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     # slower beyond the noise, and the confirmation not itself noisy (a +/-70% interval on a busy VM says nothing the
     # selection's rounds did not): the defaults stand
     if conf.status == "confirmed" and conf.high is not None and conf.high < 1 and not conf.noisy:
+        from autotune.search import trials as keys
+
+        ua, windows = base_figures or {}, tuple(x for r in conf.rounds for x in r["baseline"])
         out = dataclasses.replace(
             out, config=baseline, trial_number=None, speedup_vs_baseline=1.0, median_samples_per_s=round(base_med, 3),
+            samples_per_s=windows, iqr_samples_per_s=round(summarize(windows).iqr, 3), noisy=summarize(windows).noisy,
+            peak_host_mb=ua.get(keys.PEAK), peak_device_mb=ua.get(keys.PEAK_DEVICE),
+            peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), margin_vs_runner_up=None,
+            margin_interval=None, worst_case=None, latency_ms=None,
             reproduce=reproduce(baseline) if reproduce is not None else "", parity=None, compile=None,
             notes=out.notes + (f"{rec.config.short()} won the selection (x{sel or 0:.2f}) but ran slower than the "
                                f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
@@ -289,4 +303,5 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
                    deadline=deadline, search_s=search_s, round_s=round_s)
     log(f"claim: {conf.headline()}")
-    return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb))
+    return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
+                 base_figures=dict(base_trial.user_attrs))

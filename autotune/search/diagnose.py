@@ -220,8 +220,9 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
                              lambda v: v is not None and v > (workers or 0)) if near is not None else None
         if seen is not None:
             lever = f"lighter transforms ({seen})"
-        elif workers is not None and allowed is not None and not any(
-                allowed("num_workers", w) for w in range(workers + 1, max(MOST_WORKERS, workers + 2))):
+        elif workers is not None and allowed is not None and not any(  # the space's, not what was measured
+                getattr(allowed, "offers", allowed)("num_workers", w)
+                for w in range(workers + 1, max(MOST_WORKERS, workers + 2))):
             lever = (f"{workers} worker(s) is the most the search space offers here: lighter transforms, decoding "
                      "on the GPU or caching decoded tensors (the ceilings name what each buys)")
         return Diagnosis("input-bound", f"waiting for data {100 * share:.0f}% of the step: {lever}")
@@ -253,25 +254,28 @@ def levers_allowed(study: Study, config: Mapping[str, Any], value: float | None,
     params = (study.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
     measured = measured_values(study) if measured is None else measured
 
+    def offers(knob: str, new: Any) -> bool:  # the space holds it (``allowed.offers``)
+        if params is None:
+            return True
+        if knob not in params:
+            return False
+        choices = params[knob].get("choices") or []
+        if knob == "intra_op_threads":
+            return new is not None and any(isinstance(c, int) and c >= new for c in choices)
+        if knob == "compile_mode":
+            return bool([c for c in choices if c != "none"])
+        return new in choices
+
     def allowed(knob: str, new: Any) -> bool:
-        if params is not None:
-            if knob not in params:
-                return False
-            choices = params[knob].get("choices") or []
-            if knob == "intra_op_threads":
-                if new is None or not any(isinstance(c, int) and c >= new for c in choices):
-                    return False
-            elif knob == "compile_mode":
-                if not [c for c in choices if c != "none"]:
-                    return False
-            elif new not in choices:
-                return False
+        if not offers(knob, new):
+            return False
         if value is None or not config:
             return True
         changed = dict(config, **{knob: new})
         other = measured.get(tuple(sorted(changed.items())))
         return other is None or other > value
 
+    allowed.offers = offers  # type: ignore[attr-defined]
     return allowed
 
 

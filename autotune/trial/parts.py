@@ -120,7 +120,8 @@ class DataPathOnly:
 
 def tree_cpu_s(*, whole_trial: bool = False) -> tuple[float, float] | None:
     """``(CPU seconds, wall clock)`` of this process and its descendants (the DataLoader workers) now, or None
-    where psutil cannot read them; a worker that exits between two readings takes its seconds with it.
+    where psutil cannot read them. A worker that exits between two readings (an epoch's end without persistent
+    workers) keeps its seconds: once its parent reaps it they are in the parent's ``children_*`` times.
     ``whole_trial``: this process is a DDP rank, and the tree is its parent's (the trial child: every rank and
     their workers)."""
     try:
@@ -131,7 +132,7 @@ def tree_cpu_s(*, whole_trial: bool = False) -> tuple[float, float] | None:
         for p in (me, *me.children(recursive=True)):
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                total += t.user + t.system + t.children_user + t.children_system
             except psutil.Error:
                 continue
         return total, time.perf_counter()

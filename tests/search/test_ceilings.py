@@ -102,6 +102,25 @@ def test_the_climb_stops_where_the_data_path_stops_growing():
     assert back == flat and flat.to_dict()["binds"] == "data"
 
 
+def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the_gap_below_it():
+    """150/s a worker, a model of 3000/s, and from 12 workers the host runs out of memory: the climb does not stop at
+    the one worker it measured (which would size every later loader to 1) but bisects below the failure."""
+    asked: list[tuple[str, int]] = []
+
+    def measure(config, part):
+        w = config.get("num_workers", 0)
+        asked.append((part, w))
+        if part == "data" and w >= 12:
+            return Point(part, config, 0.0, status="oom", reason="a DataLoader worker was killed (OOM)")
+        return Point(part, config, 3000.0 if part == "model" else 150.0 * w, windows=(1.0,))
+
+    c = climb({}, {}, list(range(1, 33)), measure)
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 7), ("data", 10),
+                     ("data", 11)]  # 1 worker predicts 23 for 3450/s; each failure halves the gap below it
+    assert c.workers_to_feed() == 11 and not c.feeds()
+    assert sum("did not run (oom)" in n for n in c.notes) == 2
+
+
 def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
     import optuna
 
@@ -119,6 +138,12 @@ def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_
                                    data=(Point("data", {**data_config, "num_workers": 4}, 1300.0),)))
     assert ceilings.feed(study, space) == {"num_workers": 4, "pin_memory": True, "persistent_workers": True,
                                            "prefetch_factor": 2}
+    # a count the space does not offer is rounded up to one it does: [0, 2, 4, 8] has no 3
+    sparse = space_from_dict({"name": "s", "device": "cuda", "parameters": {
+        "num_workers": {"type": "int", "choices": [0, 2, 4, 8]}}}, hardware=HW, device="cuda")
+    ceilings.store(study, _c(1000.0, (1, 400.0), (4, 1600.0)))  # 1150 needed: 3 workers by the line between
+    assert ceilings.load(study).workers_to_feed() == 3
+    assert ceilings.feed(study, sparse) == {"num_workers": 4}
 
 
 def _pipeline(model_rate: float, per_worker: float, cores: int):
@@ -211,6 +236,23 @@ def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_worke
     assert base.startswith("input-bound") and "more DataLoader workers" in base
     assert fed.startswith("input-bound") and "more DataLoader workers" not in fed, fed
     assert "8 worker(s) is the most the search space offers here" in fed
+
+
+def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(tmp_path):
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False,
+                  runner=(runner := _pipeline(1000.0, 140.0, cores=8)), parity_steps=0, seed=0, finalists=2,
+                  finalist_rounds=1, log=lambda m: None)
+    ceilings.store(tuner.study(), Ceilings(model=None, why="not measured: ~400 s, over the budget's share"))
+    rec = tuner.run(trials=3)
+    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data"]
+    assert rec.ceilings["model"] is not None and rec.ceilings["workers_to_feed"] == 8
+
+
+def test_a_config_without_workers_is_input_bound_by_its_loader_in_the_training_process():
+    line = _c(1000.0, (1, 300.0), (4, 1300.0)).verdict({"num_workers": 0}, 250.0)
+    assert line.endswith("input-bound: with no workers the loader runs in the training process, between the "
+                         "model's steps, and the two costs add up"), line
 
 
 def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):

@@ -76,6 +76,10 @@ def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_reco
     assert rec.speedup_vs_baseline == 1.0 and rec.confirmation["interval"][1] < 1
     assert "slower than the baseline" in rec.confirmation["headline"]
     assert any("PyTorch's defaults are recommended" in n for n in rec.notes)
+    # every figure is the baseline's: its confirmation windows, no margin over a runner-up it did not win
+    assert rec.samples_per_s and all(49.0 < x < 51.0 for x in rec.samples_per_s), rec.samples_per_s
+    assert rec.median_samples_per_s == pytest.approx(50.0) and rec.margin_vs_runner_up is None
+    assert rec.peak_host_mb == 200.0 and rec.worst_case is None
 
 
 def test_a_budget_with_time_for_one_round_only_says_the_claim_is_unconfirmed():
@@ -127,6 +131,11 @@ def test_an_old_yaml_without_a_confirmation_loads_and_says_its_claim_is_unconfir
     old = Recommendation.from_yaml(path)
     assert old.confirmation is None and "unconfirmed: the figures are the selection's own" in old.claim()
     assert "unconfirmed" in old.summary()
+    import dataclasses
+
+    provisional = dataclasses.replace(make_rec(), provisional=True, confirmation=None)
+    assert "provisional, the figures are its search trial's own (the budget left no finalist round" in \
+        provisional.claim() and "before 2026-11-27" not in provisional.claim()
 
 
 def test_the_real_cli_run_states_a_claim_confirmed_by_its_own_rounds(report_study):

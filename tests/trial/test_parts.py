@@ -107,3 +107,23 @@ def test_a_ranks_cores_busy_are_its_whole_trials():
     own, whole = (float(x) for x in out.stdout.split())
     assert own < 0.2  # it slept
     assert whole > own + 0.3, (own, whole)  # its sibling burned a core (a share of one on a busy VM)
+
+
+def test_a_worker_that_exits_between_two_readings_keeps_its_cpu_seconds():
+    """A child that burns a second and is reaped between the two readings (a DataLoader worker at an epoch's end,
+    without persistent workers) still counts: its seconds are in its parent's children's times."""
+    import subprocess
+    import sys
+    import textwrap
+
+    probe = textwrap.dedent("""
+        import subprocess, sys
+        from autotune.trial.parts import tree_cpu_s
+        a = tree_cpu_s()
+        burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1: pass"
+        subprocess.run([sys.executable, "-c", burn])
+        b = tree_cpu_s()
+        print(b[0] - a[0])
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert float(out.stdout) >= 0.9, out.stdout  # the child's second of CPU, gone before the second reading
