@@ -3,8 +3,9 @@
 A compile trial costs far more than a plain one (80-95 s per trial cold on the CPUs here, most of it
 compiling), and a trial is never cut short: in a short run one ``max-autotune`` trial can take a large share
 of the search. ``CompileGate`` holds compile back when its expected cost exceeds the time left for the search
-(the time to the deadline less the finalists' reserve, ``finalists.reserve_s``): the expected cost is the wall
-time of the study's first measured compile trial, or ``COMPILE_PRIOR_S`` before there is one.
+(the time to the deadline less the finalists' and the confirmation's reserve, ``finalists.search_reserve_s``):
+the expected cost is the wall time of the study's first measured compile trial, or ``COMPILE_PRIOR_S`` before
+there is one.
 ``compile_last.settle`` asks it before it queues compile on the best eager config.
 
 Compile is tried last, on the best eager config (``compile_last``), so the sampler never proposes a compile

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from autotune.machine.hardware import Hardware
 
 __all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
-           "out_of_time", "search_left_s", "check_steps_within", "MIN_CHECK_STEPS", "long_trial_s", "plan", "Evidence",
-           "remeasure", "pool_search_round",
-           "ratio_interval", "FinalistContext", "choose", "provisional"]
+           "out_of_time", "search_left_s", "search_reserve_s", "check_steps_within", "MIN_CHECK_STEPS", "long_trial_s",
+           "plan", "Evidence", "remeasure", "pool_search_round", "ratio_interval", "FinalistContext", "choose",
+           "provisional"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -89,15 +89,22 @@ def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: floa
 
 def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
                   check_s: float = 0.0, measure: MeasureSpec | None = None) -> float:
-    """Seconds the search has left before the finalists' reserve, the numerics check's and (with the search's
-    ``measure``) the confirmation's (``out_of_time``)."""
+    """Seconds the search has left before its reserves (``search_reserve_s``) and the numerics check's."""
+    reserve = search_reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s, measure=measure)
+    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
+    return deadline - time.monotonic() - reserve
+
+
+def search_reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None,
+                     measure: MeasureSpec | None = None) -> float:
+    """The finalists' rounds (``reserve_s``) and, with the search's ``measure``, the confirmation's two
+    (``confirm.reserve_s``): what the search leaves after it, the numerics check aside."""
     from autotune.search import confirm
 
     reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
     if measure is not None:
         reserve += confirm.reserve_s(trial_walls, measure=finalist_measure(measure), budget_s=budget_s)
-    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
-    return deadline - time.monotonic() - reserve
+    return reserve
 
 
 def check_steps_within(full_s: float, steps: int, *, budget_s: float | None, left_s: float,

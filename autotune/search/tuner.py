@@ -117,8 +117,8 @@ class Tuner:
         self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
         self.pruner.limit = self.limit
         # holds compile trials back when the time left for the search is shorter than one (compile_gate)
-        self.compile_gate = CompileGate(lambda walls, budget_s: fin.reserve_s(
-            walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s))
+        self.compile_gate = CompileGate(lambda walls, budget_s: fin.search_reserve_s(
+            walls, finalists=self.finalists, rounds=self.finalist_rounds, budget_s=budget_s, measure=self.measure))
         self.progress = progress
         # the default runs each trial in a child that shares this study's inductor cache (``compile_cache_dir``)
         self.runner: Runner = runner or self._run_trial
