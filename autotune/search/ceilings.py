@@ -208,8 +208,8 @@ class Ceilings:
         if rate is not None:
             parts.append(f"your data path gives about {rate:.0f} with {workers} worker(s){self.per_rank}")
         elif best is not None:
-            parts.append(f"your data path gives at most {best.samples_per_s:.0f} (with {best.workers} worker(s)"
-                         f"{self.per_rank})")
+            parts.append(f"your data path alone measured at most {best.samples_per_s:.0f} (with {best.workers} "
+                         f"worker(s){self.per_rank})")
         _, which = self.predict(config)
         if workers == 0 and measured and self.model_rate and measured < 0.8 * self.model_rate:
             which_word = ("input-bound: with no workers the loader runs in the training process, between the "
