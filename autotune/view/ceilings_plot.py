@@ -45,8 +45,10 @@ def ceilings_figure(ceilings: Any, rows: list[dict], workers: dict[int, int], re
                                  name="recommended", text=[f"#{rec['trial']} {rec['config']}"],
                                  marker={"symbol": "star", "size": 16, "color": "rgba(0,0,0,0)",
                                          "line": {"width": 1, "color": "#000"}}))
-    fig.update_xaxes(title_text="DataLoader workers", rangemode="tozero")
-    fig.update_yaxes(title_text="samples/s", rangemode="tozero")
+    ranks = getattr(ceilings, "world_size", 1)
+    fig.update_xaxes(title_text="DataLoader workers" + (f" per rank ({ranks} DDP ranks)" if ranks > 1 else ""),
+                     rangemode="tozero")
+    fig.update_yaxes(title_text="samples/s" + (", all ranks'" if ranks > 1 else ""), rangemode="tozero")
     fig.update_layout(title={"text": TITLE}, margin={"l": 60, "r": 30, "t": 60, "b": 50}, height=420,
                       template="plotly_white")
     return fig

@@ -64,6 +64,11 @@ def test_ceilings_of_ddp_ranks_say_their_workers_are_each_ranks():
     assert any("in 8 DDP ranks at once" in line for line in back.lines())
     assert back.lines()[-1].endswith(": 4 per rank (8 ranks)")
     assert Ceilings.from_dict({"model": None}).world_size == 1  # a record from before: one process
+    from autotune.view.ceilings_plot import ceilings_figure
+
+    fig = ceilings_figure(back, [{"trial": 0, "status": "ok", "samples_per_s": 600.0, "config": "w=2"}], {0: 2}, 0)
+    assert fig.layout.xaxis.title.text == "DataLoader workers per rank (8 DDP ranks)"
+    assert fig.layout.yaxis.title.text == "samples/s, all ranks'"
     assert "per rank" not in "".join(_c(1000.0, (1, 300.0)).lines())
 
 
