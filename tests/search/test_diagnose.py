@@ -226,6 +226,18 @@ def test_an_input_bound_trial_at_the_most_workers_offered_is_not_told_to_add_wor
     assert "2 worker(s) is the most the search space offers here: lighter transforms" in two.explanation
     four = diagnose(at_most, allowed=lambda knob, v: knob != "num_workers" or v in (0, 2, 4))  # 4 still there
     assert "more DataLoader workers" in four.explanation
+    # the study's own judge: 4 workers measured slower is a lever not to suggest, but not one the space lacks
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr("space", {"parameters": {"num_workers": {"type": "int", "choices": [0, 2, 4]}}})
+    config = at_most["config"]
+    _add(study, [({**config, "compile_mode": "none"}, 100.0, "ok"),
+                 ({**config, "compile_mode": "none", "num_workers": 4}, 90.0, "ok")])
+    judged = dg.levers_allowed(study, {**config, "compile_mode": "none"}, 100.0)
+    assert not judged("num_workers", 4) and judged.offers("num_workers", 4)
+    line = diagnose({**at_most, "config": {**config, "compile_mode": "none"}}, allowed=judged).explanation
+    assert "is the most the search space offers" not in line, line
 
 
 def _frozen(config, number, value):
