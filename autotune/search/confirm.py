@@ -212,6 +212,7 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     if sel and conf.high is not None and conf.high < sel and conf.status == "confirmed":
         notes.append(f"the selection measured x{sel:.2f}; rounds that did not choose it measure x{conf.ratio:.2f}: "
                      "the claim is theirs (the selection's luck is left out)")
+    notes += _runner_up_above(rec, conf)
     out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
                               selection=selection, confirmation=record, notes=tuple(notes))
@@ -232,6 +233,22 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
                                f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
                                "recommended",))
     return out
+
+
+def _runner_up_above(rec: Any, conf: Confirmation) -> list[str]:
+    """A note when a runner-up's speedup in the selection (its finalist rounds' median over the baseline's there) is
+    above the winner's confirmed interval: the evidence of the two disagrees, and the line says so."""
+    base = rec.baseline_samples_per_s  # the selection's, before the claim replaces it
+    if conf.status != "confirmed" or conf.high is None or not base:
+        return []
+    for ru in rec.runners_up:
+        m = ru.get("median_samples_per_s")
+        if m and m / base > conf.high:
+            return [f"the runner-up {ru.get('short', '?')} measured x{m / base:.2f} over the baseline in the "
+                    f"selection, above the confirmed interval of {rec.config.short()} (x{conf.low:.2f} to "
+                    f"x{conf.high:.2f}): the evidence of the two disagrees; the recommendation stays the selection's "
+                    "choice, its claim the confirmation's (more finalist rounds settle it)"]
+    return []
 
 
 def reserve_s(walls: list[float], *, measure: Any, budget_s: float | None = None) -> float:

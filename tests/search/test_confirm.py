@@ -65,6 +65,18 @@ def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_
     assert c["headline"] in rec.summary()
 
 
+def test_a_runner_up_the_selection_measured_above_the_confirmed_claim_is_said(tmp_path):
+    """channels_last at bs 16 truly runs 90/s but chose itself at 117/s; the runner-up, bs 16 alone, ran its true
+    100/s (x2.00 over the baseline's 50) in the selection: above the winner's confirmed x1.80, and the notes say so."""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 100.0, (16, True): 90.0}
+    rec = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_lucky(speed, {(16, True): 1.3}),
+                     parity_steps=0).run(trials=6)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
+    assert rec.speedup_vs_baseline == pytest.approx(1.8, rel=0.01)
+    said = [n for n in rec.notes if n.startswith("the runner-up ")]
+    assert said and "measured x2.00 over the baseline in the selection, above the confirmed interval" in said[0]
+
+
 def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_recommended(tmp_path):
     """bs 16 with channels_last measured 135/s whenever it was being chosen, 45/s (under the baseline's 50) when not."""
     speed = {(8, False): 50.0, (8, True): 60.0, (16, False): 100.0, (16, True): 45.0}
