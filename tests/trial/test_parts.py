@@ -4,6 +4,8 @@ fails alone is the workload's failure, with its own message, named as the data p
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from autotune import MeasureSpec, Workload
@@ -56,6 +58,7 @@ def test_a_worker_that_dies_is_a_failed_point_not_the_workloads_error():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two DDP ranks need two usable cores (check_ranks)")
 def test_each_part_runs_in_n_ddp_ranks_at_once_as_the_trials_do():
     """Two real gloo ranks, each with its shard and one worker decoding JPEGs, against one process with one worker
     (interleaved): the data path's rate is both ranks' together, its cores busy the whole trial's (both ranks'
