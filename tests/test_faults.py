@@ -128,7 +128,8 @@ class TestWhileARunMeasures:
     this class (started once, killed when the class is done, so no later test meets its machine lock)."""
 
     @pytest.fixture(scope="class")
-    def measuring(self, tmp_path_factory):
+    @classmethod
+    def measuring(cls, tmp_path_factory):  # a classmethod: pytest 10 drops class-scoped instance-method fixtures
         root = tmp_path_factory.mktemp("measuring")
         space = root / "space.yaml"  # 8 batch sizes x channels_last: 16 configs, more than the tests outlast
         space.write_text(yaml.safe_dump({"name": "tiny", "device": "cpu", "baseline": {"batch_size": 8},
