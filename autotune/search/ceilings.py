@@ -20,7 +20,8 @@ as a user attribute (``CEILINGS``), the recommendation's YAML as ``ceilings:``.
 
 The tuner measures them once, after the baseline and the likely winners, when the baseline waited for data more
 than ``INPUT_BOUND_SHARE`` of its step (the TF profiler's "highly input-bound") or the trials run on a GPU (where
-the model is often many times faster than one core's data path) and the space searches ``num_workers``.
+the model is often many times faster than one core's data path) and the space searches ``num_workers``
+(``ceiling_runs``: when and how).
 Plumber (MLSys 2022) solves an LP over per-stage rates instead; here every figure is a measurement.
 
 >>> c = Ceilings(model=Point("model", {"batch_size": 64}, 1000.0),
@@ -39,21 +40,17 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "INPUT_BOUND_SHARE", "GROWTH", "BUDGET_SHARE", "LEVERS",
-           "offered_workers", "next_workers", "MAX_POINTS", "feed", "load", "store", "wanted", "climb",
-           "measure_if_wanted", "recorded"]
+__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
+           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
+# The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
+MODEL_KNOBS = ("batch_size", "amp", "channels_last", "compile_mode")
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
 # batch), and a loader exactly as fast as the model leaves it waiting on every hiccup.
 HEADROOM = 1.15
-# From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
-# a step "highly input-bound" from 20%); the per-trial diagnosis says "input-bound" from 30% (``diagnose``).
-INPUT_BOUND_SHARE = 0.20
 # The most data-path points a climb measures (it usually needs 2 to 4: ``next_workers``).
 MAX_POINTS = 6
-# The most of the time left in a --timeout budget the climb may take (skipped, saying so, when it would take more).
-BUDGET_SHARE = 0.25
 # Doubling the workers must raise the data rate by this much for the climb to go on: less, the cores ran out.
 GROWTH = 1.10
 # What buys a faster data path beyond the knobs, each with what it would buy; named when every core cannot feed it.
@@ -211,7 +208,8 @@ class Ceilings:
             parts.append(f"your data path alone measured at most {best.samples_per_s:.0f} (with {best.workers} "
                          f"worker(s){self.per_rank})")
         _, which = self.predict(config)
-        if workers == 0 and measured and self.model_rate and measured < 0.8 * self.model_rate:
+        same_model = all(config.get(k) == (model.config.get(k) if model else None) for k in MODEL_KNOBS)
+        if workers == 0 and same_model and measured and self.model_rate and measured < 0.8 * self.model_rate:
             which_word = ("input-bound: with no workers the loader runs in the training process, between the "
                           "model's steps, and the two costs add up")
         elif measured and self.model_rate and measured < 0.8 * min(self.model_rate, rate or math.inf):
@@ -281,6 +279,18 @@ def offered_workers(choices: tuple[int, ...] | list[int]) -> list[int]:
     return sorted({int(c) for c in choices if int(c) > 0})
 
 
+def grew(before: Point, after: Point) -> bool:
+    """Whether the data rate grew from ``before`` to ``after`` (more workers) by ``GROWTH`` for a doubling of the
+    workers, in proportion for less (a bisection's neighbours are a worker apart).
+
+    >>> p = lambda w, r: Point("data", {"num_workers": w}, r)
+    >>> grew(p(1, 100.0), p(10, 109.0)), grew(p(1, 100.0), p(10, 111.0)), grew(p(10, 1500.0), p(11, 1550.0))
+    (False, True, True)
+    """
+    ratio = after.workers / max(1, before.workers)
+    return after.samples_per_s >= before.samples_per_s * GROWTH ** min(1.0, math.log2(max(ratio, 1.0)))
+
+
 def next_workers(points: list[Point], target: float, offered: list[int]) -> int | None:
     """The next worker count the climb measures, or None when it is done: one worker first (a worker's rate); then
     the count that rate predicts would reach ``target`` (at least one more than the last, at most the most
@@ -306,14 +316,14 @@ def next_workers(points: list[Point], target: float, offered: list[int]) -> int 
     ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
     if not ok:
         return None if points else offered[0]
-    failed = [q.workers for q in points if q.status != "ok" and q.workers > ok[-1].workers]
-    if failed:  # a count above the best ran out of memory or crashed: halve the gap below it, once a point
-        between = [c for c in offered if ok[-1].workers < c < min(failed)]
-        return between[len(between) // 2] if between and ok[-1].samples_per_s < target else None
     last = ok[-1]
-    if last.samples_per_s >= target or last.workers >= offered[-1]:
+    if len(ok) >= 2 and not grew(ok[-2], last):  # the cores ran out
         return None
-    if len(ok) >= 2 and last.samples_per_s < ok[-2].samples_per_s * GROWTH:
+    failed = [q.workers for q in points if q.status != "ok" and q.workers > last.workers]
+    if failed:  # a count above the best ran out of memory or crashed: halve the gap below it, once a point
+        between = [c for c in offered if last.workers < c < min(failed)]
+        return between[len(between) // 2] if between and last.samples_per_s < target else None
+    if last.samples_per_s >= target or last.workers >= offered[-1]:
         return None
     if math.isinf(target):  # no model figure to cover (it failed alone): the most workers offered
         return offered[-1]
@@ -350,20 +360,6 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
     return out
 
 
-def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str | None:
-    """Why the ceilings should be measured now (a line for the log), or None: the space searches workers, and the
-    baseline waited for data more than ``INPUT_BOUND_SHARE`` of its step, or the trials run on a GPU."""
-    p = next((p for p in space.params if p.name == "num_workers"), None)
-    if p is None or not offered_workers(p.choices):
-        return None
-    if isinstance(baseline_wait_share, (int, float)) and baseline_wait_share > INPUT_BOUND_SHARE:
-        return (f"the baseline waited for data {100 * baseline_wait_share:.0f}% of its step (over "
-                f"{100 * INPUT_BOUND_SHARE:.0f}%: input-bound)")
-    if device.startswith("cuda"):
-        return "the trials run on a GPU, where one core's data path rarely keeps up with the model"
-    return None
-
-
 Run = Callable[[dict[str, Any], str], Point]  # (config dict, part) -> the point measured
 
 
@@ -384,101 +380,11 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
         if p.status != "ok":  # the climb goes on below it (``next_workers``)
             notes.append(f"the data path with {w} worker(s) did not run ({p.status}): {p.reason}")
             continue
-        ok = [q for q in points[:-1] if q.status == "ok"]
-        if ok and p.samples_per_s < target and p.samples_per_s < ok[-1].samples_per_s * GROWTH:
+        ok = sorted((q for q in points[:-1] if q.status == "ok" and q.workers < w), key=lambda q: q.workers)
+        if ok and p.samples_per_s < target and not grew(ok[-1], p):
             notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
                          f"({ok[-1].samples_per_s:.0f} -> {p.samples_per_s:.0f} samples/s): the cores ran out")
     return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes))
-
-
-def _first(study: Study, role: str):
-    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(role) and t.state.is_finished()]
-    return min(done, key=lambda t: t.number) if done else None
-
-
-def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], workload: Any, measure: Any,
-                      log_dir: Any, log: Callable[[str], None], time_left_s: float | None = None) -> Ceilings | None:
-    """After the baseline and the likely winners ran: measure and store the ceilings when ``wanted`` says so and
-    the study has none (once per study; a resumed run reads them back). Returns them, or None. With
-    ``time_left_s`` (a budget), only when the climb's expected cost (a child a point, each about the median trial's
-    wall) is at most ``BUDGET_SHARE`` of it: a budget is a budget."""
-    from autotune.search import trials as keys
-
-    before = load(study)
-    if before is not None and (before.model is not None or before.data):  # a budget's skip: a later run may measure
-        return None
-    base = _first(study, keys.BASELINE)
-    likely = _first(study, keys.LIKELY_WINNER) if space.likely_params() is not None else None
-    if base is None or (space.likely_params() is not None and likely is None):
-        return None
-    why = wanted(base.user_attrs.get(keys.DATA_WAIT_SHARE), device=workload.device, space=space)
-    if why is None:
-        return None
-    ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
-    if not ran:
-        return None
-    model_config = {**keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict(),  # its loader plays no part
-                    "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
-    data_config = _loader_config(keys.config_of(base).to_dict(), space)
-    offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
-    if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial
-        walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
-        cost = 4 * min(walls, default=0.0)
-        if cost > BUDGET_SHARE * time_left_s:
-            log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
-                f"{time_left_s:.0f} s left in the budget")
-            store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share"))
-            return None
-    world = workload.nproc_per_node
-    ranks = f" per rank, in {world} DDP ranks at once as the trials run" if world > 1 else ""
-    log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
-        f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})")
-    spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
-    c = climb(model_config, data_config, offered, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
-    c = dataclasses.replace(c, world_size=world)
-    store(study, c)
-    for line in c.notes:
-        log(f"ceiling: {line}")
-    feed_w = c.workers_to_feed()
-    if feed_w is not None:
-        log(f"ceiling: the fewest workers to feed the model: {feed_w}{c.per_rank}"
-            + ("" if c.feeds() else " (none measured covers it: the data path binds whatever the knobs)"))
-    return c
-
-
-def _loader_config(config: dict[str, Any], space: Any) -> dict[str, Any]:
-    """The baseline's config with the loader knobs a fed config would take: pinned memory (on a GPU) and
-    persistent workers where the space offers them, its prefetch (else the first offered)."""
-    choices = {p.name: p.choices for p in space.params}
-    out = dict(config)
-    for knob, want in (("pin_memory", True), ("persistent_workers", True)):
-        if want in choices.get(knob, ()):
-            out[knob] = want
-    if "prefetch_factor" in choices and out.get("prefetch_factor") not in choices["prefetch_factor"]:
-        out["prefetch_factor"] = choices["prefetch_factor"][0]
-    return out
-
-
-def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir: Any) -> Run:
-    from pathlib import Path
-
-    from autotune.config import TrialConfig
-
-    def run(config: dict[str, Any], part: str) -> Point:
-        cfg = TrialConfig.from_dict(config)
-        name = f"ceiling-{part}" + (f"-w{cfg.num_workers}" if part == "data" else "") + ".log"
-        kw = {"log_path": Path(log_dir) / name} if log_dir is not None else {}
-        r = runner(workload, cfg, spec.replace(part=part), **kw)
-        if r.user_error:  # the workload's own fault (a collate that raises, a worker that crashes): said, not retried
-            from autotune.errors import WorkloadError
-
-            raise WorkloadError(r.reason.removeprefix("WorkloadError: "))
-        ok = r.status == "ok" and bool(r.samples_per_s)
-        return Point(part=part, config=cfg.to_dict(), samples_per_s=r.median_samples_per_s if ok else 0.0,
-                     windows=tuple(r.samples_per_s), rel_iqr=r.summary.rel_iqr if ok else None,
-                     cpu_cores_used=r.cpu_cores_used, status=r.status, reason=r.reason)
-
-    return run
 
 
 def recorded(study: Study, rec: Any) -> Any:

@@ -32,8 +32,9 @@ from typing import Any, Callable
 
 from autotune.measure import summarize
 
-__all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET", "NOISY",
-           "NO_BUDGET_SHARE", "CONFIRM_SHARE", "unconfirmed_line", "apply", "selection_record"]
+__all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "expected_round_s", "plan_finalists", "MIN_ROUNDS",
+           "MAX_ROUNDS", "TARGET", "NOISY", "NO_BUDGET_SHARE", "CONFIRM_SHARE", "unconfirmed_line", "apply",
+           "selection_record"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
@@ -121,8 +122,8 @@ def unconfirmed_line(*, provisional: bool = False) -> str:
     """What a recommendation without confirmation rounds says of its claim: a provisional one (the budget left no
     finalist round, so nothing was confirmed), or one from before confirmation rounds (autotune before 2026-11-27)."""
     if provisional:
-        return ("unconfirmed: provisional, the figures are its search trial's own (the budget left no finalist "
-                "round; a longer --timeout confirms it)")
+        return ("unconfirmed: provisional, the figures are its search trial's own (no finalist round ran: a run "
+                "that finishes, or `autotune run --trials 0` with time for the finalists, confirms it)")
     return "unconfirmed: the figures are the selection's own (no confirmation rounds: autotune before 2026-11-27)"
 
 
@@ -138,7 +139,7 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
     run a fresh child through ``runner``; ``deadline`` (``time.monotonic()``) or, without one, ``search_s`` (the
     run so far) bound the rounds past the first two. With a deadline, a round starts only if it would end before
-    it: the first as long as ``round_s`` (its estimate: ``reserve_s``), each later one as long as the last."""
+    it: the first as long as ``round_s`` (its estimate: ``expected_round_s``), each later one as long as the last."""
     from autotune.search.finalist_rounds import run_line, run_log
 
     limit = ("the time left in the budget" if deadline is not None else
@@ -212,7 +213,6 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     if sel and conf.high is not None and conf.high < sel and conf.status == "confirmed":
         notes.append(f"the selection measured x{sel:.2f}; rounds that did not choose it measure x{conf.ratio:.2f}: "
                      "the claim is theirs (the selection's luck is left out)")
-    notes += _runner_up_above(rec, conf)
     out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
                               selection=selection, confirmation=record, notes=tuple(notes))
@@ -232,17 +232,23 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
             notes=out.notes + (f"{rec.config.short()} won the selection (x{sel or 0:.2f}) but ran slower than the "
                                f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
                                "recommended",))
-    return out
+        return out
+    return dataclasses.replace(out, notes=out.notes + tuple(_runner_up_above(rec, conf, baseline)))
 
 
-def _runner_up_above(rec: Any, conf: Confirmation) -> list[str]:
+def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
     """A note when a runner-up's speedup in the selection (its finalist rounds' median over the baseline's there) is
-    above the winner's confirmed interval: the evidence of the two disagrees, and the line says so."""
+    above the winner's confirmed interval: the evidence of the two disagrees, and the line says so. The baseline
+    among the runners-up is not one (its own speedup is 1 by definition)."""
+    from autotune.config import TrialConfig
+
     base = rec.baseline_samples_per_s  # the selection's, before the claim replaces it
     if conf.status != "confirmed" or conf.high is None or not base:
         return []
     for ru in rec.runners_up:
         m = ru.get("median_samples_per_s")
+        if ru.get("config") and TrialConfig.from_dict(ru["config"]).key() == baseline.key():
+            continue
         if m and m / base > conf.high:
             return [f"the runner-up {ru.get('short', '?')} measured x{m / base:.2f} over the baseline in the "
                     f"selection, above the confirmed interval of {rec.config.short()} (x{conf.low:.2f} to "
@@ -252,59 +258,86 @@ def _runner_up_above(rec: Any, conf: Confirmation) -> list[str]:
 
 
 def reserve_s(walls: list[float], *, measure: Any, budget_s: float | None = None) -> float:
-    """The time a budget keeps for two confirmation rounds (two runs each), each run about the median of the search
-    trials' ``walls`` plus the finalists' longer windows (``measure`` is theirs), at most ``CONFIRM_SHARE`` of
-    ``budget_s``: kept back by the search (``finalists.out_of_time``) and by the finalists (``Tuner.finalize``), so
-    the budget still ends in time.
+    """The time a budget keeps for the confirmation: two rounds of two runs, each run about the median of the
+    search trials' ``walls`` plus the finalists' longer windows (``measure`` is theirs); within ``CONFIRM_SHARE``
+    of ``budget_s`` two rounds, else one (the claim is then unconfirmed), else none (no round starts that would
+    not fit: ``confirm``). Kept back by the search (``finalists.search_reserve_s``) and by the finalists
+    (``plan_finalists``, from the likely winner's and the baseline's walls), so the budget still ends in time.
 
     >>> from autotune.config import MeasureSpec
-    >>> reserve_s([10.0, 20.0, 30.0], measure=MeasureSpec(windows=5, window_s=2.0)), reserve_s([], measure=None)
-    (100.0, 0.0)
-    >>> reserve_s([10.0, 20.0, 30.0], measure=MeasureSpec(windows=5, window_s=2.0), budget_s=300.0)
-    60.0
+    >>> m = MeasureSpec(windows=5, window_s=2.0)  # 5 s more a run than a search trial of 10/20/30 s
+    >>> reserve_s([10.0, 20.0, 30.0], measure=m), reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=300.0)
+    (100.0, 50.0)
+    >>> reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=200.0), reserve_s([], measure=None)
+    (0.0, 0.0)
     """
     walls = sorted(w for w in walls if w)
     if not walls:
         return 0.0
-    extra = measure.windows * measure.window_s / 2  # finalist windows are twice the search's
-    full = MIN_ROUNDS * 2 * (walls[len(walls) // 2] + extra)
-    return min(full, CONFIRM_SHARE * budget_s) if budget_s else full
+    one = 2 * _run_s(walls[len(walls) // 2], measure)
+    return _within(one, budget_s)
+
+
+def _run_s(wall: float, measure: Any) -> float:
+    """A confirmation run: a search trial's ``wall`` plus the finalists' longer windows (``measure``: theirs)."""
+    return wall + measure.windows * measure.window_s / 2  # finalist windows are twice the search's
+
+
+def _within(one_round_s: float, budget_s: float | None) -> float:
+    """Two rounds, or one, or none: what fits ``CONFIRM_SHARE`` of the budget (two without a budget)."""
+    cap = CONFIRM_SHARE * budget_s if budget_s else float("inf")
+    return next((n * one_round_s for n in (MIN_ROUNDS, 1) if n * one_round_s <= cap), 0.0)
 
 
 def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], deadline: float | None, checks_s: float,
                    budget_s: float | None, rounds: int, measure: Any, finalists: Any,
-                   log: Callable[[str], None]) -> tuple[Any, Any, float]:
-    """``(the finalists' deadline, plan(...), a confirmation round's expected time)`` for the top trials ``top`` and
-    the baseline trial ``base``, ``plan`` being ``finalists.plan`` (``measure``: the search's, ``finalists``: the
-    finalists' ``MeasureSpec``): the finalists get the time to ``deadline`` less ``checks_s`` (numerics, worst
-    case) and two confirmation rounds (``reserve_s``). When that leaves them not even one round, they get the
-    confirmation's reserve too: a provisional recommendation confirms nothing, so the reserve would go unused (and
-    the confirmation starts no round that would overrun)."""
+                   log: Callable[[str], None]) -> tuple[Any, Any]:
+    """``(the finalists' deadline, plan(...))`` for the top trials ``top`` and the baseline trial ``base``, ``plan``
+    being ``finalists.plan`` (``measure``: the search's, ``finalists``: the finalists' ``MeasureSpec``): the
+    finalists get the time to ``deadline`` less ``checks_s`` (numerics, worst case) and the confirmation's reserve
+    (``reserve_s``'s rule, from the likely winner's and the baseline's walls; none without a baseline trial, which
+    leaves nothing to confirm against). When that leaves them not even one round, they get the reserve too: a
+    provisional recommendation confirms nothing, so it would go unused (and the confirmation starts no round that
+    would overrun)."""
     import functools
 
-    from autotune.search import trials as keys
-
     plan = functools.partial(plan, measure=measure, rounds=rounds)
-    walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in [*top, base] if t is not None]
-    round_s = reserve_s(walls, measure=finalists) / MIN_ROUNDS
     if deadline is None:
-        return None, plan(top, base, left_s=None, log=log), round_s
-    finalists_end = deadline - checks_s - reserve_s(walls, measure=finalists, budget_s=budget_s)
+        return None, plan(top, base, left_s=None, log=log)
+    one = expected_round_s([top[0], base], finalists) if top and base is not None else 0.0
+    finalists_end = deadline - checks_s - _within(one, budget_s)
     said: list[str] = []
     chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
     if chosen is None:
         finalists_end = deadline - checks_s
-        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log), round_s
+        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log)
     for line in said:
         log(line)
-    return finalists_end, chosen, round_s
+    return finalists_end, chosen
+
+
+def expected_round_s(pair: list, measure: Any) -> float:
+    """A confirmation round's expected time: a run of each of the two trials in ``pair`` (the winner's and the
+    baseline's search trials), each its wall plus the finalists' longer windows (``measure``: theirs)."""
+    from autotune.search import trials as keys
+
+    return sum(_run_s(t.user_attrs.get(keys.WALL_S) or 0.0, measure) for t in pair if t is not None)
+
+
+def _trial_of(rec: Any, trials: list) -> Any:
+    """The search trial of ``rec``'s config among ``trials``; else the longest of them (None without any)."""
+    from autotune.search import trials as keys
+
+    mine = [t for t in trials if t is not None and t.number == rec.trial_number]
+    return mine[0] if mine else max(trials, key=lambda t: t.user_attrs.get(keys.WALL_S) or 0.0, default=None)
 
 
 def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-              log: Callable[[str], None], deadline: float | None, search_s: float, round_s: float = 0.0) -> Any:
+              log: Callable[[str], None], deadline: float | None, search_s: float, trials: list = ()) -> Any:
     """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
-    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``round_s``: a
-    round's expected time (``confirm``)."""
+    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``trials``: the
+    finalists' search trials, the winner's among them (a round's expected time, ``expected_round_s``: the
+    longest of theirs stands in for a winner not found)."""
     from autotune.provenance import reproduce_command
     from autotune.search import trials as keys
 
@@ -318,7 +351,8 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "headline": "x1.00: the recommendation is PyTorch's defaults "
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
-                   deadline=deadline, search_s=search_s, round_s=round_s)
+                   deadline=deadline, search_s=search_s,
+                   round_s=expected_round_s([_trial_of(rec, trials), base_trial], measure))
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
                  base_figures=dict(base_trial.user_attrs))

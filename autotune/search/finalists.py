@@ -24,7 +24,8 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.search.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
-from autotune.trial.parity import CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity
+from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity,
+                                   world_of)
 from autotune.search.payback import Priced, RunLength, price
 from autotune.search.settle import TIE_TOLERANCE, ratio_interval
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -203,9 +204,8 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
 @dataclass(frozen=True)
 class FinalistContext:
     """What ``finalists.choose`` reads: the run's workload, machine, measurement and memory limit, where the study
-    and its files are, the planned run (compile is priced over it), and the numerics check (``parity_steps`` 0:
-    none; ``parity``: the check, None for ``parity.parity_check``; ``numerics_cut``: 0 because the budget left the
-    check no time, which the recommendation says when its config needed one)."""
+    and its files are, the planned run (compile is priced over it), the numerics check (``parity_steps`` 0: none,
+    ``numerics_cut``: cut to none by the budget, said; ``parity``: the check, None for ``parity.parity_check``)."""
 
     workload: Workload
     hardware: Hardware
@@ -376,7 +376,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     parity = None
     if ctx.parity_steps and not check_numerics:
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
-    elif ctx.numerics_cut and needs_parity(chosen[0], world_size=ctx.workload.nproc_per_node):
+    elif ctx.numerics_cut and needs_parity(chosen[0], world_size=world_of(ctx.workload)):
         notes.append("numerics not checked against fp32 eager: the budget left no time for the check (a longer "
                      "--timeout checks it)")
     elif ctx.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it

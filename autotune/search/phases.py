@@ -76,7 +76,7 @@ def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], deadlin
         return "the budget's last trial is compile's"
     if deadline is not None and walls:
         left = fin.search_left_s(walls, deadline, budget_s, finalists=ctx.finalists, rounds=ctx.finalist_rounds,
-                                 check_s=ctx.numerics_check_s(study))
+                                 check_s=ctx.numerics_check_s(study), measure=ctx.measure)  # as out_of_time's
         expected, _ = ctx.compile_gate.expected_s(study.get_trials(deepcopy=False))
         if expected <= left < expected + fin.long_trial_s(walls):
             return f"the time left for the search ({left:.0f} s) is the compile trial's (~{expected:.0f} s)"

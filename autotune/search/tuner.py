@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from autotune.search import ceilings, confirm, final_checks
+from autotune.search import ceiling_runs, ceilings, confirm, final_checks
 from autotune.search import finalists as fin
 from autotune.search import queue as study_queue
 from autotune.search import trials as keys
@@ -327,9 +327,9 @@ class Tuner:
             # the trials run (a Ray cluster's nodes are not this machine: not measured there yet)
             left = None if self._deadline is None else self._deadline - time.monotonic()
             if self._backend == "local":
-                ceilings.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
-                                           measure=self.measure, log_dir=self.artifacts_dir, log=self.log,
-                                           time_left_s=left)
+                ceiling_runs.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
+                                               measure=self.measure, log_dir=self.artifacts_dir, log=self.log,
+                                               time_left_s=left, said=self._said)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
                                                fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
@@ -461,7 +461,7 @@ class Tuner:
         checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
                     if deadline is not None and runner is None else 0.0)
         # the confirmation's rounds (search.confirm) have the rest to ``end``, and at least two rounds' reserve
-        end, (deadline, chosen, round_s) = deadline, confirm.plan_finalists(
+        end, (deadline, chosen) = deadline, confirm.plan_finalists(
             top, base, plan=fin.plan, deadline=deadline, checks_s=checks_s, budget_s=self._budget_s,
             rounds=self.finalist_rounds, measure=self.measure, finalists=fin.finalist_measure(self.measure),
             log=self.log)
@@ -487,7 +487,7 @@ class Tuner:
                                       runner=run, check_numerics=runner is None, more=more)
             rec = confirm.confirmed(rec, base, runner=run, workload=self.workload, measure=measure,
                                     log_dir=self.artifacts_dir, log=self.log, deadline=end,
-                                    search_s=time.monotonic() - self._run_started, round_s=round_s)
+                                    search_s=time.monotonic() - self._run_started, trials=top)
         if rec is not None:
             rec = ceilings.recorded(study, rec)
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()

@@ -81,7 +81,7 @@ from autotune.trial.triallog import CappedLog
 
 __all__ = ["ParityResult", "parity_check", "needs_parity", "control_needed", "first_passing", "reference_config",
            "divergence", "check_seconds", "compared_with", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS",
-           "LOSS_FLOOR", "FLOOR_FACTOR"]
+           "LOSS_FLOOR", "FLOOR_FACTOR", "world_of"]
 
 DEFAULT_STEPS = 30
 DEFAULT_TOLERANCE = 0.05
@@ -119,7 +119,7 @@ def check_seconds(config: TrialConfig, *, samples_per_s: float, fp32_samples_per
     ...               workload=Workload(nproc_per_node=2))
     37.0
     """
-    world = _world(workload) if workload is not None else 1
+    world = world_of(workload) if workload is not None else 1
     if not needs_parity(config, world_size=world) or steps <= 0:
         return 0.0
     batch = _rank_record(workload, config, world).get("global_batch", config.batch_size)
@@ -326,7 +326,7 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     check(is_int(steps) and steps >= 1, "steps", steps, "a whole number >= 1", "try 30")
     check(is_num(tolerance) and tolerance > 0, "tolerance", tolerance, "a positive number", "try 0.05")
     check(is_num(timeout_s) and timeout_s > 0, "timeout_s", timeout_s, "a positive number of seconds")
-    world = _world(workload)
+    world = world_of(workload)
     label = _label(config, world)
     record = _rank_record(workload, config, world)
     if not needs_parity(config, world_size=world):
@@ -357,7 +357,7 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     return judge(raw, steps=steps, tolerance=tolerance, label=label, against=against, **record)
 
 
-def _world(workload: Workload) -> int:
+def world_of(workload: Workload) -> int:
     """The candidate's DDP ranks: the workload's for training; 1 for inference, which is not wrapped in DDP."""
     return workload.nproc_per_node if workload.task == "train" else 1
 
@@ -368,7 +368,7 @@ def compared_with(workload: Workload) -> str:
     >>> compared_with(Workload(nproc_per_node=2))
     'as 2 DDP ranks against one fp32 eager process at the global batch'
     """
-    n = _world(workload)
+    n = world_of(workload)
     return f"as {n} DDP ranks against one fp32 eager process at the global batch" if n > 1 else "against fp32 eager"
 
 

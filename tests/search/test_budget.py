@@ -82,10 +82,18 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
     assert rec is not None and not checks
     assert any("] no numerics check: even 10 steps would take more than its share of the budget" in m
                for m in logs), logs
-    # the recommendation says so too (bf16 changes the arithmetic), and its claim is from a round of its own
-    assert rec.config.amp == "bf16" and rec.parity is None
-    assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), rec.notes
-    assert rec.confirmation["status"] in ("confirmed", "unconfirmed") and rec.confirmation["rounds"]
+    # the recommendation says so too (bf16 changes the arithmetic); its claim has rounds of its own, or (no round of
+    # two ~1.1 s runs fits 20% of 10 s, so none is reserved) says that none fitted
+    # (on a loaded machine the search may not reach bf16 in 10 s: then there is nothing to check or to confirm)
+    from autotune.trial.parity import needs_parity
+
+    assert rec.parity is None
+    if needs_parity(rec.config):
+        assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), \
+            rec.notes
+    c = rec.confirmation
+    assert (c["status"] in ("confirmed", "unconfirmed") and c["rounds"]) or c["status"] == "baseline" or (
+        c["status"] == "failed" and c["why"] == "no time was left in the budget for one round"), c
 
 
 @pytest.mark.slow

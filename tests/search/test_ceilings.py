@@ -16,7 +16,7 @@ import yaml
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
-from autotune.search import ceilings
+from autotune.search import ceiling_runs, ceilings
 from autotune.search.ceilings import Ceilings, Point, climb
 from autotune.search.space import space_from_dict
 from autotune.search.tuner import Tuner
@@ -124,6 +124,19 @@ def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the
                      ("data", 11)]  # 1 worker predicts 23 for 3450/s; each failure halves the gap below it
     assert c.workers_to_feed() == 11 and not c.feeds()
     assert sum("did not run (oom)" in n for n in c.notes) == 2
+    # below a failure the climb still stops where the rate stops growing (the cores ran out): no bisecting on
+    asked.clear()
+
+    def flat(config, part):
+        w = config.get("num_workers", 0)
+        asked.append((part, w))
+        if part == "data" and w >= 20:
+            return Point(part, config, 0.0, status="oom", reason="killed")
+        return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
+
+    stopped = climb({}, {}, list(range(1, 33)), flat)
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12)]
+    assert any("stopped growing" in n for n in stopped.notes)
 
 
 def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
@@ -137,7 +150,7 @@ def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_
         "pin_memory": {"type": "bool"}}}, hardware=HW, device="cuda")
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/f.db", study_name="f")
     assert ceilings.feed(study, space) is None  # nothing measured: nothing to feed
-    data_config = ceilings._loader_config({"batch_size": 64, "num_workers": 0, "pin_memory": False}, space)
+    data_config = ceiling_runs.loader_config({"batch_size": 64, "num_workers": 0, "pin_memory": False}, space)
     assert data_config["pin_memory"] is True and data_config["persistent_workers"] is True
     ceilings.store(study, Ceilings(model=Point("model", {}, 1000.0),
                                    data=(Point("data", {**data_config, "num_workers": 4}, 1300.0),)))
@@ -243,6 +256,26 @@ def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_worke
     assert "8 worker(s) is the most the search space offers here" in fed
 
 
+def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
+    """The climb (~4 trials of 20 s) over a quarter of 100 s: skipped, said once, not re-decided after each trial."""
+    import optuna
+
+    from autotune.search import trials as keys
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    for role in (keys.BASELINE, keys.LIKELY_WINNER):
+        study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={
+            role: True, "config": TrialConfig(batch_size=64).to_dict(), keys.STATUS: "ok", keys.WALL_S: 20.0,
+            keys.DATA_WAIT_SHARE: 0.9}))
+    logs: list[str] = []
+    said: set[str] = set()
+    for _ in range(3):
+        assert ceiling_runs.measure_if_wanted(study, _space(), runner=None, workload=Workload(), measure=QUICK,
+                                              log_dir=None, log=logs.append, time_left_s=100.0, said=said) is None
+    assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
+    assert ceilings.load(study).why.startswith("not measured: ~80 s")
+
+
 def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(tmp_path):
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
                   measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False,
@@ -255,9 +288,13 @@ def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(t
 
 
 def test_a_config_without_workers_is_input_bound_by_its_loader_in_the_training_process():
-    line = _c(1000.0, (1, 300.0), (4, 1300.0)).verdict({"num_workers": 0}, 250.0)
+    c = _c(1000.0, (1, 300.0), (4, 1300.0))
+    line = c.verdict({"num_workers": 0, "batch_size": 64, "amp": "bf16"}, 250.0)
     assert line.endswith("input-bound: with no workers the loader runs in the training process, between the "
                          "model's steps, and the two costs add up"), line
+    # another batch or precision than the model ceiling's: its rate is not that ceiling's, and the line says so
+    other = c.verdict({"num_workers": 0, "batch_size": 16, "amp": "off"}, 250.0)
+    assert "input-bound" not in other and "the config differs from the ceilings'" in other
 
 
 def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):

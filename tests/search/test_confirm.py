@@ -92,6 +92,7 @@ def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_reco
     assert rec.samples_per_s and all(49.0 < x < 51.0 for x in rec.samples_per_s), rec.samples_per_s
     assert rec.median_samples_per_s == pytest.approx(50.0) and rec.margin_vs_runner_up is None
     assert rec.peak_host_mb == 200.0 and rec.worst_case is None
+    assert not any(n.startswith("the runner-up ") for n in rec.notes)  # the winner did not stay: nothing to weigh
 
 
 def test_a_budget_with_time_for_one_round_only_says_the_claim_is_unconfirmed():
@@ -146,7 +147,7 @@ def test_an_old_yaml_without_a_confirmation_loads_and_says_its_claim_is_unconfir
     import dataclasses
 
     provisional = dataclasses.replace(make_rec(), provisional=True, confirmation=None)
-    assert "provisional, the figures are its search trial's own (the budget left no finalist round" in \
+    assert "provisional, the figures are its search trial's own (no finalist round ran" in \
         provisional.claim() and "before 2026-11-27" not in provisional.claim()
 
 
@@ -211,30 +212,31 @@ def _trial(number: int, config: TrialConfig, wall: float, value: float = 100.0):
 
 
 def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_round_fits():
-    """Two 10 s finalists and the baseline (a round ~33 s with the longer windows): 40 s left before the checks.
-    With the confirmation's reserve (2 rounds of 2 runs, ~48 s, at most 20% of a 100 s budget: 20 s) kept back, no
-    finalist round fits, so they get it all: a provisional recommendation would confirm nothing anyway. With 120 s
-    left, the reserve is kept back and the finalists plan around it."""
+    """Two 10 s finalists and the baseline (each run 11.5 s with the finalists' longer windows). The confirmation
+    keeps two rounds of the likely winner and the baseline back (46 s, within 20% of a 300 s budget). With 60 s left
+    that leaves no finalist round (2 x 11.5 s at least, for 14 s), so the finalists get it all: a provisional
+    recommendation would confirm nothing anyway. With 120 s left the reserve is kept and two rounds of all three
+    fit in the 74 s."""
     from autotune.search import finalists as fin
-    from autotune.search.confirm import plan_finalists, reserve_s
+    from autotune.search.confirm import expected_round_s, plan_finalists, reserve_s
 
     top = [_trial(1, TrialConfig(batch_size=32), 10.0), _trial(2, TrialConfig(batch_size=16), 10.0)]
     base = _trial(0, TrialConfig(), 10.0)
     spec = MeasureSpec(windows=3, window_s=0.5)
-    assert reserve_s([10.0] * 3, measure=fin.finalist_measure(spec), budget_s=100.0) == 20.0
+    assert expected_round_s([top[0], base], fin.finalist_measure(spec)) == 23.0
+    assert reserve_s([10.0] * 3, measure=fin.finalist_measure(spec), budget_s=100.0) == 0.0  # not one round in 20 s
     said: list[str] = []
 
-    def planned(left: float):
+    def planned(left: float, base=base):
         now = time.monotonic()
-        end, chosen, round_s = plan_finalists(top, base, plan=fin.plan, deadline=now + left, checks_s=0.0,
-                                              budget_s=100.0, rounds=2, measure=spec,
-                                              finalists=fin.finalist_measure(spec), log=said.append)
-        return end - now, chosen, round_s
+        end, chosen = plan_finalists(top, base, plan=fin.plan, deadline=now + left, checks_s=0.0, budget_s=300.0,
+                                     rounds=2, measure=spec, finalists=fin.finalist_measure(spec), log=said.append)
+        return end - now, chosen
 
-    left, chosen, round_s = planned(40.0)
-    assert chosen is not None and round_s == pytest.approx(23.0)  # 2 runs of 10 s + 1.5 s of longer windows
-    assert left == pytest.approx(40.0, abs=0.5)  # the finalists' deadline is the whole time left
-    left, chosen, _ = planned(120.0)
-    assert chosen is not None and chosen[1] == 2 and left == pytest.approx(100.0, abs=0.5)
+    left, chosen = planned(60.0)
+    assert chosen is not None and left == pytest.approx(60.0, abs=0.5)  # the finalists' deadline: all of it
+    left, chosen = planned(120.0)
+    assert chosen is not None and chosen[1] == 2 and left == pytest.approx(74.0, abs=0.5)
+    assert planned(120.0, base=None)[0] == pytest.approx(120.0, abs=0.5)  # no baseline: nothing to confirm
     said.clear()
     assert planned(5.0)[1] is None and any("no time left in the budget to re-measure" in m for m in said)

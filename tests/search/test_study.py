@@ -442,17 +442,20 @@ def test_batch_step_walks_the_sorted_choices():
 
 def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tmp_path):
     """Trials are never cut short, so the search must stop while the longest trial seen would still end
-    before the finalists' reserve (here 30% of a 100 s budget) and the confirmation's (20%): a late long trial would
-    eat the re-measurement that decides the recommendation, or the rounds that confirm its claim."""
+    before the finalists' reserve (at most 30% of the budget) and the confirmation's (the rounds that fit 20%): a
+    late long trial would eat the re-measurement that decides the recommendation, or the rounds that confirm its
+    claim."""
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
-    # reserve: min(20 * 1.3 * 3 finalists incl. baseline, 0.3 * 100) = 30 s, plus the confirmation's two rounds of
-    # two runs, min(4 x (20 s + the finalists' longer windows), 0.2 * 100) = 20 s
+    # 250 s: the finalists' min(20 * 1.3 * 3 finalists incl. baseline, 0.3 * 250) = 75 s; the confirmation's rounds
+    # of two 20.4 s runs (20 s + the finalists' longer windows) within 0.2 * 250 = 50 s: one, 40.8 s
     walls = [5.0, 20.0]
     now = time.monotonic()
-    assert not tuner.out_of_time(walls, now + 75.0, 100.0)  # 25 s beyond the reserve: a 20 s trial fits
-    assert tuner.out_of_time(walls, now + 65.0, 100.0)      # 15 s: the 20 s trial would not
-    assert not tuner.out_of_time([], now + 10.0, 100.0)    # no trial yet: nothing to reserve for
-    assert tuner.out_of_time(walls, now + 49.0, 100.0)      # inside the reserve
+    assert not tuner.out_of_time(walls, now + 141.0, 250.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert tuner.out_of_time(walls, now + 131.0, 250.0)      # 15 s: the 20 s trial would not
+    assert not tuner.out_of_time([], now + 10.0, 250.0)     # no trial yet: nothing to reserve for
+    assert tuner.out_of_time(walls, now + 110.0, 250.0)      # inside the reserve
+    # 100 s: not one confirmation round fits 20 s, so none is reserved (and none starts): the finalists' 30 s alone
+    assert not tuner.out_of_time(walls, now + 55.0, 100.0) and tuner.out_of_time(walls, now + 45.0, 100.0)
     assert not tuner.out_of_time(walls, None, None)         # no deadline: --trials alone
     # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
     many = [10.0] * 19 + [600.0]
