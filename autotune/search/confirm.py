@@ -59,6 +59,12 @@ class Confirmation:
     rule: str = ""  # how many rounds it could take, and why
     notes: tuple[str, ...] = field(default=())
 
+    def __post_init__(self) -> None:  # held as the record keeps them (4 decimals): a headline read back is the same
+        for name in ("ratio", "low", "high"):
+            x = getattr(self, name)
+            if x is not None:
+                object.__setattr__(self, name, round(float(x), 4))
+
     @property
     def winner_median(self) -> float | None:
         xs = [x for r in self.rounds for x in r.get("winner", ())]

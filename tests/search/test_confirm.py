@@ -240,3 +240,15 @@ def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_rou
     assert planned(120.0, base=None)[0] == pytest.approx(120.0, abs=0.5)  # no baseline: nothing to confirm
     said.clear()
     assert planned(5.0)[1] is None and any("no time left in the budget to re-measure" in m for m in said)
+
+
+def test_a_confirmation_read_back_states_the_same_headline():
+    """The record keeps 4 decimals; a claim of x1.73499 must not read back as x1.74 (CI once saw it: rounding twice).
+    Seeded, many ratios around the rounding edges."""
+    import random
+
+    rng = random.Random(0)
+    rounds = ({"winner": [1.0, 1.0], "baseline": [1.0, 1.0]}, {"winner": [1.0, 1.0], "baseline": [1.0, 1.0]})
+    for ratio in [1.73499, 1.735, 0.99999, 1.00499, 1.0949] + [rng.uniform(0.5, 3.0) for _ in range(2000)]:
+        c = Confirmation(rounds, ratio=ratio, low=ratio * rng.uniform(0.8, 1.0), high=ratio * rng.uniform(1.0, 1.2))
+        assert Confirmation.from_dict(c.to_dict()).headline() == c.headline(), ratio
