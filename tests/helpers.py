@@ -25,7 +25,8 @@ def run_cli(*args: str, timeout: float = 180, cwd: Path | None = None) -> subpro
 
 def assert_queued_are_walk_steps_or_reruns(trials) -> None:
     """What a run leaves queued (WAITING) for the next: the planned search's next trials (batch walk steps,
-    one-knob steps, a repeat of a config measured within the noise of the best: ``coordinate``), compile tried
+    one-knob steps, a repeat of a config measured within the noise of the best, the baseline moved to the walk's batch
+    or fed: ``coordinate``), compile tried
     last, or the one re-run of a trial pruned far below its neighbours (``study_queue.requeue_far_pruned``; on a
     noisy VM a short trial is sometimes pruned that way, and the re-run is right)."""
     by_number = {t.number: t for t in trials}
@@ -33,7 +34,7 @@ def assert_queued_are_walk_steps_or_reruns(trials) -> None:
         if t.state.name == "WAITING":
             ua = t.user_attrs
             rerun_of = by_number.get(ua.get("requeue_of"))
-            planned = ua.get("batch_line") or ua.get("knob_step") or ua.get("compile_last") \
+            planned = ua.get("batch_line") or ua.get("knob_step") or ua.get("compile_last") or ua.get("plan_step") \
                 or by_number.get(ua.get("repeat_of")) is not None
             assert planned or (rerun_of is not None and rerun_of.state.name == "PRUNED"), (t.number, ua)
 

@@ -209,6 +209,7 @@ class _Replay:
         self.tested: set[tuple[str, Any]] = set()  # (knob, value) pairs the bundle's separation measured
         self._asked: set[tuple] = set()
         self.why: dict[tuple, str] = {}  # a line for the log of a trial to queue, where it says more than its knobs
+        self.steps: dict[tuple, str] = {}  # the role of a trial to queue that has none of its own (keys.PLAN_STEP)
 
     # --- reading measurements -----------------------------------------------------------------------
     def key(self, params: dict[str, Any]) -> tuple:
@@ -229,6 +230,8 @@ class _Replay:
             if self.present[key] < n and key not in self._asked:
                 self._asked.add(key)
                 extra = {keys.REPEAT_OF: got[0].number} if got else {}
+                if not roles and not extra:  # every trial the plan queues says why (`show`, convergence.PLANNED_ROLES)
+                    extra = {keys.PLAN_STEP: self.steps.get(key, "planned")}
                 label = self.describe(params)
                 why = (f"measuring {label} again (trial {got[0].number}): within the noise of the best so far"
                        if got else self.why.get(key, f"queued: {label}"))
@@ -314,6 +317,7 @@ class _Replay:
                 continue
             p = complete(self.space, {**params, **self.feed})
             self.why.setdefault(self.key(p), f"queued: {what} with the loader sized to the model ({loader})")
+            self.steps.setdefault(self.key(p), f"{what.removeprefix('the ')}, fed")
             out.append(p)
         return out[0], out[1]
 
@@ -335,6 +339,7 @@ class _Replay:
         moved = complete(self.space, {**base, "batch_size": walked["batch_size"]})
         self.why.setdefault(self.key(moved), f"queued: the baseline at batch {walked['batch_size']}, beside the likely "
                                              "winners there")
+        self.steps.setdefault(self.key(moved), f"baseline at batch {walked['batch_size']}")
         return moved, walked
 
     def separate(self, base: dict[str, Any], likely: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -53,6 +53,7 @@ WARM_START = "warm_start_from"   # "<study name> #<trial>": an earlier study's w
 KNOB_STEP = "knob_step"          # "amp=off": a one-knob step of the planned search (coordinate.py)
 REPEAT_OF = "repeat_of"          # the number of the trial whose config this one measures again (a noise decision)
 COMPILE_LAST = "compile_last"    # the compile mode tried on the best eager config once the eager search settled
+PLAN_STEP = "plan_step"          # "baseline at batch 32": another config the planned search queued (coordinate.py)
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
 REQUEUE_OF = "requeue_of"        # the number of the pruned trial this one re-runs (study_queue.requeue_far_pruned)
 HELD_BACK = "held_back"          # why the sampler ran this trial without the compile it proposed (compile_gate)
@@ -93,7 +94,7 @@ PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks
 FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
 
 # A queued trial's role in the study, kept by its retry.
-ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST)
+ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST, PLAN_STEP)
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
@@ -425,6 +426,8 @@ def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
         what = f"repeat of #{ua[REPEAT_OF]}"
     elif ua.get(COMPILE_LAST):
         what = f"compile last: {ua[COMPILE_LAST]}"
+    elif ua.get(PLAN_STEP):
+        what = str(ua[PLAN_STEP])
     else:
         what = ""
     if ua.get(RETRY_OF) is not None:

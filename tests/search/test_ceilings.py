@@ -19,6 +19,7 @@ from autotune.machine.hardware import detect
 from autotune.search import ceiling_runs, ceilings
 from autotune.search.ceilings import Ceilings, Point, climb
 from autotune.search.space import space_from_dict
+from autotune.search.trials import role as role_of
 from autotune.search.tuner import Tuner
 
 HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36", usable_cores=8,
@@ -211,6 +212,9 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
     assert [c.num_workers for c in first3] == [0, 0, 8]
+    # the fed trials say what they are (`show`), and count as the plan's, not the sampler's (convergence)
+    assert [role_of(t.user_attrs) for t in trials[:4]] == ["baseline", "likely winner", "baseline, fed",
+                                                        "likely winners, fed"]
     assert any("from here every config runs with the loader sized to the model (num_workers=8" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8

@@ -19,6 +19,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.search.coordinate import candidates, complete, plan
 from autotune.machine.hardware import detect
 from autotune.search.space import Param, space_from_dict
+from autotune.search.trials import role
 from autotune.search.tuner import Tuner
 
 # every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler and Python.h,
@@ -99,6 +100,8 @@ def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
                                                     "bs=64 w=0 bf16 cl malloc=retain"]  # the walk from the bundle
     assert [c.short() for c in runner.ran[5:9]] == ["bs=32 w=0", "bs=32 w=0 cl malloc=retain",
                                                     "bs=32 w=0 bf16 malloc=retain", "bs=32 w=0 bf16 cl"]
+    by_config = {TrialConfig.from_dict(t.user_attrs["config"]).short(): t for t in tuner.study().trials}
+    assert role(by_config["bs=32 w=0"].user_attrs) == "baseline at batch 32"  # the plan's, not the sampler's
     assert any(m == "the likely winners won: their knobs are taken apart at batch 32, where the walk from them went"
                for m in logs)
     assert any("each is reverted from them in turn" in m for m in logs)
