@@ -9,6 +9,7 @@ test is which configs the search measures and what it concludes, not a measureme
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -16,6 +17,7 @@ from optuna.trial import TrialState, create_trial
 
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
+from autotune.search import finalists as fin, phases
 from autotune.search.coordinate import candidates, complete, plan
 from autotune.machine.hardware import detect
 from autotune.search.space import Param, space_from_dict
@@ -237,3 +239,30 @@ def test_a_trial_budget_keeps_its_last_trial_for_compile_once_the_planned_search
     assert runner.ran[-1].replace(compile_mode="none") == max(runner.ran[:-1], key=lambda c: (
         BATCH[c.batch_size] * (0.6 if c.amp == "bf16" else 1) * (1.2 if c.channels_last else 1)
         * (1.25 if c.malloc == "retain" else 1)))
+
+
+def test_under_a_budget_the_search_settles_when_the_time_left_is_the_compile_trials(tmp_path):
+    """Once the planned search is done, the eager search stops (and compile is queued on its best config) when the
+    time left for the search, after the finalists' and the confirmation's reserve, fits the compile trial (~90 s
+    before one ran) and no more; with a long trial's more left it searches on. The gate (CompileGate) and this
+    trigger read the same reserve: with the confirmation's left out of the trigger, the two never agreed."""
+    tuner = _tuner(tmp_path, _model(bf16=0.6, cl=1.2, retain=1.25))
+    tuner.run(trials=9)
+    study, ctx = tuner.study(), tuner.search_context()
+    assert ctx.plan(study).done and study.user_attrs.get("eager_settled") is None
+    walls, budget = [30.0] * len(study.trials), 3600.0
+    reserve = fin.search_reserve_s(walls, finalists=ctx.finalists, rounds=ctx.finalist_rounds, budget_s=budget,
+                                   measure=ctx.measure)
+    assert reserve > fin.reserve_s(walls, finalists=ctx.finalists, rounds=ctx.finalist_rounds, budget_s=budget) + 30
+    expected, _ = ctx.compile_gate.expected_s(study.trials)
+
+    def stop(left_s: float):
+        deadline = time.monotonic() + reserve + left_s
+        ctx.compile_gate.start(deadline, budget, walls)
+        return phases.stop_reason(ctx, study, walls=walls, deadline=deadline, budget_s=budget)
+
+    assert stop(expected + 40.0) is None and study.user_attrs.get("eager_settled") is None  # room for more trials
+    assert stop(expected + 10.0) is None  # compile is queued, not run yet
+    assert study.user_attrs["eager_settled"]["why"].startswith("the time left for the search (")
+    queued = [t for t in study.trials if t.state.name == "WAITING"]
+    assert [t.user_attrs.get("compile_last") for t in queued] == ["default"]
