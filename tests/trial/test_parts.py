@@ -37,7 +37,9 @@ def test_the_model_alone_never_waits_for_data_and_outruns_the_data_path(alone):
 def test_the_data_path_alone_reports_the_cores_its_workers_kept_busy(alone):
     _, data = alone
     assert data.data_wait_share > 0.5  # its "step" only copies the batch: nearly all of it is the loader
-    assert data.cpu_cores_used is not None and 0.3 < data.cpu_cores_used < 2.5  # the one worker decoding
+    # the one worker decoding (a share of a core on a busy VM); the main process alone, which only waits on the
+    # worker's queue, keeps well under 0.15
+    assert data.cpu_cores_used is not None and 0.15 < data.cpu_cores_used < 2.5
 
 
 def test_a_data_path_that_fails_alone_says_so_with_the_workloads_message():
@@ -70,20 +72,23 @@ def test_each_part_runs_in_n_ddp_ranks_at_once_as_the_trials_do():
     cfg = TrialConfig(batch_size=16, num_workers=1, persistent_workers=True, intra_op_threads=1)
     spec = SPEC.replace(part="data", windows=3, window_s=0.5)
     ones, twos = [], []
-    for _ in range(2):  # interleaved: this VM's load moves between runs
+    for _ in range(3):  # interleaved pairs: this VM's load moves between runs, less within a pair
         ones.append(run_trial(HEAVY, cfg, spec))
         twos.append(run_trial(two, cfg, spec))
     model = run_trial(two, TrialConfig(batch_size=16, intra_op_threads=1), SPEC.replace(part="model"))
     assert all(r.status == "ok" for r in [*ones, *twos, model]), [r.reason for r in [*ones, *twos, model]]
     assert all(r.world_size == 2 for r in twos) and model.world_size == 2
     assert model.data_wait_share < 0.2
-    rate = [statistics.median(r.median_samples_per_s for r in rs) for rs in (ones, twos)]
-    cores = [statistics.median(r.cpu_cores_used for r in rs) for rs in (ones, twos)]
-    print(f"one process, 1 worker: {cores[0]:.2f} cores busy, {rate[0]:.0f} samples/s; 2 ranks, 1 worker each: "
-          f"{cores[1]:.2f} cores busy, {rate[1]:.0f} samples/s")
+    rate = statistics.median(b.median_samples_per_s / a.median_samples_per_s for a, b in zip(ones, twos))
+    cores = statistics.median(b.cpu_cores_used / a.cpu_cores_used for a, b in zip(ones, twos))
+    print("one process, 1 worker: " + ", ".join(f"{r.cpu_cores_used:.2f} cores busy {r.median_samples_per_s:.0f}/s"
+                                                for r in ones)
+          + "; 2 ranks, 1 worker each: " + ", ".join(f"{r.cpu_cores_used:.2f} cores busy {r.median_samples_per_s:.0f}/s"
+                                                     for r in twos)
+          + f"; median ratio of the pairs: cores x{cores:.2f}, rate x{rate:.2f}")
     # two workers decoding on this machine's cores (at least 2): rank 0's tree alone would hold one worker, and its
-    # samples alone would be about one process's
-    assert cores[1] > 1.2 * cores[0] and rate[1] > 1.2 * rate[0]
+    # samples alone would be about one process's (ratios near 1 or below)
+    assert cores > 1.2 and rate > 1.1
 
 
 def test_a_ranks_cores_busy_are_its_whole_trials():
@@ -95,21 +100,26 @@ def test_a_ranks_cores_busy_are_its_whole_trials():
 
     burn = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # until killed below
     try:
+        # the sibling's own seconds, read at the same instants: what it got of a busy VM's cores
         probe = textwrap.dedent("""
-            import time
+            import sys, time
+            import psutil
             from autotune.trial.parts import tree_cpu_s
-            a, b = tree_cpu_s(), tree_cpu_s(whole_trial=True)
+            sib = psutil.Process(int(sys.argv[1]))
+            s0, a, b = sum(sib.cpu_times()[:2]), tree_cpu_s(), tree_cpu_s(whole_trial=True)
             time.sleep(1.5)
-            c, d = tree_cpu_s(), tree_cpu_s(whole_trial=True)
-            print((c[0] - a[0]) / (c[1] - a[1]), (d[0] - b[0]) / (d[1] - b[1]))
+            s1, c, d = sum(sib.cpu_times()[:2]), tree_cpu_s(), tree_cpu_s(whole_trial=True)
+            print((c[0] - a[0]) / (c[1] - a[1]), (d[0] - b[0]) / (d[1] - b[1]), (s1 - s0) / (d[1] - b[1]))
         """)
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run([sys.executable, "-c", probe, str(burn.pid)], capture_output=True, text=True, timeout=60,
+                             check=True)
     finally:
         burn.kill()
         burn.wait()
-    own, whole = (float(x) for x in out.stdout.split())
+    own, whole, burned = (float(x) for x in out.stdout.split())
     assert own < 0.2  # it slept
-    assert whole > own + 0.3, (own, whole)  # its sibling burned a core (a share of one on a busy VM)
+    assert burned > 0.05, burned  # the sibling ran
+    assert whole - own >= 0.8 * burned, (own, whole, burned)  # and counts in the whole trial's cores
 
 
 def test_a_worker_that_exits_between_two_readings_keeps_its_cpu_seconds():

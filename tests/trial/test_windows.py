@@ -15,7 +15,9 @@ def test_windows_stop_at_the_third_once_they_agree_and_not_without_the_rule():
     loose = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec.replace(tight_spread=0.95))
     every = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec)
     assert loose.status == every.status == "ok", (loose.reason, every.reason)
-    assert len(loose.samples_per_s) == 3  # any three windows of one config lie within 95% of their median here
+    # three windows of one config lie within 95% of their median here, unless a burst of load lands on one of them:
+    # then a fourth or fifth; never all six (the rule ignored), never fewer than three
+    assert 3 <= len(loose.samples_per_s) < 6, loose.samples_per_s
     assert len(every.samples_per_s) == 6
 
 
