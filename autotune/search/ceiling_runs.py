@@ -39,7 +39,12 @@ def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str
 
 
 def _first(study: Study, role: str):
-    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(role) and t.state.is_finished()]
+    """The first trial in ``role`` that measured its config: one a killed run interrupted measured nothing (its
+    retry, queued with the same role, will)."""
+    from autotune.search import trials as keys
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(role) and t.state.is_finished()
+            and t.user_attrs.get(keys.STATUS) not in (None, "interrupted")]
     return min(done, key=lambda t: t.number) if done else None
 
 
@@ -75,9 +80,14 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
         cost = 4 * min(walls, default=0.0)
         if cost > BUDGET_SHARE * time_left_s:
+            # the baseline is input-bound or on a GPU all the same: its loader gets a guess, measured as the trials
+            guess = max((w for w in offered if w <= max(1, space.rank_cores - 1)), default=None)
             log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
-                f"{time_left_s:.0f} s left in the budget")
-            store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share"))
+                f"{time_left_s:.0f} s left in the budget"
+                + (f"; the loader gets {guess} worker(s) instead, unmeasured (a rank's cores less one, Lightning's "
+                   "hint)" if guess else ""))
+            store(study, Ceilings(model=None, why=f"not measured: ~{cost:.0f} s, over the budget's share",
+                                  device=workload.device_family, guess=guess))
             if said is not None:
                 said.add(SKIPPED)
             return None
@@ -87,7 +97,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})")
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
     c = climb(model_config, data_config, offered, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
-    c = dataclasses.replace(c, world_size=world)
+    c = dataclasses.replace(c, world_size=world, device=workload.device_family)
     store(study, c)
     for line in c.notes:
         log(f"ceiling: {line}")

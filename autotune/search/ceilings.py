@@ -114,6 +114,8 @@ class Ceilings:
     why: str = ""
     notes: tuple[str, ...] = field(default=())
     world_size: int = 1
+    device: str = "cuda"  # the trials' device family: "cpu" has no GPU to decode on (a record without it: "cuda")
+    guess: int | None = None  # a budget skipped the climb: the workers a rank's cores less one give (Lightning's hint)
 
     @property
     def per_rank(self) -> str:
@@ -226,14 +228,16 @@ class Ceilings:
             return []
         best = self.best_data()
         short = f"{best.samples_per_s / self.model_rate:.0%} of the model's rate" if best is not None else "no rate"
-        return [f"even the fastest data path measured ({short}) cannot feed the model: " + lever for lever in LEVERS]
+        levers = LEVERS if self.device != "cpu" else LEVERS[1:]  # a CPU run has no GPU to decode on
+        return [f"even the fastest data path measured ({short}) cannot feed the model: " + lever for lever in levers]
 
     # --- records ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         feed = self.workers_to_feed()
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
-                "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size,
+                "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size, "device": self.device,
+                "guess": self.guess,
                 "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
                           "model" if self.feeds() else "data")}
 
@@ -243,7 +247,8 @@ class Ceilings:
             return None
         return cls(model=Point.from_dict(d["model"]) if d.get("model") else None,
                    data=tuple(Point.from_dict(p) for p in d.get("data") or ()), why=str(d.get("why", "")),
-                   notes=tuple(d.get("notes") or ()), world_size=int(d.get("world_size") or 1))
+                   notes=tuple(d.get("notes") or ()), world_size=int(d.get("world_size") or 1),
+                   device=str(d.get("device") or "cuda"), guess=d.get("guess"))
 
     def lines(self) -> list[str]:
         out = [f"ceilings ({self.why})" if self.why else "ceilings"]
@@ -342,18 +347,19 @@ def store(study: Study, ceilings: Ceilings) -> None:
 def feed(study: Study, space: Any) -> dict[str, Any] | None:
     """The loader knobs the planned search gives every config from now on (``coordinate.plan``), from the stored
     ceilings: the workers to feed the model, the pinned memory and persistent workers the space offers, and the
-    data path's prefetch; None without ceilings, or when the space does not search ``num_workers``."""
+    data path's prefetch; None without ceilings, or when the space does not search ``num_workers``. Ceilings a budget
+    skipped give their ``guess`` (unmeasured, but an input-bound baseline's first trials still get workers)."""
     c = load(study)
     if c is None:
         return None
-    workers = c.workers_to_feed()
+    workers = c.workers_to_feed() or (c.guess if not c.data else None)
     choices = {p.name: p.choices for p in space.params}
     offered = offered_workers(choices.get("num_workers", ()))
     if not workers or not offered:
         return None
     workers = next((w for w in offered if w >= workers), offered[-1])  # a space's [0, 2, 4, 8] has no 3
     out: dict[str, Any] = {"num_workers": workers}
-    ref = (c.best_data() or c.data[0]).config
+    ref = (c.best_data() or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
     for knob in ("pin_memory", "persistent_workers", "prefetch_factor"):
         if ref.get(knob) is not None and ref.get(knob) in choices.get(knob, ()):
             out[knob] = ref[knob]
@@ -394,7 +400,10 @@ def recorded(study: Study, rec: Any) -> Any:
     if c is None:
         return rec
     if c.model is None and not c.data:  # skipped (the budget): said, not guessed
-        return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": f"not measured ({c.why})", "levers": []})
+        verdict = c.why if c.why.startswith("not measured") else f"not measured ({c.why})"
+        if c.guess:
+            verdict += f"; the loader got {c.guess} worker(s) unmeasured (a rank's cores less one)"
+        return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": verdict, "levers": []})
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
     return dataclasses.replace(rec, ceilings=record)

@@ -216,10 +216,16 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
                                    notes=tuple(notes + [f"claim {conf.headline()}"]))
     winner_med, base_med = conf.winner_median, conf.baseline_median
     sel = rec.speedup_vs_baseline
+    # the selection's stand-in for the baseline is the selection's only: the claim's baseline ran in these rounds
+    notes = [n + "; the claim's baseline is the confirmation's own rounds" if n.startswith("baseline figure from its "
+             "search trial") else n for n in notes]
     if sel and conf.high is not None and conf.high < sel and conf.status == "confirmed":
         notes.append(f"the selection measured x{sel:.2f}; rounds that did not choose it measure x{conf.ratio:.2f}: "
                      "the claim is theirs (the selection's luck is left out)")
-    out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3),
+    # the claim's figures are the confirmation's, its windows too (the selection's are kept in ``selection``)
+    won = tuple(x for r in conf.rounds for x in r["winner"])
+    out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3), samples_per_s=won,
+                              iqr_samples_per_s=round(summarize(won).iqr, 3), noisy=summarize(won).noisy,
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
                               selection=selection, confirmation=record, notes=tuple(notes))
     # slower beyond the noise, and the confirmation not itself noisy (a +/-70% interval on a busy VM says nothing the

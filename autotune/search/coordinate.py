@@ -308,7 +308,7 @@ class _Replay:
         ran as they are: the data path binds, so every comparison from here on runs fed (``search.ceilings``)."""
         self.get([(base, {})] + ([(likely, {})] if likely is not None else []))
         loader = ", ".join(f"{k}={v}" for k, v in self.feed.items())
-        self.notes.append(f"from here every config runs with the loader sized to the model ({loader}; "
+        self.notes.append(f"from here every config runs with the loader the ceilings give ({loader}; "
                           "search.ceilings)")
         out = []
         for params, what in ((base, "the baseline"), (likely, "the likely winners")):
@@ -316,7 +316,7 @@ class _Replay:
                 out.append(None)
                 continue
             p = complete(self.space, {**params, **self.feed})
-            self.why.setdefault(self.key(p), f"queued: {what} with the loader sized to the model ({loader})")
+            self.why.setdefault(self.key(p), f"queued: {what} with the loader the ceilings give ({loader})")
             self.steps.setdefault(self.key(p), f"{what.removeprefix('the ')}, fed")
             out.append(p)
         return out[0], out[1]

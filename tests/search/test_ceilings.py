@@ -42,6 +42,9 @@ def test_workers_to_feed_interpolates_between_the_points_around_the_model():
     assert c.workers_to_feed() == 4 and not c.feeds()
     assert c.levers() and all("cannot feed the model" in lever for lever in c.levers())
     assert "decode_jpeg(device='cuda')" in " ".join(c.levers())
+    cpu = dataclasses.replace(c, device="cpu")  # a CPU run has no GPU to decode on: the other levers only
+    assert "decode on the GPU" not in " ".join(cpu.levers()) and len(cpu.levers()) == len(c.levers()) - 1
+    assert Ceilings.from_dict(cpu.to_dict()).device == "cpu"
     assert _c(1000.0, (2, 1500.0)).levers() == []  # fed: no lever to name
 
 
@@ -215,12 +218,13 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     # the fed trials say what they are (`show`), and count as the plan's, not the sampler's (convergence)
     assert [role_of(t.user_attrs) for t in trials[:4]] == ["baseline", "likely winner", "baseline, fed",
                                                         "likely winners, fed"]
-    assert any("from here every config runs with the loader sized to the model (num_workers=8" in m for m in logs)
+    assert any("from here every config runs with the loader the ceilings give (num_workers=8" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
     assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
     assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8]
     assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
+    assert doc["ceilings"]["device"] == "cpu" and not any("GPU" in lever for lever in doc["ceilings"]["levers"])
     assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
 
 
@@ -278,6 +282,40 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
                                               log_dir=None, log=logs.append, time_left_s=100.0, said=said) is None
     assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
     assert ceilings.load(study).why.startswith("not measured: ~80 s")
+    # the baseline is input-bound all the same: the planned search feeds every config a guess, a rank's cores less one
+    space = _space()
+    guess = max(1, space.rank_cores - 1)
+    assert ceilings.load(study).guess == guess and f"the loader gets {guess} worker(s) instead, unmeasured" in logs[0]
+    assert ceilings.feed(study, space)["num_workers"] == guess
+    from tests.helpers import make_rec
+
+    verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
+    assert verdict == f"not measured: ~80 s, over the budget's share; the loader got {guess} worker(s) unmeasured " \
+                      "(a rank's cores less one)"
+
+
+def test_ceilings_wait_for_the_retry_of_a_likely_winner_a_killed_run_interrupted(tmp_path):
+    """Resumed after a kill during the likely winners' trial: that trial measured nothing, so the ceilings are not
+    measured yet (the model's would be the baseline's config); once its retry ran they are."""
+    import optuna
+
+    from autotune.search import trials as keys
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = _space().likely_params()
+    likely_config = _space().effective(likely).to_dict()
+    study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={
+        keys.BASELINE: True, "config": TrialConfig(batch_size=64).to_dict(), keys.STATUS: "ok", keys.WALL_S: 20.0,
+        keys.DATA_WAIT_SHARE: 0.9}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={
+        keys.LIKELY_WINNER: True, "config": likely_config, keys.STATUS: "interrupted"}))
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    kw = dict(runner=runner, workload=Workload(), measure=QUICK, log_dir=None, log=lambda m: None)
+    assert ceiling_runs.measure_if_wanted(study, _space(), **kw) is None and not runner.calls
+    study.add_trial(optuna.trial.create_trial(value=120.0, user_attrs={
+        keys.LIKELY_WINNER: True, keys.RETRY_OF: 1, "config": likely_config, keys.STATUS: "ok", keys.WALL_S: 20.0}))
+    c = ceiling_runs.measure_if_wanted(study, _space(), **kw)
+    assert c is not None and c.model.config["amp"] == likely_config["amp"] == "bf16"  # the likely winners' config
 
 
 def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(tmp_path):

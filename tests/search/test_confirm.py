@@ -7,6 +7,8 @@ trial children on a tiny workload."""
 
 from __future__ import annotations
 
+import statistics
+
 import time
 
 import pytest
@@ -60,6 +62,9 @@ def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["measured"]["speedup_vs_baseline"] == pytest.approx(2.1, rel=0.01)
     assert doc["selection"]["speedup_vs_baseline"] == pytest.approx(2.73, rel=0.02)
+    # the claim's windows are the confirmation's, their median its figure; the selection's lucky ones kept apart
+    assert statistics.median(doc["measured"]["samples_per_s"]) == pytest.approx(doc["measured"]["median_samples_per_s"])
+    assert statistics.median(doc["selection"]["samples_per_s"]) == pytest.approx(105.0 * 1.3, rel=0.02)
     assert [len(r["winner"]) for r in doc["confirmation"]["rounds"]] == [3] * len(c["rounds"])  # raw windows kept
     assert any("rounds that did not choose it measure x2.10" in n for n in rec.notes)
     assert c["headline"] in rec.summary()
@@ -252,3 +257,22 @@ def test_a_confirmation_read_back_states_the_same_headline():
     for ratio in [1.73499, 1.735, 0.99999, 1.00499, 1.0949] + [rng.uniform(0.5, 3.0) for _ in range(2000)]:
         c = Confirmation(rounds, ratio=ratio, low=ratio * rng.uniform(0.8, 1.0), high=ratio * rng.uniform(1.0, 1.2))
         assert Confirmation.from_dict(c.to_dict()).headline() == c.headline(), ratio
+
+
+def test_a_baseline_the_selection_did_not_re_measure_is_the_confirmations_in_the_claim():
+    """The selection's note that its baseline figure is the search trial's (a short budget) says the claim's baseline
+    is the confirmation's own rounds, where it ran: the note must not read as if the claim's figure were unmeasured."""
+    import dataclasses
+
+    from autotune.search.confirm import apply
+    from tests.helpers import make_rec
+
+    stand_in = "baseline figure from its search trial #0 (not re-measured: the time budget was short), so the " \
+               "speedup is less certain"
+    rec = dataclasses.replace(make_rec(), notes=(stand_in,))
+    conf = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
+                                {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
+    out = apply(rec, conf, TrialConfig(batch_size=8))
+    assert out.baseline_samples_per_s == pytest.approx(100.0, abs=0.5)
+    assert [n for n in out.notes if n.startswith("baseline figure")] == [
+        stand_in + "; the claim's baseline is the confirmation's own rounds"]

@@ -393,7 +393,10 @@ def test_one_finalist_round_pools_the_search_trials_and_says_so(tmp_path):
     rec = tuner.run(trials=4)
     assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
     assert rec.finalist_rounds == 1 and rec.search_round_pooled
-    assert len(rec.samples_per_s) == 3 + len(SPREAD)  # the search trial's 3 windows, then the finalist round's
+    # the selection's windows: the search trial's 3, then the finalist round's (the claim's are the confirmation's)
+    assert len(rec.selection["samples_per_s"]) == 3 + len(SPREAD)
+    confirmed = [x for r in rec.confirmation["rounds"] for x in r["winner"]]
+    assert list(rec.samples_per_s) == pytest.approx(confirmed, abs=1e-3)
     assert any(n.startswith("one finalist round only") and "search trial counts as a second round" in n
                for n in rec.notes)
     assert "over 1 interleaved finalist round(s) and the search trials" in rec.summary()
@@ -406,7 +409,7 @@ def test_two_finalist_rounds_do_not_pool_the_search_trials(tmp_path):
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, {k: 200.0 for k in speed}))
     rec = tuner.run(trials=4)
     assert rec.finalist_rounds == 2 and not rec.search_round_pooled
-    assert len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert len(rec.selection["samples_per_s"]) == 2 * len(SPREAD)
     assert not any("one finalist round only" in n for n in rec.notes)
 
 
@@ -450,5 +453,5 @@ def test_a_kill_during_the_finalists_keeps_their_finished_rounds_and_the_resume_
     resumed = [n for n in resumed if not n.startswith("confirm-")]  # the claim's own rounds follow (search.confirm)
     assert resumed and all(n.startswith("finalist-1-") for n in resumed) and len(resumed) == 3, resumed
     assert any("round 1/2: measured by an earlier, interrupted run" in m for m in logs), logs
-    assert rec is not None and rec.finalist_rounds == 2 and len(rec.samples_per_s) == 2 * len(SPREAD)
+    assert rec is not None and rec.finalist_rounds == 2 and len(rec.selection["samples_per_s"]) == 2 * len(SPREAD)
     assert again.study().user_attrs.get("finalist_rounds") is None  # done: a later run measures afresh
