@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.ceilings import Ceilings, Point, Run, climb, load, offered_workers, store
+from autotune.search.likely import hint_workers
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -44,7 +45,7 @@ def _first(study: Study, role: str):
     from autotune.search import trials as keys
 
     done = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(role) and t.state.is_finished()
-            and t.user_attrs.get(keys.STATUS) not in (None, "interrupted")]
+            and t.user_attrs.get(keys.STATUS) not in keys.NOT_MEASURED]
     return min(done, key=lambda t: t.number) if done else None
 
 
@@ -81,7 +82,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         cost = 4 * min(walls, default=0.0)
         if cost > BUDGET_SHARE * time_left_s:
             # the baseline is input-bound or on a GPU all the same: its loader gets a guess, measured as the trials
-            guess = max((w for w in offered if w <= max(1, space.rank_cores - 1)), default=None)
+            guess = hint_workers(offered, space.rank_cores)
             log(f"ceilings not measured: the climb (~{cost:.0f} s) would take more than {BUDGET_SHARE:.0%} of the "
                 f"{time_left_s:.0f} s left in the budget"
                 + (f"; the loader gets {guess} worker(s) instead, unmeasured (a rank's cores less one, Lightning's "

@@ -224,8 +224,9 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
                      "the claim is theirs (the selection's luck is left out)")
     # the claim's figures are the confirmation's, its windows too (the selection's are kept in ``selection``)
     won = tuple(x for r in conf.rounds for x in r["winner"])
+    spread = summarize(won)
     out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3), samples_per_s=won,
-                              iqr_samples_per_s=round(summarize(won).iqr, 3), noisy=summarize(won).noisy,
+                              iqr_samples_per_s=round(spread.iqr, 3), noisy=spread.noisy,
                               baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
                               selection=selection, confirmation=record, notes=tuple(notes))
     # slower beyond the noise, and the confirmation not itself noisy (a +/-70% interval on a busy VM says nothing the

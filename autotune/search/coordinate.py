@@ -56,8 +56,6 @@ NOT_SWEPT = ("batch_size", "compile_mode")
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
         "!=": operator.ne}
-# statuses of a finished trial that say nothing about its config: the run was stopped, the trial is retried
-_NOT_MEASURED = (None, "interrupted")
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
         if fingerprint and ua.get(keys.FINGERPRINT, fingerprint) != fingerprint:
             continue  # another kind of machine's figures
         finished = t.state.is_finished()
-        if finished and (ua.get(keys.STATUS) in _NOT_MEASURED or (limit is not None and not limit.binds(t))):
+        if finished and (ua.get(keys.STATUS) in keys.NOT_MEASURED or (limit is not None and not limit.binds(t))):
             continue  # stopped (its retry is queued), or killed under a lower cap than now: as if never tried
         key = config.key()
         present[key] += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LIKELY_WINNERS", "likely_params"]
+__all__ = ["LIKELY_WINNERS", "likely_params", "hint_workers"]
 
 # Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
 # hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
@@ -40,14 +40,24 @@ def likely_params(space: Any) -> dict[str, Any] | None:
     return params if params != base else None
 
 
+def hint_workers(offered, rank_cores: int) -> int | None:
+    """Lightning's worker hint, ``max(1, cpus // ranks - 1)``, as the most of ``offered`` within it (None when none
+    above 0 is): the likely winners' loader on a GPU, and the ceilings' guess when a budget skips the climb.
+
+    >>> hint_workers((0, 1, 2, 4, 8), 6), hint_workers((0, 2), 1), hint_workers((0,), 16)
+    (4, None, None)
+    """
+    return max((c for c in offered if 0 < c <= max(1, rank_cores - 1)), default=None)
+
+
 def _gpu_loader(choices: dict[str, tuple], rank_cores: int) -> dict[str, Any]:
     """The likely winners' loader on a GPU: the most workers up to a rank's cores less one (Lightning's hint,
     ``max(1, cpus // ranks - 1)``), pinned memory and persistent workers, as the space offers them. A guess measured
     like any trial; the ceilings (``search.ceilings``) then size the loader from measurements."""
     out: dict[str, Any] = {}
-    workers = [c for c in choices.get("num_workers", ()) if 0 < c <= max(1, rank_cores - 1)]
+    workers = hint_workers(choices.get("num_workers", ()), rank_cores)
     if workers:
-        out["num_workers"] = max(workers)
+        out["num_workers"] = workers
         if True in choices.get("persistent_workers", ()):
             out["persistent_workers"] = True
     if True in choices.get("pin_memory", ()):

@@ -94,7 +94,7 @@ def recover(study: Study, space, *, single_run: bool) -> int:
     for t in trials:
         stale = t.state == TrialState.RUNNING and single_run
         interrupted = t.state == TrialState.FAIL and t.user_attrs.get(keys.STATUS) in (
-            (None, "interrupted") if single_run else ("interrupted",))
+            keys.NOT_MEASURED if single_run else ("interrupted",))
         if stale:
             storage, tid = storage_of(study), trial_id(t)
             storage.set_trial_user_attr(tid, keys.STATUS, "interrupted")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial",
            "baseline_value", "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart",
-           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures"]
+           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures", "NOT_MEASURED"]
 
 # What the study maximises, named on the study (``Study.set_metric_names``) so optuna-dashboard, the optuna CLI
 # and ``trials_dataframe`` (column ``value_samples/s``) say it instead of "Objective 0" / ``value``.
@@ -92,6 +92,9 @@ PLAN = "search_plan"             # the planned search drives the first trials (c
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
+
+# The statuses of a finished trial that measured nothing of its config: the run was stopped (its retry measures it).
+NOT_MEASURED = (None, "interrupted")
 
 # A queued trial's role in the study, kept by its retry.
 ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST, PLAN_STEP)
