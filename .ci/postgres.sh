@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL server for the shared-storage tests (tests/search/test_postgres.py).
+# A throwaway PostgreSQL server for the shared-storage tests (tests/search/record/test_postgres.py).
 #
 #   source .ci/postgres.sh     # starts it, exports AUTOTUNE_TEST_POSTGRES_URL, stops it when the shell exits
 #   bash .ci/postgres.sh       # starts it and prints the export line; stop it with the printed pg_ctl command

@@ -12,11 +12,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, Workload
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
-from autotune.search.storage import open_storage, study_name_for
+from autotune.search.record.storage import open_storage, study_name_for
 
 __all__ = ["recommend", "tune"]
 
@@ -38,11 +38,11 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     warns with ``VersionMismatchWarning`` naming what changed since: torch/CUDA/driver versions, and the other
     facts of the recommendation's collect_env stamp (compiler, OS, cuDNN, torch-related packages). Otherwise (or with
     ``rerun=True``) runs a study within ``budget`` (a duration like "20m") and/or ``trials``; with both None,
-    until the search converges (``autotune.search.convergence``; at most 8 h).
+    until the search converges (``autotune.search.plan.convergence``; at most 8 h).
 
     ``run_length`` (a duration like "6h") or ``planned_steps`` says how long the training this is for runs
     (default: an hour, assumed): a ``torch.compile`` config wins only if its gain over that run pays back its
-    compile time (``autotune.search.payback``). A stored recommendation priced for another run length is not reused.
+    compile time (``search.choose.payback``). A stored recommendation priced for another run length is not reused.
 
     ``global_batch`` keeps N samples per optimizer step: only the batch sizes that divide N are searched, as
     micro-batches with N / micro-batch gradient accumulation steps (``autotune.workloads.global_batch``); the
@@ -60,14 +60,14 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     ``latency_p99`` (``task="infer"`` only; a duration like "50ms", or seconds) bounds the 99th-percentile latency
     of one inference step: a config over it is infeasible, as one over the memory cap is, so the fastest config
     that meets it is recommended (``autotune.trial.latency``); a bound under one step's measured floor is a
-    ``ConfigError`` before the search (``autotune.search.latency_floor``).
+    ``ConfigError`` before the search (``autotune.search.choose.latency_floor``).
     """
     from autotune._units import parse_duration_s, parse_memory_mb
     from autotune.machine.hardware import detect
     from autotune.machine.gpu_check import check_cuda_usable
     from autotune.machine.limits import check_cap_against_machine
-    from autotune.search.payback import RunLength
-    from autotune.search.space import load_space
+    from autotune.search.choose.payback import RunLength
+    from autotune.search.space.search_space import load_space
     from autotune.search.tuner import Tuner
     from autotune.workloads.contract import reference
     from autotune.workloads.build import check
@@ -112,7 +112,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
         checked = check(workload, env_stamp=True)
         tuner = tuner if checked.data == stored else make_tuner(checked)
     timeout_s = parse_duration_s(budget, what="budget") if budget is not None else None
-    from autotune.search.latency_floor import check_floor
+    from autotune.search.choose.latency_floor import check_floor
 
     check_floor(tuner)
     rec = tuner.run(trials=trials, timeout_s=timeout_s)
@@ -126,7 +126,7 @@ def _existing_study(storage: str | None, name: str):
     """The study of that name in ``storage``, or None."""
     import optuna
 
-    from autotune.search.storage import DEFAULT_STORAGE, check_study_name
+    from autotune.search.record.storage import DEFAULT_STORAGE, check_study_name
 
     try:
         return optuna.load_study(study_name=check_study_name(name), storage=open_storage(storage or DEFAULT_STORAGE))

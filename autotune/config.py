@@ -47,7 +47,7 @@ class Workload(Record):
     accumulation.
     ``data`` is what the workload's first batch held, read by ``workloads.build.check`` (``workloads.probe``): its
     tensors' shapes and dtypes, the lengths its ``length`` gave, the keyword arguments a callable took. The search
-    space is fitted to it (``search.space.fit_workload``); None until checked. It is what was seen, not what was
+    space is fitted to it (``space.search_space.fit_workload``); None until checked. It is what was seen, not what was
     asked for, so two workloads compare equal without it.
     ``nproc_per_node`` > 1 runs each trial as that many DDP ranks of one process group (``autotune.trial.ddp``):
     the batch size and the config's threads and workers are per rank.

@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.config import TrialConfig, Workload, knob_args
 from autotune.machine.versions import package_version, torch_build
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 
 __all__ = ["reproduce_command", "versions_of", "tokens_per_sample"]
 

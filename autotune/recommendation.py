@@ -34,7 +34,7 @@ from autotune.distributed import backend_for, check_section, distributed_section
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.provenance import versions_of
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -109,14 +109,14 @@ class Recommendation:
     # the p99 bound it was chosen under (bound_p99_ms, None: none); None for training and older exports
     latency_ms: dict | None = None
     # the largest batch the data can produce and the config's peak on it against the usable memory
-    # (search.final_checks.check_worst_case); None in older exports and provisional ones (not checked)
+    # (search.choose.final_checks.check_worst_case); None in older exports and provisional ones (not checked)
     worst_case: dict | None = None
     # the model's and the data path's ceilings, each measured alone, and which binds this config (``verdict``), with
-    # the levers beyond the knobs when no worker count fed the model (``search.ceilings``); None: not measured (the
+    # the levers beyond the knobs when no worker count fed the model (``record.ceilings``); None: not measured (the
     # baseline was not input-bound on a CPU), or an older export
     ceilings: dict | None = None
     # what chose the config (the finalists' figures) and the rounds that state the claim, which did not choose it
-    # (``search.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
+    # (``search.choose.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
     selection: dict | None = None
     confirmation: dict | None = None
 
@@ -124,11 +124,11 @@ class Recommendation:
         object.__setattr__(self, "storage", redact(self.storage))
 
     def claim(self) -> str:
-        """The speedup over the baseline and how sure it is, in one line: the confirmation's (``search.confirm``),
+        """The speedup over the baseline and how sure it is, in one line: the confirmation's (``choose.confirm``),
         or, for a recommendation without one, the selection's figure said unconfirmed."""
         if self.confirmation and self.confirmation.get("headline"):
             return self.confirmation["headline"]
-        from autotune.search.confirm import unconfirmed_line
+        from autotune.search.choose.confirm import unconfirmed_line
 
         return ((f"x{self.speedup_vs_baseline:.2f}, " if self.speedup_vs_baseline else "")
                 + unconfirmed_line(provisional=self.provisional))
@@ -477,7 +477,7 @@ class Recommendation:
 
 
 def ceiling_lines(ceilings: dict | None) -> list[str]:
-    """What a person reads of a recommendation's ``ceilings`` (``search.ceilings``): which binds, then the levers."""
+    """What a person reads of a recommendation's ``ceilings`` (``record.ceilings``): which binds, then the levers."""
     if not ceilings:
         return []
     return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \

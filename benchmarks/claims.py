@@ -4,7 +4,7 @@ training loop that shares no code with autotune's worker, and compare the claime
 For each workload (default: the quality benchmark's four):
 
 1. ``autotune run`` (the real CLI, its own storage) with a trial budget, then ``autotune export``: the YAML's claim
-   (``measured.speedup_vs_baseline``, the confirmation's rounds and interval: ``autotune.search.confirm``).
+   (``measured.speedup_vs_baseline``, the confirmation's rounds and interval: ``autotune.search.choose.confirm``).
 2. The independent loop (``--one``, this file, in a fresh process per run): the workload's model and dataset (the
    workload is the user's, so it is built as autotune builds it), then a plain ``DataLoader`` + model + SGD loop
    written here, with the recommendation's knobs (batch size, workers, prefetch, pinning, threads, bf16 autocast,
@@ -153,7 +153,7 @@ def remeasure(rec: dict, a) -> dict:
             cfg, env = contenders[k]
             rounds[k].append(run_one({**spec, "config": cfg}, env, timeout_s=600))
             print(f"  round {r + 1} {k:<12} {statistics.median(rounds[k][-1]):.1f} samples/s", flush=True)
-    from autotune.search.settle import ratio_interval  # the analysis, not the loop
+    from autotune.search.choose.settle import ratio_interval  # the analysis, not the loop
 
     ratio, lo, hi = ratio_interval(rounds["recommended"], rounds["baseline"])
     return {"rounds": rounds, "speedup": ratio, "interval": [lo, hi]}

@@ -5,7 +5,7 @@ Each run is one trial as the tuner runs it (``autotune.trial.runner.run_trial``:
 measured windows; with ranks, the trial child starts them as one gloo process group, ``autotune.trial.ddp``).
 The two configs alternate in rotating order, round after round, so a slow stretch of the shared machine falls on
 both; each run's window rates are kept raw in a JSON file, and the ratio of the medians comes with a 95%
-bootstrap interval over the rounds (``search.settle.ratio_interval``, the finalists' own rule).
+bootstrap interval over the rounds (``search.choose.settle.ratio_interval``, the finalists' own rule).
 
     python benchmarks/ddp_vs_threads.py                        # resnet18, 64 px, global batch 32, 3 rounds
     python benchmarks/ddp_vs_threads.py --ranks 2 --rounds 5 --global-batch 64
@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 from autotune._atomic import atomic_write  # noqa: E402
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
-from autotune.search.settle import ratio_interval  # noqa: E402
+from autotune.search.choose.settle import ratio_interval  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
 
 

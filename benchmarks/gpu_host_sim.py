@@ -98,7 +98,7 @@ class Host:
 
     def over_the_run(self, c) -> float:
         """Samples/s over the planned run (an hour, the tuner's default ``--run-length``), compile time included: what
-        the tuner ranks finalists by (``search.payback``), so what the best and the recommendation are judged on."""
+        the tuner ranks finalists by (``choose.payback``), so what the best and the recommendation are judged on."""
         return self.end_to_end(c)[0] * RUN_S / (RUN_S + COMPILE[c.compile_mode][1])
 
     def end_to_end(self, c) -> tuple[float, float]:
@@ -213,7 +213,7 @@ SCENARIOS = {"jpeg": {}, "light": {"per_worker": 3300.0, "in_process": 4900.0}}
 
 def run_cell(cores: int, minutes: float, *, seed: int = 0, log: bool = False, scenario: str = "jpeg") -> dict:
     from autotune.config import MeasureSpec, Workload
-    from autotune.search.space import load_space
+    from autotune.search.space.search_space import load_space
     from autotune.search.tuner import Tuner
     from autotune.trial.parity import ParityResult, check_seconds
 

@@ -7,7 +7,7 @@ the built-in text transformer; ``--workloads`` for others):
    channels_last for images, the allocators: default, retain and tcmalloc where installed, length bucketing for
    text) x the batch sizes, each through the same
    isolated runner, in shuffled order.
-2. autotune with no budget (it stops by itself: ``autotune.search.convergence``) on the same space (``--space grid``,
+2. autotune with no budget (it stops by itself: ``search.plan.convergence``) on the same space (``--space grid``,
    the default with ``--quick``) or on the stock CPU space (``--space stock``), recording every trial.
 3. Interleaved re-measurement (rounds rotate the order) of the grid's top three, the recommendation and
    PyTorch's defaults, and of the grid's best with the CPU launch knobs (``malloc`` jemalloc / tcmalloc where
@@ -47,9 +47,9 @@ from autotune.errors import AutotuneError  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
-from autotune.search.space import load_space, space_from_dict  # noqa: E402
+from autotune.search.space.search_space import load_space, space_from_dict  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
-from autotune.search.space import fit_workload  # noqa: E402
+from autotune.search.space.search_space import fit_workload  # noqa: E402
 from autotune.workloads.build import check  # noqa: E402
 
 WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
@@ -61,7 +61,7 @@ QUICK = {**FULL, "image_size": 32, "batches": "16,32", "space": "grid", "window_
 
 def space_doc(batches, baseline_batch: int) -> dict:
     """The bundle's knobs x the batch sizes; the text workload trades channels_last for length bucketing
-    (``autotune.search.space.fit_workload``)."""
+    (``autotune.search.space.search_space.fit_workload``)."""
     return {"name": "quality", "device": "cpu",
             "parameters": {"batch_size": {"type": "int", "choices": list(batches)},
                            "amp": {"type": "categorical", "choices": ["off", "bf16"]},

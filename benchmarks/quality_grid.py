@@ -41,7 +41,7 @@ from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
-from autotune.search.space import space_from_dict  # noqa: E402
+from autotune.search.space.search_space import space_from_dict  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
 
 _PEAK_CHILD = r"""

@@ -41,8 +41,8 @@ from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
 from autotune.recommendation import stored_recommendation  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
-from autotune.search.space import space_from_dict  # noqa: E402
-from autotune.search.storage import machine_lock  # noqa: E402
+from autotune.search.space.search_space import space_from_dict  # noqa: E402
+from autotune.search.record.storage import machine_lock  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
 
 TINY = "tests.workloads_fixtures:tiny"

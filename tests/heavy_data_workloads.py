@@ -1,4 +1,4 @@
-"""Workloads bound by their data path, for the ceilings' tests (autotune.search.ceilings): a model of a few
+"""Workloads bound by their data path, for the ceilings' tests (autotune.search.record.ceilings): a model of a few
 hundred parameters over JPEGs decoded and cropped on the CPU, as a real image pipeline does (PIL's decoder, a
 torchvision RandomResizedCrop), so nearly all of a step is loading; and one whose collate raises.
 

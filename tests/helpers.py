@@ -60,7 +60,7 @@ def hardware():
 
 def tiny_space(**over):
     """Batch 8 or 16, channels_last or not (4 configs); ``over`` replaces top-level keys of the space."""
-    from autotune.search.space import space_from_dict
+    from autotune.search.space.search_space import space_from_dict
 
     doc = {
         "name": "tiny", "device": "cpu",
@@ -149,7 +149,7 @@ def store_recommendation(tmp_path, rec) -> str:
 
     from autotune.machine.hardware import detect
     from autotune.recommendation import stored_recommendation
-    from autotune.search.storage import open_storage, study_name_for
+    from autotune.search.record.storage import open_storage, study_name_for
 
     url = f"sqlite:///{tmp_path}/rec.db"
     name = study_name_for(rec.workload, detect().fingerprint)

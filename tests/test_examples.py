@@ -88,7 +88,7 @@ def test_train_example_answers_from_a_stored_recommendation(tmp_path):
     """Seed the study the example will look up with a recommendation: no trial runs, the loop trains."""
     from autotune.provenance import reproduce_command, versions_of
     from autotune.recommendation import Recommendation
-    from autotune.search.storage import open_storage, study_name_for
+    from autotune.search.record.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu")
     config = TrialConfig(batch_size=4, num_workers=1, prefetch_factor=2, channels_last=True, intra_op_threads=1,
@@ -238,7 +238,7 @@ def test_train_example_accumulates_to_the_global_batch(tmp_path):
     example's loop takes an optimizer step every run.accumulation_steps (2) micro-batches."""
     from autotune.provenance import reproduce_command, versions_of
     from autotune.recommendation import Recommendation
-    from autotune.search.storage import open_storage, study_name_for
+    from autotune.search.record.storage import open_storage, study_name_for
 
     workload = Workload(model="resnet18", image_size=32, device="cpu", global_batch=32)
     config = TrialConfig(batch_size=16)

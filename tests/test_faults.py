@@ -20,7 +20,7 @@ import yaml
 
 from autotune import MeasureSpec, Workload
 from autotune.machine.hardware import detect
-from autotune.search.space import space_from_dict
+from autotune.search.space.search_space import space_from_dict
 from autotune.search.tuner import Tuner
 
 from tests.helpers import run_cli

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import StorageError
-from autotune.search.storage import MACHINE_LOCK_ENV, machine_lock
+from autotune.search.record.storage import MACHINE_LOCK_ENV, machine_lock
 
 from tests.helpers import TINY, run_cli
 
@@ -114,7 +114,7 @@ def test_a_lock_held_by_another_user_is_reported_with_the_holder_at_once(lock_en
 def test_the_run_lock_beside_a_database_refuses_a_planted_symlink(shared_dir, tmp_path):
     """The per-study run lock sits beside the database (in /tmp for a database there): a link planted at its
     predictable name is refused in one line, and the file it points to is not truncated (it used to be)."""
-    from autotune.search.storage import run_lock
+    from autotune.search.record.storage import run_lock
 
     victim = tmp_path / "secret"
     victim.write_text("do not touch\n")

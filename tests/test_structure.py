@@ -175,6 +175,73 @@ def test_each_folder_imports_only_downward():
     assert wrong == []
 
 
+# Inside search/, each room imports only the rooms before it (each room's __init__ docstring says so): the study
+# as stored (record) and what may be tried (space) import nothing else in search; after the search (choose) reads
+# the record; the search itself (plan) reads those three; where trials run (backends) reads the plan too; the
+# tuner at the door (search/tuner.py, search/__init__.py) may import any room.
+SEARCH_ALLOWED = {
+    "record": set(),
+    "space": set(),
+    "choose": {"record"},
+    "plan": {"record", "space", "choose"},
+    "backends": {"record", "space", "plan"},
+}
+
+
+def _search_room(mod: str) -> str | None:
+    """``record``, ``space``, ... for a module in one of search/'s rooms; "door" for search/'s own modules; None
+    outside search/."""
+    parts = mod.split(".")
+    if parts[:2] != ["autotune", "search"]:
+        return None
+    return parts[2] if len(parts) > 3 and parts[2] in SEARCH_ALLOWED else "door"
+
+
+def _search_layering_faults(mods: list[str]) -> list[str]:
+    wrong = []
+    for mod in mods:
+        src = _search_room(mod)
+        if src in (None, "door"):
+            continue
+        for dst_mod in _imports(mod)[0]:
+            dst = _search_room(dst_mod)
+            if dst is None or dst == src or dst in SEARCH_ALLOWED[src]:
+                continue
+            wrong.append(f"{mod} ({src}) imports {dst_mod} ({dst})")
+    return wrong
+
+
+def test_each_room_of_search_imports_only_the_rooms_before_it():
+    assert _search_layering_faults(list(MODS)) == []
+
+
+def test_search_holds_its_door_and_its_rooms_only():
+    """search/ itself keeps at most 3 modules beside its rooms (its __init__ and the tuner at the door), and every
+    room's __init__ names what it may import."""
+    top = sorted(p.name for p in (PKG / "search").glob("*.py"))
+    assert len(top) <= 3, top
+    for room in SEARCH_ALLOWED:
+        doc = ast.get_docstring(ast.parse((PKG / "search" / room / "__init__.py").read_text())) or ""
+        assert "May import" in doc, room
+
+
+def test_the_layering_check_sees_a_record_module_importing_the_plan(tmp_path, monkeypatch):
+    """The check above can fail: a module of record/ that imports one of plan/ (planted in a copy) is reported."""
+    import shutil
+
+    pkg = tmp_path / "autotune"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    planted = pkg / "search" / "record" / "trials.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from autotune.search.plan import coordinate\n")
+    here = __import__(__name__, fromlist=["MODS"])
+    monkeypatch.setattr(here, "PKG", pkg)
+    monkeypatch.setattr(here, "MODS", _modules())
+    assert _search_layering_faults(list(here.MODS)) == [
+        "autotune.search.record.trials (record) imports autotune.search.plan.coordinate (plan)"]
+    with pytest.raises(AssertionError):
+        test_each_room_of_search_imports_only_the_rooms_before_it()
+
+
 def test_ruff_is_clean():
     # ruff is a binary in a wheel: its package being found is what says the binary is there
     if importlib.util.find_spec("ruff") is None:

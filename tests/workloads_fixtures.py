@@ -546,7 +546,7 @@ class _Hangs(nn.Module):
 
 
 def tiny_on_test_nodes(image_size: int = 16):
-    """``tiny``, as tests/search/test_ray_nodes.py needs it on each of its two Ray nodes (from the node's
+    """``tiny``, as tests/search/backends/test_ray_nodes.py needs it on each of its two Ray nodes (from the node's
     environment). ``$AUTOTUNE_TEST_RUNS_DIR``: the node's folder, where each trial process leaves its pid.
     ``$AUTOTUNE_TEST_HANG_LATER``: every run but the node's first hangs in its first step, so the test can kill
     the node under a running trial. ``$AUTOTUNE_TEST_FIRST_WAITS_FOR`` (another node's folder): the node's

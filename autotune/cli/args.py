@@ -190,7 +190,7 @@ def select_study(args: argparse.Namespace):
     only one stored."""
     import optuna
 
-    from autotune.search.storage import open_existing_storage, study_name_for
+    from autotune.search.record.storage import open_existing_storage, study_name_for
 
     storage, url = open_existing_storage(args.storage)
     name = args.study_name

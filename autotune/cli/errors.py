@@ -33,7 +33,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def environment_error(exc: BaseException, *, storage: str | None = None) -> str | None:
     """One line for ``exc`` when the machine, not the command, is at fault; None for anything else (a bug).
     ``storage``: the storage URL the command used; its SQLite file is named in a database's error."""
-    from autotune.search.storage import sqlite_path
+    from autotune.search.record.storage import sqlite_path
 
     db = sqlite_path(storage) if storage else None
     where = f"the study database {db}" if db is not None else "the study database"

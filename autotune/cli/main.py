@@ -81,7 +81,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from autotune.machine.hardware import detect
     from autotune.trial import events
     from autotune.trial.runner import run_trial
-    from autotune.search.storage import machine_lock
+    from autotune.search.record.storage import machine_lock
     from autotune.workloads.probe import check_knobs
     from autotune.workloads.build import check
 

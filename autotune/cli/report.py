@@ -10,7 +10,7 @@ from pathlib import Path
 from autotune.cli.args import add_study_args, add_study_selector_args, select_study
 from autotune.errors import AutotuneError
 from autotune.cli.webguard import guard, is_loopback
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 
 REPORT_EPILOG = """\
 examples:
@@ -50,7 +50,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise AutotuneError("the dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
     if not 0 <= args.port <= 65535:
         raise AutotuneError(f"--port {args.port} is not a port number: use 1-65535 (0 picks a free one)")
-    from autotune.search.storage import open_existing_storage
+    from autotune.search.record.storage import open_existing_storage
 
     storage, url = open_existing_storage(args.storage)
 
@@ -96,7 +96,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from autotune.config import Workload
     from autotune.view.report import build_report, recommended, write_report
     from autotune.machine.safefs import private_dir
-    from autotune.search.storage import artifacts_dir
+    from autotune.search.record.storage import artifacts_dir
 
     study, url = select_study(args)
     folder = artifacts_dir(url, study.study_name)
@@ -123,7 +123,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         prof_dir = folder / "profile"
         print(f"autotune report: profiling {rec.config.short()} for a few steps in a child process "
               f"(--no-profile skips this)", file=sys.stderr, flush=True)
-        from autotune.search.storage import machine_lock
+        from autotune.search.record.storage import machine_lock
 
         with machine_lock(f"autotune report (profiling {rec.config.short()})"):  # a measuring child too
             profile = profile_config(workload, rec.config, prof_dir,

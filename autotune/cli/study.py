@@ -13,7 +13,7 @@ from autotune.cli.args import (add_measure_args, add_ranks_args, add_study_args,
                                add_workload_args, measure_from_args, select_study, workload_from_args)
 from autotune._redact import redact
 from autotune.errors import AutotuneError
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 from autotune.recommendation import ceiling_lines
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ a search that never settles.
 def _budget_args(args: argparse.Namespace) -> tuple:
     """``(timeout_s, ceiling_s, run_length)`` from the budget flags, each mistake one line."""
     from autotune._units import parse_duration_s
-    from autotune.search.payback import RunLength
+    from autotune.search.choose.payback import RunLength
 
     timeout_s = parse_duration_s(args.timeout, what="--timeout", require_unit=True) if args.timeout else None
     if args.trials is not None and args.trials < 0:
@@ -71,8 +71,8 @@ def _budget_args(args: argparse.Namespace) -> tuple:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from autotune.machine.hardware import detect
-    from autotune.search.space import load_space
-    from autotune.search.storage import check_storage
+    from autotune.search.space.search_space import load_space
+    from autotune.search.record.storage import check_storage
     from autotune.search.tuner import Tuner
     from autotune.workloads.build import check
 
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
                   run_length=run_length, warm_start=not args.no_warm_start)
 
-    from autotune.search.latency_floor import check_floor
+    from autotune.search.choose.latency_floor import check_floor
 
     check_floor(tuner)  # --latency-p99 under one step's measured floor: one line now, not an empty search later
 
@@ -183,7 +183,7 @@ def _finish_mlflow(logger, tuner: Tuner, rec) -> None:
 def cmd_show(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from autotune.search.trials import baseline_value, trial_rows
+    from autotune.search.record.trials import baseline_value, trial_rows
 
     study, url = select_study(args)
     rows = trial_rows(study)
@@ -230,7 +230,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     rec = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     if rec:
         m = rec["measured"]
-        from autotune.search.confirm import unconfirmed_line
+        from autotune.search.choose.confirm import unconfirmed_line
 
         claim = (rec.get("confirmation") or {}).get("headline") or \
             f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, " \
@@ -243,11 +243,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
     if args.explain:  # what limited each trial, one line each, in the table's order
-        from autotune.search import ceilings
-        from autotune.search.diagnose import explain_study
+        from autotune.search.record import ceilings
+        from autotune.search.record.diagnose import explain_study
 
         measured = ceilings.load(study)
-        if measured is not None:  # each ceiling alone, as measured (search.ceilings)
+        if measured is not None:  # each ceiling alone, as measured (search.record.ceilings)
             print("\n" + "\n".join(measured.lines()))
 
         print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
@@ -275,7 +275,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from autotune._atomic import atomic_write
-    from autotune.search.finalists import provisional
+    from autotune.search.choose.finalists import provisional
     from autotune.recommendation import stored_recommendation
 
     study, url = select_study(args)

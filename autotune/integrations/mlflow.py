@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.errors import AutotuneError
 from autotune.integrations import require
-from autotune.search import trials as keys
+from autotune.search.record import trials as keys
 
 if TYPE_CHECKING:
     from optuna import Study

@@ -1,10 +1,10 @@
-"""The tuner and its decisions: the search space (it trims itself to the hardware and the workload), where
-studies live (``storage``, ``locks``), what a stored study says (``trials``: attribute keys, the one outcome
-mapping, read-only queries), the trial protocol every backend follows, the queue, the planned search
-(bundle apart, batch walk, one knob at a time, compile last), warm start, pruning, the compile gate, convergence,
-the finalists, the payback of compile, what limited a trial (``diagnose``) and what one knob did
-(``effects``); ``backends`` (one ABC; local, Ray), which like the finalists get a frozen context from the tuner
-(``context``), never the tuner; Optuna's private attributes are read in one place (``optuna_compat``).
+"""The tuner (``tuner``, the door) and its jobs, each in its own folder, importing only the folders before it:
+
+- ``record``: the study as stored and its read-outs (imports nothing else in search);
+- ``space``: what may be tried (imports nothing else in search);
+- ``choose``: after the search: finalists, checks, the confirmed claim (imports ``record``);
+- ``plan``: what to queue next, when to stop (imports ``record``, ``space``, ``choose``);
+- ``backends``: where trials run and the protocol each follows (imports ``record``, ``plan``, ``space``).
 
 May import: ``trial``, ``workloads``, ``machine`` and the records at the top. Not ``view`` or ``cli``.
 """

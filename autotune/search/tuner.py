@@ -17,34 +17,36 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from autotune.search import ceiling_runs, ceilings, confirm, final_checks
-from autotune.search import finalists as fin
-from autotune.search import queue as study_queue
-from autotune.search import trials as keys
+from autotune.search.plan import ceiling_runs
+from autotune.search.record import ceilings
+from autotune.search.choose import confirm, final_checks
+from autotune.search.choose import finalists as fin
+from autotune.search.plan import queue as study_queue
+from autotune.search.record import trials as keys
 from autotune._redact import redact
 from autotune.machine.safefs import private_dir
-from autotune.search.compile_gate import CompileGate
-from autotune.search.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
+from autotune.search.plan.compile_gate import CompileGate
+from autotune.search.plan.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
 from autotune.config import MeasureSpec, TrialResult, Workload
-from autotune.search.convergence import Convergence, convergence
-from autotune.search.effects import save_dashboard_note
+from autotune.search.plan.convergence import Convergence, convergence
+from autotune.search.record.effects import save_dashboard_note
 from autotune.errors import AutotuneError, StorageError
-from autotune.search.finalist_rounds import SavedRounds, record_parity
-from autotune.search.settle import ExtraRounds
-from autotune.search.payback import RunLength
-from autotune.search.protocol import make_sampler
-from autotune.search.pruning import NoHopePruner, as_optuna_pruner
-from autotune.search.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock, open_storage,
-                                     run_lock, sqlite_path, study_name_for)
-from autotune.search.trials import MemoryLimit, baseline_trial, feasible_by_config
-from autotune.search.warm_start import queue_warm_start
+from autotune.search.choose.finalist_rounds import SavedRounds, record_parity
+from autotune.search.choose.settle import ExtraRounds
+from autotune.search.choose.payback import RunLength
+from autotune.search.backends.protocol import make_sampler
+from autotune.search.plan.pruning import NoHopePruner, as_optuna_pruner
+from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
+                                            open_storage, run_lock, sqlite_path, study_name_for)
+from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
+from autotune.search.plan.warm_start import queue_warm_start
 
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.storages import BaseStorage
 
     from autotune.search.backends import SearchBackend
-    from autotune.search.coordinate import Plan
+    from autotune.search.plan.coordinate import Plan
 
 __all__ = ["Tuner", "Runner", "CEILING_S"]
 
@@ -86,7 +88,7 @@ class Tuner:
                  warm_start: bool = True) -> None:
         from autotune.machine.hardware import detect
         from autotune.machine.limits import default_device_memory_cap_mb, default_memory_cap_mb
-        from autotune.search.space import space_for
+        from autotune.search.space.search_space import space_for
 
         self.workload = workload
         self.hardware = hardware or detect()
@@ -218,7 +220,7 @@ class Tuner:
     def adopt_hardware(self, hardware) -> None:
         """Trials run on other machines than this one (a laptop driving a Ray cluster): the study is theirs,
         named after their fingerprint (unless named explicitly) and over the space trimmed to them."""
-        from autotune.search.space import load_space, space_for
+        from autotune.search.space.search_space import load_space, space_for
 
         derived = self.study_name == study_name_for(self.workload, self.hardware.fingerprint)
         self.hardware = hardware
@@ -320,7 +322,7 @@ class Tuner:
         walk, one knob at a time; in a study from before it, the batch walk's next step), compile's next mode
         (``phases.advance``), and a re-run of a trial pruned far below its neighbours
         (``study_queue.requeue_far_pruned``); after every trial."""
-        from autotune.search import phases
+        from autotune.search.plan import phases
 
         if study.user_attrs.get(keys.PLAN):
             # after the baseline and the likely winners: the two ceilings, when the data path may bind; here, where
@@ -344,7 +346,7 @@ class Tuner:
 
     def plan(self, study: Study) -> Plan | None:
         """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
-        from autotune.search.coordinate import plan
+        from autotune.search.plan.coordinate import plan
 
         if not study.user_attrs.get(keys.PLAN):
             return None
@@ -357,7 +359,7 @@ class Tuner:
     def convergence(self, study: Study) -> Convergence:
         """How far the sampler's search is from converging (``convergence``): its trials without a gain, against
         a patience from the cost of a trial and the planned run; never converged while the plan is not done."""
-        from autotune.search.phases import run_seconds
+        from autotune.search.plan.phases import run_seconds
 
         plan = self.plan(study)
         return convergence(study, patience_k=self.patience, fingerprint=self.hardware.fingerprint, limit=self.limit,
@@ -460,7 +462,7 @@ class Tuner:
                                                        log=self.log)
         checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=self._check_steps))
                     if deadline is not None and runner is None else 0.0)
-        # the confirmation's rounds (search.confirm) have the rest to ``end``, and at least two rounds' reserve
+        # the confirmation's rounds (search.choose.confirm) have the rest to ``end``, and at least two rounds' reserve
         end, (deadline, chosen) = deadline, confirm.plan_finalists(
             top, base, plan=fin.plan, deadline=deadline, checks_s=checks_s, budget_s=self._budget_s,
             rounds=self.finalist_rounds, measure=self.measure, finalists=fin.finalist_measure(self.measure),

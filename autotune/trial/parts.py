@@ -1,6 +1,6 @@
 """The child side of the two ceilings: a training step is a pipeline, the data path feeding the model, and each
 part is measured alone in a trial child of its own (``MeasureSpec.part``), under the same caps and windows as a
-trial (the parent's side is ``autotune.search.ceilings``).
+trial (the parent's side is ``autotune.search.record.ceilings``).
 
 * ``model``: the workload's own step on one batch that is already on the device, over and over (no loader:
   ``workloads.worst_case.Repeat``): how fast the model could go if the data were free. The batch is the loader's

@@ -1,6 +1,6 @@
 """What a person looks at: the self-contained HTML report of a study (plots, the top configs, what limited each
 trial, the profile). The judgements it shows, the diagnosis line and the one-knob effects, are the search's
-(``search.diagnose``, ``search.effects``): the search stores the one and prints the other as it goes.
+(``search.record.diagnose``, ``search.record.effects``): the search stores the one and prints the other as it goes.
 
 May import: ``search`` (to read a stored study), ``trial``, ``workloads``, ``machine`` and the records. Not ``cli``.
 """

@@ -1,4 +1,4 @@
-"""The report's picture of the two ceilings (``autotune.search.ceilings``): the data path's rate alone at each worker
+"""The report's picture of the two ceilings (``search.record.ceilings``): the data path's rate alone at each worker
 count measured (a line), the model's rate alone (a horizontal line, with the headroom the loader is sized to), and
 every measured trial end to end at its worker count (points; the recommendation a star). A trial well under both
 lines shares the cores between the two, or ran other knobs than the ceilings' configs.
@@ -19,7 +19,7 @@ def ceilings_figure(ceilings: Any, rows: list[dict], workers: dict[int, int], re
     """The plotly figure, or None without measured ceilings. ``workers``: each trial's num_workers."""
     import plotly.graph_objects as go
 
-    from autotune.search.ceilings import HEADROOM
+    from autotune.search.record.ceilings import HEADROOM
 
     if ceilings is None or (ceilings.model is None and not ceilings.data):
         return None
@@ -56,8 +56,8 @@ def ceilings_figure(ceilings: Any, rows: list[dict], workers: dict[int, int], re
 
 def with_ceilings(figures: dict, titles: dict, rows: list[dict], study: Any, rec_n: int | None) -> dict:
     """Add the picture to the report's ``figures`` where the study measured its ceilings; returns ``titles``."""
-    from autotune.search import ceilings
-    from autotune.search.trials import config_of
+    from autotune.search.record import ceilings
+    from autotune.search.record.trials import config_of
 
     measured = ceilings.load(study)
     workers = {}

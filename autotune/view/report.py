@@ -9,7 +9,7 @@ One file, openable offline: plotly.js is embedded once, inline, and every chart 
 * parameter importances (Optuna's fANOVA), only from enough measured trials (``effects.importances_trusted``),
   and beside them what one knob did: measured pairs of trials that differ in that knob only (``effects``);
 * step-time breakdown (waiting for data vs computing) of the baseline and the recommendation;
-* the top configs with their bottleneck (``autotune.search.diagnose``), and one line per trial;
+* the top configs with their bottleneck (``autotune.search.record.diagnose``), and one line per trial;
 * the top operators of the recommendation's profiler run (``autotune.trial.profile``), when there is one.
 
 >>> html = build_report(study, storage_url="sqlite:///trials/autotune.db")   # doctest: +SKIP
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from autotune._redact import redact
 from autotune.config import finite_or_none
 from autotune.view.ceilings_plot import ceilings_summary, with_ceilings
-from autotune.search import trials as keys
-from autotune.search.diagnose import diagnose, explain_study, levers_allowed, measured_values
+from autotune.search.record import trials as keys
+from autotune.search.record.diagnose import diagnose, explain_study, levers_allowed, measured_values
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def _e(x: Any) -> str:
 def recommended(study: Study):
     """The study's recommendation (stored by the finalists), else the best feasible trial (provisional),
     else None."""
-    from autotune.search.finalists import provisional
+    from autotune.search.choose.finalists import provisional
     from autotune.recommendation import stored_recommendation
 
     rec = stored_recommendation(study)
@@ -206,7 +206,7 @@ def _breakdown(bars: list[tuple[str, dict]]):
 # --- tables -------------------------------------------------------------------------------------------
 
 def _importances_note(trusted: tuple[bool, int, int]) -> str:
-    from autotune.search.effects import MIN_TRIALS, TRIALS_PER_KNOB
+    from autotune.search.record.effects import MIN_TRIALS, TRIALS_PER_KNOB
 
     enough, n, needed = trusted
     if enough:
@@ -218,7 +218,7 @@ def _importances_note(trusted: tuple[bool, int, int]) -> str:
 
 
 def _effects_table(study: Study) -> str:
-    from autotune.search.effects import by_change, one_knob_effects
+    from autotune.search.record.effects import by_change, one_knob_effects
 
     changes = by_change(one_knob_effects(study.get_trials(deepcopy=False)))
     intro = ("<h3>One knob changed, same everything else</h3><p class='muted'>Measured trials whose configs "
@@ -236,7 +236,7 @@ def _effects_table(study: Study) -> str:
 
 
 def _rows(study: Study) -> list[dict]:
-    from autotune.search.trials import trial_rows
+    from autotune.search.record.trials import trial_rows
 
     return trial_rows(study)
 
@@ -312,8 +312,8 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    from autotune.search.effects import importances_trusted
-    from autotune.search.trials import baseline_trial, baseline_value
+    from autotune.search.record.effects import importances_trusted
+    from autotune.search.record.trials import baseline_trial, baseline_value
 
     ua = study.user_attrs
     cap = finite_or_none(ua.get(keys.STUDY_MEMORY_CAP))

@@ -12,7 +12,7 @@ the recommendation's YAML::
      "sampler": False,                             # the workload brings its own sampler
      "worst_case_batch": False}                    # it returns worst_case_batch (workloads.worst_case)
 
-The search space reads it (``search.space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
+The search space reads it (``search.space.search_space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
 floating-point tensor, ``bucket_by_length`` only where the workload gives ``length`` and no sampler of its own.
 The built-in workloads are probed the same way, in this process (their data is autotune's own and cheap to
 make); a ``module:callable`` in the check child (``workloads.check_child``), so the parent never runs user code.

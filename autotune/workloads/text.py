@@ -17,7 +17,7 @@ tokenised corpus costs. The workload brings its own parts:
 * ``optimizer``: AdamW, as transformers are trained (its two moment buffers are part of the peak memory);
 * ``length``: an item's length in tokens, which any workload may return (``autotune.workloads.probe``).
 
-Its batches hold no 4-D image tensor, so ``search.space.fit_workload`` leaves channels_last out of the search space,
+Its batches hold no 4-D image tensor, so ``search_space.fit_workload`` leaves channels_last out of the search space,
 as for any workload whose first batch has none. Because it returns ``length``, ``bucket_by_length``
 (``--bucket-by-length``) is searched for it, as for any workload that does: a ``LengthBuckets`` sampler makes
 batches of similar lengths, so 2-4% of a batch is padding instead of ~69% (``--seq-len 128``). On 2 EPYC cores,

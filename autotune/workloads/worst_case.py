@@ -3,7 +3,7 @@
 A trial's windows see the batches they happen to draw. With variable lengths (or length bucketing, which makes
 whole batches of long sequences) the longest batch can come hours into the real run and run out of memory, so
 before a config is recommended it runs, in a child under the trials' caps, on this batch over and over
-(``MeasureSpec.worst_case``; the tuner's side is ``autotune.search.final_checks``):
+(``MeasureSpec.worst_case``; the tuner's side is ``autotune.search.choose.final_checks``):
 
 * the workload returns ``worst_case_batch(batch_size) -> batch``: that batch (its own idea of the worst case,
   e.g. detection with the largest images);

@@ -14,7 +14,7 @@ from autotune.errors import ConfigError
 from autotune.workloads.global_batch import check_cudagraphs, restrict_space
 from autotune.machine.hardware import detect
 from autotune.machine.limits import check_device_cap, default_device_memory_cap_mb
-from autotune.search.space import space_from_dict
+from autotune.search.space.search_space import space_from_dict
 
 CU130 = CudaBuild("2.14.1+cu130", "13.0", ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"), True)
 

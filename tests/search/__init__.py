@@ -1,1 +1,2 @@
-"""Tests of autotune/search/ (a package, so test files may share a basename with another folder's)."""
+"""Tests of autotune/search/: the tuner at the door here, each room's own tests in its folder (record/, space/, choose/,
+plan/, backends/). A package, so test files may share a basename with another folder's."""

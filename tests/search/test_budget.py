@@ -13,7 +13,7 @@ import pytest
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
-from autotune.search.space import space_from_dict
+from autotune.search.space.search_space import space_from_dict
 from autotune.search.tuner import Tuner
 from autotune.trial.parity import ParityResult, check_seconds
 
@@ -113,7 +113,7 @@ def test_a_timeout_ends_by_its_budget_with_the_numerics_check_inside(tmp_path):
 def test_a_finalist_round_starts_only_while_the_last_one_fits_the_time_left(tmp_path):
     """The plan sizes the rounds from the search trials' walls; on a loaded machine a round takes longer. A round
     that took 1 s with 0.5 s left: the next one is not started, and the log says why."""
-    from autotune.search.finalist_rounds import remeasure
+    from autotune.search.choose.finalist_rounds import remeasure
 
     def slow(workload, c, measure, **kw):
         time.sleep(0.5)

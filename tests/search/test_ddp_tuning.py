@@ -104,13 +104,13 @@ _SPACE = {"name": "t", "device": "cpu",
 def test_no_config_of_the_space_for_n_ranks_gives_them_more_threads_and_workers_than_cores(cores, ranks):
     import itertools
 
-    from autotune.search.rank_space import for_ranks
-    from autotune.search.space import space_from_dict
+    from autotune.search.space.rank_space import for_ranks
+    from autotune.search.space.search_space import space_from_dict
 
     space = for_ranks(space_from_dict(_SPACE, hardware=_hardware(cores)), ranks)
     choices = {p.name: p.choices for p in space.params}
     share = cores // ranks
-    # a rank's workers may take its whole share (search.ceilings measures whether that feeds it)
+    # a rank's workers may take its whole share (search.record.ceilings measures whether that feeds it)
     assert max(choices["intra_op_threads"]) == share and max(choices["num_workers"]) == share
     # every point the sampler can propose keeps each rank within its share: its threads get what its workers leave
     # (at least one), even asking for the most of both
@@ -127,8 +127,8 @@ def test_no_config_of_the_space_for_n_ranks_gives_them_more_threads_and_workers_
 
 
 def test_one_process_never_searches_ddps_knobs_and_oversubscribe_trims_nothing():
-    from autotune.search.rank_space import for_ranks
-    from autotune.search.space import space_from_dict
+    from autotune.search.space.rank_space import for_ranks
+    from autotune.search.space.search_space import space_from_dict
 
     hw = _hardware(4)
     plain = space_from_dict(_SPACE, hardware=hw)
@@ -144,7 +144,7 @@ def test_one_process_never_searches_ddps_knobs_and_oversubscribe_trims_nothing()
 
 def test_the_space_for_ranks_keeps_the_batch_sizes_whose_ranks_divide_the_global_batch():
     from autotune.config import Workload
-    from autotune.search.space import space_for, space_from_dict
+    from autotune.search.space.search_space import space_for, space_from_dict
 
     doc = {**_SPACE, "parameters": {**_SPACE["parameters"], "batch_size": {"type": "int", "choices": [8, 16, 32]}}}
     workload = Workload(model="tests.ddp_workloads:mlp", global_batch=32, nproc_per_node=2,
@@ -159,8 +159,8 @@ def test_warm_start_never_imports_winners_across_world_sizes(tmp_path):
     import optuna
 
     from autotune.config import Workload
-    from autotune.search import trials as keys
-    from autotune.search.warm_start import earlier_winners
+    from autotune.search.record import trials as keys
+    from autotune.search.plan.warm_start import earlier_winners
 
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/t.db")
     names = {}

@@ -15,8 +15,8 @@ import yaml
 
 from autotune import Recommendation
 from autotune.config import TrialConfig, TrialResult
-from autotune.search.pruning import NoHopePruner
-from autotune.search.trials import outcome
+from autotune.search.plan.pruning import NoHopePruner
+from autotune.search.record.trials import outcome
 
 from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, tiny_space
 
@@ -237,7 +237,7 @@ def test_recommend_answers_from_the_cache_without_a_child(tmp_path, monkeypatch)
 
 def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(tmp_path):
     """`run --timeout` bounds the finalists too: only whole rounds that fit run; none fitting -> provisional. The
-    budget keeps two confirmation rounds of two ~10 s runs (~40 s, search.confirm) beside them."""
+    budget keeps two confirmation rounds of two ~10 s runs (~40 s, search.choose.confirm) beside them."""
     calls: list[TrialConfig] = []  # finalist runs only (their windows are twice as long; not the confirmation's)
 
     def fake(workload, config, measure, **kw):  # a 10 s trial, faster with the larger batch and channels_last
@@ -412,7 +412,7 @@ def test_batch_walk_goes_on_from_a_step_the_sampler_already_measured(tmp_path):
 
 def test_a_retried_walk_step_keeps_walking(tmp_path):
     """A run killed during a walk step: the retry carries the step's role, so its result still counts."""
-    from autotune.search import queue as study_queue
+    from autotune.search.plan import queue as study_queue
 
     tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8))
     study = tuner.study()
@@ -463,7 +463,7 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
 
 
 def test_trial_rows_name_queued_and_running_trials():
-    from autotune.search.trials import trial_rows
+    from autotune.search.record.trials import trial_rows
 
     study = optuna.create_study(direction="maximize")
     done = study.ask()
@@ -500,7 +500,7 @@ def test_a_run_killed_while_queuing_the_first_trials_is_completed_by_the_next(tm
 def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
     from types import SimpleNamespace
 
-    from autotune.search.trials import knobs_apart, neighbours, one_knob_apart
+    from autotune.search.record.trials import knobs_apart, neighbours, one_knob_apart
 
     base = TrialConfig(batch_size=32, num_workers=0)
     assert one_knob_apart(base, TrialConfig(batch_size=32, num_workers=2, prefetch_factor=4,
@@ -525,8 +525,8 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
     """bs=16 with channels_last is 'pruned' at 30 samples/s (a hiccup, every time here) while the same
     settings one batch size down and up, and without channels_last, run ~110: once two of those neighbours
     are measured it is queued again, once, with the same config; its re-run, pruned again, is final."""
-    from autotune.search.queue import REQUEUE_BELOW
-    from autotune.search.trials import trial_rows
+    from autotune.search.plan.queue import REQUEUE_BELOW
+    from autotune.search.record.trials import trial_rows
 
     hiccup = TrialConfig(batch_size=16, channels_last=True)
     ran: list[TrialConfig] = []
@@ -569,7 +569,7 @@ def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path
     shorter than the 90 s a compile trial is expected to take: once the eager search settles (here its two
     configs are exhausted), compile is not tried and the stop reason says why. With an hour, compile runs
     once, last, on the best eager config; once measured, its wall time is the expected cost."""
-    from autotune.search.compile_gate import COMPILE_PRIOR_S
+    from autotune.search.plan.compile_gate import COMPILE_PRIOR_S
 
     ran: list[TrialConfig] = []
 
@@ -614,7 +614,7 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
     """The numerics check of the best config so far (parity.check_seconds: its steps at its rate, twice as
     many at the baseline's fp32 rate) is part of what the search leaves of a --timeout budget, up to
     NUMERICS_SHARE of it, and the log says how long the check should take before it starts."""
-    from autotune.search import finalists as fin
+    from autotune.search.choose import finalists as fin
     from autotune.trial.parity import ParityResult, check_seconds
 
     logs: list[str] = []

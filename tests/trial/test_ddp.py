@@ -87,7 +87,7 @@ def test_bad_rank_counts_are_one_line_and_exit_2(capsys, args, line):
 
 
 def test_a_study_of_n_ranks_is_never_one_process_study():
-    from autotune.search.storage import study_name_for
+    from autotune.search.record.storage import study_name_for
 
     one, two = (study_name_for(Workload(nproc_per_node=n), "fp") for n in (1, 2))
     assert one == "resnet18-train-224px-synthetic-cpu-fp" and two == "resnet18-train-224px-synthetic-cpu-x2-fp"

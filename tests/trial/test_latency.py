@@ -10,7 +10,7 @@ from autotune.errors import ConfigError
 from autotune.machine.device import CPUDevice
 from autotune.machine.hardware import detect
 from autotune.recommendation import Recommendation
-from autotune.search.trials import MemoryLimit, outcome
+from autotune.search.record.trials import MemoryLimit, outcome
 from autotune.trial.latency import StepLatency, check_bound, percentiles
 
 from tests import limits_workloads as lw
@@ -135,9 +135,9 @@ def test_a_bound_under_one_steps_measured_floor_is_one_line_and_exit_2(tmp_path)
 
 @pytest.mark.slow  # 6-7 real children: ~30-50 s on 2 shared cores
 def test_an_inference_run_under_a_bound_the_largest_batch_misses_recommends_a_smaller_one(tmp_path):
-    from autotune.search.latency_floor import check_floor
-    from autotune.search.space import space_from_dict
-    from autotune.search.trials import is_feasible, trial_rows
+    from autotune.search.choose.latency_floor import check_floor
+    from autotune.search.space.search_space import space_from_dict
+    from autotune.search.record.trials import is_feasible, trial_rows
     from autotune.search.tuner import Tuner
     from autotune.workloads.build import check
 

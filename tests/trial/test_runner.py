@@ -752,7 +752,7 @@ def test_a_preloaded_allocator_that_is_not_installed_is_trimmed_and_refused(monk
     from autotune.machine.malloc import PRELOAD_LIBS
     from autotune.errors import ConfigError
     from autotune.machine.hardware import detect
-    from autotune.search.space import space_from_dict
+    from autotune.search.space.search_space import space_from_dict
 
     monkeypatch.setitem(PRELOAD_LIBS, "jemalloc", ("libnot-installed-allocator.so.9",))
     hw = dataclasses.replace(detect(with_torch=False), libc="glibc 2.36")

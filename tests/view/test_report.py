@@ -216,7 +216,7 @@ def test_the_dashboard_note_says_the_importances_are_noise_and_lists_the_effects
 
     import optuna_dashboard
 
-    from autotune.search.effects import save_dashboard_note
+    from autotune.search.record.effects import save_dashboard_note
 
     tuner, logs = nine
     note = optuna_dashboard.get_note(tuner.study())  # written by the run

@@ -1,4 +1,4 @@
-"""The search space fits the data, whoever wrote the workload (``workloads.probe``, ``search.space.fit_workload``):
+"""The search space fits the data, whoever wrote the workload (``workloads.probe``, ``search_space.fit_workload``):
 channels_last only for batches with a 4-D floating tensor, length bucketing for any workload that returns
 ``length``; the YAML's workload section says what the workload is; a bad ``length`` is one line, exit 2.
 
@@ -18,7 +18,7 @@ from autotune.cli.main import main as cli_main
 from autotune.config import TrialConfig, Workload
 from autotune.errors import WorkloadError
 from autotune.recommendation import Recommendation
-from autotune.search.space import load_space, space_for
+from autotune.search.space.search_space import load_space, space_for
 from autotune.workloads.build import build, check
 from autotune.workloads.probe import describe_batch
 from tests.helpers import run_cli

@@ -14,8 +14,8 @@ from autotune.errors import ConfigError
 from autotune.workloads.global_batch import accumulation_steps, describe, restrict_space
 from autotune.machine.hardware import detect
 from autotune.provenance import reproduce_command
-from autotune.search.space import space_from_dict
-from autotune.search.storage import study_name_for
+from autotune.search.space.search_space import space_from_dict
+from autotune.search.record.storage import study_name_for
 from autotune.search.tuner import Tuner
 
 from tests.helpers import run_cli

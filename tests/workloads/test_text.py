@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autotune.workloads import text
-from autotune.search.space import fit_workload
+from autotune.search.space.search_space import fit_workload
 from autotune.machine.device import CPUDevice
 from autotune.trial.worker import make_step
 from autotune.cli.main import main as cli_main
@@ -18,8 +18,8 @@ from autotune.config import TEXT_MODELS, MeasureSpec, TrialConfig, Workload
 from autotune.workloads.contract import count_batch, loader_kwargs
 from autotune.errors import WorkloadError
 from autotune.provenance import tokens_per_sample
-from autotune.search.space import load_space
-from autotune.search.storage import study_name_for
+from autotune.search.space.search_space import load_space
+from autotune.search.record.storage import study_name_for
 from autotune.workloads.build import build, check, list_models
 from tests.helpers import fake_hw, make_rec, names
 

@@ -1,6 +1,12 @@
 """Where trials run: a ``SearchBackend`` (``base.py``) per place. ``local`` runs them one at a time on this
 machine; ``ray`` spreads them over a Ray cluster through Ray Tune. A backend module is imported only when
-asked for, and one whose dependency is missing says so, with the install command, when it connects."""
+asked for, and one whose dependency is missing says so, with the install command, when it connects. Every backend
+records its trials through one protocol (``protocol``: begin, claim, answer from the study, record).
+
+May import: ``search.record``, ``search.space``, ``search.plan`` (a backend reads a frozen context and budget, never
+the tuner); below them ``trial``, ``workloads``, ``machine`` and the records at the top. Not ``search.choose``
+directly, nor the tuner.
+"""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 ``Tuner.run`` owns the study's life: it opens and checks the study, takes the run lock, queues the first trials
 and the retries, hands the search to a backend, and re-measures the finalists. A backend owns only the search:
 asking Optuna for trials, running them, and recording each through the trial protocol
-(``autotune.search.protocol``), the same functions for every backend. It never sees the tuner: it reads a frozen
-context (``autotune.search.context``) and answers with values (a ``Placement``, a ``SearchOutcome``).
+(``search.backends.protocol``), the same functions for every backend. It never sees the tuner: it reads a frozen
+context (``autotune.search.plan.context``) and answers with values (a ``Placement``, a ``SearchOutcome``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import abc
 import contextlib
 from typing import TYPE_CHECKING, Iterator
 
-from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+from autotune.search.plan.context import ConnectContext, Placement, SearchContext, SearchOutcome
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -42,7 +42,7 @@ class SearchBackend(abc.ABC):
         interrupted trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None
         without a time budget.
 
-        Must: record every trial through ``autotune.search.protocol`` (``begin``; ``claim`` where several trials of
+        Must: record every trial through ``search.backends.protocol`` (``begin``; ``claim`` where several trials of
         the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child
         process (``ctx.runner`` locally, or the same runner on another machine), call ``ctx.after_trial(study)``
         after each finished trial, start no trial once ``ctx.out_of_time(walls, deadline, budget_s)`` says the

@@ -8,17 +8,17 @@ import sys
 import time
 from typing import TYPE_CHECKING, Iterator
 
-from autotune.search import phases
-from autotune.search import protocol
-from autotune.search import trials as keys
+from autotune.search.plan import phases
+from autotune.search.backends import protocol
+from autotune.search.record import trials as keys
 from autotune.machine.safefs import private_dir
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError, WorkloadError
-from autotune.search.optuna_compat import trial_id
-from autotune.search.storage import machine_lock, sqlite_path
-from autotune.search.trials import baseline_value
+from autotune.search.record.optuna_compat import trial_id
+from autotune.search.record.storage import machine_lock, sqlite_path
+from autotune.search.record.trials import baseline_value
 from autotune.search.backends.base import SearchBackend
-from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+from autotune.search.plan.context import ConnectContext, Placement, SearchContext, SearchOutcome
 
 if TYPE_CHECKING:
     from optuna import Study, Trial

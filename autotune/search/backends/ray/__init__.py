@@ -5,10 +5,10 @@ Design (why it looks like this):
 * **One study, one storage.** ``OptunaSearch`` accepts an Optuna storage and a study name and loads the study
   with ``load_if_exists``, so it asks and tells *in the tuner's own study*: ``show``, ``export``,
   ``recommend()`` and optuna-dashboard see Ray's trials exactly like local ones. The searcher (``search.py``)
-  records each trial the way the local backend does, through the same trial protocol (``autotune.search.protocol``):
+  records each trial the way the local backend does, through the same trial protocol (``search.backends.protocol``):
   ``ctx.space.suggest`` (the tuner's space, as the define-by-run space), ``answer_from_study`` (configs known to
   run out of memory or measured before are recorded without running), ``record`` (figures as user attrs, memory
-  constraint, and ``autotune.search.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which
+  constraint, and ``search.record.trials.outcome``). The sampler is the tuner's TPE with the constant liar, which
   spreads concurrent trials apart. The searcher runs in the driver, so only the driver needs to reach the storage.
   The tuner's own ``run`` opens, locks and seeds the study and re-measures the finalists, as for every backend.
 * **Honest timings.** Each trial runs the unchanged runner (``autotune.trial.runner.run_trial``: a fresh child
@@ -56,7 +56,7 @@ from autotune.search.backends.ray.actor import make_trainable
 from autotune.search.backends.ray.cluster import (connect, import_ray, node_memory_cap_mb, probe, ray_memory_mb,
                                                   remote_runner, resources_for, trial_shape)
 from autotune.search.backends.ray.search import make_scheduler, make_search
-from autotune.search.context import ConnectContext, Placement, SearchContext, SearchOutcome
+from autotune.search.plan.context import ConnectContext, Placement, SearchContext, SearchOutcome
 
 if TYPE_CHECKING:
     from optuna import Study

@@ -65,7 +65,7 @@ def make_trainable(tune):
             try:
                 from autotune.machine.hardware import detect
                 from autotune.trial.runner import run_trial
-                from autotune.search.storage import machine_lock
+                from autotune.search.record.storage import machine_lock
 
                 def on_event(d: dict) -> None:  # windows go to Tune with their step-time split
                     ev = events.from_dict(d)

@@ -170,7 +170,7 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
         from pathlib import Path
 
         from autotune.trial.runner import run_trial
-        from autotune.search.storage import machine_lock
+        from autotune.search.record.storage import machine_lock
 
         cpu = workload["device"] == "cpu"
         if cpu:  # a whole node: torch's defaults as locally

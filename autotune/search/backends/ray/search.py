@@ -1,6 +1,6 @@
 """The driver side of the Ray backend: Tune's searcher over the tuner's own Optuna study, and its scheduler.
 
-The searcher records every trial through the same trial protocol as the local backend (``autotune.search.protocol``):
+The searcher records every trial through the same trial protocol as the local backend (``search.backends.protocol``):
 ``begin``, ``claim`` (a config another trial is measuring right now is not measured again at the same time: the
 later trial waits, deferred in the driver, holding no node, and copies the result), ``answer_from_study``,
 ``record``. The scheduler applies the tuner's pruning rule to each window a trial reports.
@@ -13,21 +13,21 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from autotune.search import phases
-from autotune.search import protocol
-from autotune.search import trials as keys
+from autotune.search.plan import phases
+from autotune.search.backends import protocol
+from autotune.search.record import trials as keys
 from autotune.config import TrialConfig, TrialResult
 from autotune.measure import median_or_none
 from autotune.search.backends.ray.actor import METRIC
 from autotune.search.backends.ray.cluster import PLAN_KEY
-from autotune.search.optuna_compat import heartbeat, heartbeat_enabled, storage_of
-from autotune.search.optuna_compat import trial_id as storage_trial_id
+from autotune.search.record.optuna_compat import heartbeat, heartbeat_enabled, storage_of
+from autotune.search.record.optuna_compat import trial_id as storage_trial_id
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial as TuneTrial
     from optuna import Trial
 
-    from autotune.search.context import SearchContext
+    from autotune.search.plan.context import SearchContext
 
 __all__ = ["make_search", "make_scheduler"]
 

@@ -1,0 +1,371 @@
+"""The claim a recommendation states comes from rounds that did not choose it.
+
+Among configs within the noise of each other, the one whose measurements came out high wins the selection (the
+search trials, the finalists' rounds) and would then report those high measurements: the winner's curse of any
+selection. Re-measured by an independent loop, a claim of x1.66 was x1.48 (CPU) and x1.12 was x1.00 (H200) on
+2026-11-26. So once the finalists have chosen, the winner and the baseline run again in fresh processes,
+interleaved (A B, B A, A B, ...), in rounds the choice never saw, and the claim (samples/s, the speedup over the
+baseline, its 95% interval) comes from these rounds alone (``Confirmation``).
+
+As many rounds as the noise needs, no more: at least ``MIN_ROUNDS``; then more while the 95% interval of the ratio
+(``settle.ratio_interval``: rounds resampled together, windows within them) is wider than +/-``TARGET`` and the time
+allows a round like the last one (the budget's, or with no budget ``NO_BUDGET_SHARE`` of the run so far, at least
+two rounds), at most ``MAX_ROUNDS``. A budget too short for two rounds gets one, and the claim says it is
+unconfirmed; none, and it says so. A claim whose interval is wider than +/-``NOISY`` says "noisy" in its headline.
+
+When the confirmation disagrees with the choice (the winner no faster than the baseline, or slower), the headline
+says so and no gain is reported that the confirmation did not see; a winner the confirmation measured slower than
+the baseline beyond the noise (and not noisy itself) is not recommended: the baseline is (``apply``).
+
+>>> c = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
+...                          {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
+>>> c.headline()
+'x1.50 (95% interval x1.47 to x1.53), confirmed over 2 interleaved rounds'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autotune.measure import summarize
+
+__all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "expected_round_s", "plan_finalists", "MIN_ROUNDS",
+           "MAX_ROUNDS", "TARGET", "NOISY", "NO_BUDGET_SHARE", "CONFIRM_SHARE", "unconfirmed_line", "apply",
+           "selection_record"]
+
+MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
+MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
+TARGET = 0.05       # more rounds while the 95% interval of the ratio is wider than +/-5% ...
+NOISY = 0.10        # ... and a claim wider than +/-10% says "noisy" in its headline
+NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
+CONFIRM_SHARE = 0.20  # the most of a --timeout budget the search keeps back for the two rounds (``reserve_s``)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation rounds (each ``{"winner": windows, "baseline": windows}``, in the order run) and the claim
+    from them alone: the ratio of the winner's median to the baseline's and its 95% interval; ``status`` is
+    ``confirmed`` (>= 2 rounds), ``unconfirmed`` (fewer: the budget) or ``failed`` (a run did not finish: ``why``)."""
+
+    rounds: tuple[dict, ...]
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    status: str = "confirmed"
+    why: str = ""
+    rule: str = ""  # how many rounds it could take, and why
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:  # held as the record keeps them (4 decimals): a headline read back is the same
+        for name in ("ratio", "low", "high"):
+            x = getattr(self, name)
+            if x is not None:
+                object.__setattr__(self, name, round(float(x), 4))
+
+    @property
+    def winner_median(self) -> float | None:
+        xs = [x for r in self.rounds for x in r.get("winner", ())]
+        return summarize(xs).median if xs else None
+
+    @property
+    def baseline_median(self) -> float | None:
+        xs = [x for r in self.rounds for x in r.get("baseline", ())]
+        return summarize(xs).median if xs else None
+
+    @property
+    def half_width(self) -> float | None:
+        if self.low is None or self.high is None or not self.ratio:
+            return None
+        return max(self.high / self.ratio - 1, 1 - self.low / self.ratio)
+
+    @property
+    def noisy(self) -> bool:
+        return self.half_width is not None and self.half_width > NOISY
+
+    def headline(self) -> str:
+        """The claim in one line: ``x1.47 (95% interval x1.38 to x1.57)``, said noisy, unconfirmed or failed."""
+        if self.status == "failed" or self.ratio is None:
+            return f"unconfirmed: {self.why or 'no confirmation round finished'}"
+        n = len(self.rounds)
+        interval = (f" (95% interval x{self.low:.2f} to x{self.high:.2f})"
+                    if self.low is not None and self.high is not None and n > 1 else "")
+        head = f"x{self.ratio:.2f}{interval}"
+        if self.status == "unconfirmed":
+            return f"{head}, unconfirmed: one round only ({self.why})"
+        head += f", confirmed over {n} interleaved rounds"
+        if self.noisy:
+            head += f", noisy (+/-{100 * self.half_width:.0f}%)"
+        if self.high is not None and self.high < 1:
+            head += ": slower than the baseline"
+        elif self.low is not None and self.low <= 1:
+            head += ": no gain over the baseline shown"
+        return head
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
+        return {"status": self.status, "why": self.why, "rule": self.rule, "notes": list(self.notes),
+                "speedup_vs_baseline": r(self.ratio), "interval": [r(self.low), r(self.high)],
+                "median_samples_per_s": r(self.winner_median), "baseline_samples_per_s": r(self.baseline_median),
+                "rounds": [{k: [round(x, 3) for x in v] for k, v in rd.items()} for rd in self.rounds],
+                "headline": self.headline()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Confirmation | None:
+        if not d:
+            return None
+        low, high = (d.get("interval") or [None, None])[:2]
+        return cls(rounds=tuple(d.get("rounds") or ()), ratio=d.get("speedup_vs_baseline"), low=low, high=high,
+                   status=str(d.get("status", "confirmed")), why=str(d.get("why", "")), rule=str(d.get("rule", "")),
+                   notes=tuple(d.get("notes") or ()))
+
+
+def unconfirmed_line(*, provisional: bool = False) -> str:
+    """What a recommendation without confirmation rounds says of its claim: a provisional one (the budget left no
+    finalist round, so nothing was confirmed), or one from before confirmation rounds (autotune before 2026-11-27)."""
+    if provisional:
+        return ("unconfirmed: provisional, the figures are its search trial's own (no finalist round ran: a run "
+                "that finishes, or `autotune run --trials 0` with time for the finalists, confirms it)")
+    return "unconfirmed: the figures are the selection's own (no confirmation rounds: autotune before 2026-11-27)"
+
+
+def _interval(rounds: list[dict]) -> tuple[float, float, float]:
+    from autotune.search.choose.settle import ratio_interval
+
+    return ratio_interval([r["winner"] for r in rounds], [r["baseline"] for r in rounds], resamples=1000)
+
+
+def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
+            log: Callable[[str], None], deadline: float | None, search_s: float,
+            round_s: float = 0.0) -> Confirmation:
+    """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
+    run a fresh child through ``runner``; ``deadline`` (``time.monotonic()``) or, without one, ``search_s`` (the
+    run so far) bound the rounds past the first two. With a deadline, a round starts only if it would end before
+    it: the first as long as ``round_s`` (its estimate: ``expected_round_s``), each later one as long as the last."""
+    from autotune.search.choose.finalist_rounds import run_line, run_log
+
+    limit = ("the time left in the budget" if deadline is not None else
+             f"{NO_BUDGET_SHARE:.0%} of the run so far ({NO_BUDGET_SHARE * search_s:.0f} s) past the first two")
+    rule = (f"at least {MIN_ROUNDS} rounds, more while the 95% interval is wider than +/-{TARGET:.0%} and "
+            f"{limit} allows, at most {MAX_ROUNDS}")
+    log(f"confirming the claim: {winner.short()} against the baseline {baseline.short()}, interleaved, in fresh "
+        f"processes ({rule})")
+    rounds: list[dict] = []
+    last_s = extra_s = 0.0  # the last round's time; the time of the rounds past MIN_ROUNDS
+    while len(rounds) < MAX_ROUNDS:
+        if deadline is not None and time.monotonic() + (last_s if rounds else round_s) > deadline:
+            break
+        if len(rounds) >= MIN_ROUNDS:
+            ratio, lo, hi = _interval(rounds)
+            if max(hi / ratio - 1, 1 - lo / ratio) <= TARGET:
+                break
+            if deadline is None and extra_s + last_s > NO_BUDGET_SHARE * search_s:
+                break
+        t0 = time.monotonic()
+        order = [("winner", winner), ("baseline", baseline)]
+        if len(rounds) % 2:
+            order.reverse()
+        got: dict[str, list[float]] = {}
+        for role, c in order:
+            kw = {"log_path": run_log(log_dir, f"confirm-{len(rounds)}", c)} if log_dir is not None else {}
+            res = runner(workload, c, measure, **kw)
+            log(run_line(f"confirmation {len(rounds) + 1}", c, res))
+            if not res.ok or not res.samples_per_s:
+                return Confirmation(tuple(rounds), status="failed", rule=rule,
+                                    why=f"the {role}'s run {res.status}" + (f": {res.reason}" if res.reason else ""))
+            got[role] = [float(x) for x in res.samples_per_s]
+        rounds.append(got)
+        last_s = time.monotonic() - t0
+        extra_s += last_s if len(rounds) > MIN_ROUNDS else 0.0
+    if not rounds:
+        return Confirmation((), status="failed", rule=rule, why="no time was left in the budget for one round")
+    if len(rounds) < MIN_ROUNDS:
+        w, b = (summarize(rounds[0][k]).median for k in ("winner", "baseline"))
+        return Confirmation(tuple(rounds), ratio=w / b, status="unconfirmed", rule=rule,
+                            why="the budget left time for one round; a longer --timeout confirms it")
+    ratio, lo, hi = _interval(rounds)
+    return Confirmation(tuple(rounds), ratio=ratio, low=lo, high=hi, rule=rule)
+
+
+def selection_record(rec: Any) -> dict[str, Any]:
+    """What chose the recommendation, kept apart from the claim: the finalists' figures and rounds."""
+    return {"median_samples_per_s": rec.median_samples_per_s, "iqr_samples_per_s": rec.iqr_samples_per_s,
+            "samples_per_s": list(rec.samples_per_s), "baseline_samples_per_s": rec.baseline_samples_per_s,
+            "speedup_vs_baseline": rec.speedup_vs_baseline, "finalist_rounds": rec.finalist_rounds,
+            "search_round_pooled": rec.search_round_pooled, "trial": rec.trial_number,
+            "margin_vs_runner_up": rec.margin_vs_runner_up,
+            "margin_interval": list(rec.margin_interval) if rec.margin_interval else None}
+
+
+def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[Any], str] | None = None,
+          base_figures: dict | None = None) -> Any:
+    """``rec`` (a Recommendation) with its claim from ``conf``: the confirmed samples/s, baseline and speedup, the
+    selection's own figures kept apart; when the confirmation saw the winner slower than the baseline beyond the
+    noise, the baseline's config is recommended instead, with both figures said, and every figure of the record
+    is the baseline's (its windows from the confirmation, its peaks from ``base_figures``, its search trial's user
+    attributes) or left out, never the winner's."""
+    selection = selection_record(rec)
+    notes = list(rec.notes)
+    record = {**conf.to_dict(), "baseline_config": baseline.to_dict()}  # what the claim is against
+    if conf.ratio is None:
+        return dataclasses.replace(rec, selection=selection, confirmation=record,
+                                   notes=tuple(notes + [f"claim {conf.headline()}"]))
+    winner_med, base_med = conf.winner_median, conf.baseline_median
+    sel = rec.speedup_vs_baseline
+    # the selection's stand-in for the baseline is the selection's only: the claim's baseline ran in these rounds
+    notes = [n + "; the claim's baseline is the confirmation's own rounds" if n.startswith("baseline figure from its "
+             "search trial") else n for n in notes]
+    if sel and conf.high is not None and conf.high < sel and conf.status == "confirmed":
+        notes.append(f"the selection measured x{sel:.2f}; rounds that did not choose it measure x{conf.ratio:.2f}: "
+                     "the claim is theirs (the selection's luck is left out)")
+    # the claim's figures are the confirmation's, its windows too (the selection's are kept in ``selection``)
+    won = tuple(x for r in conf.rounds for x in r["winner"])
+    spread = summarize(won)
+    out = dataclasses.replace(rec, median_samples_per_s=round(winner_med, 3), samples_per_s=won,
+                              iqr_samples_per_s=round(spread.iqr, 3), noisy=spread.noisy,
+                              baseline_samples_per_s=round(base_med, 3), speedup_vs_baseline=round(conf.ratio, 3),
+                              selection=selection, confirmation=record, notes=tuple(notes))
+    # slower beyond the noise, and the confirmation not itself noisy (a +/-70% interval on a busy VM says nothing the
+    # selection's rounds did not): the defaults stand
+    if conf.status == "confirmed" and conf.high is not None and conf.high < 1 and not conf.noisy:
+        from autotune.search.record import trials as keys
+
+        ua, windows = base_figures or {}, tuple(x for r in conf.rounds for x in r["baseline"])
+        out = dataclasses.replace(
+            out, config=baseline, trial_number=None, speedup_vs_baseline=1.0, median_samples_per_s=round(base_med, 3),
+            samples_per_s=windows, iqr_samples_per_s=round(summarize(windows).iqr, 3), noisy=summarize(windows).noisy,
+            peak_host_mb=ua.get(keys.PEAK), peak_device_mb=ua.get(keys.PEAK_DEVICE),
+            peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), margin_vs_runner_up=None,
+            margin_interval=None, worst_case=None, latency_ms=None,
+            reproduce=reproduce(baseline) if reproduce is not None else "", parity=None, compile=None,
+            notes=out.notes + (f"{rec.config.short()} won the selection (x{sel or 0:.2f}) but ran slower than the "
+                               f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
+                               "recommended",))
+        return out
+    return dataclasses.replace(out, notes=out.notes + tuple(_runner_up_above(rec, conf, baseline)))
+
+
+def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
+    """A note when a runner-up's speedup in the selection (its finalist rounds' median over the baseline's there) is
+    above the winner's confirmed interval: the evidence of the two disagrees, and the line says so. The baseline
+    among the runners-up is not one (its own speedup is 1 by definition)."""
+    from autotune.config import TrialConfig
+
+    base = rec.baseline_samples_per_s  # the selection's, before the claim replaces it
+    if conf.status != "confirmed" or conf.high is None or not base:
+        return []
+    for ru in rec.runners_up:
+        m = ru.get("median_samples_per_s")
+        if ru.get("config") and TrialConfig.from_dict(ru["config"]).key() == baseline.key():
+            continue
+        if m and m / base > conf.high:
+            return [f"the runner-up {ru.get('short', '?')} measured x{m / base:.2f} over the baseline in the "
+                    f"selection, above the confirmed interval of {rec.config.short()} (x{conf.low:.2f} to "
+                    f"x{conf.high:.2f}): the evidence of the two disagrees; the recommendation stays the selection's "
+                    "choice, its claim the confirmation's (more finalist rounds settle it)"]
+    return []
+
+
+def reserve_s(walls: list[float], *, measure: Any, budget_s: float | None = None) -> float:
+    """The time a budget keeps for the confirmation: two rounds of two runs, each run about the median of the
+    search trials' ``walls`` plus the finalists' longer windows (``measure`` is theirs); within ``CONFIRM_SHARE``
+    of ``budget_s`` two rounds, else one (the claim is then unconfirmed), else none (no round starts that would
+    not fit: ``confirm``). Kept back by the search (``finalists.search_reserve_s``) and by the finalists
+    (``plan_finalists``, from the likely winner's and the baseline's walls), so the budget still ends in time.
+
+    >>> from autotune.config import MeasureSpec
+    >>> m = MeasureSpec(windows=5, window_s=2.0)  # 5 s more a run than a search trial of 10/20/30 s
+    >>> reserve_s([10.0, 20.0, 30.0], measure=m), reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=300.0)
+    (100.0, 50.0)
+    >>> reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=200.0), reserve_s([], measure=None)
+    (0.0, 0.0)
+    """
+    walls = sorted(w for w in walls if w)
+    if not walls:
+        return 0.0
+    one = 2 * _run_s(walls[len(walls) // 2], measure)
+    return _within(one, budget_s)
+
+
+def _run_s(wall: float, measure: Any) -> float:
+    """A confirmation run: a search trial's ``wall`` plus the finalists' longer windows (``measure``: theirs)."""
+    return wall + measure.windows * measure.window_s / 2  # finalist windows are twice the search's
+
+
+def _within(one_round_s: float, budget_s: float | None) -> float:
+    """Two rounds, or one, or none: what fits ``CONFIRM_SHARE`` of the budget (two without a budget)."""
+    cap = CONFIRM_SHARE * budget_s if budget_s else float("inf")
+    return next((n * one_round_s for n in (MIN_ROUNDS, 1) if n * one_round_s <= cap), 0.0)
+
+
+def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], deadline: float | None, checks_s: float,
+                   budget_s: float | None, rounds: int, measure: Any, finalists: Any,
+                   log: Callable[[str], None]) -> tuple[Any, Any]:
+    """``(the finalists' deadline, plan(...))`` for the top trials ``top`` and the baseline trial ``base``, ``plan``
+    being ``finalists.plan`` (``measure``: the search's, ``finalists``: the finalists' ``MeasureSpec``): the
+    finalists get the time to ``deadline`` less ``checks_s`` (numerics, worst case) and the confirmation's reserve
+    (``reserve_s``'s rule, from the likely winner's and the baseline's walls; none without a baseline trial, which
+    leaves nothing to confirm against). When that leaves them not even one round, they get the reserve too: a
+    provisional recommendation confirms nothing, so it would go unused (and the confirmation starts no round that
+    would overrun)."""
+    import functools
+
+    plan = functools.partial(plan, measure=measure, rounds=rounds)
+    if deadline is None:
+        return None, plan(top, base, left_s=None, log=log)
+    one = expected_round_s([top[0], base], finalists) if top and base is not None else 0.0
+    finalists_end = deadline - checks_s - _within(one, budget_s)
+    said: list[str] = []
+    chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
+    if chosen is None:
+        finalists_end = deadline - checks_s
+        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log)
+    for line in said:
+        log(line)
+    return finalists_end, chosen
+
+
+def expected_round_s(pair: list, measure: Any) -> float:
+    """A confirmation round's expected time: a run of each of the two trials in ``pair`` (the winner's and the
+    baseline's search trials), each its wall plus the finalists' longer windows (``measure``: theirs)."""
+    from autotune.search.record import trials as keys
+
+    return sum(_run_s(t.user_attrs.get(keys.WALL_S) or 0.0, measure) for t in pair if t is not None)
+
+
+def _trial_of(rec: Any, trials: list) -> Any:
+    """The search trial of ``rec``'s config among ``trials``; else the longest of them (None without any)."""
+    from autotune.search.record import trials as keys
+
+    mine = [t for t in trials if t is not None and t.number == rec.trial_number]
+    return mine[0] if mine else max(trials, key=lambda t: t.user_attrs.get(keys.WALL_S) or 0.0, default=None)
+
+
+def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
+              log: Callable[[str], None], deadline: float | None, search_s: float, trials: list = ()) -> Any:
+    """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
+    no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``trials``: the
+    finalists' search trials, the winner's among them (a round's expected time, ``expected_round_s``: the
+    longest of theirs stands in for a winner not found)."""
+    from autotune.provenance import reproduce_command
+    from autotune.search.record import trials as keys
+
+    if rec is None or base_trial is None:
+        return rec
+    baseline = keys.config_of(base_trial)
+    if baseline.key() == rec.config.key():
+        conf = Confirmation((), ratio=1.0, status="baseline", why="the recommendation is PyTorch's defaults")
+        return dataclasses.replace(rec, selection=selection_record(rec),
+                                   confirmation={**conf.to_dict(), "baseline_config": baseline.to_dict(),
+                                                 "headline": "x1.00: the recommendation is PyTorch's defaults "
+                                                 "(nothing to confirm)"})
+    conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
+                   deadline=deadline, search_s=search_s,
+                   round_s=expected_round_s([_trial_of(rec, trials), base_trial], measure))
+    log(f"claim: {conf.headline()}")
+    return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
+                 base_figures=dict(base_trial.user_attrs))

@@ -1,0 +1,194 @@
+"""The finalists' rounds: what they measured (``Evidence``, ``remeasure``), kept in the study as they are
+measured, so a run killed during the finalists resumes them instead of losing them all; and their numerics checks
+(``record_parity``), kept where `show` finds them.
+
+Each finalist run's result is stored (``trials.FINALIST_ROUNDS``: the plan's digest and every run's result) the
+moment it returns. A later ``finalize`` with the same plan (the same finalists in the same order, rounds and
+measurement: windows, time limit) takes every *complete* round from the store and measures the rest. A round stopped
+part-way is measured again whole: a round's configs run back to back, at one moment of the machine, and the
+ratio interval (``settle.ratio_interval``) resamples rounds on that premise; the runs of a stopped round, hours
+before the resume, would be compared with runs of another moment. A finished ``finalize`` empties the store, so
+a later run measures its finalists afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from autotune.search.record import trials as keys
+from autotune.config import MeasureSpec, TrialConfig, TrialResult
+from autotune.trial.latency import worst_of
+
+if TYPE_CHECKING:
+    from optuna import Study
+
+    from autotune.trial.parity import ParityResult
+
+__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line"]
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class SavedRounds:
+    """The store of one plan's finalist runs, in ``study``'s user attributes (``study=None``: kept nowhere).
+
+    >>> saved = SavedRounds(study, configs, rounds=2, measure=spec)   # doctest: +SKIP
+    >>> saved.round(0)      # {config key: TrialResult} of round 0 if it was finished, else None
+    """
+
+    def __init__(self, study: Study | None, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec) -> None:
+        self.study = study
+        self.configs = list(configs)
+        # not the cap: by default a share of the memory free at start, so it moves between runs; ``choose``
+        # judges every stored peak against the cap of the run that resumes anyway
+        how = {k: v for k, v in measure.to_dict().items() if k != "memory_cap_mb"}
+        self.plan = _digest({"configs": [c.to_dict() for c in configs], "rounds": rounds, "measure": how})
+        stored = (study.user_attrs.get(keys.FINALIST_ROUNDS) if study is not None else None) or {}
+        self.runs: dict[str, dict] = dict(stored.get("runs") or {}) if stored.get("plan") == self.plan else {}
+
+    @staticmethod
+    def _key(r: int, config: TrialConfig) -> str:
+        return f"{r}:{_digest(config.to_dict())}"
+
+    def round(self, r: int) -> dict[tuple, TrialResult] | None:
+        """Round ``r``'s results by config key, when every finalist's run of it is stored; else None."""
+        found = [self.runs.get(self._key(r, c)) for c in self.configs]
+        if any(x is None for x in found):
+            return None
+        return {c.key(): TrialResult.from_dict(x) for c, x in zip(self.configs, found)}
+
+    def put(self, r: int, config: TrialConfig, result: TrialResult) -> TrialResult:
+        """Store one run's result now (its traceback stays in its log: the study keeps the figures); returns it."""
+        if self.study is None:  # nowhere to keep it
+            return result
+        d = result.to_dict()
+        d["traceback"] = None
+        self.runs[self._key(r, config)] = d
+        self.study.set_user_attr(keys.FINALIST_ROUNDS, {"plan": self.plan, "runs": self.runs})
+        return result
+
+    def clear(self) -> None:
+        """The finalists are done: a later run measures its own."""
+        self.runs = {}
+        if self.study is not None and self.study.user_attrs.get(keys.FINALIST_ROUNDS) is not None:
+            self.study.set_user_attr(keys.FINALIST_ROUNDS, None)
+
+
+def record_parity(study: Study, trial_number: int, result: ParityResult) -> None:
+    """Keep a finalist's numerics check in the study (its trial is finished, so the study holds it), where
+    `show` and the report find it."""
+    checks = dict(study.user_attrs.get(keys.PARITY) or {})
+    checks[str(trial_number)] = result.to_dict()
+    study.set_user_attr(keys.PARITY, checks)
+
+
+def pool_search_round(ev: "Evidence", configs: list[TrialConfig], trials: list) -> bool:
+    """With only one finalist round, count each finalist's search trial (the same config, measured earlier)
+    as a round before it, so the choice rests on two measurements of each and ``ratio_interval`` has two
+    rounds to resample. A second-best stand-in: the search round is not interleaved, and it is the round
+    that put these configs among the finalists (its luck favours them), hence only when no second
+    finalist round fits. Returns whether it pooled (every finalist that finished its round has its search
+    windows)."""
+    done = [(c, t) for c, t in zip(configs, trials) if len(ev.rounds[c.key()]) == 1]
+    if len(done) < 2 or not all(t.user_attrs.get(keys.SAMPLES) for _, t in done):
+        return False
+    for c, t in done:
+        ev.rounds[c.key()].insert(0, [float(x) for x in t.user_attrs[keys.SAMPLES]])
+    ev.pooled = True
+    return True
+
+
+# --- the re-measurement -------------------------------------------------------------------------------
+
+@dataclass
+class Evidence:
+    """What the finalists' rounds measured, per config key: the windows of each round it finished ok, its peak
+    host and device memory over them, and why it is out: each round it did not finish ok ("round 2:
+    over_memory (...)"), too little memory left under the margin, or a failed numerics check."""
+
+    rounds: dict[tuple, list[list[float]]]
+    peaks: dict[tuple, float]
+    failures: dict[tuple, list[str]]
+    device_peaks: dict[tuple, float | None]
+    rounds_run: int = 0  # the interleaved finalist rounds that ran
+    pooled: bool = False  # each finalist's search trial counts as a round (``pool_search_round``)
+    compile_s: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # measured, per round run ok
+    # the most the tensors held on the device (the reserved peak, ``device_peaks``, counts the allocator's cache)
+    device_allocated: dict[tuple, float] = dataclasses.field(default_factory=dict)
+    # inference: each percentile of the step latency, its worst over the rounds (``trial.latency.worst_of``)
+    latency: dict[tuple, dict] = dataclasses.field(default_factory=dict)
+
+    walls: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # each run's wall time, s
+
+    def samples(self, key: tuple) -> list[float]:
+        return [x for r in self.rounds[key] for x in r]
+
+    def add(self, r: int, c: TrialConfig, res) -> None:
+        """Round ``r``'s run of ``c``: its windows, peaks, compile time and latency, or why it failed."""
+        k = c.key()
+        self.walls.setdefault(k, []).append(res.wall_s or 0.0)
+        if not res.ok:
+            self.failures[k].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
+            return
+        self.rounds[k].append(list(res.samples_per_s))
+        self.peaks[k] = max(self.peaks[k], res.peak_host_mb or 0.0)
+        if res.peak_device_mb is not None:
+            self.device_peaks[k] = max(self.device_peaks[k] or 0.0, res.peak_device_mb)
+        if res.peak_device_allocated_mb is not None:
+            self.device_allocated[k] = max(self.device_allocated.get(k, 0.0), res.peak_device_allocated_mb)
+        if res.compile_s is not None:
+            self.compile_s.setdefault(k, []).append(res.compile_s)
+        if res.latency_p99_ms is not None:
+            self.latency[k] = worst_of(self.latency.get(k), res)
+
+
+def run_log(log_dir: Any, tag: str, config: TrialConfig) -> Any:
+    """The log file of one finalist-stage child run of ``config`` in ``log_dir``: ``<tag>-<config digest>.log``."""
+    return log_dir / f"{tag}-{abs(hash(config.key())) % 10**6}.log"
+
+
+def run_line(label: str, config: TrialConfig, res: TrialResult) -> str:
+    """One run's line in the log: ``  <label> <config> <status> <samples/s or why>``."""
+    return (f"  {label} {config.short():<40} {res.status:<8} "
+            + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
+
+
+def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
+              log: Callable[[str], None], saved=None, deadline: float | None = None) -> Evidence:
+    """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
+    ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it.
+    With a ``deadline`` (``time.monotonic()``), a round starts only when the round before took less than the time
+    left (the plan's estimate is the search trials' walls; a loaded machine's rounds take longer): the rounds not
+    run are said, and ``rounds_run`` counts those that ran."""
+    ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
+                  {c.key(): None for c in configs})
+    ev.rounds_run = rounds
+    saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
+    log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
+        f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    last_s = 0.0
+    for r in range(rounds):
+        if deadline is not None and r > 0 and time.monotonic() + last_s > deadline:
+            log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, more than the "
+                f"{max(0.0, deadline - time.monotonic()):.0f} s left in the budget")
+            ev.rounds_run = r
+            break
+        started = time.monotonic()
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        kept = saved.round(r)
+        if kept is not None:
+            log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
+        for c in order:
+            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
+                workload, c, measure, log_path=run_log(log_dir, f"finalist-{r}", c)))
+            ev.add(r, c, res)
+            log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
+        last_s = time.monotonic() - started
+    return ev

@@ -1,0 +1,500 @@
+"""The finalists: the time the search leaves them, which of them fit the time left, their interleaved
+re-measurement, and the recommendation chosen from it.
+
+A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
+measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
+is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory
+(device, then host, then threads, then knobs changed) wins if its median is within ``settle.TIE_TOLERANCE`` of the
+fastest's; further behind, the two are measured in more rounds first (``settle.ExtraRounds``). A winner with reduced
+precision, channels_last, compile or N DDP ranks must pass the numerics check (``parity``) first. What the rounds
+measured is ``finalist_rounds.Evidence``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from autotune.search.record import trials as keys
+from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.machine.envstamp import collect_env_stamp
+from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
+from autotune.errors import AutotuneError
+from autotune.measure import summarize
+from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity,
+                                   world_of)
+from autotune.search.choose.payback import Priced, RunLength, price
+from autotune.search.choose.settle import TIE_TOLERANCE, ratio_interval
+from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
+from autotune.recommendation import Recommendation
+from autotune.search.record.trials import MemoryLimit, baseline_value, departures, feasible_by_config
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
+
+    from autotune.machine.hardware import Hardware
+
+__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
+           "out_of_time", "search_left_s", "search_reserve_s", "check_steps_within", "MIN_CHECK_STEPS", "long_trial_s",
+           "plan", "Evidence", "remeasure", "pool_search_round", "ratio_interval", "FinalistContext", "choose",
+           "provisional"]
+
+# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
+FINALIST_SHARE = 0.30
+# The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
+# top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
+NUMERICS_SHARE = 0.30
+# The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
+MIN_CHECK_STEPS = 10
+# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
+WINDOW_FACTOR = 2
+
+
+def finalist_measure(search: MeasureSpec) -> MeasureSpec:
+    """How a finalist is measured: as a search trial, with ``WINDOW_FACTOR`` times longer windows."""
+    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+
+
+# --- the budget ---------------------------------------------------------------------------------------
+
+def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None = None) -> float:
+    """Time the search leaves for the finalists: all rounds at the typical trial's length, but at most
+    ``FINALIST_SHARE`` of the budget (``plan`` then fits fewer finalists and rounds into it)."""
+    if not trial_walls or finalists <= 0:
+        return 0.0
+    typical = sorted(trial_walls)[len(trial_walls) // 2]
+    full = typical * 1.3 * (finalists + 1) * rounds
+    return min(full, FINALIST_SHARE * budget_s) if budget_s else full
+
+
+def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
+                rounds: int, check_s: float = 0.0, measure: MeasureSpec | None = None) -> bool:
+    """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
+    one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
+    fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
+    the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
+    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value.
+    ``check_s``: the expected numerics check of the best config so far, reserved too (at most
+    ``NUMERICS_SHARE`` of the budget); with the search's ``measure``, the confirmation's two rounds too
+    (``confirm.reserve_s``)."""
+    if deadline is None:
+        return False
+    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s,
+                         measure=measure)
+    return left <= 0 or (bool(trial_walls) and left < long_trial_s(trial_walls))
+
+
+def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
+                  check_s: float = 0.0, measure: MeasureSpec | None = None) -> float:
+    """Seconds the search has left before its reserves (``search_reserve_s``) and the numerics check's."""
+    reserve = search_reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s, measure=measure)
+    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
+    return deadline - time.monotonic() - reserve
+
+
+def search_reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None,
+                     measure: MeasureSpec | None = None) -> float:
+    """The finalists' rounds (``reserve_s``) and, with the search's ``measure``, the confirmation's two
+    (``confirm.reserve_s``): what the search leaves after it, the numerics check aside."""
+    from autotune.search.choose import confirm
+
+    reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
+    if measure is not None:
+        reserve += confirm.reserve_s(trial_walls, measure=finalist_measure(measure), budget_s=budget_s)
+    return reserve
+
+
+def check_steps_within(full_s: float, steps: int, *, budget_s: float | None, left_s: float,
+                       log: Callable[[str], None]) -> int:
+    """The steps of a numerics check expected to take ``full_s`` at ``steps`` steps that fit its share of the budget
+    (``NUMERICS_SHARE`` of ``budget_s``, at most half the ``left_s`` seconds left): ``steps`` when the whole check
+    fits, fewer (at least ``MIN_CHECK_STEPS``) when not, 0 (no check, said) when not even those fit.
+
+    >>> check_steps_within(40.0, 30, budget_s=100.0, left_s=80.0, log=print)
+    the numerics check gets 20 of 30 steps: the whole (~40 s) would take more than its share of the budget (30 s)
+    20
+    """
+    if not full_s or not steps:
+        return steps
+    share = min(NUMERICS_SHARE * (budget_s or math.inf), max(0.0, left_s) / 2)
+    if full_s <= share:
+        return steps
+    per_step = (full_s - CHECK_STARTUP_S) / steps
+    fit = int((share - CHECK_STARTUP_S) / per_step) if per_step > 0 else 0
+    if fit >= MIN_CHECK_STEPS:
+        log(f"the numerics check gets {fit} of {steps} steps: the whole (~{full_s:.0f} s) would take more than its "
+            f"share of the budget ({share:.0f} s)")
+        return fit
+    log(f"no numerics check: even {MIN_CHECK_STEPS} steps would take more than its share of the budget "
+        f"({share:.0f} s); a longer --timeout checks it")
+    return 0
+
+
+def long_trial_s(trial_walls: list[float]) -> float:
+    """A long trial of those so far: the nearest-rank 90th percentile of their walls (0 with none)."""
+    walls = sorted(trial_walls)
+    return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
+
+
+def expected_check_s(trial: FrozenTrial | None, base, *, steps: int, workload: Workload | None = None) -> float:
+    """The expected numerics check of ``trial``'s config of ``workload`` (``parity.check_seconds``), from its
+    measured rate and the baseline trial ``base``'s (fp32 eager); 0 when it needs none, or either rate is unknown."""
+    if base is None or not base.value or trial is None or not trial.value:
+        return 0.0
+    return check_seconds(keys.config_of(trial), samples_per_s=trial.value, fp32_samples_per_s=base.value, steps=steps,
+                         workload=workload)
+
+
+# --- who is re-measured, for how many rounds -------------------------------------------------------------
+
+def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | None,
+         log: Callable[[str], None]) -> tuple[list, int] | None:
+    """``(candidate trials, rounds)`` to re-measure: ``top`` (best first) and the baseline trial ``base``
+    unless it is one of them; ``measure`` is the search trials' (see ``finalist_measure``).
+    With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
+    estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
+
+    One round is not a comparison (each config measured once, the very luck re-measuring exists to remove),
+    so two rounds come first: the most finalists for which two rounds fit, shrinking in this order: fewer
+    finalists (down to the top two), then the baseline is not re-measured (its search figure stands in),
+    then only the top one and the baseline. Only when no two rounds fit does one round run (of the most
+    finalists it fits), and ``choose`` then pools each finalist's search trial as a second round
+    (``pool_search_round``) and says so."""
+    base_key = TrialConfig.from_dict(base.user_attrs[keys.CONFIG]).key() if base is not None else None
+
+    def candidates(k: int, with_base: bool = True) -> list:
+        cands = list(top[:k])
+        if with_base and base is not None and all(TrialConfig.from_dict(t.user_attrs[keys.CONFIG]).key() != base_key
+                                                  for t in cands):
+            cands.append(base)
+        return cands
+
+    extra_s = measure.windows * measure.window_s * (WINDOW_FACTOR - 1)  # a finalist's longer windows
+
+    def round_s(cands: list) -> float:  # estimated from the search trials' wall times
+        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + extra_s for t in cands)
+
+    if left_s is None:
+        return candidates(len(top)), rounds
+    options = [candidates(k) for k in range(len(top), 1, -1)]
+    options += [candidates(2, with_base=False)] if len(top) >= 2 else []
+    options += [candidates(1)]
+    wanted = min(rounds, 2)
+    cands = next((c for c in options if wanted * round_s(c) <= left_s), None)
+    if cands is None:  # not two rounds of any of them: one round, of the most that fit
+        cands = next((c for c in options if round_s(c) <= left_s), options[-1])
+    fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
+    if fit < 1:
+        log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
+            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it")
+        return None
+    if cands != options[0] or fit < rounds:
+        log(f"the time budget leaves room for {len(cands)} finalist(s) "
+            f"({'with' if base in cands else 'without'} the baseline) and {min(fit, rounds)} of {rounds} round(s)"
+            + ("; their search trials count as a second round" if min(fit, rounds) == 1 and len(cands) > 1 else ""))
+    return cands, min(rounds, fit)
+
+
+# --- the choice ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FinalistContext:
+    """What ``finalists.choose`` reads: the run's workload, machine, measurement and memory limit, where the study
+    and its files are, the planned run (compile is priced over it), the numerics check (``parity_steps`` 0: none,
+    ``numerics_cut``: cut to none by the budget, said; ``parity``: the check, None for ``parity.parity_check``)."""
+
+    workload: Workload
+    hardware: Hardware
+    measure: MeasureSpec
+    limit: MemoryLimit
+    study_name: str
+    storage_url: str
+    artifacts_dir: Path
+    compile_cache_dir: Path
+    run_length: RunLength
+    parity_steps: int
+    parity: Callable[..., Any] | None
+    log: Callable[[str], None]
+    numerics_cut: bool = False
+
+
+class Scored(NamedTuple):
+    """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
+
+    config: TrialConfig
+    trial: Any
+    summary: Any
+    peak_mb: float
+
+
+def _memory_out(limit, c: TrialConfig, ev: Evidence) -> list[str]:
+    """Why ``c`` is out on memory: it ran, but without the margin to spare (host, then device); [] if it is not."""
+    from autotune._units import format_mb
+
+    why, usable, alloc = [], limit.usable_mb, ev.device_allocated.get(c.key())
+    if usable is not None and ev.peaks[c.key()] > usable:
+        why.append(f"peak {format_mb(ev.peaks[c.key()])} over the {format_mb(usable)} the "
+                   f"{100 * limit.margin:.0f}% margin leaves of the cap")
+    if (limit.device_constraint(ev.device_peaks[c.key()], alloc) or 0.0) > 0:
+        why.append(f"device peak {format_mb(alloc or ev.device_peaks[c.key()])} over the "
+                   f"{100 * (1 - limit.margin):.0f}% of the {format_mb(limit.device_mb)} device memory cap the margin "
+                   "leaves")
+    return why
+
+
+def _lightness(x: Scored, ev: Evidence) -> tuple:
+    """What wins a tie, least first: device memory, host memory (64 MB steps), threads, knobs changed."""
+    return (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
+            (x[0].intra_op_threads or 99) + x[0].num_workers, departures(x[0]))
+
+
+def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
+               notes: list[str]) -> tuple[list[Scored], list[tuple]]:
+    """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
+    (config, trial), each out with a note saying why."""
+    scored, out = [], []
+    for c, t in zip(configs, trials):
+        ev.failures[c.key()] += _memory_out(limit, c, ev)
+        if ev.failures[c.key()]:
+            out.append((c, t))
+            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
+        elif ev.rounds[c.key()]:
+            scored.append(Scored(c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
+    return scored, out
+
+
+def _numerics_pass(ctx: FinalistContext, study: Study, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
+                   notes: list[str]) -> tuple[int | None, list[Scored], Any, int]:
+    """Check the chosen config's numerics, then the next best's while one fails (``parity.first_passing``):
+    (the index in the ranking of the one that passed, or None; the ranking; its parity result; how many were
+    checked)."""
+    ranked = [chosen] + [x for x in scored if x is not chosen]
+    index, checked = _check_numerics(ctx, ranked, base_trial)
+    for (config, result), x in zip(checked, ranked):
+        if result.steps:  # checked in a child (an fp32 eager config passes without one)
+            record_parity(study, x.trial.number, result)
+            notes.append(result.note(f"{config.short()} (trial {x.trial.number})"))
+        if not result.ok and result.checked:
+            ev.failures[config.key()].append(f"numerics: {result.reason}")
+    return index, ranked, (checked[index][1] if index is not None else None), len(checked)
+
+
+def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None:
+    """The baseline's median from its finalist rounds (even if it is out), else from its search trial."""
+    base_key = TrialConfig.from_dict(base_trial.user_attrs[keys.CONFIG]).key() if base_trial is not None else None
+    base_xs = ev.samples(base_key) if ev.rounds.get(base_key) else None
+    if base_trial is not None and not base_xs and base_trial.user_attrs.get(keys.SAMPLES):
+        base_xs = base_trial.user_attrs[keys.SAMPLES]  # its search trial stands in
+        why = ("its finalist rounds did not all finish" if ev.failures.get(base_key)
+               else "not re-measured: the time budget was short")
+        notes.append(f"baseline figure from its search trial #{base_trial.number} ({why}), so the speedup is "
+                     "less certain")
+    return summarize(base_xs).median if base_xs else None
+
+
+def _settle(ctx: FinalistContext, study: Study, scored: list[Scored], out: list, ev: Evidence, notes: list[str],
+            more: Callable[..., bool] | None) -> tuple[Scored, Scored, dict, Any] | None:
+    """``(the fastest, the chosen, each one's rounds priced, the pricing)`` among ``scored`` (sorted fastest first,
+    in place; one put out by an extra round moves to ``out``); None if none is left. See ``choose``."""
+    # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
+    extra = 0
+    while True:
+        pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(study, c, t, ev))
+                         for c, t, s, _ in scored], ctx.run_length)
+        speed = {x[0].key(): x[2].median * pricing.factor[x[0].key()] for x in scored}
+        scored.sort(key=lambda x: -speed[x[0].key()])
+        best = scored[0]
+        rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
+        # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
+        close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
+        chosen = min(close, key=lambda x: _lightness(x, ev))
+        gap = speed[best[0].key()] / speed[chosen[0].key()] - 1
+        if chosen is best or gap <= TIE_TOLERANCE:
+            break
+        why = f"{best[0].short()} measures {100 * gap:.1f}% ahead of the lighter {chosen[0].short()}, within noise"
+        if more is None or not more(ev, best[0], chosen[0], why, gap):
+            # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
+            notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead by "
+                         f"median over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
+                         f"tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
+            chosen = min((x for x in close if speed[best[0].key()] / speed[x[0].key()] - 1 <= TIE_TOLERANCE),
+                         key=lambda x: _lightness(x, ev))
+            break
+        extra += 1
+        for x in (best, chosen):  # an extra round can put either out, as any round can
+            ev.failures[x[0].key()] += _memory_out(ctx.limit, x[0], ev)
+            if ev.failures[x[0].key()]:
+                scored.remove(x)
+                out.append((x[0], x[1]))
+                notes.append(f"{x[0].short()} (trial {x[1].number}) is out: {'; '.join(ev.failures[x[0].key()])}")
+        scored[:] = [x._replace(summary=summarize(ev.samples(x[0].key())), peak_mb=ev.peaks[x[0].key()])
+                     for x in scored]
+        if not scored:
+            return None
+    notes += pricing.notes
+    if extra:
+        notes.append(f"{extra} extra finalist round(s) of the two configs in dispute settled the choice")
+    return best, chosen, rounds, pricing
+
+
+def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trials: list[FrozenTrial], ev: Evidence,
+           base_trial: FrozenTrial | None, *, check_numerics: bool = True,
+           more: Callable[..., bool] | None = None) -> Recommendation | None:
+    """The recommendation from the finalists' rounds; None when none of them qualified (each failed a round,
+    left too little memory, or failed the numerics check).
+
+    A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
+    whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
+    unless another is within noise of it and lighter on memory (device memory first, then host, then threads,
+    then knobs changed from PyTorch's defaults: ``trials.departures``) and its median within ``TIE_TOLERANCE`` of
+    the fastest's: "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
+    (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config within noise but
+    further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why, gap)`` runs
+    one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the numerics guard: a
+    winner with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a
+    child), else the next best (one fp32 eager process passes)."""
+    notes: list[str] = []
+    limit = ctx.limit
+    scored, out = _qualified(limit, configs, trials, ev, notes)
+    if not scored:
+        return None
+    if ev.rounds_run == 1 and len(configs) > 1:
+        notes.append("one finalist round only (the time budget or --rounds left no second): "
+                     + ("each finalist's search trial counts as a second round; it was not interleaved and it is "
+                        "the round that picked them, so the margin is less certain than two interleaved rounds'"
+                        if ev.pooled else "the choice rests on one measurement of each")
+                     + "; a longer --timeout gives two")
+    picked = _settle(ctx, study, scored, out, ev, notes, more)
+    if picked is None:
+        return None
+    best, chosen, rounds, pricing = picked
+    tied = chosen is not best  # won a tie on memory/threads
+    parity = None
+    if ctx.parity_steps and not check_numerics:
+        notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
+    elif ctx.numerics_cut and needs_parity(chosen[0], world_size=world_of(ctx.workload)):
+        notes.append("numerics not checked against fp32 eager: the budget left no time for the check (a longer "
+                     "--timeout checks it)")
+    elif ctx.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+        index, ranked, parity, n_checked = _numerics_pass(ctx, study, chosen, scored, base_trial, ev, notes)
+        failed = ranked[:n_checked - 1] if index is not None else ranked
+        scored = [x for x in scored if x not in failed]
+        out += [(x.config, x.trial) for x in failed]
+        if index is None:
+            return None
+        chosen = ranked[index]
+        tied = tied and index == 0
+    if tied:
+        _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
+                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
+                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads or knobs")
+    others = [x for x in scored if x is not chosen]
+    margin = interval = None
+    if others:
+        ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
+        margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
+    base_med = _baseline_median(base_trial, ev, notes)
+    s = chosen[2]
+    if s.noisy:
+        notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
+    hw = ctx.hardware
+    return Recommendation(
+        config=chosen[0], workload=ctx.workload,
+        median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
+        samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
+        baseline_samples_per_s=None if base_med is None else round(base_med, 3),
+        speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
+        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=ctx.measure.memory_cap_mb,
+        memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
+        peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
+        margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
+        hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
+                  "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
+        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
+        study_name=ctx.study_name,
+        storage=ctx.storage_url, trial_number=chosen[1].number,
+        runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
+                           "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
+                           "trial": x[1].number} for x in others]
+                         + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
+                             "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
+        notes=tuple(notes), reproduce=reproduce_command(ctx.workload, chosen[0], ctx.measure.memory_cap_mb),
+        parity=None if parity is None or not parity.steps else parity.to_dict(),
+        finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
+        user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
+        compile={**pricing.record, "cache_dir": str(ctx.compile_cache_dir)},
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
+    )
+
+
+def _check_numerics(ctx: FinalistContext, ranked: list, base_trial) -> tuple[int | None, list]:
+    """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
+    expect = expected_check_s(ranked[0][1], base_trial, steps=ctx.parity_steps, workload=ctx.workload)
+    if expect:
+        ctx.log(f"checking the numerics of {ranked[0][0].short()} {compared_with(ctx.workload)} ({ctx.parity_steps} "
+                f"steps each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
+    return first_passing([x[0] for x in ranked], ctx.workload, check=ctx.parity, steps=ctx.parity_steps,
+                         log_path=ctx.artifacts_dir / "parity.log", memory_cap_mb=ctx.measure.memory_cap_mb)
+
+
+def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
+                   ev: Evidence) -> tuple[float | None, float | None]:
+    """``(cold, cached)`` compile seconds of a compiled finalist, (None, None) for an eager one. Cold: the
+    longest compile measured for its graph in the study (its own trial and rounds, and every trial with the
+    same compile mode, batch size, amp and channels_last, whatever its loader knobs): what a fresh process
+    pays; cached: the shortest, what a process that finds the study's inductor cache pays."""
+    if config.compile_mode == "none":
+        return None, None
+    graph = (config.compile_mode, config.batch_size, config.amp, config.channels_last)
+    seen = list(ev.compile_s.get(config.key(), [])) + [trial.user_attrs.get(keys.COMPILE_S)]
+    for t in study.get_trials(deepcopy=False):
+        c = t.user_attrs.get(keys.CONFIG)
+        if c and (c.get("compile_mode"), c.get("batch_size"), c.get("amp"), c.get("channels_last")) == graph:
+            seen.append(t.user_attrs.get(keys.COMPILE_S))
+    seen = [x for x in seen if isinstance(x, (int, float))]
+    if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
+        return 0.0, None
+    return max(seen), (min(seen) if len(seen) > 1 else None)
+
+
+def provisional(study: Study, *, storage: str = "") -> Recommendation:
+    """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
+    (the run was stopped before the end, or the budget left no time for them)."""
+    checks = study.user_attrs.get(keys.PARITY) or {}
+    feasible = {k: t for k, t in feasible_by_config(study).items()
+                if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
+    if not feasible:
+        raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
+                            "`autotune run` longer, or see `autotune show` for why trials failed")
+    best = max(feasible.values(), key=lambda t: t.value or 0)
+    ua = best.user_attrs
+    xs = ua.get(keys.SAMPLES) or [best.value]
+    s = summarize(xs)
+    base = baseline_value(study)
+    workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
+    config = TrialConfig.from_dict(ua[keys.CONFIG])
+    space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
+    limit = keys.MemoryLimit.of_study(study)
+    cap = limit.cap_mb
+    return Recommendation(
+        config=config, workload=workload, median_samples_per_s=round(s.median, 3),
+        iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
+        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get(keys.PEAK),
+        memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
+        peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb,
+        margin_vs_runner_up=None, noisy=s.noisy,
+        hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
+        fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
+        env_stamp=collect_env_stamp(),
+        study_name=study.study_name, storage=storage, trial_number=best.number,
+        notes=("provisional: the best search trial, not re-measured against the runners-up; "
+               "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
+        reproduce=reproduce_command(workload, config, cap), provisional=True,
+        user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
+        tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),
+    )

@@ -1,0 +1,112 @@
+"""The batch-size walk: which batch sizes to queue next, as a pure function of what the study measured.
+
+Batch size is the knob no rule of thumb settles, and a sampler given few trials spends its first ones at
+random. So the walk starts at an anchor (the likely winner, else the baseline) and goes one batch choice at a
+time in each direction for as long as each step beat the one before it. ``next_steps`` is worked out afresh
+from the study's finished trials after every trial, so it does not matter in which order the steps finish
+(several workers, Ray), whether a step was measured by the sampler rather than queued, or whether a run was
+killed half-way: the first step of a direction that is not measured yet is queued unless it already exists in
+any state. A step that failed, ran out of memory, was pruned or was not faster ends its direction. Decided on
+single trials' medians: on a noisy machine a lucky step may cost one more trial, an unlucky one hands the rest
+to the sampler.
+
+>>> next_steps({"batch_size": 8}, space, measured={k8: 10.0}, present={k8})   # doctest: +SKIP
+[Step(params={'batch_size': 16}, direction=1, ...)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable, Mapping
+
+from autotune.search.record.trials import MemoryLimit, config_of, is_feasible
+
+__all__ = ["Step", "next_steps", "walked", "evidence"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """A walk step to queue: its params, the direction (-1 down, +1 up), and the step it follows."""
+
+    params: dict[str, Any]
+    direction: int
+    after_batch: int
+    after_value: float
+
+    def why(self) -> str:
+        return (f"batch {self.after_batch} ({self.after_value:.1f} samples/s) beat the step before: "
+                f"batch {self.params['batch_size']} is queued next")
+
+
+def next_steps(anchor: dict[str, Any], space, measured: Mapping[tuple, float],
+               present: Collection[tuple]) -> list[Step]:
+    """The steps to queue now.
+
+    ``measured``: config key -> best finished figure (0.0 when it failed, was pruned or was infeasible);
+    a config absent from it has not finished yet. ``present``: keys of every trial in any state (queued,
+    running, finished), so a step is never queued twice.
+    """
+    steps = []
+    for d in (-1, 1):
+        here, value = anchor, measured.get(space.effective(anchor).key())
+        while value:  # the config we stand on was measured and feasible
+            step = space.batch_step(here, d)
+            if step is None:
+                break
+            key = space.effective(step).key()
+            step_value = measured.get(key)
+            if step_value is None:  # not measured yet: queued, running, or to be queued now
+                if key not in present:
+                    steps.append(Step(step, d, here["batch_size"], value))
+                break
+            if step_value <= value:
+                break
+            here, value = step, step_value
+    return steps
+
+
+def walked(anchor: dict[str, Any], space, measured: Mapping[tuple, float]) -> tuple[bool, list[dict[str, Any]]]:
+    """``(over, line)``: whether the walk from ``anchor`` has ended in both directions (each at a step that did
+    not beat the one before, or at the end of the choices), and the params of every config on the walked line
+    that was measured, the anchor first. ``measured`` as for ``next_steps``; an anchor not measured is not over.
+
+    >>> walked({"batch_size": 16}, space, {k16: 10.0, k8: 5.0, k32: 20.0})   # doctest: +SKIP
+    (False, [{'batch_size': 16}, {'batch_size': 8}, {'batch_size': 32}])      # 64 is still to measure
+    """
+    over, line = True, [anchor]
+    for d in (-1, 1):
+        here, value = anchor, measured.get(space.effective(anchor).key())
+        if value is None:
+            return False, line
+        while value:
+            step = space.batch_step(here, d)
+            if step is None:
+                break
+            step_value = measured.get(space.effective(step).key())
+            if step_value is None:
+                over = False
+                break
+            line.append(step)
+            if step_value <= value:
+                break
+            here, value = step, step_value
+    return over, line
+
+
+def evidence(trials: Iterable, space, limit: MemoryLimit | None = None) -> tuple[dict[tuple, float], set[tuple]]:
+    """``(measured, present)`` for ``next_steps`` from a study's trials (``study.get_trials()``); a trial
+    counts as feasible under ``limit`` (None: as recorded)."""
+    from optuna.trial import TrialState
+
+    measured: dict[tuple, float] = {}
+    present: set[tuple] = set()
+    for t in trials:
+        config = config_of(t, space)
+        if config is None or (limit is not None and t.state.is_finished() and not limit.binds(t)):
+            continue  # killed or skipped under a lower cap than now: as if never tried
+        key = config.key()
+        present.add(key)
+        if t.state.is_finished():
+            value = (t.value or 0.0) if t.state == TrialState.COMPLETE and is_feasible(t, limit) else 0.0
+            measured[key] = max(measured.get(key, 0.0), value)
+    return measured, present

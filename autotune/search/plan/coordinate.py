@@ -1,0 +1,438 @@
+"""The planned search: before the sampler takes over, take the likely-winner bundle apart, walk the batch size
+from the best config so far, then try the space's other knobs one at a time.
+
+Why: trial 1 switches the usual winners on together (bf16, channels_last, ``malloc: retain``). When one of them
+hurts on this model and machine (bf16 where it is no faster than fp32, say), the bundle runs about as fast as
+the defaults and hides the others' gain, and a walk and a sampler that start from it keep the harm. So each
+bundle member is measured apart, whichever way the evidence makes more informative:
+
+* the bundle beat the baseline by more than the noise: the bundle with that knob **reverted** (leave one out:
+  near the best config so far, each probe says what one knob adds there);
+* otherwise (a tie, a loss, or the bundle failed): the baseline with that knob **alone** (add one in: the
+  bundle is no anchor, each probe says what the knob does by itself).
+
+The knobs that helped are combined (one more trial, unless that config was measured already) and the best
+config measured so far is kept (an earlier study's winner, ``warm_start``, among them). The batch-size walk
+(``batch_walk``) then goes from it, not from the bundle, and then one coordinate step: each other knob in the
+space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on the best
+config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
+
+Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
+IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above
+it one trial each says nothing, so both are measured once more (a trial with ``repeat_of``), and the candidate wins only
+if the 95% interval of the ratio of their medians over the two rounds (``settle.ratio_interval``) is above 1. A
+candidate at or below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or
+two measurements in trial order, so a later repeat never changes a decision taken before it.
+
+``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
+the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that
+the study does not have yet is queued once (``Plan.needs``).
+
+>>> p = plan(space, study.get_trials(), noise=0.05)    # doctest: +SKIP
+>>> p.phase, p.incumbent, [n.roles for n in p.needs]   # doctest: +SKIP
+('separate', {...}, [{'knob_step': 'amp=off'}, {'knob_step': 'channels_last=False'}])
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from autotune.search.record import trials as keys
+from autotune.search.plan.batch_walk import next_steps, walked
+from autotune.search.choose.settle import ratio_interval
+from autotune.measure import NOISY_REL_IQR, median_or_none
+from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
+
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
+
+# An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
+# stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
+MAX_TRIED = 4
+# Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
+NOT_SWEPT = ("batch_size", "compile_mode")
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
+        "!=": operator.ne}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measurement of a config: its trial, its median (0.0 when it failed, was pruned or does not fit the
+    memory limit), its windows and their relative IQR (None when unknown)."""
+
+    number: int
+    value: float
+    windows: tuple[float, ...]
+    rel_iqr: float | None = None
+
+
+@dataclass(frozen=True)
+class Need:
+    """A trial the plan needs and the study does not have: its params, the roles to queue it with, and a line
+    for the log."""
+
+    params: dict[str, Any]
+    roles: dict[str, Any]
+    why: str
+
+
+@dataclass
+class Plan:
+    """Where the planned search stands: ``phase`` (``bundle``: waiting for the baseline and the likely
+    winners; ``separate``, ``warm``, ``walk``, ``sweep``; ``done``: the sampler's turn), the best config so far as
+    params (None before the first measurement, or when neither the baseline nor the bundle ran), the trials to
+    queue now, and the decisions taken so far, in order."""
+
+    phase: str
+    incumbent: dict[str, Any] | None
+    needs: list[Need] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def label(self) -> str:
+        """For the progress bar."""
+        return {"bundle": "baseline and likely winners", "separate": "likely winners one at a time",
+                "warm": "earlier studies' winners",
+                "walk": "batch walk", "sweep": "one knob at a time", "done": "sampler"}[self.phase]
+
+
+def complete(space, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as a full set of the space's Optuna params: a conditional knob whose condition now holds
+    (prefetch once there are workers) gets its baseline value, else its first choice; one whose condition
+    does not hold is dropped. So the queued trial runs exactly the config the plan reads back."""
+    out: dict[str, Any] = {}
+    for p in space.params:
+        if p.when is not None:
+            ref, op, value = p.when
+            if ref not in out or not _OPS[op](out[ref], value):
+                continue
+        v = params.get(p.name)
+        if p.name not in params or v not in p.choices:
+            base = space.baseline.get(p.name)
+            v = base if base in p.choices else p.choices[0]
+        out[p.name] = v
+    return out
+
+
+def candidates(param, current: Any) -> list[Any]:
+    """The values of ``param`` the coordinate step tries instead of ``current``: every other choice, or for an
+    integer knob with more than ``MAX_TRIED`` choices the ones nearest half and double the current value and
+    the two ends.
+
+    >>> from autotune.search.space.search_space import Param
+    >>> candidates(Param("intra_op_threads", "int", tuple(range(1, 65))), 16)
+    [1, 8, 32, 64]
+    """
+    others = [c for c in param.choices if c != current]
+    if param.type != "int" or len(param.choices) <= MAX_TRIED or not isinstance(current, int):
+        return others
+    near = [min(param.choices, key=lambda c: (abs(c - target), c)) for target in (current / 2, current * 2)]
+    return sorted({c for c in [min(param.choices), max(param.choices), *near] if c != current})
+
+
+def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, fingerprint: str | None = None):
+    """``(by_key, present, roles)`` from a study's trials: each config's measurements in trial order, how many
+    trials (any state, copies left out) each config has, and the params of the first finished baseline and
+    likely-winner trials and of the warm starts (``roles[key]``: a list of params)."""
+    from optuna.trial import TrialState
+
+    by_key: dict[tuple, list[Measured]] = {}
+    present: Counter = Counter()
+    roles: dict[str, list[dict[str, Any]]] = {keys.BASELINE: [], keys.LIKELY_WINNER: [], keys.WARM_START: []}
+    for t in sorted(trials, key=lambda t: t.number):
+        ua = t.user_attrs
+        config = config_of(t, space)
+        if config is None or ua.get(keys.DUPLICATE_OF) is not None:
+            continue
+        if fingerprint and ua.get(keys.FINGERPRINT, fingerprint) != fingerprint:
+            continue  # another kind of machine's figures
+        finished = t.state.is_finished()
+        if finished and (ua.get(keys.STATUS) in keys.NOT_MEASURED or (limit is not None and not limit.binds(t))):
+            continue  # stopped (its retry is queued), or killed under a lower cap than now: as if never tried
+        key = config.key()
+        present[key] += 1
+        params = dict(t.params) if t.params else dict(t.system_attrs.get(keys.FIXED_PARAMS) or {})
+        for role, found in roles.items():
+            if ua.get(role) and (finished or role == keys.WARM_START):
+                found.append(params)
+        if finished:
+            ok = t.state == TrialState.COMPLETE and ua.get(keys.STATUS) == "ok" and is_feasible(t, limit)
+            value = float(t.value or 0.0) if ok else 0.0
+            windows = tuple(float(x) for x in (ua.get(keys.SAMPLES) or ())) or (value,)
+            spread = ua.get(keys.REL_IQR) if isinstance(ua.get(keys.REL_IQR), (int, float)) else None
+            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread))
+    return by_key, present, roles
+
+
+def plan(space, trials: Iterable, *, noise: float = NOISY_REL_IQR, limit: MemoryLimit | None = None,
+         fingerprint: str | None = None, feed: dict[str, Any] | None = None) -> Plan:
+    """Where the planned search stands, and what to queue now (module docstring). ``noise``: the floor of the
+    noise a gain must clear (each comparison uses the median window spread of the trials up to its own).
+    ``feed``: the loader knobs that feed the model (``ceilings.feed``, from the study's measured ceilings): once
+    the baseline and the likely winners ran, both get them, and the search goes on from there."""
+    trials = list(trials)
+    by_key, present, roles = measurements(trials, space, limit=limit, fingerprint=fingerprint)
+    replay = _Replay(space, by_key, present, noise, feed=feed)
+    try:
+        incumbent = replay.run(roles)
+        phase = "done"
+    except _Wait:
+        incumbent, phase = replay.incumbent, replay.phase
+    return Plan(phase, incumbent, replay.needs, replay.notes)
+
+
+class _Wait(Exception):
+    """The plan needs a measurement the study does not have yet."""
+
+
+class _Replay:
+    """The planned search, replayed from the start over what the study measured: each step reads the
+    measurements it needs, or records them as needed and stops (``_Wait``)."""
+
+    def __init__(self, space, by_key: dict[tuple, list[Measured]], present: Counter, noise: float, *,
+                 feed: dict[str, Any] | None = None) -> None:
+        self.space, self.by_key, self.present, self.floor = space, by_key, present, noise
+        self.feed = feed
+        self.spreads = sorted((m.number, m.rel_iqr) for ms in by_key.values() for m in ms if m.rel_iqr is not None)
+        self.needs: list[Need] = []
+        self.notes: list[str] = []
+        self.phase = "bundle"
+        self.incumbent: dict[str, Any] | None = None
+        self.tested: set[tuple[str, Any]] = set()  # (knob, value) pairs the bundle's separation measured
+        self._asked: set[tuple] = set()
+        self.why: dict[tuple, str] = {}  # a line for the log of a trial to queue, where it says more than its knobs
+        self.steps: dict[tuple, str] = {}  # the role of a trial to queue that has none of its own (keys.PLAN_STEP)
+
+    # --- reading measurements -----------------------------------------------------------------------
+    def key(self, params: dict[str, Any]) -> tuple:
+        return self.space.effective(complete(self.space, params)).key()
+
+    def get(self, group: list[tuple[dict[str, Any], dict[str, Any]]], n: int = 1) -> list[list[Measured]]:
+        """The first ``n`` measurements of each ``(params, roles)``; what is missing is queued (a repeat
+        carries ``repeat_of``) and the replay waits for all of the group at once (several workers run them
+        side by side)."""
+        out, missing = [], False
+        for params, roles in group:
+            key = self.key(params)
+            got = self.by_key.get(key, [])
+            if len(got) >= n:
+                out.append(got[:n])
+                continue
+            missing = True
+            if self.present[key] < n and key not in self._asked:
+                self._asked.add(key)
+                extra = {keys.REPEAT_OF: got[0].number} if got else {}
+                if not roles and not extra:  # every trial the plan queues says why (`show`, convergence.PLANNED_ROLES)
+                    extra = {keys.PLAN_STEP: self.steps.get(key, "planned")}
+                label = self.describe(params)
+                why = (f"measuring {label} again (trial {got[0].number}): within the noise of the best so far"
+                       if got else self.why.get(key, f"queued: {label}"))
+                self.needs.append(Need(complete(self.space, params), {**roles, **extra}, why))
+        if missing:
+            raise _Wait
+        return out
+
+    def describe(self, params: dict[str, Any]) -> str:
+        """A config as the knobs it changes from the best so far (else from the baseline)."""
+        ref = self.incumbent if self.incumbent is not None else self.space.baseline_params()
+        a, b = self.space.effective(params), self.space.effective(ref)
+        apart = knobs_apart(a, b)
+        return ", ".join(f"{k}={getattr(a, k)}" for k in apart) if apart else a.short()
+
+    def better(self, cand: dict[str, Any], inc: dict[str, Any], roles: dict[str, Any] | None = None) -> bool:
+        """Whether ``cand`` beats ``inc`` beyond the noise (module docstring); both are measured."""
+        if self.key(cand) == self.key(inc):
+            return False
+        (a,), (b,) = self.get([(cand, roles or {}), (inc, {})])
+        if a.value <= 0 or b.value <= 0:
+            return a.value > 0
+        ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
+        if ratio > 1 + noise or ratio <= 1:
+            return ratio > 1
+        twice = self.get([(cand, roles or {}), (inc, {})], n=2)
+        if any(m.value <= 0 for pair in twice for m in pair):
+            return False  # a repeat failed or was pruned: no gain shown
+        pooled, lo, hi = ratio_interval([list(m.windows) for m in twice[0]], [list(m.windows) for m in twice[1]],
+                                        resamples=1000)
+        won = lo > 1.0
+        self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
+                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% (95% interval "
+                          f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%): "
+                          + ("kept" if won else "not shown, the config before stays"))
+        return won
+
+    def noise_at(self, number: int) -> float:
+        """The noise as of trial ``number``: the median window spread of the trials up to it, at least the floor;
+        later trials do not move it, so a decision once taken stays."""
+        spreads = [s for n, s in self.spreads if n <= number]
+        return max(self.floor, median_or_none(spreads) or 0.0)
+
+    def value(self, params: dict[str, Any]) -> float:
+        return self.by_key[self.key(params)][0].value
+
+    # --- the phases ---------------------------------------------------------------------------------
+    def run(self, roles: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+        if not roles[keys.BASELINE]:
+            raise _Wait  # queued with the study (study_queue.queue_first_trials)
+        base = roles[keys.BASELINE][0]
+        likely = None
+        if self.space.likely_params() is not None:
+            if not roles[keys.LIKELY_WINNER]:
+                raise _Wait
+            likely = roles[keys.LIKELY_WINNER][0]
+        if self.feed:
+            base, likely = self.fed(base, likely)
+        if likely is not None:
+            base, likely = self.walk_first(base, likely)
+        inc = self.separate(base, likely)
+        if inc is None:
+            return None
+        self.incumbent, self.phase = inc, "warm"
+        for params in roles[keys.WARM_START]:  # an earlier study's winner that beats it is a better start
+            if self.better(params, inc):
+                self.notes.append(f"the warm start {self.describe(params)} beat the best so far: the walk starts there")
+                inc = self.incumbent = params
+        inc = self.incumbent = self.walk(inc)
+        return self.sweep(inc)
+
+    def fed(self, base: dict[str, Any], likely: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The baseline and the likely winners with the loader that feeds the model (``self.feed``), after both
+        ran as they are: the data path binds, so every comparison from here on runs fed (``search.record.ceilings``)."""
+        self.get([(base, {})] + ([(likely, {})] if likely is not None else []))
+        loader = ", ".join(f"{k}={v}" for k, v in self.feed.items())
+        self.notes.append(f"from here every config runs with the loader the ceilings give ({loader}; "
+                          "search.record.ceilings)")
+        out = []
+        for params, what in ((base, "the baseline"), (likely, "the likely winners")):
+            if params is None:
+                out.append(None)
+                continue
+            p = complete(self.space, {**params, **self.feed})
+            self.why.setdefault(self.key(p), f"queued: {what} with the loader the ceilings give ({loader})")
+            self.steps.setdefault(self.key(p), f"{what.removeprefix('the ')}, fed")
+            out.append(p)
+        return out[0], out[1]
+
+    def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """When the likely winners beat the baseline beyond the noise, the batch walk goes from them first, and
+        their separation (each knob reverted) runs at the batch it found, with the baseline moved there too: the
+        batch size is the largest lever there is on a GPU, and a bundle that won is the incumbent either way (a knob
+        that harms it is still found, at the batch the run will use). Else (a tie, a loss) nothing changes: the
+        knobs are tried alone on the baseline first, and the walk goes from what they found."""
+        b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
+        if not (lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))):
+            return base, likely
+        self.incumbent = likely
+        walked = self.walk(likely)
+        if walked.get("batch_size") == likely.get("batch_size"):
+            return base, likely
+        self.notes.append(f"the likely winners won: their knobs are taken apart at batch {walked['batch_size']}, "
+                          "where the walk from them went")
+        moved = complete(self.space, {**base, "batch_size": walked["batch_size"]})
+        self.why.setdefault(self.key(moved), f"queued: the baseline at batch {walked['batch_size']}, beside the likely "
+                                             "winners there")
+        self.steps.setdefault(self.key(moved), f"baseline at batch {walked['batch_size']}")
+        return moved, walked
+
+    def separate(self, base: dict[str, Any], likely: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The bundle taken apart (module docstring); returns the best config measured, None when neither the
+        baseline nor the bundle ran."""
+        group = [(base, {})] + ([(likely, {})] if likely is not None else [])
+        measured = [m[0] for m in self.get(group)]
+        b = measured[0]
+        if likely is None:
+            return base if b.value > 0 else None
+        lw = measured[1]
+        if b.value <= 0 and lw.value <= 0:
+            self.notes.append("neither the baseline nor the likely winners ran within the memory limit: the "
+                              "sampler takes over")
+            return None
+        self.incumbent = base
+        members = [p.name for p in self.space.params if likely.get(p.name) != base.get(p.name)]
+        self.tested = {(k, v) for k in members for v in (base.get(k), likely.get(k))}
+        revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number))))
+        outcome = (f"ran {lw.value / b.value:.2f}x the baseline" if b.value > 0 and lw.value > 0 else
+                   "ran, the baseline did not" if lw.value > 0 else
+                   "did not run to the end (pruned as far slower, failed, or over the memory)")
+        if len(members) < 2:
+            return likely if self.better(likely, base) else base
+        self.phase = "separate"
+        ref = likely if revert else base
+        probes = [(k, complete(self.space, {**likely, k: base.get(k)} if revert else {**base, k: likely[k]}))
+                  for k in members]
+        self.notes.append(f"the likely winners ({self.describe(likely)}) {outcome}: "
+                          + ("each is reverted from them in turn" if revert else "each is tried alone on the baseline"))
+        self.incumbent = ref
+        self.get([(p, {keys.KNOB_STEP: f"{k}={p.get(k)}"}) for k, p in probes])
+        # revert: the knobs whose reverting beat the bundle come out; add: the knobs that beat the baseline go in
+        moved = [k for k, p in probes if self.better(p, ref, {keys.KNOB_STEP: f"{k}={p.get(k)}"})]
+        combined = complete(self.space, {**ref, **{k: (base if revert else likely).get(k) for k in moved}})
+        self.notes.append(("reverting " if revert else "alone, ") + (", ".join(moved) or "none of them")
+                          + (" helped" if moved else " beat " + ("the bundle" if revert else "the baseline")
+                             + " beyond the noise"))
+        inc = ref
+        others = [base if revert else likely] + [p for _, p in probes]
+        if len(moved) > 1:  # the gains combined: one more trial unless measured already
+            others.insert(0, combined)
+            self.get([(combined, {keys.KNOB_STEP: "combined: " + ", ".join(f"{k}={combined.get(k)}" for k in moved)})])
+        for cand in sorted(others, key=self.value, reverse=True):  # the likeliest winner is compared first
+            if self.better(cand, inc):
+                inc = self.incumbent = cand
+        self.notes.append(f"best of the bundle's separation: {self.space.effective(inc).short()} "
+                          f"({self.value(inc):.1f} samples/s)")
+        return inc
+
+    def walk(self, inc: dict[str, Any]) -> dict[str, Any]:
+        """The batch-size walk from ``inc`` (``batch_walk``), decided on each config's first measurement;
+        returns the best config on its line if it beats ``inc``."""
+        if self.space.batch_step(inc, -1) is None and self.space.batch_step(inc, 1) is None:
+            return inc
+        self.phase = "walk"
+        first = {k: ms[0].value for k, ms in self.by_key.items() if ms}
+        present = {k for k, n in self.present.items() if n}
+        steps = next_steps(inc, self.space, first, present)
+        if steps:
+            self.why.update({self.key(s.params): s.why() if s.after_batch != inc.get("batch_size") else
+                             f"batch walk from the best config so far: batch {s.params['batch_size']}" for s in steps})
+            self.get([(s.params, {keys.BATCH_LINE: s.direction}) for s in steps])
+        over, line = walked(inc, self.space, first)
+        if not over:
+            raise _Wait  # a step is queued or running
+        best = max(line, key=self.value)
+        if best is not inc and self.better(best, inc):
+            self.notes.append(f"batch walk: batch {best['batch_size']} ({self.value(best):.1f} samples/s) is the "
+                              f"best on the line from batch {inc['batch_size']}")
+            return best
+        return inc
+
+    def sweep(self, inc: dict[str, Any]) -> dict[str, Any]:
+        """One coordinate step over the knobs the separation and the walk left (module docstring)."""
+        self.phase = "sweep"
+        for p in self.space.params:
+            if p.name in NOT_SWEPT or p.name not in complete(self.space, inc):
+                continue
+            self.incumbent = inc
+            values = [v for v in candidates(p, inc.get(p.name)) if (p.name, v) not in self.tested]
+            group, seen = [], {self.key(inc)}
+            for v in values:
+                params = complete(self.space, {**inc, p.name: v})
+                if self.key(params) not in seen:  # clamping may make it the incumbent or another candidate
+                    seen.add(self.key(params))
+                    group.append((params, {keys.KNOB_STEP: f"{p.name}={v}"}))
+            if not group:
+                continue
+            self.get(group)
+            best, roles = max(group, key=lambda g: self.value(g[0]))
+            if self.better(best, inc, roles):
+                self.notes.append(f"one knob at a time: {roles[keys.KNOB_STEP]} beat the best so far "
+                                  f"({self.value(best):.1f} vs {self.value(inc):.1f} samples/s)")
+                inc = best
+        self.incumbent = inc
+        return inc
+

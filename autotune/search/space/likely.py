@@ -1,0 +1,65 @@
+"""The likely winners: knob values that usually win, tried together right after the baseline (trial 1), then
+taken apart by the planned search (``coordinate``). A guess measured like any trial, never a rule: where one of them
+hurts, the separation finds it.
+
+``SearchSpace.likely_params`` and ``SearchSpace.LIKELY_WINNERS`` are these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LIKELY_WINNERS", "likely_params", "hint_workers"]
+
+# Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
+# hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
+# and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
+# buffers (hugepages was as fast with more memory, so it is left to the search; autotune/machine/malloc.py).
+# On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
+# PyTorch's default). Length bucketing (where the workload gives lengths) cut padding from ~65% to ~4% of the
+# tokens. Measured like any trial. In order of preference per knob: the first one the trimmed space offers is
+# taken.
+# With ranks, gradients as views into DDP's buckets save a copy of every gradient and its memory.
+LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
+                  "cudnn_benchmark": (True,), "bucket_by_length": (True,), "gradient_as_bucket_view": (True,)}
+
+
+def likely_params(space: Any) -> dict[str, Any] | None:
+    """``space``'s baseline with the usual winners it offers switched on (Optuna params), or None when that is the
+    baseline itself. In order of preference per knob: the first one the trimmed space offers is taken. On a GPU the
+    loader too (``_gpu_loader``)."""
+    base = space.baseline_params()
+    params = dict(base)
+    choices = {p.name: p.choices for p in space.params}
+    for name, preferred in LIKELY_WINNERS.items():
+        value = next((v for v in preferred if v in choices.get(name, ())), None)
+        if value is not None:
+            params[name] = value
+    if space.device != "cpu":  # on a GPU the loader is every recipe's first fix
+        params.update(_gpu_loader(choices, space.rank_cores))
+    return params if params != base else None
+
+
+def hint_workers(offered, rank_cores: int) -> int | None:
+    """Lightning's worker hint, ``max(1, cpus // ranks - 1)``, as the most of ``offered`` within it (None when none
+    above 0 is): the likely winners' loader on a GPU, and the ceilings' guess when a budget skips the climb.
+
+    >>> hint_workers((0, 1, 2, 4, 8), 6), hint_workers((0, 2), 1), hint_workers((0,), 16)
+    (4, None, None)
+    """
+    return max((c for c in offered if 0 < c <= max(1, rank_cores - 1)), default=None)
+
+
+def _gpu_loader(choices: dict[str, tuple], rank_cores: int) -> dict[str, Any]:
+    """The likely winners' loader on a GPU: the most workers up to a rank's cores less one (Lightning's hint,
+    ``max(1, cpus // ranks - 1)``), pinned memory and persistent workers, as the space offers them. A guess measured
+    like any trial; the ceilings (``search.record.ceilings``) then size the loader from measurements."""
+    out: dict[str, Any] = {}
+    workers = hint_workers(choices.get("num_workers", ()), rank_cores)
+    if workers:
+        out["num_workers"] = workers
+        if True in choices.get("persistent_workers", ()):
+            out["persistent_workers"] = True
+    if True in choices.get("pin_memory", ()):
+        out["pin_memory"] = True
+    return out

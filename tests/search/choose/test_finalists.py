@@ -1,0 +1,457 @@
+"""The finalists decide the recommendation: a finalist that fails any round is out, and "within noise" is an
+interval of the ratio of medians over the interleaved rounds, not the windows' spread."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autotune.config import TrialResult
+from autotune.search.choose.settle import ratio_interval
+from tests.helpers import QUICK, hardware, make_tuner, tiny_space
+
+SPREAD = [0.92 + 0.16 * i / 19 for i in range(20)]  # 20 windows, IQR 8% of the median
+
+
+def _runner(speed: dict[tuple[int, bool], float], peak: dict[tuple[int, bool], float], fail_in_round=None):
+    """Search trials at ``speed``; finalist runs (longer windows) with 20 windows of spread, and the config
+    ``fail_in_round = (config, round)`` killed over the cap in that finalist round."""
+    finalist_runs: dict[tuple, int] = {}
+
+    def run(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        v = speed[k]
+        if measure.window_s == QUICK.window_s:
+            return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=peak[k],
+                               batch_size=config.batch_size)
+        finalist_runs[k] = finalist_runs.get(k, 0) + 1
+        if fail_in_round is not None and (k, finalist_runs[k]) == fail_in_round:
+            return TrialResult(status="over_memory", reason="killed at 9 GiB, over the 8 GiB cap", wall_s=1.0,
+                               peak_host_mb=9216.0, batch_size=config.batch_size)
+        return TrialResult(status="ok", samples_per_s=tuple(v * f for f in SPREAD), wall_s=1.0, peak_host_mb=peak[k],
+                           batch_size=config.batch_size)
+
+    return run
+
+
+def test_ratio_interval_is_tight_for_a_steady_gap_and_wide_for_noise():
+    a = [[100.0 * f for f in SPREAD]] * 2
+    ratio, lo, hi = ratio_interval(a, [[95.0 * f for f in SPREAD]] * 2)
+    assert abs(ratio - 100 / 95) < 1e-9 and 1.0 < lo < ratio < hi
+    ratio, lo, hi = ratio_interval([[100.0, 60.0, 140.0]], [[95.0, 150.0, 50.0]])
+    assert lo < 1.0 < hi
+
+
+def test_a_steadily_slower_config_does_not_win_a_memory_tie(tmp_path):
+    """bs=16 is 5% faster in every round; bs=8 (with channels_last) takes far less memory. The windows spread by
+    8%, which the old rule took for noise; the interval of the ratio over 2 rounds x 20 windows excludes 1."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {(8, False): 200.0, (8, True): 200.0, (16, False): 2000.0, (16, True): 2000.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.margin_vs_runner_up > 0 and rec.margin_interval[0] > 0  # the interval, stated, excludes a tie
+    assert not any("within noise" in n for n in rec.notes)
+
+
+def test_within_noise_and_as_light_the_config_with_fewer_knobs_changed_wins(tmp_path):
+    """bs=16 with channels_last measures 1% ahead of plain bs=16 at the same memory and threads: the rounds cannot
+    tell them apart (windows spread 8%), so the knob whose gain is not shown is left out of the recommendation."""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 99.0, (16, True): 100.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, peak), parity_steps=0)
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert any("within noise" in n and "lighter on memory/threads or knobs" in n for n in rec.notes)
+
+
+def _swinging(speed: dict[tuple[int, bool], float], swing: dict[tuple[int, bool], list[float]]):
+    """As ``_runner``, with each finalist run of a config scaled by the next of its ``swing`` factors (cycled):
+    a config the machine's moments favour in some rounds and not in others."""
+    runs: dict[tuple, int] = {}
+
+    def run(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        v = speed[k]
+        if measure.window_s == QUICK.window_s:
+            return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=200.0,
+                               batch_size=config.batch_size)
+        if "confirm-" in str(kw.get("log_path", "")):  # the claim's own rounds (choose.confirm): not the choice's
+            return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=1.0, peak_host_mb=200.0,
+                               batch_size=config.batch_size)
+        runs[k] = runs.get(k, 0) + 1
+        f = swing.get(k, [1.0])[(runs[k] - 1) % len(swing.get(k, [1.0]))]
+        return TrialResult(status="ok", samples_per_s=tuple(v * f * x for x in SPREAD), wall_s=1.0,
+                           peak_host_mb=200.0, batch_size=config.batch_size)
+
+    run.runs = runs
+    return run
+
+
+def test_a_lighter_config_further_behind_than_the_tolerance_is_measured_again_before_it_wins_a_tie(tmp_path):
+    """channels_last runs 6% ahead in the long run, but its first two finalist rounds swing +25% and -15%: within
+    noise, and the lighter plain bs=16 (fewer knobs changed) would have won the tie. More rounds of just the two
+    narrow the interval, and the config that is faster is recommended."""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 100.0, (16, True): 106.0}
+    runner = _swinging(speed, {(16, True): [1.25, 0.85, 1.0, 1.0, 1.0, 1.0]})
+    said: list[str] = []
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0, log=said.append)
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
+    assert any("one more round of the two (1 of at most 3 extra)" in m for m in said)
+    assert runner.runs[(16, True)] == runner.runs[(16, False)] > 2  # the two, round for round; nobody else
+    assert runner.runs.get((8, True), 0) <= 2 and runner.runs.get((8, False), 0) <= 2
+    assert any("extra finalist round(s)" in n for n in rec.notes)
+
+
+def test_a_knob_that_won_two_lucky_rounds_is_dropped_once_more_rounds_show_it_slower(tmp_path):
+    """The text model's `malloc: retain` case: the knob runs 8% slower, but its two finalist rounds fell on good
+    moments (+30%, +5%); the extra rounds show it behind, and the config without it is recommended."""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 100.0, (16, True): 92.0}
+    runner = _swinging(speed, {(16, True): [1.3, 1.05, 1.0, 1.0, 1.0, 1.0]})
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert runner.runs[(16, True)] > 2
+
+
+def test_when_the_extra_rounds_cannot_settle_it_the_faster_by_median_wins(tmp_path):
+    """A swing that never settles (+30%, -15%, in turn): after the extra rounds the two are still within noise,
+    and the one ahead by median (by more than the 2% a tie allows) is recommended, with a note saying why."""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 100.0, (16, True): 100.0}
+    runner = _swinging(speed, {(16, True): [1.3, 0.85]})
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
+    rec = tuner.run(trials=4)
+    assert runner.runs[(16, True)] == 2 + 3  # the planned rounds and every extra one
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
+    assert any("kept over the lighter bs=16" in n and "within 2% of the fastest" in n for n in rec.notes)
+
+
+def test_no_extra_round_runs_past_the_deadline(tmp_path):
+    from autotune.search.choose.finalist_rounds import Evidence
+    from autotune.search.choose.settle import ExtraRounds
+    from autotune.config import TrialConfig
+
+    said: list[str] = []
+    a, b = TrialConfig(batch_size=16), TrialConfig(batch_size=16, channels_last=True)
+    ev = Evidence({a.key(): [[1.0]], b.key(): [[1.0]]}, {a.key(): 0.0, b.key(): 0.0}, {a.key(): [], b.key(): []},
+                  {a.key(): None, b.key(): None}, walls={a.key(): [30.0], b.key(): [30.0]})
+    ran = []
+    more = ExtraRounds(runner=lambda *a, **k: ran.append(1), workload=None, measure=QUICK, log_dir=tmp_path,
+                       log=said.append, deadline=time.monotonic() + 50.0)
+    assert more(ev, a, b, "why", 0.10) is False and not ran
+    assert "no time left in the budget for another round of the two (~60 s)" in said[-1]
+
+
+def test_no_extra_round_costs_more_than_the_gap_could_over_the_users_run(tmp_path):
+    """A 5% gap over a 10-minute run is ~29 s of training; a round of two 30 s runs is not worth it. Over the
+    assumed hour it is (~171 s)."""
+    from autotune.search.choose.finalist_rounds import Evidence
+    from autotune.search.choose.payback import RunLength
+    from autotune.search.choose.settle import ExtraRounds
+    from autotune.config import TrialConfig
+
+    a, b = TrialConfig(batch_size=16), TrialConfig(batch_size=16, channels_last=True)
+
+    def evidence():
+        return Evidence({a.key(): [[100.0]], b.key(): [[95.0]]}, {a.key(): 0.0, b.key(): 0.0},
+                        {a.key(): [], b.key(): []}, {a.key(): None, b.key(): None},
+                        walls={a.key(): [30.0], b.key(): [30.0]})
+
+    said: list[str] = []
+    ok = TrialResult(status="ok", samples_per_s=(100.0,), wall_s=30.0)
+    short = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                        run=RunLength(seconds=600))
+    assert short(evidence(), a, b, "why", 0.05) is False
+    assert "costs more than the gap could over the 10m run (~29 s)" in said[-1]
+    hour = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                       run=RunLength.default())
+    ev = evidence()
+    assert hour(ev, a, b, "why", 0.05) is True and len(ev.rounds[a.key()]) == len(ev.rounds[b.key()]) == 2
+    # in steps: 2,000 steps of 16 samples at 100 samples/s is 320 s of training, ~15 s at stake
+    steps = ExtraRounds(runner=lambda *a, **k: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=said.append,
+                        run=RunLength(steps=2000))
+    assert steps(evidence(), a, b, "why", 0.05) is False and "(~15 s)" in said[-1]
+
+
+def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2,
+                       runner=_runner(speed, peak, fail_in_round=((16, False), 2)))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)  # the fastest went over the cap
+    assert any("bs=16 w=0" in n and "round 2: over_memory" in n for n in rec.notes)
+    assert [r["out"] for r in rec.runners_up if "out" in r] == [
+        "round 2: over_memory (killed at 9 GiB, over the 8 GiB cap)"]
+    assert "out" in rec.to_yaml()
+
+
+# --- the memory limit: the cap less the margin, worked out afresh at every decision ---------------------
+
+def _by_peak(speed: dict[int, float], peak: dict[int, float]):
+    """Throughput and peak by batch size; a peak over the cap a trial runs under is killed there."""
+    def run(workload, config, measure, **kw):
+        p = peak[config.batch_size]
+        if p > measure.memory_cap_mb:
+            return TrialResult(status="over_memory", reason="killed over the cap", wall_s=1.0,
+                               peak_host_mb=measure.memory_cap_mb, batch_size=config.batch_size)
+        v = speed[config.batch_size]
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=p,
+                           batch_size=config.batch_size)
+    return run
+
+
+def _tuner(tmp_path, cap, margin=0.10, **kw):
+    return make_tuner(tmp_path, measure=QUICK.replace(memory_cap_mb=cap, memory_margin=margin), finalists=2,
+                      runner=_by_peak({8: 50.0, 16: 100.0}, {8: 1200.0, 16: 1900.0}), **kw)
+
+
+def test_a_config_without_the_margin_to_spare_is_not_recommended(tmp_path):
+    rec = _tuner(tmp_path, cap=2000.0).run(trials=4)  # bs=16 peaks at 1900 MiB: under the cap, over 90% of it
+    assert rec.config.batch_size == 8 and rec.memory_margin == 0.10
+    assert rec.headroom_mb() == 2000.0 * 0.9 - 1200.0 and rec.to_dict()["measured"]["headroom_mb"] == 600.0
+    assert "to spare beyond the 10% margin" in rec.summary()
+    assert _tuner(tmp_path / "none", cap=2000.0, margin=0.0).run(trials=4).config.batch_size == 16
+
+
+def test_a_resumed_study_under_a_lower_cap_neither_recommends_nor_prunes_against_a_config_over_it(tmp_path):
+    first = _tuner(tmp_path, cap=8000.0).run(trials=4)
+    assert first.config.batch_size == 16
+    lower = _tuner(tmp_path, cap=2000.0)  # the same study, resumed with less memory
+    study = lower.study()
+    assert lower.finalize().config.batch_size == 8
+    slow = study.ask()  # a trial at 45/s: hopeless against bs=16's 100/s, not against bs=8's 50/s
+    slow.report(45.0, 0)
+    slow.report(45.0, 1)
+    assert not lower.pruner.prune(study, study.trials[-1])
+    assert _tuner(tmp_path, cap=8000.0).pruner.prune(study, study.trials[-1])
+
+
+def test_under_a_higher_cap_a_config_killed_over_the_old_one_is_measured_again(tmp_path):
+    first = _tuner(tmp_path, cap=1500.0).run(trials=4)  # bs=16 (1900 MiB) is killed at the 1500 MiB cap
+    assert first.config.batch_size == 8
+    higher = _tuner(tmp_path, cap=8000.0)
+    study = higher.study()
+    killed = [t for t in study.trials if t.user_attrs.get("status") == "over_memory"]
+    assert killed and killed[0].user_attrs["memory_cap_mb"] == 1500.0
+    study.enqueue_trial(killed[0].params)
+    rec = higher.run(trials=1)
+    again = [t for t in study.trials if t.params == killed[0].params and t.user_attrs.get("status") == "ok"]
+    assert again and "duplicate_of" not in again[0].user_attrs  # measured, not copied from the kill
+    assert rec.config.batch_size == 16
+
+
+# --- device memory on a GPU (through the seam: a fake GPU row and a fake runner) --------------------------
+
+def test_device_memory_is_judged_on_the_tensors_peak_against_the_device_cap_and_the_margin():
+    from autotune.search.record.trials import outcome
+
+    # 7000 MiB reserved (cache and cuDNN workspaces) but 6000 MiB in tensors, under a 7680 MiB device cap
+    ok = TrialResult(status="ok", samples_per_s=(10.0,), peak_host_mb=100.0, peak_device_mb=7000.0,
+                     peak_device_allocated_mb=6000.0)
+    o = outcome(ok, 1000.0, 0.10, device_mb=7680.0)
+    assert o.device_memory_constraint == 6000.0 / (7680.0 * 0.9) - 1 < 0  # the reserved peak would be over
+    over = outcome(ok.replace(peak_device_allocated_mb=7000.0), 1000.0, 0.10, device_mb=7680.0)
+    assert over.device_memory_constraint > 0  # 7000 > 90% of the cap: no room
+    old = outcome(ok.replace(peak_device_allocated_mb=None), 1000.0, 0.10, device_mb=7680.0)
+    assert old.device_memory_constraint > 0  # a trial stored before allocated peaks: its reserved peak decides
+    assert outcome(ok, 1000.0, 0.10).device_memory_constraint is None  # on the CPU there is none
+
+
+def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
+    import dataclasses
+
+    from autotune import Workload
+    from autotune.machine.hardware import detect
+    from autotune.search.tuner import Tuner
+
+    gpu = {"index": 0, "name": "Fake 8G", "memory_total_mb": 8192.0, "compute_capability": "8.0",
+           "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0", "driver": "999"}
+    hw = dataclasses.replace(detect(), gpus=(gpu,))
+    speed = {(8, False): 50.0, (8, True): 99.0, (16, False): 100.0, (16, True): 120.0}
+    device_peak = {(8, False): 1000.0, (8, True): 1500.0, (16, False): 3000.0, (16, True): 7400.0}
+
+    def fake(workload, config, measure, **kw):
+        k = (config.batch_size, config.channels_last)
+        windows = (1.0, 1.0, 1.0) if measure.window_s == QUICK.window_s else SPREAD
+        return TrialResult(status="ok", samples_per_s=tuple(speed[k] * f for f in windows), wall_s=1.0,
+                           peak_host_mb=500.0, peak_device_mb=device_peak[k], batch_size=config.batch_size)
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=tiny_space(),
+                  measure=QUICK.replace(memory_cap_mb=8000.0), storage=f"sqlite:///{tmp_path}/g.db", hardware=hw,
+                  progress=False, log=lambda m: None, finalists=3, finalist_rounds=1, seed=0, runner=fake,
+                  parity_steps=0)  # no GPU here for the numerics check
+    rec = tuner.run(trials=4)
+    # bs=16 with channels_last is fastest but 7400 MiB is over 90% of the 7680 MiB device cap: not a candidate.
+    # bs=16 and bs=8+cl are within noise (100 vs 99, windows 8% apart): the one with less device memory wins
+    assert (rec.config.batch_size, rec.config.channels_last) == (8, True)
+    # no free memory read: the default device cap is the GPU's memory less the CUDA context's 512 MiB
+    assert rec.peak_device_mb == 1500.0 and rec.device_memory_cap_mb == 8192.0 - 512.0
+    fastest = [t for t in tuner.study().trials if t.params == {"batch_size": 16, "channels_last": True}]
+    assert fastest and fastest[0].constraints["device_memory"] > 0
+
+
+# --- the numerics guard ------------------------------------------------------------------------------------
+
+def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_path):
+    """bf16 is fastest but the workload's bf16 loss diverges (a real check, in a child): the next best, which
+    trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
+    from autotune.search.space.search_space import space_from_dict
+    from autotune.search.record.trials import trial_rows
+
+    space = space_from_dict({"name": "amp", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [8]},
+                                            "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=hardware())
+    if "bf16" not in next(p.choices for p in space.params if p.name == "amp"):
+        import pytest
+
+        pytest.skip("this CPU has no native bf16: the space trims the knob (nothing to guard)")
+
+    def fast_bf16(workload, config, measure, **kw):
+        v = 200.0 if config.amp == "bf16" else 100.0
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=100.0, batch_size=8)
+
+    tuner = make_tuner(tmp_path, model="tests.workloads_fixtures:bf16_diverges", space=space, runner=fast_bf16,
+                       parity_steps=10)
+    rec = tuner.run(trials=2)
+    assert rec.config.amp == "off"
+    assert any("amp=bf16" in n and "not recommended" in n for n in rec.notes), rec.notes
+    assert [r["out"] for r in rec.runners_up if "out" in r][0].startswith("numerics:")
+    rows = {r["trial"]: r for r in trial_rows(tuner.study())}
+    bf16 = [t.number for t in tuner.study().trials if t.params.get("amp") == "bf16"][0]
+    assert rows[bf16]["reason"].startswith("not recommended: ")
+
+
+@pytest.mark.slow
+def test_a_winner_of_2_ranks_is_checked_as_2_ranks_and_the_yaml_says_so(tmp_path):
+    """An N-rank study's winner, fp32 eager, is still checked (the ranks change the arithmetic): as 2 real gloo
+    ranks against one fp32 eager process at the global batch; the recommendation's parity record says so."""
+    from autotune import Workload
+    from autotune.search.space.search_space import space_from_dict
+    from autotune.search.tuner import Tuner
+
+    space = space_from_dict({"name": "x2", "device": "cpu", "parameters": {"batch_size": {"type": "int",
+                                                                                          "choices": [8, 16]}},
+                             "baseline": {"batch_size": 8}}, hardware=hardware())
+
+    def fake(workload, config, measure, **kw):
+        v = 10.0 * config.batch_size
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=100.0,
+                           batch_size=config.batch_size)
+
+    said: list[str] = []
+    tuner = Tuner(Workload(model="tests.ddp_workloads:mlp", nproc_per_node=2), space=space, measure=QUICK,
+                  storage=f"sqlite:///{tmp_path}/t.db", hardware=hardware(), progress=False, log=said.append,
+                  finalists=2, finalist_rounds=1, seed=0, runner=fake, parity_steps=4)
+    rec = tuner.run(trials=2)
+    assert rec.parity is not None, rec.notes
+    p, b = rec.to_dict()["parity"], rec.config.batch_size
+    assert p["ok"] and p["steps"] == 4 and (p["world_size"], p["per_rank_batch"], p["global_batch"]) == (2, b, 2 * b)
+    assert any("passes the numerics check" in n and "on 2 DDP ranks" in n for n in rec.notes), rec.notes
+    assert any("as 2 DDP ranks against one fp32 eager process at the global batch" in m for m in said), said
+
+
+# --- the plan: two rounds before more finalists ---------------------------------------------------------------
+
+def _trial(number: int, batch_size: int, wall_s: float):
+    from types import SimpleNamespace
+
+    from autotune.config import TrialConfig
+
+    return SimpleNamespace(number=number, user_attrs={"config": TrialConfig(batch_size=batch_size).to_dict(),
+                                                      "wall_s": wall_s})
+
+
+def test_a_short_budget_buys_two_rounds_of_fewer_finalists_before_one_round_of_more():
+    """Four candidates (three finalists and the baseline) at ~10 s a run: 45 s holds one round of all four
+    (the old plan: four, once each) but two rounds only of two; 25 s holds no two rounds of anything."""
+    from autotune.search.choose.finalists import plan
+
+    top, base = [_trial(1, 64, 10.0), _trial(2, 32, 10.0), _trial(3, 16, 10.0)], _trial(0, 8, 10.0)
+    measure = QUICK.replace(windows=1, window_s=0.001)  # next to no extra time for a finalist's longer windows
+    said: list[str] = []
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=45.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 2  # the top two, twice (with the baseline: 60 s)
+    cands, rounds = plan(top, base, measure=measure, rounds=3, left_s=65.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2, 0] and rounds == 2  # two rounds of three fit; three rounds of none
+    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=25.0, log=said.append)
+    assert [t.number for t in cands] == [1, 2] and rounds == 1
+    assert "their search trials count as a second round" in said[-1]
+    assert plan(top, base, measure=measure, rounds=2, left_s=5.0, log=said.append) is None
+    assert plan(top, base, measure=measure, rounds=2, left_s=None, log=said.append) == (top + [base], 2)
+
+
+def test_one_finalist_round_pools_the_search_trials_and_says_so(tmp_path):
+    """With one finalist round, each finalist's search trial counts as a round before it: the choice and the
+    margin's interval rest on two measurements of each, and the YAML and summary say how they were made."""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1, runner=_runner(speed, peak))
+    rec = tuner.run(trials=4)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, False)
+    assert rec.finalist_rounds == 1 and rec.search_round_pooled
+    # the selection's windows: the search trial's 3, then the finalist round's (the claim's are the confirmation's)
+    assert len(rec.selection["samples_per_s"]) == 3 + len(SPREAD)
+    confirmed = [x for r in rec.confirmation["rounds"] for x in r["winner"]]
+    assert list(rec.samples_per_s) == pytest.approx(confirmed, abs=1e-3)
+    assert any(n.startswith("one finalist round only") and "search trial counts as a second round" in n
+               for n in rec.notes)
+    assert "over 1 interleaved finalist round(s) and the search trials" in rec.summary()
+    back = type(rec).from_yaml(tmp_path / "r.yaml") if rec.to_yaml(tmp_path / "r.yaml") else None
+    assert back.finalist_rounds == 1 and back.search_round_pooled
+
+
+def test_two_finalist_rounds_do_not_pool_the_search_trials(tmp_path):
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_runner(speed, {k: 200.0 for k in speed}))
+    rec = tuner.run(trials=4)
+    assert rec.finalist_rounds == 2 and not rec.search_round_pooled
+    assert len(rec.selection["samples_per_s"]) == 2 * len(SPREAD)
+    assert not any("one finalist round only" in n for n in rec.notes)
+
+
+def test_a_kill_during_the_finalists_keeps_their_finished_rounds_and_the_resume_measures_the_rest(tmp_path):
+    """Each finalist run is stored as it returns; stopped in round 2, the next run takes round 1 from the study,
+    re-measures round 2 whole (a round's configs run at one moment of the machine), and recommends from both.
+    (Before, the stop lost round 1: the resume measured both rounds again.)"""
+    speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
+    peak = {k: 200.0 for k in speed}
+    inner = _runner(speed, peak)
+    calls: list[str] = []
+
+    def stopped_in_round_2(workload, config, measure, **kw):
+        name = kw["log_path"].name if kw.get("log_path") else ""
+        calls.append(name)
+        if name.startswith("finalist-1-") and sum(c.startswith("finalist-1-") for c in calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) in the second run of round 2
+        return inner(workload, config, measure, **kw)
+
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=stopped_in_round_2, log=logs.append)
+    try:
+        tuner.run(trials=4)
+        raise AssertionError("the run was not stopped")
+    except KeyboardInterrupt:
+        pass
+    round_1 = [c for c in calls if c.startswith("finalist-0-")]
+    assert len(round_1) == 3  # two finalists and the baseline
+    stored = tuner.study().user_attrs["finalist_rounds"]["runs"]
+    assert len(stored) == 4 and sum(k.startswith("0:") for k in stored) == 3  # round 1, and round 2's first run
+
+    resumed: list[str] = []
+    logs.clear()
+
+    def counting(workload, config, measure, **kw):
+        resumed.append(kw["log_path"].name if kw.get("log_path") else "")
+        return inner(workload, config, measure, **kw)
+
+    again = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=counting, log=logs.append)
+    rec = again.finalize()
+    resumed = [n for n in resumed if not n.startswith("confirm-")]  # the claim's own rounds follow (choose.confirm)
+    assert resumed and all(n.startswith("finalist-1-") for n in resumed) and len(resumed) == 3, resumed
+    assert any("round 1/2: measured by an earlier, interrupted run" in m for m in logs), logs
+    assert rec is not None and rec.finalist_rounds == 2 and len(rec.selection["samples_per_s"]) == 2 * len(SPREAD)
+    assert again.study().user_attrs.get("finalist_rounds") is None  # done: a later run measures afresh

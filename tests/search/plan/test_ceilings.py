@@ -1,0 +1,427 @@
+"""The two ceilings (search.record.ceilings): the data path and the model measured alone, the climb over workers,
+the one model of the pipeline that reads them, and the planned search that sizes the loader from them.
+
+The tuner test's runner is a fake with a response model of a pipeline (end to end = the slower of the model and the
+data path; the data path grows with workers until the cores run out): what is under test is which children the
+tuner asks for and what it concludes. The real mechanism (real children over decoded JPEGs) is in
+tests/trial/test_parts.py and the slow test at the end here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig, TrialResult
+from autotune.machine.hardware import detect
+from autotune.search.plan import ceiling_runs
+from autotune.search.record import ceilings
+from autotune.search.record.ceilings import Ceilings, Point, climb
+from autotune.search.space.search_space import space_from_dict
+from autotune.search.record.trials import role as role_of
+from autotune.search.tuner import Tuner
+
+HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36", usable_cores=8,
+                         cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
+QUICK = MeasureSpec(windows=3, window_s=0.2, timeout_s=120, memory_cap_mb=4096.0)
+
+
+def _c(model: float, *data: tuple[int, float]) -> Ceilings:
+    return Ceilings(model=Point("model", {"batch_size": 64, "amp": "bf16"}, model),
+                    data=tuple(Point("data", {"num_workers": w}, r) for w, r in data))
+
+
+def test_workers_to_feed_interpolates_between_the_points_around_the_model():
+    # model 1000/s, x1.15 headroom: 1150 needed; 2 workers give 600, 4 give 1300: 300/s a worker, 2 + ceil(550/350)
+    assert _c(1000.0, (1, 300.0), (2, 600.0), (4, 1300.0)).workers_to_feed() == 4
+    assert _c(1000.0, (1, 300.0), (2, 600.0), (8, 1800.0)).workers_to_feed() == 5  # 200/s a worker: 600 + 3 x 200
+    assert _c(100.0, (1, 300.0), (2, 600.0)).workers_to_feed() == 1  # one worker already covers it
+    # none covers it: the fastest data point's workers, and the data path binds whatever the knobs
+    c = _c(5000.0, (1, 300.0), (2, 600.0), (4, 650.0))
+    assert c.workers_to_feed() == 4 and not c.feeds()
+    assert c.levers() and all("cannot feed the model" in lever for lever in c.levers())
+    assert "decode_jpeg(device='cuda')" in " ".join(c.levers())
+    cpu = dataclasses.replace(c, device="cpu")  # a CPU run has no GPU to decode on: the other levers only
+    assert "decode on the GPU" not in " ".join(cpu.levers()) and len(cpu.levers()) == len(c.levers()) - 1
+    assert Ceilings.from_dict(cpu.to_dict()).device == "cpu"
+    assert _c(1000.0, (2, 1500.0)).levers() == []  # fed: no lever to name
+
+
+def test_predict_and_verdict_say_which_ceiling_binds():
+    c = _c(1000.0, (1, 300.0), (4, 1300.0))
+    assert c.predict({"num_workers": 2}) == (pytest.approx(633.33, rel=1e-3), "data")
+    assert c.predict({"num_workers": 4}) == (1000.0, "model")
+    assert c.predict({"num_workers": 0}) == (None, "unknown")  # no point at 0 workers measured
+    assert c.data_rate(16) == 1300.0  # beyond the climb: its last point (it stopped there)
+    line = c.verdict({"num_workers": 2}, 600.0)
+    assert line.startswith("600 samples/s end to end: the model alone runs 1000 samples/s")
+    assert "your data path gives about 633 with 2 worker(s)" in line and line.endswith("input-bound")
+    assert c.verdict({"num_workers": 4}, 990.0).endswith("model-bound")
+
+
+def test_ceilings_of_ddp_ranks_say_their_workers_are_each_ranks():
+    c = dataclasses.replace(_c(1000.0, (1, 300.0), (4, 1300.0)), world_size=8)
+    back = Ceilings.from_dict(c.to_dict())
+    assert back.world_size == 8 and back.to_dict() == c.to_dict()
+    assert "with 2 worker(s) per rank (8 ranks)" in back.verdict({"num_workers": 2}, 600.0)
+    assert any("in 8 DDP ranks at once" in line for line in back.lines())
+    assert back.lines()[-1].endswith(": 4 per rank (8 ranks)")
+    assert Ceilings.from_dict({"model": None}).world_size == 1  # a record from before: one process
+    from autotune.view.ceilings_plot import ceilings_figure
+
+    fig = ceilings_figure(back, [{"trial": 0, "status": "ok", "samples_per_s": 600.0, "config": "w=2"}], {0: 2}, 0)
+    assert fig.layout.xaxis.title.text == "DataLoader workers per rank (8 DDP ranks)"
+    assert fig.layout.yaxis.title.text == "samples/s, all ranks'"
+    assert "per rank" not in "".join(_c(1000.0, (1, 300.0)).lines())
+
+
+def _runner(asked: list, rate_of):
+    def measure(config, part):
+        asked.append((part, config.get("num_workers", 0)))
+        return Point(part, config, rate_of(part, config.get("num_workers", 0)), windows=(1.0, 1.0, 1.0))
+    return measure
+
+
+def test_the_climb_jumps_to_the_workers_one_workers_rate_predicts_and_stops_once_they_cover_the_model():
+    asked: list[tuple[str, int]] = []
+    covers = climb({"batch_size": 64}, {"batch_size": 64}, list(range(1, 17)),
+                   _runner(asked, lambda part, w: 1000.0 if part == "model" else 300.0 * w))
+    assert asked == [("model", 0), ("data", 1), ("data", 4)]  # 1150 needed: 300 a worker -> 4 (1200)
+    assert covers.workers_to_feed() == 4 and covers.feeds()
+
+
+def test_a_concave_data_path_is_corrected_from_each_point_in_a_few_children():
+    """300/s a worker less 5% for each worker sharing the host: each prediction undershoots, the next corrects it."""
+    asked: list[tuple[str, int]] = []
+    c = climb({}, {}, list(range(1, 65)),
+              _runner(asked, lambda part, w: 2000.0 if part == "model" else 300.0 * w / (1 + 0.05 * w)))
+    assert asked == [("model", 0), ("data", 1), ("data", 9), ("data", 12), ("data", 13)]
+    assert c.feeds() and c.workers_to_feed() == 13
+
+
+def test_the_climb_stops_where_the_data_path_stops_growing():
+    asked: list[tuple[str, int]] = []
+    flat = climb({}, {}, list(range(1, 65)),
+                 _runner(asked, lambda part, w: 5000.0 if part == "model" else min(300.0 * w, 650.0)))
+    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64)]  # 650 -> 650: the cores ran out
+    assert "stopped growing" in flat.notes[0] and not flat.feeds()
+    assert flat.workers_to_feed() == 20  # the fastest point's, the fewest workers giving it
+    back = Ceilings.from_dict(flat.to_dict())
+    assert back == flat and flat.to_dict()["binds"] == "data"
+
+
+def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the_gap_below_it():
+    """150/s a worker, a model of 3000/s, and from 12 workers the host runs out of memory: the climb does not stop at
+    the one worker it measured (which would size every later loader to 1) but bisects below the failure."""
+    asked: list[tuple[str, int]] = []
+
+    def measure(config, part):
+        w = config.get("num_workers", 0)
+        asked.append((part, w))
+        if part == "data" and w >= 12:
+            return Point(part, config, 0.0, status="oom", reason="a DataLoader worker was killed (OOM)")
+        return Point(part, config, 3000.0 if part == "model" else 150.0 * w, windows=(1.0,))
+
+    c = climb({}, {}, list(range(1, 33)), measure)
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 7), ("data", 10),
+                     ("data", 11)]  # 1 worker predicts 23 for 3450/s; each failure halves the gap below it
+    assert c.workers_to_feed() == 11 and not c.feeds()
+    assert sum("did not run (oom)" in n for n in c.notes) == 2
+    # below a failure the climb still stops where the rate stops growing (the cores ran out): no bisecting on
+    asked.clear()
+
+    def flat(config, part):
+        w = config.get("num_workers", 0)
+        asked.append((part, w))
+        if part == "data" and w >= 20:
+            return Point(part, config, 0.0, status="oom", reason="killed")
+        return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
+
+    stopped = climb({}, {}, list(range(1, 33)), flat)
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12)]
+    assert any("stopped growing" in n for n in stopped.notes)
+
+
+def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
+    import optuna
+
+    space = space_from_dict({"name": "g", "device": "cuda", "parameters": {
+        "batch_size": {"type": "int", "choices": [32, 64]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "pin_memory": {"type": "bool"}}}, hardware=HW, device="cuda")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/f.db", study_name="f")
+    assert ceilings.feed(study, space) is None  # nothing measured: nothing to feed
+    data_config = ceiling_runs.loader_config({"batch_size": 64, "num_workers": 0, "pin_memory": False}, space)
+    assert data_config["pin_memory"] is True and data_config["persistent_workers"] is True
+    ceilings.store(study, Ceilings(model=Point("model", {}, 1000.0),
+                                   data=(Point("data", {**data_config, "num_workers": 4}, 1300.0),)))
+    assert ceilings.feed(study, space) == {"num_workers": 4, "pin_memory": True, "persistent_workers": True,
+                                           "prefetch_factor": 2}
+    # a count the space does not offer is rounded up to one it does: [0, 2, 4, 8] has no 3
+    sparse = space_from_dict({"name": "s", "device": "cuda", "parameters": {
+        "num_workers": {"type": "int", "choices": [0, 2, 4, 8]}}}, hardware=HW, device="cuda")
+    ceilings.store(study, _c(1000.0, (1, 400.0), (4, 1600.0)))  # 1150 needed: 3 workers by the line between
+    assert ceilings.load(study).workers_to_feed() == 3
+    assert ceilings.feed(study, sparse) == {"num_workers": 4}
+
+
+def _pipeline(model_rate: float, per_worker: float, cores: int):
+    """A fake runner: the model alone runs ``model_rate`` (x1.2 with bf16), the data path ``per_worker`` a worker up
+    to the cores (0 workers: one core's worth, in the training loop, serialised with the model)."""
+    calls: list[tuple[str, TrialConfig]] = []
+
+    def run(workload, c, measure, **kw):
+        calls.append((measure.part, c))
+        model = model_rate * (1.2 if c.amp == "bf16" else 1.0)
+        data = per_worker * min(c.num_workers, cores) if c.num_workers else per_worker
+        rate = {"model": model, "data": data}.get(measure.part)
+        if rate is None:
+            rate = 1 / (1 / model + 1 / data) if c.num_workers == 0 else min(model, data)
+        wait = max(0.0, 1 / rate - 1 / model)
+        return TrialResult(status="ok", samples_per_s=(0.99 * rate, rate, 1.01 * rate), wall_s=20.0, peak_host_mb=10.0,
+                           batch_size=c.batch_size, data_wait_s_per_step=wait * c.batch_size,
+                           compute_s_per_step=c.batch_size / model, cpu_cores_used=1.0)
+
+    run.calls = calls
+    return run
+
+
+def _space():
+    return space_from_dict({"name": "fake", "device": "cpu", "parameters": {
+        "batch_size": {"type": "int", "choices": [32, 64]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+        "baseline": {"batch_size": 64, "num_workers": 0, "amp": "off"}}, hardware=HW)
+
+
+def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
+    """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its
+    step. The tuner measures the model alone, then the data path at 1 worker and at the most, 8 (8 x 140 = 1120 < 1200:
+    none covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=logs.append)
+    rec = tuner.run(trials=4)
+    parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
+    assert parts == [("model", 0), ("data", 1), ("data", 8)]  # 140 a worker predicts 10 for 1380: 8 is the most
+    assert runner.calls[2][0] == "model"  # measured after the baseline and the likely winners, before trial 2
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
+    assert [c.num_workers for c in first3] == [0, 0, 8]
+    # the fed trials say what they are (`show`), and count as the plan's, not the sampler's (convergence)
+    assert [role_of(t.user_attrs) for t in trials[:4]] == ["baseline", "likely winner", "baseline, fed",
+                                                        "likely winners, fed"]
+    assert any("from here every config runs with the loader the ceilings give (num_workers=8" in m for m in logs)
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
+    assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
+    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8]
+    assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
+    assert doc["ceilings"]["device"] == "cpu" and not any("GPU" in lever for lever in doc["ceilings"]["levers"])
+    assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
+
+
+def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_workers(tmp_path):
+    """With 2 DDP ranks on 8 cores each rank may take 4 workers: the climb measures the parts with the ranks'
+    workload (the runner runs them in 2 ranks, as a trial) and offers each rank's workers; the YAML says so."""
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, nproc_per_node=2), space=_space(),
+                  hardware=HW, measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner,
+                  parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=logs.append)
+    rec = tuner.run(trials=3)
+    parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
+    assert parts == [("model", 0), ("data", 1), ("data", 4)]  # 4: the most a rank's share of 8 cores offers
+    assert any("in 2 DDP ranks at once as the trials run" in m for m in logs)
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["world_size"] == 2 and doc["ceilings"]["workers_to_feed"] == 4
+    assert "worker(s) per rank (2 ranks)" in doc["ceilings"]["verdict"]
+
+
+def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_workers(tmp_path):
+    """A worker gives 20/s against a model of 1000/s: trial 2 runs all 8 workers and still waits most of its step.
+    Its stored diagnosis (what `run` prints, optuna-dashboard shows) does not ask for more workers than the
+    space offers."""
+    from autotune.search.record import trials as keys
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False,
+                  runner=_pipeline(1000.0, 20.0, cores=8), parity_steps=0, seed=0, finalists=2, finalist_rounds=1,
+                  log=lambda m: None)
+    tuner.run(trials=3)
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    base, fed = trials[0].user_attrs[keys.BOTTLENECK], trials[2].user_attrs[keys.BOTTLENECK]
+    assert trials[2].user_attrs["config"]["num_workers"] == 8
+    assert base.startswith("input-bound") and "more DataLoader workers" in base
+    assert fed.startswith("input-bound") and "more DataLoader workers" not in fed, fed
+    assert "8 worker(s) is the most the search space offers here" in fed
+
+
+def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
+    """The climb (~4 trials of 20 s) over a quarter of 100 s: skipped, said once, not re-decided after each trial."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    for role in (keys.BASELINE, keys.LIKELY_WINNER):
+        study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={
+            role: True, "config": TrialConfig(batch_size=64).to_dict(), keys.STATUS: "ok", keys.WALL_S: 20.0,
+            keys.DATA_WAIT_SHARE: 0.9}))
+    logs: list[str] = []
+    said: set[str] = set()
+    for _ in range(3):
+        assert ceiling_runs.measure_if_wanted(study, _space(), runner=None, workload=Workload(), measure=QUICK,
+                                              log_dir=None, log=logs.append, time_left_s=100.0, said=said) is None
+    assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
+    assert ceilings.load(study).why.startswith("not measured: ~80 s")
+    # the baseline is input-bound all the same: the planned search feeds every config a guess, a rank's cores less one
+    space = _space()
+    guess = max(1, space.rank_cores - 1)
+    assert ceilings.load(study).guess == guess and f"the loader gets {guess} worker(s) instead, unmeasured" in logs[0]
+    assert ceilings.feed(study, space)["num_workers"] == guess
+    from tests.helpers import make_rec
+
+    verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
+    assert verdict == f"not measured: ~80 s, over the budget's share; the loader got {guess} worker(s) unmeasured " \
+                      "(a rank's cores less one)"
+
+
+def test_ceilings_wait_for_the_retry_of_a_likely_winner_a_killed_run_interrupted(tmp_path):
+    """Resumed after a kill during the likely winners' trial: that trial measured nothing, so the ceilings are not
+    measured yet (the model's would be the baseline's config); once its retry ran they are."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = _space().likely_params()
+    likely_config = _space().effective(likely).to_dict()
+    study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={
+        keys.BASELINE: True, "config": TrialConfig(batch_size=64).to_dict(), keys.STATUS: "ok", keys.WALL_S: 20.0,
+        keys.DATA_WAIT_SHARE: 0.9}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={
+        keys.LIKELY_WINNER: True, "config": likely_config, keys.STATUS: "interrupted"}))
+    runner = _pipeline(1000.0, 140.0, cores=8)
+    kw = dict(runner=runner, workload=Workload(), measure=QUICK, log_dir=None, log=lambda m: None)
+    assert ceiling_runs.measure_if_wanted(study, _space(), **kw) is None and not runner.calls
+    study.add_trial(optuna.trial.create_trial(value=120.0, user_attrs={
+        keys.LIKELY_WINNER: True, keys.RETRY_OF: 1, "config": likely_config, keys.STATUS: "ok", keys.WALL_S: 20.0}))
+    c = ceiling_runs.measure_if_wanted(study, _space(), **kw)
+    assert c is not None and c.model.config["amp"] == likely_config["amp"] == "bf16"  # the likely winners' config
+
+
+def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(tmp_path):
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False,
+                  runner=(runner := _pipeline(1000.0, 140.0, cores=8)), parity_steps=0, seed=0, finalists=2,
+                  finalist_rounds=1, log=lambda m: None)
+    ceilings.store(tuner.study(), Ceilings(model=None, why="not measured: ~400 s, over the budget's share"))
+    rec = tuner.run(trials=3)
+    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data"]
+    assert rec.ceilings["model"] is not None and rec.ceilings["workers_to_feed"] == 8
+
+
+def test_a_config_without_workers_is_input_bound_by_its_loader_in_the_training_process():
+    c = _c(1000.0, (1, 300.0), (4, 1300.0))
+    line = c.verdict({"num_workers": 0, "batch_size": 64, "amp": "bf16"}, 250.0)
+    assert line.endswith("input-bound: with no workers the loader runs in the training process, between the "
+                         "model's steps, and the two costs add up"), line
+    # another batch or precision than the model ceiling's: its rate is not that ceiling's, and the line says so
+    other = c.verdict({"num_workers": 0, "batch_size": 16, "amp": "off"}, 250.0)
+    assert "input-bound" not in other and "the config differs from the ceilings'" in other
+
+
+def test_a_compute_bound_cpu_baseline_measures_no_ceilings(tmp_path):
+    runner = _pipeline(100.0, 5000.0, cores=8)  # the data path 50x the model: the baseline barely waits
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=lambda m: None)
+    rec = tuner.run(trials=3)
+    assert all(p == "full" for p, _ in runner.calls)
+    assert rec.ceilings is None and ceilings.load(tuner.study()) is None
+
+
+def test_a_ceiling_child_that_fails_for_the_workload_stops_the_run_with_its_message(tmp_path):
+    """The baseline ran without workers; the data path with one worker fails in the workload's code (as a dataset
+    that cannot cross to a worker process does): one line naming the data path, nothing retried."""
+    from autotune.errors import WorkloadError
+
+    base = _pipeline(1000.0, 140.0, cores=8)
+
+    def runner(workload, c, measure, **kw):
+        if measure.part == "data":
+            base.calls.append((measure.part, c))
+            return TrialResult(status="error", user_error=True, reason="WorkloadError: the data path alone (the "
+                               "workload's DataLoader, 1 worker(s), no model) failed: PicklingError: can't pickle")
+        return base(workload, c, measure, **kw)
+
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
+                  measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, parity_steps=0,
+                  seed=0, finalists=2, finalist_rounds=1, log=lambda m: None)
+    with pytest.raises(WorkloadError, match=r"^the data path alone .* failed: PicklingError: can't pickle$"):
+        tuner.run(trials=4)
+    assert [p for p, _ in base.calls].count("data") == 1  # not retried
+
+
+@pytest.mark.slow
+def test_a_workload_bound_by_its_data_path_gets_its_loader_sized_and_show_report_and_yaml_agree(tmp_path):
+    """The real mechanism on the CPU: a model of a few hundred parameters over JPEGs decoded by PIL (the data path is
+    nearly all of a step), `autotune run` with real children: the ceilings are measured after the baseline and the
+    likely winners, a trial among the first three has workers, and the recommendation names the binding ceiling
+    in the YAML, `show` and the HTML report alike."""
+    import optuna
+
+    from tests.helpers import run_cli
+
+    db = f"sqlite:///{tmp_path}/heavy.db"
+    common = ["--storage", db]
+    run = run_cli("run", "--model", "tests.heavy_data_workloads:build", "--image-size", "32", "--trials", "4",
+                  "--windows", "3", "--window-seconds", "0.5", "--parity-steps", "0", "--no-progress", *common,
+                  timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = run.stdout + run.stderr
+    assert "measuring the two ceilings" in said and "  ceilings: " in said  # the log, then run's closing lines
+    out = tmp_path / "best.yaml"
+    assert run_cli("export", "--format", "yaml", "-o", str(out), *common).returncode == 0
+    doc = yaml.safe_load(out.read_text())
+    verdict = doc["ceilings"]["verdict"]
+    assert doc["ceilings"]["model"]["samples_per_s"] > 0 and doc["ceilings"]["data"]
+    assert verdict.endswith(("input-bound", "model-bound", "neither ceiling is reached (the two share the cores, "
+                             "or the config differs from the ceilings')"))
+    (name,) = optuna.get_all_study_names(db)
+    trials = sorted(optuna.load_study(study_name=name, storage=db).trials, key=lambda t: t.number)
+    assert any(t.user_attrs["config"]["num_workers"] > 0 for t in trials[:3])
+    show = run_cli("show", "--explain", *common)
+    assert show.returncode == 0 and f"ceilings: {verdict}" in show.stdout and "data path w=" in show.stdout
+    html = tmp_path / "r.html"
+    report = run_cli("report", "-o", str(html), "--no-profile", *common, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    page = html.read_text()
+    assert 'id="plot-ceilings"' in page
+    from html import escape
+
+    assert escape(verdict) in page
+
+
+def test_a_data_path_that_fails_only_with_workers_stops_the_run_in_one_line(tmp_path):
+    """The real CLI: a dataset that loads in the training process and fails in any worker (the baseline and the
+    likely winners run without workers, the data path's ceiling with one): one line naming the data path with the
+    workload's own message, exit 2, no traceback."""
+    from tests.helpers import run_cli
+
+    out = run_cli("run", "--model", "tests.heavy_data_workloads:fails_in_a_worker", "--image-size", "32",
+                  "--trials", "4", "--windows", "2", "--window-seconds", "0.3", "--parity-steps", "0", "--no-progress",
+                  "--storage", f"sqlite:///{tmp_path}/w.db", timeout=300)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert last == ("autotune run: error: the data path alone (the workload's DataLoader, 1 worker(s), no model) "
+                    "failed: RuntimeError: the image store is not reachable from a worker process"), last
