@@ -71,7 +71,7 @@ def space_doc(quick: bool) -> dict:
 class SearchOnly(Tuner):
     """A tuner whose run ends with its search: no finalists (the figure is about the search trials)."""
 
-    def finalize(self, *, deadline=None, runner=None):
+    def finalize(self, *, budget=None, runner=None):
         return None
 
 

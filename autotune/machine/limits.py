@@ -7,7 +7,7 @@ from autotune.errors import ConfigError
 
 __all__ = ["MIN_MEMORY_CAP_MB", "MIN_CUDA_MEMORY_CAP_MB", "min_memory_cap_mb", "DEFAULT_CAP_SHARE",
            "default_memory_cap_mb", "check_min_cap", "check_cap_against_machine", "MIN_DEVICE_MEMORY_CAP_MB",
-           "default_device_memory_cap_mb", "check_device_cap"]
+           "default_device_memory_cap_mb", "check_device_cap", "with_default_caps"]
 
 # A child that imports torch (CUDA build) and builds a small model already holds ~0.8 GiB: a lower cap would
 # kill every trial before it measures anything.
@@ -34,6 +34,16 @@ def _hw(hardware):
 def default_memory_cap_mb(hardware=None) -> float:
     hw = _hw(hardware)
     return max(MIN_MEMORY_CAP_MB, round(hw.ram_available_mb * DEFAULT_CAP_SHARE))
+
+
+def with_default_caps(measure, hardware, device: str):
+    """``measure`` (a ``MeasureSpec``) with the caps it leaves unset filled in for ``hardware``: the host memory cap
+    (``default_memory_cap_mb``) and, off the CPU, the device memory cap (``default_device_memory_cap_mb``)."""
+    if measure.memory_cap_mb is None:
+        measure = measure.replace(memory_cap_mb=default_memory_cap_mb(hardware))
+    if measure.device_memory_cap_mb is None and device != "cpu":
+        measure = measure.replace(device_memory_cap_mb=default_device_memory_cap_mb(hardware, device))
+    return measure
 
 
 def min_memory_cap_mb(device: str = "cpu") -> float:

@@ -126,3 +126,33 @@ def test_a_finalist_round_starts_only_while_the_last_one_fits_the_time_left(tmp_
                    log_dir=tmp_path, log=logs.append, deadline=start + 1.5)
     assert ev.rounds_run == 1 and time.monotonic() - start < 1.5
     assert any(m.startswith("  round 2/3 and after not run: the last took 1 s") for m in logs), logs
+
+
+def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate_of_a_run():
+    """``search.budget``: its own examples hold, and the finalists' reserve, their plan and the confirmation's rounds
+    price a run alike (``Budget.run_s``: the search trial's wall plus the finalists' longer windows), so what the
+    search keeps back is what the finalists' plan then spends. Before the record, the reserve priced a run at 1.3x
+    the trial's wall and the plan at wall + windows: a 20 s trial with 5 s of extra windows was 26 s to one, 25 s to
+    the other."""
+    import doctest
+    from types import SimpleNamespace
+
+    from autotune.search import budget as budget_module
+    from autotune.search.budget import Budget
+    from autotune.search.choose import finalists as fin
+    from autotune.search.choose.confirm import expected_round_s
+
+    assert doctest.testmod(budget_module).failed == 0
+    b = Budget.of(None, measure=MeasureSpec(windows=5, window_s=1.0), finalists=2, rounds=2)
+    trials = [SimpleNamespace(number=n, value=100.0 - n, user_attrs={"config": TrialConfig(batch_size=8 << n).to_dict(),
+                                                                        "wall_s": 20.0}) for n in range(3)]
+    top, base = trials[:2], trials[2]
+    assert b.run_s(20.0) == 25.0 and expected_round_s([top[0], base], b) == 50.0
+    reserve = b.finalists_reserve_s([20.0] * 3)
+    assert reserve == 150.0  # 2 finalists and the baseline, 2 rounds, 25 s a run
+    # the plan fits exactly the rounds the reserve kept, and not with a second less
+    assert fin.plan(top, base, budget=b, rounds=2, left_s=reserve, log=lambda m: None) == (top + [base], 2)
+    shorter = fin.plan(top, base, budget=b, rounds=2, left_s=reserve - 1.0, log=lambda m: None)
+    assert shorter is not None and shorter != (top + [base], 2)
+    with pytest.raises(ValueError, match="budget_s=0"):
+        Budget(started=0.0, budget_s=0)

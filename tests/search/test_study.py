@@ -15,6 +15,7 @@ import yaml
 
 from autotune import Recommendation
 from autotune.config import TrialConfig, TrialResult
+from autotune.search.budget import Budget
 from autotune.search.plan.pruning import NoHopePruner
 from autotune.search.record.trials import outcome
 
@@ -257,16 +258,16 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
     assert cands == 3 and len(calls) == 3 * cands  # top 2 + the baseline, 3 rounds
 
     calls.clear()
-    rec = tuner.finalize(deadline=time.monotonic() + 5)  # a round takes ~30 s: none fits
+    rec = tuner.finalize(budget=_ending_in(tuner, 5))  # a round takes ~30 s: none fits
     assert calls == [] and rec.provisional and rec.config == full.config
     assert any("provisional" in n for n in rec.notes)
 
-    rec = tuner.finalize(deadline=time.monotonic() + 85)  # one round of the three fits, or two of the top two
+    rec = tuner.finalize(budget=_ending_in(tuner, 85))  # one round of the three fits, or two of the top two
     assert len(calls) == 4 and len(set(c.key() for c in calls)) == 2 and not rec.provisional
     assert TrialConfig(batch_size=8) not in calls and rec.finalist_rounds == 2
 
     calls.clear()
-    rec = tuner.finalize(deadline=time.monotonic() + 65)  # the top two fit a round, not with the baseline
+    rec = tuner.finalize(budget=_ending_in(tuner, 65))  # the top two fit a round, not with the baseline
     assert len(calls) == 2 and not rec.provisional and rec.speedup_vs_baseline is not None
     assert TrialConfig(batch_size=8) not in calls and any("baseline figure from its search trial" in n
                                                           for n in rec.notes)
@@ -309,6 +310,13 @@ def test_trial_1_is_the_baseline_with_the_likely_winners(tmp_path):
 
 
 # --- the batch-size walk from the likely winner ------------------------------------------------------------
+
+def _ending_in(tuner, seconds: float) -> Budget:
+    """A budget ending ``seconds`` from now with no --timeout behind it (no shares): ``finalize`` on its own."""
+    now = time.monotonic()
+    return Budget(started=now, deadline=now + seconds, measure=tuner.measure, finalists=tuner.finalists,
+                  rounds=tuner.finalist_rounds)
+
 
 def _fake_by_batch(speed: dict[int, float | None], ran: list):
     """A runner whose throughput depends on the batch size only (None: out of memory)."""
@@ -446,20 +454,28 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
     late long trial would eat the re-measurement that decides the recommendation, or the rounds that confirm its
     claim."""
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
-    # 250 s: the finalists' min(20 * 1.3 * 3 finalists incl. baseline, 0.3 * 250) = 75 s; the confirmation's rounds
-    # of two 20.4 s runs (20 s + the finalists' longer windows) within 0.2 * 250 = 50 s: one, 40.8 s
+    # every run after the search is priced alike (Budget.run_s): a 20 s trial again with the finalists' longer
+    # windows (2 x 0.2 s more) is 20.4 s. 250 s: the finalists' min(20.4 * 3 finalists incl. baseline, 0.3 * 250)
+    # = 61.2 s; the confirmation's rounds of two 20.4 s runs within 0.2 * 250 = 50 s: one, 40.8 s; 102 s in all
     walls = [5.0, 20.0]
-    now = time.monotonic()
-    assert not tuner.out_of_time(walls, now + 141.0, 250.0)  # 25 s beyond the reserve: a 20 s trial fits
-    assert tuner.out_of_time(walls, now + 131.0, 250.0)      # 15 s: the 20 s trial would not
-    assert not tuner.out_of_time([], now + 10.0, 250.0)     # no trial yet: nothing to reserve for
-    assert tuner.out_of_time(walls, now + 110.0, 250.0)      # inside the reserve
+
+    def out_of_time(walls, left_s, budget_s):
+        now = time.monotonic()
+        tuner.budget = (Budget.of(None, measure=tuner.measure) if left_s is None else
+                        Budget(started=now + left_s - budget_s, deadline=now + left_s, budget_s=budget_s,
+                               measure=tuner.measure, finalists=2, rounds=1))
+        return tuner.out_of_time(walls)
+
+    assert not out_of_time(walls, 127.0, 250.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert out_of_time(walls, 117.0, 250.0)      # 15 s: the 20 s trial would not
+    assert not out_of_time([], 10.0, 250.0)     # no trial yet: nothing to reserve for
+    assert out_of_time(walls, 95.0, 250.0)       # inside the reserve
     # 100 s: not one confirmation round fits 20 s, so none is reserved (and none starts): the finalists' 30 s alone
-    assert not tuner.out_of_time(walls, now + 55.0, 100.0) and tuner.out_of_time(walls, now + 45.0, 100.0)
-    assert not tuner.out_of_time(walls, None, None)         # no deadline: --trials alone
+    assert not out_of_time(walls, 55.0, 100.0) and out_of_time(walls, 45.0, 100.0)
+    assert not out_of_time(walls, None, None)         # no deadline: --trials alone
     # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
     many = [10.0] * 19 + [600.0]
-    assert not tuner.out_of_time(many, now + 900.0, 1200.0)
+    assert not out_of_time(many, 900.0, 1200.0)
 
 
 def test_trial_rows_name_queued_and_running_trials():
@@ -602,11 +618,14 @@ def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path
     assert "compile tried last on trial 1's config: default 136.0 samples/s, x1.17 of eager" in plenty.stop_reason
     first = first.number
     gate = plenty.compile_gate
-    gate.start(time.monotonic() + 200.0, 200.0, [1.0])  # 200 s left: the measured 250 s compile trial does not fit
-    why = gate.reason(plenty.study())  # 200 s less a 2.6 s reserve (one finalist and the baseline, 1.3 s each)
+    # 200 s left: the measured 250 s compile trial does not fit
+    gate.start(Budget.of(200.0, measure=plenty.measure, finalists=1, rounds=1), [1.0])
+    # 200 s less an 8.4 s reserve (a round of one finalist and the baseline, and two confirmation rounds of the
+    # winner and the baseline: runs of the 1 s trial with the finalists' longer windows, 1.4 s each)
+    why = gate.reason(plenty.study())
     assert why.startswith("compile held back: ~250 s expected, 19"), why
     assert why.endswith(f" s left for the search (trial {first}'s wall time)"), why
-    gate.start(time.monotonic() + 400.0, 400.0, [1.0])
+    gate.start(Budget.of(400.0, measure=plenty.measure, finalists=1, rounds=1), [1.0])
     assert gate.reason(plenty.study()) is None
 
 
@@ -614,7 +633,6 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
     """The numerics check of the best config so far (parity.check_seconds: its steps at its rate, twice as
     many at the baseline's fp32 rate) is part of what the search leaves of a --timeout budget, up to
     NUMERICS_SHARE of it, and the log says how long the check should take before it starts."""
-    from autotune.search.choose import finalists as fin
     from autotune.trial.parity import ParityResult, check_seconds
 
     logs: list[str] = []
@@ -639,10 +657,15 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
     assert check_seconds(TrialConfig(batch_size=16), samples_per_s=20.0, fp32_samples_per_s=10.0) == 0.0
     assert checked and any(m.startswith("checking the numerics of") and "s expected" in m for m in logs), logs
     walls = [5.0, 20.0]  # the finalists' reserve: 30 s of a 100 s budget (see the test above)
-    now = time.monotonic()
-    assert not fin.out_of_time(walls, now + 55.0, 100.0, finalists=2, rounds=1)
-    assert fin.out_of_time(walls, now + 55.0, 100.0, finalists=2, rounds=1, check_s=20.0)  # 5 s left: too few
-    assert not fin.out_of_time(walls, now + 85.0, 100.0, finalists=2, rounds=1, check_s=20.0)
+
+    def out_of_time(left_s: float, check_s: float = 0.0) -> bool:  # a 100 s budget with left_s seconds left
+        now = time.monotonic()
+        return Budget(started=now + left_s - 100.0, deadline=now + left_s, budget_s=100.0, finalists=2,
+                      rounds=1).out_of_time(walls, check_s=check_s)
+
+    assert not out_of_time(55.0)
+    assert out_of_time(55.0, check_s=20.0)  # 5 s left: too few
+    assert not out_of_time(85.0, check_s=20.0)
     # a check longer than NUMERICS_SHARE of the budget reserves that share only: the search keeps 40%
-    assert not fin.out_of_time(walls, now + 85.0, 100.0, finalists=2, rounds=1, check_s=500.0)
-    assert fin.out_of_time(walls, now + 75.0, 100.0, finalists=2, rounds=1, check_s=500.0)
+    assert not out_of_time(85.0, check_s=500.0)
+    assert out_of_time(75.0, check_s=500.0)

@@ -32,20 +32,19 @@ class SearchBackend(abc.ABC):
         self.address = address  # the cluster to join, for backends that have one
 
     @abc.abstractmethod
-    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
-               budget_s: float | None) -> SearchOutcome:
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None) -> SearchOutcome:
         """Run up to ``trials`` more search trials (None: no count limit) into ``study``; return how many ran, and
         why the search stopped when a phase ended it (``phases.stop_reason``).
 
         May assume: ``study`` is the tuner's study, opened and checked against this hardware; ``ctx`` describes
         it; the run lock is held; the baseline, the likely winner, the first batch-walk steps and the retries of
-        interrupted trials are queued. ``deadline`` (a ``time.monotonic()`` value) and ``budget_s`` are None
-        without a time budget.
+        interrupted trials are queued. ``ctx.budget`` is the run's time budget (``search.budget.Budget``; its
+        ``deadline`` is None without one).
 
         Must: record every trial through ``search.backends.protocol`` (``begin``; ``claim`` where several trials of
         the study may run at once; ``answer_from_study``; ``record``), run each measured trial with a fresh child
         process (``ctx.runner`` locally, or the same runner on another machine), call ``ctx.after_trial(study)``
-        after each finished trial, start no trial once ``ctx.out_of_time(walls, deadline, budget_s)`` says the
+        after each finished trial, start no trial once ``ctx.out_of_time(walls)`` says the
         finalists need the time left, and leave no trial RUNNING when it returns or raises (``KeyboardInterrupt``
         included): an unfinished trial is failed with status ``interrupted`` so a re-run re-queues it. A trial that says
         the workload itself is wrong (``TrialResult.user_error``) stops the search with ``WorkloadError``.

@@ -50,8 +50,7 @@ class LocalBackend(SearchBackend):
         with machine_lock(f"study {ctx.study_name}"):
             yield Placement()
 
-    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
-               budget_s: float | None) -> SearchOutcome:
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None) -> SearchOutcome:
         from tqdm import tqdm
 
         bar = tqdm(total=trials, desc="trials", unit="trial", file=sys.stderr, disable=not ctx.progress,
@@ -62,18 +61,17 @@ class LocalBackend(SearchBackend):
         free_in_a_row = 0  # trials answered from the study without running (duplicates, known infeasible)
         walls: list[float] = []
         stopped = ""
-        ctx.compile_gate.start(deadline, budget_s, walls)  # the sampler holds compile back when time is short
+        ctx.compile_gate.start(ctx.budget, walls)  # the sampler holds compile back when time is short
         try:
             while trials is None or n < trials:
                 # the eager search settles (converged, exhausted, or the budget's end is compile's), compile is
                 # tried last on its best config, then the search stops (``phases``)
-                why = phases.stop_reason(ctx, study, walls=walls, deadline=deadline, budget_s=budget_s,
-                                         trials_left=None if trials is None else trials - n,
+                why = phases.stop_reason(ctx, study, walls=walls, trials_left=None if trials is None else trials - n,
                                          exhausted=free_in_a_row if free_in_a_row >= EXHAUSTED_AFTER else 0)
                 if why is not None:
                     stopped = why
                     break
-                if ctx.out_of_time(walls, deadline, budget_s):
+                if ctx.out_of_time(walls):
                     break
                 t0 = time.monotonic()
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
@@ -87,7 +85,7 @@ class LocalBackend(SearchBackend):
                 walls.append(time.monotonic() - t0)
                 n += 1
                 bar.update(1)
-                bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study, deadline)), refresh=True)
+                bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study)), refresh=True)
         finally:
             ctx.compile_gate.stop()
             bar.close()

@@ -32,16 +32,14 @@ from typing import Any, Callable
 
 from autotune.measure import summarize
 
-__all__ = ["Confirmation", "confirm", "confirmed", "reserve_s", "expected_round_s", "plan_finalists", "MIN_ROUNDS",
-           "MAX_ROUNDS", "TARGET", "NOISY", "NO_BUDGET_SHARE", "CONFIRM_SHARE", "unconfirmed_line", "apply",
-           "selection_record"]
+__all__ = ["Confirmation", "confirm", "confirmed", "expected_round_s", "plan_finalists", "MIN_ROUNDS", "MAX_ROUNDS",
+           "TARGET", "NOISY", "NO_BUDGET_SHARE", "unconfirmed_line", "apply", "selection_record"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
 TARGET = 0.05       # more rounds while the 95% interval of the ratio is wider than +/-5% ...
 NOISY = 0.10        # ... and a claim wider than +/-10% says "noisy" in its headline
 NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
-CONFIRM_SHARE = 0.20  # the most of a --timeout budget the search keeps back for the two rounds (``reserve_s``)
 
 
 @dataclass(frozen=True)
@@ -270,55 +268,23 @@ def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
     return []
 
 
-def reserve_s(walls: list[float], *, measure: Any, budget_s: float | None = None) -> float:
-    """The time a budget keeps for the confirmation: two rounds of two runs, each run about the median of the
-    search trials' ``walls`` plus the finalists' longer windows (``measure`` is theirs); within ``CONFIRM_SHARE``
-    of ``budget_s`` two rounds, else one (the claim is then unconfirmed), else none (no round starts that would
-    not fit: ``confirm``). Kept back by the search (``finalists.search_reserve_s``) and by the finalists
-    (``plan_finalists``, from the likely winner's and the baseline's walls), so the budget still ends in time.
-
-    >>> from autotune.config import MeasureSpec
-    >>> m = MeasureSpec(windows=5, window_s=2.0)  # 5 s more a run than a search trial of 10/20/30 s
-    >>> reserve_s([10.0, 20.0, 30.0], measure=m), reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=300.0)
-    (100.0, 50.0)
-    >>> reserve_s([10.0, 20.0, 30.0], measure=m, budget_s=200.0), reserve_s([], measure=None)
-    (0.0, 0.0)
-    """
-    walls = sorted(w for w in walls if w)
-    if not walls:
-        return 0.0
-    one = 2 * _run_s(walls[len(walls) // 2], measure)
-    return _within(one, budget_s)
-
-
-def _run_s(wall: float, measure: Any) -> float:
-    """A confirmation run: a search trial's ``wall`` plus the finalists' longer windows (``measure``: theirs)."""
-    return wall + measure.windows * measure.window_s / 2  # finalist windows are twice the search's
-
-
-def _within(one_round_s: float, budget_s: float | None) -> float:
-    """Two rounds, or one, or none: what fits ``CONFIRM_SHARE`` of the budget (two without a budget)."""
-    cap = CONFIRM_SHARE * budget_s if budget_s else float("inf")
-    return next((n * one_round_s for n in (MIN_ROUNDS, 1) if n * one_round_s <= cap), 0.0)
-
-
-def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], deadline: float | None, checks_s: float,
-                   budget_s: float | None, rounds: int, measure: Any, finalists: Any,
+def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: Any, checks_s: float,
                    log: Callable[[str], None]) -> tuple[Any, Any]:
     """``(the finalists' deadline, plan(...))`` for the top trials ``top`` and the baseline trial ``base``, ``plan``
-    being ``finalists.plan`` (``measure``: the search's, ``finalists``: the finalists' ``MeasureSpec``): the
-    finalists get the time to ``deadline`` less ``checks_s`` (numerics, worst case) and the confirmation's reserve
-    (``reserve_s``'s rule, from the likely winner's and the baseline's walls; none without a baseline trial, which
-    leaves nothing to confirm against). When that leaves them not even one round, they get the reserve too: a
+    being ``finalists.plan``, within the run's ``budget`` (``search.budget.Budget``): the finalists get the time
+    to its end less ``checks_s`` (numerics, worst case) and the confirmation's rounds (``Budget.confirm_rounds_s``,
+    priced from the likely winner's and the baseline's walls; none without a baseline trial, which leaves nothing
+    to confirm against). When that leaves them not even one round, they get the confirmation's time too: a
     provisional recommendation confirms nothing, so it would go unused (and the confirmation starts no round that
     would overrun)."""
     import functools
 
-    plan = functools.partial(plan, measure=measure, rounds=rounds)
+    plan = functools.partial(plan, budget=budget, rounds=budget.rounds)
+    deadline = budget.deadline
     if deadline is None:
         return None, plan(top, base, left_s=None, log=log)
-    one = expected_round_s([top[0], base], finalists) if top and base is not None else 0.0
-    finalists_end = deadline - checks_s - _within(one, budget_s)
+    one = expected_round_s([top[0], base], budget) if top and base is not None else 0.0
+    finalists_end = deadline - checks_s - budget.confirm_rounds_s(one)
     said: list[str] = []
     chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
     if chosen is None:
@@ -329,12 +295,12 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], deadline: 
     return finalists_end, chosen
 
 
-def expected_round_s(pair: list, measure: Any) -> float:
+def expected_round_s(pair: list, budget: Any) -> float:
     """A confirmation round's expected time: a run of each of the two trials in ``pair`` (the winner's and the
-    baseline's search trials), each its wall plus the finalists' longer windows (``measure``: theirs)."""
+    baseline's search trials), priced by the ``budget``'s one estimate (``Budget.round_s``)."""
     from autotune.search.record import trials as keys
 
-    return sum(_run_s(t.user_attrs.get(keys.WALL_S) or 0.0, measure) for t in pair if t is not None)
+    return budget.round_s([t.user_attrs.get(keys.WALL_S) or 0.0 for t in pair if t is not None])
 
 
 def _trial_of(rec: Any, trials: list) -> Any:
@@ -346,11 +312,12 @@ def _trial_of(rec: Any, trials: list) -> Any:
 
 
 def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-              log: Callable[[str], None], deadline: float | None, search_s: float, trials: list = ()) -> Any:
+              log: Callable[[str], None], budget: Any, trials: list = ()) -> Any:
     """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
     no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``trials``: the
     finalists' search trials, the winner's among them (a round's expected time, ``expected_round_s``: the
-    longest of theirs stands in for a winner not found)."""
+    longest of theirs stands in for a winner not found). ``budget`` (``search.budget.Budget``): its end bounds the
+    rounds; without one, the run so far does (``confirm``)."""
     from autotune.provenance import reproduce_command
     from autotune.search.record import trials as keys
 
@@ -364,8 +331,8 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "headline": "x1.00: the recommendation is PyTorch's defaults "
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
-                   deadline=deadline, search_s=search_s,
-                   round_s=expected_round_s([_trial_of(rec, trials), base_trial], measure))
+                   deadline=budget.deadline, search_s=budget.elapsed_s(),
+                   round_s=expected_round_s([_trial_of(rec, trials), base_trial], budget))
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
                  base_figures=dict(base_trial.user_attrs))

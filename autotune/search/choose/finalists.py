@@ -13,7 +13,6 @@ measured is ``finalist_rounds.Evidence``.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
@@ -28,9 +27,10 @@ from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with
                                    world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.settle import TIE_TOLERANCE, ratio_interval
+from autotune.search.budget import NUMERICS_SHARE, Budget
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
-from autotune.search.record.trials import MemoryLimit, baseline_value, departures, feasible_by_config
+from autotune.search.record.trials import MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -38,89 +38,26 @@ if TYPE_CHECKING:
 
     from autotune.machine.hardware import Hardware
 
-__all__ = ["FINALIST_SHARE", "NUMERICS_SHARE", "WINDOW_FACTOR", "expected_check_s", "finalist_measure", "reserve_s",
-           "out_of_time", "search_left_s", "search_reserve_s", "check_steps_within", "MIN_CHECK_STEPS", "long_trial_s",
-           "plan", "Evidence", "remeasure", "pool_search_round", "ratio_interval", "FinalistContext", "choose",
-           "provisional"]
+__all__ = ["expected_check_s", "best_check_s", "check_steps_within", "MIN_CHECK_STEPS", "plan", "Evidence", "remeasure",
+           "pool_search_round", "ratio_interval", "FinalistContext", "choose", "provisional"]
 
-# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
-FINALIST_SHARE = 0.30
-# The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
-# top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
-NUMERICS_SHARE = 0.30
 # The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
 MIN_CHECK_STEPS = 10
-# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
-WINDOW_FACTOR = 2
 
 
-def finalist_measure(search: MeasureSpec) -> MeasureSpec:
-    """How a finalist is measured: as a search trial, with ``WINDOW_FACTOR`` times longer windows."""
-    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+def check_steps_within(full_s: float, steps: int, *, budget: Budget, log: Callable[[str], None]) -> int:
+    """The steps of a numerics check expected to take ``full_s`` at ``steps`` steps that fit its share of the
+    ``budget`` (``NUMERICS_SHARE`` of it, at most half the time left): ``steps`` when the whole check fits, fewer
+    (at least ``MIN_CHECK_STEPS``) when not, 0 (no check, said) when not even those fit.
 
-
-# --- the budget ---------------------------------------------------------------------------------------
-
-def reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None = None) -> float:
-    """Time the search leaves for the finalists: all rounds at the typical trial's length, but at most
-    ``FINALIST_SHARE`` of the budget (``plan`` then fits fewer finalists and rounds into it)."""
-    if not trial_walls or finalists <= 0:
-        return 0.0
-    typical = sorted(trial_walls)[len(trial_walls) // 2]
-    full = typical * 1.3 * (finalists + 1) * rounds
-    return min(full, FINALIST_SHARE * budget_s) if budget_s else full
-
-
-def out_of_time(trial_walls: list[float], deadline: float | None, budget_s: float | None, *, finalists: int,
-                rounds: int, check_s: float = 0.0, measure: MeasureSpec | None = None) -> bool:
-    """True when the search must stop to leave the finalists their reserve. A trial is never cut short, so
-    one more starts only if a long trial (the 90th percentile of those so far: the longest while there are
-    fewer than ten) would still end before the reserve begins: a long trial started late would otherwise eat
-    the re-measurement that decides the recommendation. The percentile keeps one outlier (a trial that ran
-    into its time limit) from ending a long search early. ``deadline`` is a ``time.monotonic()`` value.
-    ``check_s``: the expected numerics check of the best config so far, reserved too (at most
-    ``NUMERICS_SHARE`` of the budget); with the search's ``measure``, the confirmation's two rounds too
-    (``confirm.reserve_s``)."""
-    if deadline is None:
-        return False
-    left = search_left_s(trial_walls, deadline, budget_s, finalists=finalists, rounds=rounds, check_s=check_s,
-                         measure=measure)
-    return left <= 0 or (bool(trial_walls) and left < long_trial_s(trial_walls))
-
-
-def search_left_s(trial_walls: list[float], deadline: float, budget_s: float | None, *, finalists: int, rounds: int,
-                  check_s: float = 0.0, measure: MeasureSpec | None = None) -> float:
-    """Seconds the search has left before its reserves (``search_reserve_s``) and the numerics check's."""
-    reserve = search_reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s, measure=measure)
-    reserve += min(check_s, NUMERICS_SHARE * budget_s) if budget_s else check_s
-    return deadline - time.monotonic() - reserve
-
-
-def search_reserve_s(trial_walls: list[float], *, finalists: int, rounds: int, budget_s: float | None,
-                     measure: MeasureSpec | None = None) -> float:
-    """The finalists' rounds (``reserve_s``) and, with the search's ``measure``, the confirmation's two
-    (``confirm.reserve_s``): what the search leaves after it, the numerics check aside."""
-    from autotune.search.choose import confirm
-
-    reserve = reserve_s(trial_walls, finalists=finalists, rounds=rounds, budget_s=budget_s)
-    if measure is not None:
-        reserve += confirm.reserve_s(trial_walls, measure=finalist_measure(measure), budget_s=budget_s)
-    return reserve
-
-
-def check_steps_within(full_s: float, steps: int, *, budget_s: float | None, left_s: float,
-                       log: Callable[[str], None]) -> int:
-    """The steps of a numerics check expected to take ``full_s`` at ``steps`` steps that fit its share of the budget
-    (``NUMERICS_SHARE`` of ``budget_s``, at most half the ``left_s`` seconds left): ``steps`` when the whole check
-    fits, fewer (at least ``MIN_CHECK_STEPS``) when not, 0 (no check, said) when not even those fit.
-
-    >>> check_steps_within(40.0, 30, budget_s=100.0, left_s=80.0, log=print)
+    >>> import time
+    >>> check_steps_within(40.0, 30, budget=Budget.of(100.0, started=time.monotonic() - 20.0), log=print)
     the numerics check gets 20 of 30 steps: the whole (~40 s) would take more than its share of the budget (30 s)
     20
     """
-    if not full_s or not steps:
+    if not full_s or not steps or budget.deadline is None:
         return steps
-    share = min(NUMERICS_SHARE * (budget_s or math.inf), max(0.0, left_s) / 2)
+    share = min(NUMERICS_SHARE * (budget.budget_s or math.inf), budget.left_s() / 2)
     if full_s <= share:
         return steps
     per_step = (full_s - CHECK_STARTUP_S) / steps
@@ -134,10 +71,14 @@ def check_steps_within(full_s: float, steps: int, *, budget_s: float | None, lef
     return 0
 
 
-def long_trial_s(trial_walls: list[float]) -> float:
-    """A long trial of those so far: the nearest-rank 90th percentile of their walls (0 with none)."""
-    walls = sorted(trial_walls)
-    return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
+def best_check_s(study: Study, *, fingerprint: str, limit: MemoryLimit, workload: Workload, steps: int) -> float:
+    """The expected time of a numerics check of ``steps`` steps of the best feasible config so far
+    (``expected_check_s``); 0 without a check, such a config or a baseline."""
+    feasible = feasible_by_config(study, fingerprint, limit)
+    if not steps or not feasible:
+        return 0.0
+    best = max(feasible.values(), key=lambda t: t.value or 0.0)
+    return expected_check_s(best, baseline_trial(study), steps=steps, workload=workload)
 
 
 def expected_check_s(trial: FrozenTrial | None, base, *, steps: int, workload: Workload | None = None) -> float:
@@ -151,12 +92,12 @@ def expected_check_s(trial: FrozenTrial | None, base, *, steps: int, workload: W
 
 # --- who is re-measured, for how many rounds -------------------------------------------------------------
 
-def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | None,
+def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
          log: Callable[[str], None]) -> tuple[list, int] | None:
     """``(candidate trials, rounds)`` to re-measure: ``top`` (best first) and the baseline trial ``base``
-    unless it is one of them; ``measure`` is the search trials' (see ``finalist_measure``).
-    With ``left_s`` (seconds left in the budget) only whole rounds that fit run,
-    estimated from the candidates' search trials; None when not even one fits (recommend provisionally).
+    unless it is one of them. With ``left_s`` (seconds left for them) only whole rounds that fit run, each priced
+    by the ``budget``'s one estimate (``Budget.round_s``, from the candidates' search trials); None when not even
+    one fits (recommend provisionally).
 
     One round is not a comparison (each config measured once, the very luck re-measuring exists to remove),
     so two rounds come first: the most finalists for which two rounds fit, shrinking in this order: fewer
@@ -173,10 +114,8 @@ def plan(top: list, base, *, measure: MeasureSpec, rounds: int, left_s: float | 
             cands.append(base)
         return cands
 
-    extra_s = measure.windows * measure.window_s * (WINDOW_FACTOR - 1)  # a finalist's longer windows
-
     def round_s(cands: list) -> float:  # estimated from the search trials' wall times
-        return sum((t.user_attrs.get(keys.WALL_S) or 0.0) + extra_s for t in cands)
+        return budget.round_s([t.user_attrs.get(keys.WALL_S) or 0.0 for t in cands])
 
     if left_s is None:
         return candidates(len(top)), rounds

@@ -3,7 +3,7 @@
 A compile trial costs far more than a plain one (80-95 s per trial cold on the CPUs here, most of it
 compiling), and a trial is never cut short: in a short run one ``max-autotune`` trial can take a large share
 of the search. ``CompileGate`` holds compile back when its expected cost exceeds the time left for the search
-(the time to the deadline less the finalists' and the confirmation's reserve, ``finalists.search_reserve_s``):
+(the time to the budget's end less the finalists' and the confirmation's reserve, ``Budget.search_reserve_s``):
 the expected cost is the wall time of the study's first measured compile trial, or ``COMPILE_PRIOR_S`` before
 there is one.
 ``compile_last.settle`` asks it before it queues compile on the best eager config.
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from autotune.search.record import trials as keys
 
 if TYPE_CHECKING:
+    from autotune.search.budget import Budget
     from optuna import Study
     from optuna.trial import FrozenTrial
 
@@ -40,20 +41,18 @@ _KNOB = "compile_mode"
 
 class CompileGate:
     """``reason(study)``: why a compile trial may not start now, or None. Closed to nothing (always None)
-    until a search ``start``s it with a deadline."""
+    until a search ``start``s it with a budget that has an end."""
 
-    def __init__(self, reserve: Callable[[list[float], float | None], float]) -> None:
-        self.reserve = reserve  # (trial walls, budget s) -> the finalists' reserve, s
-        self.deadline: float | None = None
-        self.budget_s: float | None = None
+    def __init__(self) -> None:
+        self.budget: Budget | None = None
         self.walls: list[float] = []
 
-    def start(self, deadline: float | None, budget_s: float | None, walls: list[float]) -> None:
-        """A search runs until ``deadline`` (``time.monotonic()``), appending its trials' walls to ``walls``."""
-        self.deadline, self.budget_s, self.walls = deadline, budget_s, walls
+    def start(self, budget: Budget, walls: list[float]) -> None:
+        """A search runs within ``budget``, appending its trials' walls to ``walls``."""
+        self.budget, self.walls = budget, walls
 
     def stop(self) -> None:
-        self.deadline = None
+        self.budget = None
 
     def expected_s(self, trials) -> tuple[float, str]:
         """The expected wall time of a compile trial and where it comes from."""
@@ -66,9 +65,9 @@ class CompileGate:
         return max(COMPILE_PRIOR_S, typical), "prior: no compile trial measured yet"
 
     def reason(self, study: Study) -> str | None:
-        if self.deadline is None:
+        if self.budget is None or self.budget.deadline is None:
             return None
-        left = self.deadline - time.monotonic() - self.reserve(self.walls, self.budget_s)
+        left = self.budget.deadline - time.monotonic() - self.budget.search_reserve_s(self.walls)
         expected, source = self.expected_s(study.get_trials(deepcopy=False))
         if expected <= left:
             return None

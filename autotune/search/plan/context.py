@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from autotune.config import MeasureSpec, TrialResult, Workload
     from autotune.machine.hardware import Hardware
+    from autotune.search.budget import Budget
     from autotune.search.plan.compile_gate import CompileGate
     from autotune.search.plan.convergence import Convergence
     from autotune.search.plan.coordinate import Plan
@@ -78,8 +79,10 @@ class SearchContext:
 
     The callables are the tuner's state that moves during the search: ``after_trial(study)`` (each backend calls
     it after every finished trial: the planned search's next trials, the ``on_trial`` callbacks),
-    ``out_of_time(walls, deadline, budget_s)``, ``plan(study)``, ``convergence(study)`` and
-    ``numerics_check_s(study)``. ``compile_gate`` is the one object a search starts and stops (``start``/``stop``)."""
+    ``out_of_time(walls)`` (within ``budget``), ``plan(study)``, ``convergence(study)`` and
+    ``numerics_check_s(study)``. ``budget`` is the run's time budget (``search.budget.Budget``: its end, what the
+    phases after the search keep back). ``compile_gate`` is the one object a search starts and stops
+    (``start``/``stop``)."""
 
     workload: Workload
     space: SearchSpace
@@ -100,8 +103,9 @@ class SearchContext:
     finalist_rounds: int
     progress: bool
     log: Log
+    budget: Budget
     after_trial: Callable[[Study], None]
-    out_of_time: Callable[[list[float], float | None, float | None], bool]
+    out_of_time: Callable[[list[float]], bool]
     plan: Callable[[Study], Plan | None]
     convergence: Callable[[Study], Convergence]
     numerics_check_s: Callable[[Study], float]

@@ -20,21 +20,22 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable
 
-from autotune.search.plan import compile_last
-from autotune.search.choose import finalists as fin
+from autotune.search.plan import ceiling_runs, compile_last
+from autotune.search.budget import long_trial_s
 from autotune.search.plan import queue as study_queue
 from autotune.search.record import trials as keys
-from autotune.search.plan.convergence import noise_of
+from autotune.search.plan.convergence import Convergence, convergence, noise_of
 from autotune.search.record.trials import MemoryLimit, feasible_by_config
 
 if TYPE_CHECKING:
     from optuna import Study
 
     from autotune.search.plan.context import SearchContext
+    from autotune.search.plan.coordinate import Plan
     from autotune.search.choose.payback import RunLength
     from autotune.search.space.search_space import SearchSpace
 
-__all__ = ["run_seconds", "advance", "stop_reason", "status_line"]
+__all__ = ["run_seconds", "advance", "after_trial", "PlanMemo", "stop_reason", "status_line"]
 
 
 def run_seconds(study: Study, *, run_length: RunLength, fingerprint: str, limit: MemoryLimit) -> float:
@@ -57,8 +58,73 @@ def advance(study: Study, space: SearchSpace, *, fingerprint: str, limit: Memory
                          limit=limit, enqueue=study_queue.enqueue, log=log)
 
 
-def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], deadline: float | None, budget_s: float | None,
-                trials_left: int | None, exhausted: int) -> str | None:
+def after_trial(ctx: SearchContext, study: Study, *, said: set[str], ceilings_here: bool) -> Plan | None:
+    """Queue what the search needs now, after any trial (and before the first, for a resumed study): in a study
+    with a planned search, the two ceilings once the baseline and the likely winners ran, when the data path may
+    bind and the trials run here (``ceilings_here``: a Ray cluster's nodes are not this machine, not measured
+    there yet), then the plan's next steps (``queue.advance_plan``: the bundle apart, the batch walk, one knob at
+    a time); in a study from before it, the batch walk's next step. Then compile's next mode (``advance``) and a
+    re-run of a trial pruned far below its neighbours (``queue.requeue_far_pruned``). Returns the plan worked out
+    (None in a study without one). ``said``: the run's decisions logged so far, each said once."""
+    planned = None
+    if study.user_attrs.get(keys.PLAN):
+        if ceilings_here:
+            left = None if ctx.budget.deadline is None else ctx.budget.deadline - time.monotonic()
+            ceiling_runs.measure_if_wanted(study, ctx.space, runner=ctx.runner, workload=ctx.workload,
+                                           measure=ctx.measure, log_dir=ctx.artifacts_dir, log=ctx.log,
+                                           time_left_s=left, said=said)
+        planned = study_queue.advance_plan(study, ctx.space, storage=ctx.storage, limit=ctx.limit,
+                                           fingerprint=ctx.fingerprint, log=ctx.log, said=said)
+    else:
+        study_queue.advance_batch_walk(study, ctx.space, storage=ctx.storage, limit=ctx.limit, log=ctx.log)
+    advance(study, ctx.space, fingerprint=ctx.fingerprint, limit=ctx.limit, log=ctx.log)
+    study_queue.requeue_far_pruned(study, ctx.space, storage=ctx.storage, log=ctx.log)
+    return planned
+
+
+class PlanMemo:
+    """The planned search's state over one run: the decisions logged so far (``said``: each said once) and the plan
+    worked out for the study's trials as they stand (worked out again once a trial is added or changes state)."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+        self._plan: tuple | None = None  # (the study's trials' states, the plan worked out from them)
+
+    @staticmethod
+    def _states(study: Study) -> tuple:
+        return tuple((t.number, t.state.name) for t in study.get_trials(deepcopy=False))
+
+    def after_trial(self, ctx: SearchContext, study: Study, *, ceilings_here: bool) -> None:
+        """``after_trial`` (the module function), remembering the plan it worked out."""
+        planned = after_trial(ctx, study, said=self.said, ceilings_here=ceilings_here)
+        if planned is not None:
+            self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
+
+    def plan(self, study: Study, space: SearchSpace, *, limit: MemoryLimit, fingerprint: str) -> Plan | None:
+        """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
+        from autotune.search.plan.coordinate import plan
+        from autotune.search.record import ceilings
+
+        if not study.user_attrs.get(keys.PLAN):
+            return None
+        states = self._states(study)
+        if self._plan is None or self._plan[0] != states:
+            self._plan = (states, plan(space, study.get_trials(deepcopy=False), limit=limit, fingerprint=fingerprint,
+                                       feed=ceilings.feed(study, space)))
+        return self._plan[1]
+
+    def convergence(self, study: Study, space: SearchSpace, *, patience: int | None, run_length: RunLength,
+                    fingerprint: str, limit: MemoryLimit) -> Convergence:
+        """How far the sampler's search is from converging (``convergence``): its trials without a gain, against
+        a patience from the cost of a trial and the planned run; never converged while the plan is not done."""
+        plan = self.plan(study, space, limit=limit, fingerprint=fingerprint)
+        run_s = run_seconds(study, run_length=run_length, fingerprint=fingerprint, limit=limit)
+        return convergence(study, patience_k=patience, fingerprint=fingerprint, limit=limit, run_s=run_s,
+                           ready=plan is None or plan.done, run_label=run_length.label().split(" (")[0])
+
+
+def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], trials_left: int | None,
+                exhausted: int) -> str | None:
     """Why the eager search is over now, or None."""
     conv = ctx.convergence(study)
     if conv.converged:
@@ -74,24 +140,23 @@ def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], deadlin
         return None
     if trials_left is not None and trials_left <= 1:
         return "the budget's last trial is compile's"
-    if deadline is not None and walls:
-        left = fin.search_left_s(walls, deadline, budget_s, finalists=ctx.finalists, rounds=ctx.finalist_rounds,
-                                 check_s=ctx.numerics_check_s(study), measure=ctx.measure)  # as out_of_time's
+    if ctx.budget.deadline is not None and walls:
+        left = ctx.budget.search_left_s(walls, check_s=ctx.numerics_check_s(study))  # as out_of_time's
         expected, _ = ctx.compile_gate.expected_s(study.get_trials(deepcopy=False))
-        if expected <= left < expected + fin.long_trial_s(walls):
+        if expected <= left < expected + long_trial_s(walls):
             return f"the time left for the search ({left:.0f} s) is the compile trial's (~{expected:.0f} s)"
     return None
 
 
-def stop_reason(ctx: SearchContext, study: Study, *, walls: list[float], deadline: float | None = None,
-                budget_s: float | None = None, trials_left: int | None = None, exhausted: int = 0) -> str | None:
-    """Why the search stops before its next trial, or None to go on. ``exhausted``: how many proposals in a row
+def stop_reason(ctx: SearchContext, study: Study, *, walls: list[float], trials_left: int | None = None,
+                exhausted: int = 0) -> str | None:
+    """Why the search stops before its next trial, or None to go on, within ``ctx.budget``. ``exhausted``: how many
+    proposals in a row
     the study answered, once the backend takes that for an exhausted space (else 0). Settling the eager
     search queues compile on its best config (``compile_last.settle``), so the search goes on until that ran."""
     # --patience 0 reopens a study whose eager search converged earlier: search on until the budget ends it
     if study.user_attrs.get(keys.EAGER_SETTLED) is None or ctx.patience == 0:
-        why = _eager_over(ctx, study, walls=walls, deadline=deadline, budget_s=budget_s, trials_left=trials_left,
-                          exhausted=exhausted)
+        why = _eager_over(ctx, study, walls=walls, trials_left=trials_left, exhausted=exhausted)
         if why is None:
             return None
         compile_last.settle(study, ctx.space, why=why, blocked=ctx.compile_gate.reason(study),
@@ -102,7 +167,7 @@ def stop_reason(ctx: SearchContext, study: Study, *, walls: list[float], deadlin
     return compile_last.summary(study)
 
 
-def status_line(ctx: SearchContext, study: Study, deadline: float | None = None) -> str:
+def status_line(ctx: SearchContext, study: Study) -> str:
     """The progress bar's account of the phase: the planned search's step, the sampler's count towards
     converging, or compile last; and the time left."""
     if study.user_attrs.get(keys.EAGER_SETTLED) is not None:
@@ -112,6 +177,6 @@ def status_line(ctx: SearchContext, study: Study, deadline: float | None = None)
         conv = ctx.convergence(study)
         part = (f"planned: {plan.label()}" if plan is not None and not plan.done
                 else conv.progress() if conv.patience else "sampler")
-    if deadline is not None:
-        part += f", {max(0, deadline - time.monotonic()) / 60:.0f} min left"
+    if ctx.budget.deadline is not None:
+        part += f", {ctx.budget.left_s() / 60:.0f} min left"
     return part

@@ -23,7 +23,7 @@ from autotune.config import Workload
 from autotune.errors import ConfigError, StorageError
 from autotune.search.record.locks import MACHINE_LOCK_ENV, machine_lock
 
-__all__ = ["DEFAULT_STORAGE", "open_storage", "open_existing_storage", "check_storage", "sqlite_path",
+__all__ = ["DEFAULT_STORAGE", "open_storage", "open_study", "open_existing_storage", "check_storage", "sqlite_path",
            "study_name_for", "check_study_name", "folder_name", "artifacts_dir", "run_lock", "server_lock",
            "machine_lock", "MACHINE_LOCK_ENV"]
 
@@ -143,6 +143,37 @@ def open_storage(url: str | None = None, *, create_dirs: bool = True, existing: 
 
 # Optuna's own tables (optuna.storages._rdb.models; Alembic's stamp): a database without them holds no study
 _OPTUNA_TABLES = frozenset({"studies", "trials", "version_info", "alembic_version"})
+
+
+def open_study(storage_url: str, study_name: str, *, sampler, pruner, fingerprint: str, meta: dict[str, Any]):
+    """``(storage, study)``: the study ``study_name`` in ``storage_url``, created or loaded (maximizing samples/s,
+    its one metric named), checked to be this hardware's (``fingerprint``), its attributes ``meta`` (the workload,
+    the hardware, the space, the caps: ``trials.STUDY_*``) kept up to date. A study measured on other hardware
+    is a one-line ``StorageError``: one study holds the measurements of one kind of machine, and mixing them
+    would recommend one machine's best to another (several machines may share a storage, each its own study)."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+
+    # Optuna logs every failed trial with a traceback at WARNING; our progress line and `show` say it.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = open_storage(storage_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", pruner=pruner,
+                                    sampler=sampler, load_if_exists=True)
+        if study.metric_names != [keys.OBJECTIVE]:  # new studies, and those made before it was named
+            study.set_metric_names([keys.OBJECTIVE])
+    stored = study.user_attrs.get(keys.STUDY_FINGERPRINT)
+    if stored and stored != fingerprint:
+        raise StorageError(
+            f"study {study_name!r} was measured on other hardware (fingerprint {stored}: "
+            f"{study.user_attrs.get(keys.STUDY_HARDWARE)}); this machine is {fingerprint}: drop --study-name (the "
+            "default name includes the fingerprint, so each kind of machine gets its own study)")
+    for k, v in meta.items():
+        if study.user_attrs.get(k) != v:
+            study.set_user_attr(k, v)
+    return storage, study
 
 
 def _require_optuna_tables(url: str, db: Path | None) -> None:

@@ -31,7 +31,7 @@ class _AskTell(SearchBackend):
         super().__init__(address=address)
         self.seen_queued = None
 
-    def search(self, ctx, study, *, trials, deadline, budget_s) -> SearchOutcome:
+    def search(self, ctx, study, *, trials) -> SearchOutcome:
         self.seen_queued = sum(1 for t in study.trials if t.state.name == "WAITING")
         for _ in range(trials):
             trial = study.ask()

@@ -222,20 +222,22 @@ def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_rou
     that leaves no finalist round (2 x 11.5 s at least, for 14 s), so the finalists get it all: a provisional
     recommendation would confirm nothing anyway. With 120 s left the reserve is kept and two rounds of all three
     fit in the 74 s."""
+    from autotune.search.budget import Budget
     from autotune.search.choose import finalists as fin
-    from autotune.search.choose.confirm import expected_round_s, plan_finalists, reserve_s
+    from autotune.search.choose.confirm import expected_round_s, plan_finalists
 
     top = [_trial(1, TrialConfig(batch_size=32), 10.0), _trial(2, TrialConfig(batch_size=16), 10.0)]
     base = _trial(0, TrialConfig(), 10.0)
     spec = MeasureSpec(windows=3, window_s=0.5)
-    assert expected_round_s([top[0], base], fin.finalist_measure(spec)) == 23.0
-    assert reserve_s([10.0] * 3, measure=fin.finalist_measure(spec), budget_s=100.0) == 0.0  # not one round in 20 s
+    assert expected_round_s([top[0], base], Budget.of(None, measure=spec)) == 23.0
+    assert Budget.of(100.0, measure=spec).confirm_reserve_s([10.0] * 3) == 0.0  # not one round in 20 s
     said: list[str] = []
 
     def planned(left: float, base=base):
         now = time.monotonic()
-        end, chosen = plan_finalists(top, base, plan=fin.plan, deadline=now + left, checks_s=0.0, budget_s=300.0,
-                                     rounds=2, measure=spec, finalists=fin.finalist_measure(spec), log=said.append)
+        budget = Budget(started=now + left - 300.0, deadline=now + left, budget_s=300.0, measure=spec, finalists=2,
+                        rounds=2)
+        end, chosen = plan_finalists(top, base, plan=fin.plan, budget=budget, checks_s=0.0, log=said.append)
         return end - now, chosen
 
     left, chosen = planned(60.0)

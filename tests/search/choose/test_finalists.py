@@ -368,20 +368,22 @@ def _trial(number: int, batch_size: int, wall_s: float):
 def test_a_short_budget_buys_two_rounds_of_fewer_finalists_before_one_round_of_more():
     """Four candidates (three finalists and the baseline) at ~10 s a run: 45 s holds one round of all four
     (the old plan: four, once each) but two rounds only of two; 25 s holds no two rounds of anything."""
+    from autotune.search.budget import Budget
     from autotune.search.choose.finalists import plan
 
     top, base = [_trial(1, 64, 10.0), _trial(2, 32, 10.0), _trial(3, 16, 10.0)], _trial(0, 8, 10.0)
     measure = QUICK.replace(windows=1, window_s=0.001)  # next to no extra time for a finalist's longer windows
+    budget = Budget.of(None, measure=measure)
     said: list[str] = []
-    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=45.0, log=said.append)
+    cands, rounds = plan(top, base, budget=budget, rounds=2, left_s=45.0, log=said.append)
     assert [t.number for t in cands] == [1, 2] and rounds == 2  # the top two, twice (with the baseline: 60 s)
-    cands, rounds = plan(top, base, measure=measure, rounds=3, left_s=65.0, log=said.append)
+    cands, rounds = plan(top, base, budget=budget, rounds=3, left_s=65.0, log=said.append)
     assert [t.number for t in cands] == [1, 2, 0] and rounds == 2  # two rounds of three fit; three rounds of none
-    cands, rounds = plan(top, base, measure=measure, rounds=2, left_s=25.0, log=said.append)
+    cands, rounds = plan(top, base, budget=budget, rounds=2, left_s=25.0, log=said.append)
     assert [t.number for t in cands] == [1, 2] and rounds == 1
     assert "their search trials count as a second round" in said[-1]
-    assert plan(top, base, measure=measure, rounds=2, left_s=5.0, log=said.append) is None
-    assert plan(top, base, measure=measure, rounds=2, left_s=None, log=said.append) == (top + [base], 2)
+    assert plan(top, base, budget=budget, rounds=2, left_s=5.0, log=said.append) is None
+    assert plan(top, base, budget=budget, rounds=2, left_s=None, log=said.append) == (top + [base], 2)
 
 
 def test_one_finalist_round_pools_the_search_trials_and_says_so(tmp_path):

@@ -17,7 +17,7 @@ from optuna.trial import TrialState, create_trial
 
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
-from autotune.search.choose import finalists as fin
+from autotune.search.budget import Budget
 from autotune.search.plan import phases
 from autotune.search.plan.coordinate import candidates, complete, plan
 from autotune.machine.hardware import detect
@@ -251,16 +251,20 @@ def test_under_a_budget_the_search_settles_when_the_time_left_is_the_compile_tri
     tuner.run(trials=9)
     study, ctx = tuner.study(), tuner.search_context()
     assert ctx.plan(study).done and study.user_attrs.get("eager_settled") is None
-    walls, budget = [30.0] * len(study.trials), 3600.0
-    reserve = fin.search_reserve_s(walls, finalists=ctx.finalists, rounds=ctx.finalist_rounds, budget_s=budget,
-                                   measure=ctx.measure)
-    assert reserve > fin.reserve_s(walls, finalists=ctx.finalists, rounds=ctx.finalist_rounds, budget_s=budget) + 30
+    walls, budget_s = [30.0] * len(study.trials), 3600.0
+    budget = Budget.of(budget_s, measure=ctx.measure, finalists=ctx.finalists, rounds=ctx.finalist_rounds)
+    reserve = budget.search_reserve_s(walls)
+    assert reserve > budget.finalists_reserve_s(walls) + 30
     expected, _ = ctx.compile_gate.expected_s(study.trials)
 
     def stop(left_s: float):
-        deadline = time.monotonic() + reserve + left_s
-        ctx.compile_gate.start(deadline, budget, walls)
-        return phases.stop_reason(ctx, study, walls=walls, deadline=deadline, budget_s=budget)
+        now = time.monotonic()
+        deadline = now + reserve + left_s
+        run = dataclasses.replace(ctx, budget=Budget(started=deadline - budget_s, deadline=deadline, budget_s=budget_s,
+                                                     measure=ctx.measure, finalists=ctx.finalists,
+                                                     rounds=ctx.finalist_rounds))
+        run.compile_gate.start(run.budget, walls)
+        return phases.stop_reason(run, study, walls=walls)
 
     assert stop(expected + 40.0) is None and study.user_attrs.get("eager_settled") is None  # room for more trials
     assert stop(expected + 10.0) is None  # compile is queued, not run yet

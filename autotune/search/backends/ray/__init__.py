@@ -105,8 +105,7 @@ class RayBackend(SearchBackend):
             if started:
                 ray.shutdown()
 
-    def search(self, ctx: SearchContext, study: Study, *, trials: int | None, deadline: float | None,
-               budget_s: float | None) -> SearchOutcome:
+    def search(self, ctx: SearchContext, study: Study, *, trials: int | None) -> SearchOutcome:
         if not self._base:
             raise RuntimeError("RayBackend.search runs inside RayBackend.connect (Tuner.run enters it)")
         if trials == 0:
@@ -114,7 +113,7 @@ class RayBackend(SearchBackend):
         _, tune = import_ray()
         from ray.tune.search.optuna import OptunaSearch
 
-        search = make_search(OptunaSearch)(ctx, deadline=deadline, budget_s=budget_s)
+        search = make_search(OptunaSearch)(ctx)
         trainable = tune.with_resources(
             tune.with_parameters(make_trainable(tune), workload=ctx.workload.to_dict(),
                                  measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS"),

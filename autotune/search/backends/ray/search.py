@@ -41,10 +41,8 @@ class _SearchMixin:
     """OptunaSearch over the tuner's own study, recording trials as the local backend does: mixed into Ray's
     ``OptunaSearch`` by ``make_search`` (Ray is imported only when used), so ``super()`` is OptunaSearch."""
 
-    def __init__(self, ctx: SearchContext, *, deadline: float | None, budget_s: float | None) -> None:
+    def __init__(self, ctx: SearchContext) -> None:
         self.ctx = ctx
-        self.deadline = deadline
-        self.budget_s = budget_s
         self.walls: list[float] = []
         self.abort: str | None = None
         self.stop_reason = ""  # why a phase ended the search (``phases.stop_reason``)
@@ -59,7 +57,7 @@ class _SearchMixin:
         self._configs: dict[str, TrialConfig] = {}
         self._deferred: list[tuple[str, Any, int]] = []  # (Tune trial id, Optuna trial, twin's trial id)
         # the same sampler as the local loop's, holding compile back when the time left is short
-        ctx.compile_gate.start(deadline, budget_s, self.walls)
+        ctx.compile_gate.start(ctx.budget, self.walls)
         sampler = protocol.make_sampler(seed=ctx.seed, startup_trials=ctx.startup_trials, hold_back=ctx.compile_gate)
         super().__init__(space=self._define, metric=METRIC, mode="max", sampler=sampler,
                          study_name=ctx.study_name, storage=ctx.storage)
@@ -85,10 +83,9 @@ class _SearchMixin:
         import optuna
 
         self._resolve_deferred()
-        if self.abort is not None or self.ctx.out_of_time(self.walls, self.deadline, self.budget_s):
+        if self.abort is not None or self.ctx.out_of_time(self.walls):
             return self.FINISHED
-        why = phases.stop_reason(self.ctx, self._ot_study, walls=self.walls, deadline=self.deadline,
-                                 budget_s=self.budget_s)
+        why = phases.stop_reason(self.ctx, self._ot_study, walls=self.walls)
         if why is not None:  # the eager search settled and compile was tried last (``phases``)
             self.stop_reason = why
             return self.FINISHED

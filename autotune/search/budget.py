@@ -1,0 +1,168 @@
+"""A run's time budget as one frozen record: when it began, how long it is, and what each phase keeps back.
+
+``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
+must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
+of the budget), the confirmation's two rounds (within ``CONFIRM_SHARE``, else one, else none) and the winner's
+numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of what one more
+run of a measured config costs (``Budget.run_s``: its search trial's wall plus the finalists' longer windows), so
+the search's reserve, the finalists' plan and the confirmation's rounds agree on what a round takes.
+
+The tuner makes one ``Budget`` when a run starts and hands it to the plan (``plan.phases``, ``plan.compile_gate``),
+the backends (through ``SearchContext.budget``), the finalists and the confirmation (``choose``); none of them reads
+the tuner's state. It imports nothing else in ``search``: every room may read it.
+
+>>> from autotune.config import MeasureSpec
+>>> b = Budget.of(300.0, started=0.0, measure=MeasureSpec(windows=5, window_s=1.0), finalists=2, rounds=2)
+>>> b.deadline
+300.0
+>>> b.run_s(10.0)                    # a 10 s search trial, run again with windows twice as long
+15.0
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s runs: 150 s > 30%
+90.0
+>>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # 2 rounds of the winner and the baseline (2 x 25 s): 100 s > 20%
+50.0
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.config import MeasureSpec
+
+__all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "WINDOW_FACTOR",
+           "finalist_measure", "long_trial_s"]
+
+# The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
+FINALIST_SHARE = 0.30
+# The most of a --timeout budget the search leaves for the winner's numerics check (parity.check_seconds), on
+# top of the finalists' share: a check longer than that runs past the budget, and the log says so beforehand.
+NUMERICS_SHARE = 0.30
+# The most of a --timeout budget the search keeps back for the confirmation's rounds (``Budget.confirm_reserve_s``).
+CONFIRM_SHARE = 0.20
+# The confirmation's rounds a budget reserves when they fit its share: A B, B A (one round each way)
+CONFIRM_MIN_ROUNDS = 2
+# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
+WINDOW_FACTOR = 2
+
+
+def finalist_measure(search: MeasureSpec) -> MeasureSpec:
+    """How a finalist (and a confirmation run) is measured: as a search trial, with ``WINDOW_FACTOR`` times longer
+    windows."""
+    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+
+
+def long_trial_s(trial_walls: list[float]) -> float:
+    """A long trial of those so far: the nearest-rank 90th percentile of their walls (0 with none)."""
+    walls = sorted(trial_walls)
+    return walls[math.ceil(0.9 * len(walls)) - 1] if walls else 0.0
+
+
+def _typical(walls: list[float]) -> float:
+    """The median of the walls measured (upper median; 0 with none)."""
+    walls = sorted(w for w in walls if w)
+    return walls[len(walls) // 2] if walls else 0.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One run's time budget. ``started``: when it began (``time.monotonic()``: the CLI's start, so its workload
+    check counts); ``deadline``: when it ends (``time.monotonic()``), None for a run bounded by its trial count
+    alone; ``budget_s``: its whole length (``--timeout``), which the phases' shares are of (None: no shares, as for
+    ``Tuner.finalize`` given a deadline alone); ``measure``: the search trials' measurement (a round's cost is priced
+    from it; None: no confirmation reserve); ``finalists`` and ``rounds``: how many configs the finalists' rounds
+    compare and how many rounds they want. ``Budget.of(timeout_s)`` makes the usual one."""
+
+    started: float
+    deadline: float | None = None
+    budget_s: float | None = None
+    measure: MeasureSpec | None = None
+    finalists: int = 3
+    rounds: int = 2
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"Budget.budget_s={self.budget_s!r}: a time budget is a positive number of seconds "
+                             "(None: no time budget)")
+
+    @classmethod
+    def of(cls, timeout_s: float | None, *, started: float | None = None, measure: MeasureSpec | None = None,
+           finalists: int = 3, rounds: int = 2) -> Budget:
+        """A run of ``timeout_s`` seconds (None or 0: no time budget) from ``started`` (default now)."""
+        started = time.monotonic() if started is None else started
+        return cls(started=started, deadline=started + timeout_s if timeout_s else None, budget_s=timeout_s or None,
+                   measure=measure, finalists=finalists, rounds=rounds)
+
+    # --- the clock ---------------------------------------------------------------------------------------
+
+    def left_s(self) -> float:
+        """Seconds left (infinite without a budget; never below 0)."""
+        return math.inf if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def elapsed_s(self) -> float:
+        """Seconds since the run began."""
+        return time.monotonic() - self.started
+
+    # --- what one more run costs -----------------------------------------------------------------------
+    def run_s(self, wall: float) -> float:
+        """One more run of a config whose search trial took ``wall`` seconds, as the finalists and the confirmation
+        measure it: the same start-up and warm-up, windows ``WINDOW_FACTOR`` times as long. The one estimate that
+        prices the finalists' reserve and plan and the confirmation's rounds."""
+        extra = 0.0 if self.measure is None else self.measure.windows * self.measure.window_s * (WINDOW_FACTOR - 1)
+        return (wall or 0.0) + extra
+
+    def round_s(self, walls: list[float]) -> float:
+        """One round over configs whose search trials took ``walls``: a run of each (``run_s``)."""
+        return sum(self.run_s(w) for w in walls)
+
+    # --- what the phases after the search keep back -------------------------------------------------------
+    def finalists_reserve_s(self, walls: list[float]) -> float:
+        """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
+        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget (their plan then fits fewer)."""
+        if not walls or self.finalists <= 0:
+            return 0.0
+        full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
+        return min(full, FINALIST_SHARE * self.budget_s) if self.budget_s else full
+
+    def confirm_rounds_s(self, one_round_s: float) -> float:
+        """The confirmation's rounds of ``one_round_s`` each that fit ``CONFIRM_SHARE`` of the budget: two, or one
+        (the claim is then unconfirmed), or none (no round starts that would not fit); two without a budget."""
+        cap = CONFIRM_SHARE * self.budget_s if self.budget_s else math.inf
+        return next((n * one_round_s for n in (CONFIRM_MIN_ROUNDS, 1) if n * one_round_s <= cap), 0.0)
+
+    def confirm_reserve_s(self, walls: list[float]) -> float:
+        """The confirmation's rounds, each a run of the winner and of the baseline as long as the typical search
+        trial's (``run_s``), as many as ``confirm_rounds_s`` fits; 0 without a measure or a trial."""
+        if self.measure is None or not _typical(walls):
+            return 0.0
+        return self.confirm_rounds_s(2 * self.run_s(_typical(walls)))
+
+    def search_reserve_s(self, walls: list[float]) -> float:
+        """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's."""
+        return self.finalists_reserve_s(walls) + self.confirm_reserve_s(walls)
+
+    def check_share_s(self, check_s: float) -> float:
+        """The part of a numerics check expected to take ``check_s`` that the search keeps back: at most
+        ``NUMERICS_SHARE`` of the budget."""
+        return min(check_s, NUMERICS_SHARE * self.budget_s) if self.budget_s else check_s
+
+    def search_left_s(self, walls: list[float], *, check_s: float = 0.0) -> float:
+        """Seconds the search has left before the reserves (``search_reserve_s``) and the numerics check's
+        (``check_share_s``); infinite without a budget."""
+        if self.deadline is None:
+            return math.inf
+        return self.deadline - time.monotonic() - self.search_reserve_s(walls) - self.check_share_s(check_s)
+
+    def out_of_time(self, walls: list[float], *, check_s: float = 0.0) -> bool:
+        """True when the search must stop to leave the phases after it their reserve. A trial is never cut short,
+        so one more starts only if a long trial (``long_trial_s``: the 90th percentile of those so far, the
+        longest while there are fewer than ten) would still end before the reserve begins: a long trial started
+        late would otherwise eat the re-measurement that decides the recommendation. The percentile keeps one
+        outlier (a trial that ran into its time limit) from ending a long search early."""
+        if self.deadline is None:
+            return False
+        left = self.search_left_s(walls, check_s=check_s)
+        return left <= 0 or (bool(walls) and left < long_trial_s(walls))
