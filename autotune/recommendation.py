@@ -119,6 +119,9 @@ class Recommendation:
     # (``search.choose.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
     selection: dict | None = None
     confirmation: dict | None = None
+    # what the loader holds in flight in shared memory, whether it fits where it was tuned, and what more shared
+    # memory would let the search try (``search.record.loader_statement``); None in older exports
+    loader_memory: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -176,6 +179,7 @@ class Recommendation:
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
             "ceilings": self.ceilings,
+            "loader_memory": self.loader_memory,
             "selection": self.selection,
             "confirmation": self.confirmation,
             "parity": self.parity,
@@ -232,6 +236,7 @@ class Recommendation:
                 tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
+                loader_memory=d.get("loader_memory"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -308,10 +313,41 @@ class Recommendation:
 
         return accumulation_steps(self.global_batch, self.config.batch_size, world_size=self.world_size)
 
-    def dataloader_kwargs(self) -> dict[str, Any]:
+    def dataloader_kwargs(self, *, fit: bool = False) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size (the micro-batch with a global batch),
-        workers, prefetch, pinning."""
-        return self.config.dataloader_kwargs()
+        workers, prefetch, pinning.
+
+        The loader must fit the machine it is applied on: its ``workers x prefetch_factor + 1`` batches in flight
+        (x the ranks) within the free shared memory, the open-file limit and the pinned-memory share
+        (``machine.loader_memory``), read here and now. One that does not is refused with a one-line
+        ``ConfigError`` naming the options (more shared memory; ``fit=True``). ``fit=True`` gives the largest loader
+        that fits here instead (a smaller prefetch, then fewer workers), with a warning: it was not the one measured.
+        """
+        from autotune.machine.hardware import loader_limits_now
+        from autotune.machine.loader_memory import check_loader
+
+        c, kw, batch = self.config, self.config.dataloader_kwargs(), self._loader_batch()
+        if batch is None or not c.num_workers:  # nothing in shared memory, or nothing known of it: nothing to judge
+            return kw
+        fitted = check_loader(c.batch_size, c.num_workers, c.prefetch_factor, batch, limits=loader_limits_now(),
+                              pin_memory=c.pin_memory, ranks=self.world_size, fit=fit)
+        if fitted is None:
+            return kw
+        w, p = fitted
+        warnings.warn(f"dataloader_kwargs(fit=True): {w} worker(s) x prefetch_factor {p} instead of the measured "
+                      f"{self.config.num_workers} x {self.config.prefetch_factor or 2}, to fit this machine's "
+                      "shared memory", stacklevel=2)
+        return TrialConfig.from_dict({**self.config.to_dict(), "num_workers": w,
+                                      "prefetch_factor": p}).dataloader_kwargs()
+
+    def _loader_batch(self) -> tuple[float, int] | None:
+        """``(bytes, tensors)`` of one batch: measured (``loader_memory``), else the probe's estimate; None."""
+        lm = self.loader_memory or {}
+        if lm.get("batch_bytes"):
+            return float(lm["batch_bytes"]), int(lm.get("batch_tensors") or 1)
+        from autotune.workloads.probe import footprint_at
+
+        return footprint_at(self.workload.data, self.config.batch_size)
 
     @contextlib.contextmanager
     def apply(self) -> Iterator["Applied"]:
@@ -468,6 +504,8 @@ class Recommendation:
             wc = self.worst_case
             peak = f": peak {format_mb(wc['peak_host_mb'])}" if wc.get("peak_host_mb") else ""
             lines.append(f"  worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
+        if self.loader_memory and self.loader_memory.get("line"):
+            lines.append(f"  {self.loader_memory['line']}")
         lines += [f"  {line}" for line in ceiling_lines(self.ceilings)]
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"

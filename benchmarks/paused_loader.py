@@ -63,7 +63,6 @@ class Photos:
 def workload(image_size: int = 224):
     """The same data as a ``module:callable`` for ``autotune run``: a model of a few hundred parameters (the data path
     binds), the photos, cross-entropy."""
-    import torch
     from torch import nn
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -116,13 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--prefetch-factor", type=int, default=2)
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batches", type=int, default=6, help="batches the loop trains on (default: %(default)s)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="batches the loop trains on (default: past the pause, every batch the loader held in flight "
+                        "and two more, so a worker that failed while the loop paused is seen)")
     p.add_argument("--pause-after", type=int, default=2, help="pause after this many batches (default: %(default)s)")
     p.add_argument("--pause", type=float, default=8.0, help="seconds the loop pauses (default: %(default)s)")
     args = p.parse_args(argv)
     import torch
 
     kw = _loader_kwargs(args)
+    if args.batches is None:
+        args.batches = args.pause_after + kw["num_workers"] * (kw.get("prefetch_factor") or 2) + 3
     model, data, loss_fn = workload(args.image_size)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(data, shuffle=True, drop_last=True, **kw)
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         watch.stop.set()
-    print(f"SURVIVED: {done} batches, the pause included; the loader's /dev/shm peak {watch.peak:.1f} MiB", flush=True)
+    print(f"SURVIVED: {done} batches, the pause and every batch queued during it included; the loader's /dev/shm peak "
+          f"{watch.peak:.1f} MiB", flush=True)
     return 0
 
 

@@ -22,7 +22,8 @@ from autotune.machine.loader_memory import detect_limits
 from autotune.machine.malloc import thp_mode
 from autotune.machine.versions import package_version, torch_build
 
-__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb", "torch_facts", "remember_torch_facts"]
+__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb", "torch_facts", "remember_torch_facts",
+           "loader_limits_now"]
 
 # torch_facts() as a child of this process answered them (the check child): detect() then need not import torch
 _TORCH_FACTS: dict[str, str | None] = {}
@@ -354,6 +355,18 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         python_headers=python_headers(),
         loader_memory=detect_limits(ram_available_bytes=int(avail_mb * 2**20), sharing_strategy=strategy).to_dict(),
     )
+
+
+def loader_limits_now():
+    """This machine's loader limits (``machine.loader_memory.LoaderLimits``) as a training process meets them now:
+    the memory available (cgroup aware) and, where this process imported torch, the sharing strategy it set."""
+    hw = detect(with_torch=False)
+    strategy = None
+    if "torch" in sys.modules:
+        import torch
+
+        strategy = torch.multiprocessing.get_sharing_strategy()
+    return detect_limits(ram_available_bytes=int(hw.ram_available_mb * 2**20), sharing_strategy=strategy)
 
 
 def python_headers() -> bool:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 __all__ = ["SHM_PATH", "MARGIN", "FD_RESERVE", "LOADER_RAM_SHARE", "DEFAULT_PREFETCH", "in_flight_batches",
            "in_flight_bytes", "fits_shared_memory", "largest_loader", "LoaderLimits", "detect_limits",
-           "failure_kind", "shm_size_flag", "format_bytes"]
+           "failure_kind", "shm_size_flag", "format_bytes", "check_loader"]
 
 SHM_PATH = "/dev/shm"
 # The share of the free shared memory a loader leaves to everything else there: other processes' segments, NCCL's
@@ -171,6 +171,23 @@ class LoaderLimits:
                        f"{format_bytes(self.ram_available_bytes)} available")
         return out
 
+    def fixes(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
+              pin_memory: bool = False, ranks: int = 1) -> list[str]:
+        """What would let the loader fit, one option per limit it overruns (``problems``), never applied here."""
+        out = []
+        need = in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks)
+        budget = self.shm_budget_bytes
+        if need and budget is not None and need > budget:
+            out.append(f"docker run {shm_size_flag(need)} (a /dev/shm of that size)"
+                       if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
+        fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
+        if num_workers and self.fd_budget is not None and fds > self.fd_budget:
+            out.append(f"ulimit -n {fds + FD_RESERVE}, or torch.multiprocessing.set_sharing_strategy(\"file_system\")")
+        pinned = batch_bytes * max(1, in_flight_batches(num_workers, prefetch_factor)) * max(1, ranks)
+        if pin_memory and self.pinned_budget_bytes is not None and pinned > self.pinned_budget_bytes:
+            out.append("pin_memory=False, or more host memory")
+        return out
+
     def largest(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
                 pin_memory: bool = False, ranks: int = 1) -> tuple[int, int | None]:
         """The largest loader (``largest_loader``'s order: prefetch first, then workers) with no ``problems``."""
@@ -272,3 +289,30 @@ def failure_kind(exc: BaseException | str) -> str | None:
     if any(t in text for t in _FD_TEXTS):
         return "fds"
     return None
+
+
+def check_loader(batch_size: int, num_workers: int, prefetch_factor: int | None, batch: tuple[float, int] | None, *,
+                 limits: LoaderLimits, pin_memory: bool = False, ranks: int = 1,
+                 fit: bool = False) -> tuple[int, int | None] | None:
+    """Refuse, in one line (``ConfigError``), a loader whose batches in flight overrun ``limits`` (the machine's it
+    is applied on: ``hardware.loader_limits_now``); with ``fit``, return the largest loader that fits instead. None:
+    it fits as it is (or its batch, ``(bytes, tensors)``, is unknown: nothing is assumed)."""
+    from autotune.errors import ConfigError
+
+    if batch is None or num_workers <= 0:
+        return None
+    size, tensors = batch
+    problems = limits.problems(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
+    if not problems:
+        return None
+    w, p = limits.largest(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
+    if fit:
+        return w, p
+    fixes = limits.fixes(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
+    here = f"{w} worker(s) x prefetch_factor {p}" if w else "0 workers"
+    raise ConfigError(
+        f"the recommended loader (batch {batch_size}, {num_workers} worker(s) x prefetch_factor "
+        f"{prefetch_factor or DEFAULT_PREFETCH}, {num_workers * (prefetch_factor or DEFAULT_PREFETCH) + 1} batches of "
+        f"{format_bytes(size)} in flight{f' in each of {ranks} ranks' if ranks > 1 else ''}) does not fit this "
+        f"machine: it {'; '.join(problems)}; give it {' or '.join(fixes)}, or take dataloader_kwargs(fit=True) for "
+        f"the largest loader that fits here ({here})")

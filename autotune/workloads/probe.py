@@ -32,7 +32,8 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 
-__all__ = ["PROBE_ITEMS", "probe", "describe_batch", "batch_footprint", "footprint_at", "item_length", "lengths_of", "length_sampler", "check_knobs",
+__all__ = ["PROBE_ITEMS", "probe", "describe_batch", "batch_footprint", "footprint_at", "item_length", "lengths_of",
+           "length_sampler", "check_knobs",
            "searches_channels_last", "searches_bucketing"]
 
 PROBE_ITEMS = 4  # enough for a padding collate to show its variable lengths; cheap for any dataset

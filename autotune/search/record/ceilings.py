@@ -394,8 +394,12 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
 
 
 def recorded(study: Study, rec: Any) -> Any:
-    """``rec`` (a Recommendation) with the study's ceilings, the verdict on its config and the levers (None
-    without ceilings: returned as is)."""
+    """``rec`` (a Recommendation) with what the study knows of its data path: the loader's memory
+    (``loader_statement``: what it holds in flight, whether it fits, what more would buy) and the study's ceilings,
+    the verdict on its config and the levers (without ceilings, those are left out)."""
+    from autotune.search.record.loader_statement import recorded as with_loader_memory
+
+    rec = with_loader_memory(study, rec)
     c = load(study)
     if c is None:
         return rec
