@@ -178,11 +178,13 @@ class LoaderLimits:
         need = in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks)
         budget = self.shm_budget_bytes
         if need and budget is not None and need > budget:
-            out.append(f"docker run {shm_size_flag(need)} (a /dev/shm of that size)"
+            flag = shm_size_flag(need)
+            out.append(f"a /dev/shm of {flag.split('=')[1].upper()}iB (docker run {flag})"
                        if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
         fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
         if num_workers and self.fd_budget is not None and fds > self.fd_budget:
-            out.append(f"ulimit -n {fds + FD_RESERVE}, or torch.multiprocessing.set_sharing_strategy(\"file_system\")")
+            out.append(f"an open-file limit of {fds + FD_RESERVE} (ulimit -n {fds + FD_RESERVE}) or "
+                       "torch.multiprocessing.set_sharing_strategy(\"file_system\")")
         pinned = batch_bytes * max(1, in_flight_batches(num_workers, prefetch_factor)) * max(1, ranks)
         if pin_memory and self.pinned_budget_bytes is not None and pinned > self.pinned_budget_bytes:
             out.append("pin_memory=False, or more host memory")

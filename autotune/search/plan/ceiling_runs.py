@@ -97,7 +97,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     world = workload.nproc_per_node
     ranks = f" per rank, in {world} DDP ranks at once as the trials run" if world > 1 else ""
     log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
-        (f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})" if offered
+        + (f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})" if offered
            else "no data path: no worker count fits the loader's memory"))
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
     run = _point_runner(runner, workload, spec, log_dir, space)

@@ -108,8 +108,10 @@ def recorded(study: Study, rec: Any) -> Any:
     batch: tuple[float, int] | None = None
     if ua.get(keys.BATCH_BYTES) and (ua.get(keys.CONFIG) or {}).get("batch_size") == config.batch_size:
         batch, measured = (float(ua[keys.BATCH_BYTES]), int(ua.get(keys.BATCH_TENSORS) or 1)), True
-    else:
-        batch, measured = footprint_at(rec.workload.data, config.batch_size), False
+    else:  # the probe's estimate (a workload the tuner was given unchecked was probed for its space)
+        from autotune.workloads.build import profile
+
+        batch, measured = footprint_at(profile(rec.workload), config.batch_size), False
     space = study.user_attrs.get(keys.STUDY_SPACE) or {}
     stored = (space.get("loader_memory") or {}).get("limits")
     limits = LoaderLimits.from_dict(stored) if stored else detect_limits()
