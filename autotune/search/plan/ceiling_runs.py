@@ -76,9 +76,9 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     model_config = {**keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict(),  # its loader plays no part
                     "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
     data_config = loader_config(keys.config_of(base).to_dict(), space)
-    offered = _within_loader_memory(space, data_config,
-                                    offered_workers(next(p.choices for p in space.params if p.name == "num_workers")),
-                                    log)
+    offered, cut = _within_loader_memory(space, data_config,
+                                         offered_workers(next(p.choices for p in space.params
+                                                              if p.name == "num_workers")))
     if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial
         walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
         cost = 4 * min(walls, default=0.0)
@@ -102,7 +102,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
     run = _point_runner(runner, workload, spec, log_dir, space)
     c = climb(model_config, data_config, offered, run, log=log, why=why)
-    c = dataclasses.replace(c, world_size=world, device=workload.device_family)
+    c = dataclasses.replace(c, world_size=world, device=workload.device_family, notes=c.notes + ((cut,) if cut else ()))
     store(study, c)
     for line in c.notes:
         log(f"ceiling: {line}")
@@ -113,20 +113,19 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     return c
 
 
-def _within_loader_memory(space: Any, data_config: dict[str, Any], offered: list[int],
-                          log: Callable[[str], None]) -> list[int]:
+def _within_loader_memory(space: Any, data_config: dict[str, Any], offered: list[int]) -> tuple[list[int], str]:
     """The worker counts the climb may measure: those whose loader, at the data config's batch, fits the machine's
-    shared memory (``search.space.loader_fit``; the prefetch lowered as the trials' would be); the climb stops at
-    the most that fit, said once."""
+    shared memory (``search.space.loader_fit``; the prefetch lowered as the trials' would be), and the ceilings' note
+    when that stops the climb below the most offered ("" when it does not)."""
     fit = getattr(space, "loader", None)
     if fit is None or not offered:
-        return offered
+        return offered, ""
     most = fit.most_workers(data_config, offered)
-    if most < offered[-1]:
-        log(f"ceiling: the data path's climb stops at {most} worker(s): more, at batch "
-            f"{data_config.get('batch_size')}, would not fit the machine's loader memory while the training loop "
-            "pauses (see the space's note: loader memory)")
-    return [w for w in offered if w <= most]
+    if most >= offered[-1]:
+        return offered, ""
+    return [w for w in offered if w <= most], (
+        f"the data path's climb stops at {most} worker(s): more, at batch {data_config.get('batch_size')}, would not "
+        "fit the machine's loader memory while the training loop pauses (the space's note: loader memory)")
 
 
 def loader_config(config: dict[str, Any], space: Any) -> dict[str, Any]:

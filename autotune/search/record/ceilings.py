@@ -223,8 +223,9 @@ class Ceilings:
         return head + "; ".join(parts) + f": {which_word}"
 
     def levers(self) -> list[str]:
-        """The levers beyond the knobs, when no worker count measured could feed the model (else none)."""
-        if self.model_rate <= 0 or self.feeds():
+        """The levers beyond the knobs, when no worker count measured could feed the model (else none; none either
+        when the data path never ran, e.g. no worker count fitted the loader's memory)."""
+        if self.model_rate <= 0 or self.feeds() or not self.data:  # fed, or the data path never ran: nothing to say
             return []
         best = self.best_data()
         short = f"{best.samples_per_s / self.model_rate:.0%} of the model's rate" if best is not None else "no rate"
