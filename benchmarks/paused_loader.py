@@ -147,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             if done >= args.batches:
                 break
     except Exception as exc:  # noqa: BLE001 - the loader's death is the result, said in one line
-        first = [ln for ln in str(exc).splitlines() if ln.strip()]
-        print(f"DIED after {done} batch(es), /dev/shm peak {watch.peak:.1f} MiB: {type(exc).__name__}: "
-              f"{first[-1] if first else ''}", flush=True)
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        last = lines[-1] if lines else ""  # a worker's error comes wrapped; its own line is the last
+        said = last if last.startswith(f"{type(exc).__name__}:") else f"{type(exc).__name__}: {last}"
+        print(f"DIED after {done} batch(es), /dev/shm peak {watch.peak:.1f} MiB: {said}", flush=True)
         return 1
     finally:
         watch.stop.set()

@@ -179,7 +179,7 @@ class LoaderLimits:
         budget = self.shm_budget_bytes
         if need and budget is not None and need > budget:
             flag = shm_size_flag(need)
-            out.append(f"a /dev/shm of {flag.split('=')[1].upper()}iB (docker run {flag})"
+            out.append(f"a /dev/shm of {flag.split('=')[1][:-1]} GiB (docker run {flag})"
                        if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
         fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
         if num_workers and self.fd_budget is not None and fds > self.fd_budget:

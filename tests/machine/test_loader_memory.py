@@ -82,7 +82,7 @@ def test_problems_name_each_limit_overrun_and_the_option_for_it():
     assert [p.split(" ")[0] for p in problems] == ["needs", "holds", "pins"], problems
     assert "over the 57.6 MiB /dev/shm leaves (64.0 MiB free, less 10%)" in problems[0]
     fixes = lim.fixes(BATCH64, 8, 2, 4, pin_memory=True)
-    assert fixes[0] == "a /dev/shm of 1GiB (docker run --shm-size=1g)"
+    assert fixes[0] == "a /dev/shm of 1 GiB (docker run --shm-size=1g)"
     assert fixes[1] == 'an open-file limit of 328 (ulimit -n 328) or torch.multiprocessing.set_sharing_strategy(' \
                        '"file_system")'
     assert fixes[2] == "pin_memory=False, or more host memory"

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.machine.loader_memory import LoaderLimits, format_bytes, in_flight_bytes
+from autotune.machine.loader_memory import LoaderLimits, format_bytes
 from autotune.workloads.probe import footprint_at
 
 __all__ = ["LoaderFit", "fit_loader_memory", "offered_most"]
@@ -53,10 +53,6 @@ class LoaderFit:
         ``clamp`` would); 0 when none does."""
         return max((w for w in offered if self.clamp({**values, "num_workers": w})["num_workers"] == w), default=0)
 
-    def need_bytes(self, batch_size: int, workers: int, prefetch: int | None) -> float | None:
-        fp = self.batch(batch_size)
-        return None if fp is None else in_flight_bytes(fp[0], workers, prefetch, self.ranks)
-
     def to_dict(self) -> dict[str, Any]:
         return {"limits": self.limits.to_dict(), "ranks": self.ranks}
 
@@ -74,6 +70,8 @@ def _clamped_line(fit: LoaderFit, space: Any) -> str | None:
     batches = sorted({c for p in space.params if p.name == "batch_size" for c in p.choices}
                      or {space.fixed.get("batch_size") or space.baseline.get("batch_size") or 64})
     workers, prefetch = offered_most(space, "num_workers"), offered_most(space, "prefetch_factor", 2) or None
+    if not space.oversubscribe:  # as effective() clamps them first
+        workers = min(workers, space.rank_cores)
     pin = any(p.name == "pin_memory" and True in p.choices for p in space.params) or bool(space.fixed.get("pin_memory"))
     shrunk = []
     for b in batches:

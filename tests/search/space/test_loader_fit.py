@@ -94,7 +94,7 @@ def test_configs_over_the_shared_memory_run_with_a_smaller_prefetch_then_fewer_w
     assert "at batch 64 with 8 workers x prefetch 4 a loader needs ~6.2 MiB of shared memory in flight, over the " \
            "0.9 MiB /dev/shm leaves (1.0 MiB free, less 10%)" in note, note
     assert "(batch 32: 8 worker(s) x prefetch 1; batch 64: 3 worker(s) x prefetch 1)" in note
-    assert note.endswith("to search them all: a /dev/shm of 1GiB (docker run --shm-size=1g)")
+    assert note.endswith("to search them all: a /dev/shm of 1 GiB (docker run --shm-size=1g)")
     assert space.to_dict()["loader_memory"]["limits"]["shm_free_bytes"] == MiB
 
 
@@ -136,8 +136,8 @@ def test_the_search_never_runs_a_loader_over_the_shared_memory_and_says_what_mor
     if rec.config.num_workers:
         assert "fits /dev/shm (1.0 MiB free, 0.9 MiB less 10%)" in lm["line"]
     if lm["limited"]:
-        assert lm["options"] == ["a /dev/shm of 1GiB (docker run --shm-size=1g)"]
-        assert "with a /dev/shm of 1GiB (docker run --shm-size=1g) it could try them" in lm["line"]
+        assert lm["options"] == ["a /dev/shm of 1 GiB (docker run --shm-size=1g)"]
+        assert "with a /dev/shm of 1 GiB (docker run --shm-size=1g) it could try them" in lm["line"]
     back = Recommendation.from_dict(yaml.safe_load(rec.to_yaml()))
     assert back.loader_memory == lm
     assert back.dataloader_kwargs() == rec.config.dataloader_kwargs()  # this machine's /dev/shm holds it
@@ -153,11 +153,11 @@ def test_a_statement_of_a_loader_that_no_longer_fits_says_so():
     assert s["line"].startswith("loader memory: 2 worker(s) x prefetch_factor 2 + 1 = 5 batches of 36.8 MiB, "
                                 "184 MiB in flight when the loop pauses: does NOT fit /dev/shm")
     zero = statement(TrialConfig(batch_size=64), (38_535_168, 2), measured=True, limits=lim, offered=(2, 4))
-    assert zero["fits"] and zero["limited"] and zero["options"] == ["a /dev/shm of 1GiB (docker run "
+    assert zero["fits"] and zero["limited"] and zero["options"] == ["a /dev/shm of 1 GiB (docker run "
                                                                     "--shm-size=1g)"]
     assert zero["line"] == ("loader memory: no workers, so nothing in shared memory (the training process loads); "
                             "the machine's limits held the search to this at batch 64 (the space offers 2 worker(s) "
-                            "x prefetch_factor 4): with a /dev/shm of 1GiB (docker run --shm-size=1g) it could "
+                            "x prefetch_factor 4): with a /dev/shm of 1 GiB (docker run --shm-size=1g) it could "
                             "try them")
     assert statement(c, None, measured=False, limits=lim) is None
 
