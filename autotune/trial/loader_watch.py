@@ -35,11 +35,23 @@ class LoaderMemoryFailure(Exception):
 class LoaderWatch:
     """The trial's loader (``config``: its workers, prefetch and batch; ``ranks``: loaders on this host at once)."""
 
-    def __init__(self, config: Any, data: dict | None, *, ranks: int = 1) -> None:
-        self.config, self.ranks = config, ranks
+    def __init__(self, config: Any, data: dict | None, *, ranks: int = 1, built: Any = None) -> None:
+        self.config, self.ranks, self.built = config, ranks, built
         self.limits = detect_limits()  # before the loader fills it: what was free for it
         self.estimate = footprint_at(data, config.batch_size)  # the probe's, until a batch is seen
         self.first: tuple[int, int] | None = None
+
+    def _batch(self) -> tuple[float, int] | None:
+        """The first batch's footprint, else the probe's estimate; a workload run unchecked (the Python API) is probed
+        now, on its first items (``workloads.probe``), so that the message can say what the loader needed."""
+        if self.first or self.estimate or self.built is None:
+            return self.first or self.estimate
+        from autotune.workloads.probe import probe
+
+        try:
+            return footprint_at(probe(self.built), self.config.batch_size)
+        except Exception:  # noqa: BLE001 - the message can do without it; the failure must not be masked
+            return None
 
     def seen(self, batch: Any) -> None:
         """Keep the footprint of the first batch (later ones cost nothing)."""
@@ -62,7 +74,7 @@ class LoaderWatch:
     def message(self, kind: str, exc: BaseException) -> str:
         """The one line: what ran out, the limit, what this loader holds in flight, the workload's own message."""
         w, p = self.config.num_workers, self.config.prefetch_factor
-        size, tensors = self.first or self.estimate or (None, None)
+        size, tensors = self._batch() or (None, None)
         n = in_flight_batches(w, p)
         shape = f"{w} worker(s) x prefetch_factor {p or 2} + 1 batches" + (f" of {format_bytes(size)}" if size else "")
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]

@@ -178,7 +178,7 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     from autotune.trial.parts import tree_cpu_s
 
     # the first batch's bytes; a loader out of shared memory or descriptors is named (trial.loader_watch)
-    with LoaderWatch(config, workload.data, ranks=workload.nproc_per_node) as watch:
+    with LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built) as watch:
         stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp, watch=watch)
         if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
             if ranks.rank != 0:

@@ -64,3 +64,15 @@ def test_a_run_under_a_64_mib_dev_shm_recommends_a_loader_that_survives_a_paused
     if config["num_workers"]:
         assert "fits /dev/shm (64.0 MiB free, 57.6 MiB less 10%)" in line, line
     assert "SURVIVED" in out.stdout.splitlines()[-1], out.stdout[-2000:]
+
+
+def test_the_cli_trial_of_the_issues_loader_under_64_mib_ends_shm_and_exits_1():
+    """`autotune trial` of the issue's loader (2 workers x prefetch 2, batch 64 at 224 px) under a real 64 MiB
+    /dev/shm: status shm with its one line, exit code 1 (a measured trial that failed, not a usage error)."""
+    out = under_small_shm(f"{sys.executable} -m autotune.cli trial --model tests.heavy_data_workloads:big_batches "
+                          "--image-size 224 --batch-size 64 --num-workers 2 --prefetch-factor 2 --windows 2 "
+                          "--window-seconds 0.3 --trial-timeout 120s")
+    status = next((ln for ln in out.stdout.splitlines() if ln.startswith("status")), "")
+    assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-2000:])
+    assert status.startswith("status        shm  (DataLoader worker ran out of shared memory (/dev/shm 64.0 MiB "
+                             "free; this loader needs ~184 MiB in flight"), status

@@ -85,15 +85,32 @@ def test_a_trial_measures_its_first_batch_as_the_worker_shares_it(with_workers):
     assert "first batch   192 MiB" not in r.describe() and "in 2 tensor(s)" in r.describe()
 
 
+# the trial as `autotune trial` runs it, without the CLI's workload check (its child costs seconds): the slow test in
+# tests/search/test_loader_memory_run.py goes through the CLI, whose exit code is 1 for it (a measured failure)
+_TRIAL = f"""
+import json
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig
+from autotune.trial.runner import run_trial
+r = run_trial(Workload(model="{BIG}", image_size=224),
+              TrialConfig(batch_size=64, num_workers=2, prefetch_factor=2, persistent_workers=True),
+              MeasureSpec(windows=2, window_s=0.3, timeout_s=120))
+print(json.dumps([r.status, r.reason]))
+"""
+
+
 def test_a_loader_out_of_shared_memory_is_named_with_its_own_message():
     """The issue's loader (2 workers, prefetch 2, batch 64 at 224 px: 38.5 MB a batch) in a real trial under a real
     64 MiB /dev/shm: its workers cannot hand over two batches at once. The trial ends ``shm``, its one line saying
-    what ran out, how much the loader needs and torch's own message; the CLI exits 1 (a measured failure)."""
-    out = under_small_shm(f"{sys.executable} -m autotune.cli trial --model {BIG} --image-size 224 --batch-size 64 "
-                          "--num-workers 2 --prefetch-factor 2 --windows 2 --window-seconds 0.3 --trial-timeout 120s")
-    status = next((ln for ln in out.stdout.splitlines() if ln.startswith("status")), "")
-    assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-2000:])
-    assert status.startswith("status        shm  (DataLoader worker ran out of shared memory (/dev/shm 64.0 MiB "
-                             "free; this loader needs ~184 MiB in flight: 2 worker(s) x prefetch_factor 2 + 1 "
-                             "batches of 36.8 MiB): RuntimeError: "), status
-    assert "No space left on device" in status and "RuntimeError: RuntimeError" not in status
+    what ran out, how much the loader needs (the probe's estimate: it died before its first batch) and torch's own
+    message."""
+    import json
+
+    out = under_small_shm(f"{sys.executable} -c '{_TRIAL}'")
+    assert out.returncode == 0, out.stderr[-2000:]
+    status, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert status == "shm", reason
+    assert reason.startswith("DataLoader worker ran out of shared memory (/dev/shm 64.0 MiB free; this loader needs "
+                             "~184 MiB in flight: 2 worker(s) x prefetch_factor 2 + 1 batches of 36.8 MiB): "
+                             "RuntimeError: "), reason
+    assert "No space left on device" in reason and "RuntimeError: RuntimeError" not in reason

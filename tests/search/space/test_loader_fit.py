@@ -100,7 +100,7 @@ def test_configs_over_the_shared_memory_run_with_a_smaller_prefetch_then_fewer_w
 
 def test_ranks_on_one_host_share_its_shared_memory():
     hw = _hw(1.0)
-    two = space_for(dataclasses.replace(TINY, nproc_per_node=2), hw, space=_space(hw))
+    two = space_for(dataclasses.replace(TINY, nproc_per_node=2, data=profile(TINY)), hw, space=_space(hw))
     # each of the 2 ranks' loaders holds its batches: 2 x (w x 1 + 1) x 197 kB within 0.9 MiB -> 1 worker a rank
     assert two.effective({"batch_size": 64, "num_workers": 4, "prefetch_factor": 4}).num_workers == 1
 
@@ -123,7 +123,7 @@ def test_the_search_never_runs_a_loader_over_the_shared_memory_and_says_what_mor
     tuner = Tuner(TINY, space=_space(hw), hardware=hw, measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db",
                   progress=False, runner=runner, parity_steps=0, seed=0, finalists=2, finalist_rounds=1,
                   log=logs.append)
-    rec = tuner.run(trials=6)
+    rec = tuner.run(trials=4)
     budget = hw.loader_limits.shm_budget_bytes
     assert all(in_flight_bytes(_batch(c.batch_size), c.num_workers, c.prefetch_factor) <= budget
                for _, c in runner.calls)
