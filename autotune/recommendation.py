@@ -35,6 +35,8 @@ from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.provenance import versions_of
 from autotune.search.record import trials as keys
+from autotune.search.record.ceilings import ceiling_lines
+from autotune.search.record.loader_statement import loader_line
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -119,9 +121,7 @@ class Recommendation:
     # (``search.choose.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
     selection: dict | None = None
     confirmation: dict | None = None
-    # what the loader holds in flight in shared memory, whether it fits where it was tuned, and what more shared
-    # memory would let the search try (``search.record.loader_statement``); None in older exports
-    loader_memory: dict | None = None
+    loader_memory: dict | None = None  # its loader's batches in flight (search.record.loader_statement)
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -315,39 +315,11 @@ class Recommendation:
 
     def dataloader_kwargs(self, *, fit: bool = False) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size (the micro-batch with a global batch),
-        workers, prefetch, pinning.
+        workers, prefetch, pinning; refused in one line where its batches in flight do not fit this machine, or with
+        ``fit=True`` the largest loader that fits here (``search.record.loader_statement.applied_kwargs``)."""
+        from autotune.search.record.loader_statement import applied_kwargs
 
-        The loader must fit the machine it is applied on: its ``workers x prefetch_factor + 1`` batches in flight
-        (x the ranks) within the free shared memory, the open-file limit and the pinned-memory share
-        (``machine.loader_memory``), read here and now. One that does not is refused with a one-line
-        ``ConfigError`` naming the options (more shared memory; ``fit=True``). ``fit=True`` gives the largest loader
-        that fits here instead (a smaller prefetch, then fewer workers), with a warning: it was not the one measured.
-        """
-        from autotune.machine.hardware import loader_limits_now
-        from autotune.machine.loader_memory import check_loader
-
-        c, kw, batch = self.config, self.config.dataloader_kwargs(), self._loader_batch()
-        if batch is None or not c.num_workers:  # nothing in shared memory, or nothing known of it: nothing to judge
-            return kw
-        fitted = check_loader(c.batch_size, c.num_workers, c.prefetch_factor, batch, limits=loader_limits_now(),
-                              pin_memory=c.pin_memory, ranks=self.world_size, fit=fit)
-        if fitted is None:
-            return kw
-        w, p = fitted
-        warnings.warn(f"dataloader_kwargs(fit=True): {w} worker(s) x prefetch_factor {p} instead of the measured "
-                      f"{self.config.num_workers} x {self.config.prefetch_factor or 2}, to fit this machine's "
-                      "shared memory", stacklevel=2)
-        return TrialConfig.from_dict({**self.config.to_dict(), "num_workers": w,
-                                      "prefetch_factor": p}).dataloader_kwargs()
-
-    def _loader_batch(self) -> tuple[float, int] | None:
-        """``(bytes, tensors)`` of one batch: measured (``loader_memory``), else the probe's estimate; None."""
-        lm = self.loader_memory or {}
-        if lm.get("batch_bytes"):
-            return float(lm["batch_bytes"]), int(lm.get("batch_tensors") or 1)
-        from autotune.workloads.probe import footprint_at
-
-        return footprint_at(self.workload.data, self.config.batch_size)
+        return applied_kwargs(self, fit=fit)
 
     @contextlib.contextmanager
     def apply(self) -> Iterator["Applied"]:
@@ -504,22 +476,12 @@ class Recommendation:
             wc = self.worst_case
             peak = f": peak {format_mb(wc['peak_host_mb'])}" if wc.get("peak_host_mb") else ""
             lines.append(f"  worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
-        if self.loader_memory and self.loader_memory.get("line"):
-            lines.append(f"  {self.loader_memory['line']}")
-        lines += [f"  {line}" for line in ceiling_lines(self.ceilings)]
+        lines += [f"  {line}" for line in loader_line(self.loader_memory) + ceiling_lines(self.ceilings)]
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def ceiling_lines(ceilings: dict | None) -> list[str]:
-    """What a person reads of a recommendation's ``ceilings`` (``record.ceilings``): which binds, then the levers."""
-    if not ceilings:
-        return []
-    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
-        [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
 
 
 def _latency_read(measured: dict[str, Any]) -> dict | None:

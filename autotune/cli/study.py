@@ -14,7 +14,7 @@ from autotune.cli.args import (add_measure_args, add_ranks_args, add_study_args,
 from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search.record import trials as keys
-from autotune.recommendation import ceiling_lines
+from autotune.search.record.ceilings import ceiling_lines
 
 if TYPE_CHECKING:
     from autotune.search.tuner import Tuner

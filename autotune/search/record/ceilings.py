@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
-           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
+           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
@@ -412,3 +412,11 @@ def recorded(study: Study, rec: Any) -> Any:
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
     return dataclasses.replace(rec, ceilings=record)
+
+
+def ceiling_lines(ceilings: dict | None) -> list[str]:
+    """What a person reads of a recommendation's ``ceilings`` (its stored dict): which binds, then the levers."""
+    if not ceilings:
+        return []
+    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
+        [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]

@@ -24,7 +24,7 @@ from autotune.workloads.probe import footprint_at
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["statement", "recorded", "loader_shape"]
+__all__ = ["statement", "recorded", "loader_shape", "loader_line", "applied_kwargs"]
 
 
 def loader_shape(workers: int, prefetch: int | None) -> str:
@@ -118,3 +118,36 @@ def recorded(study: Study, rec: Any) -> Any:
     said = statement(config, batch, measured=measured, limits=limits, ranks=rec.world_size,
                      offered=_offered(space, config.prefetch_factor) if stored else None)
     return dataclasses.replace(rec, loader_memory=said) if said is not None else rec
+
+
+def loader_line(said: dict | None) -> list[str]:
+    """The line a person reads of a recommendation's ``loader_memory`` (none without one)."""
+    return [said["line"]] if said and said.get("line") else []
+
+
+def applied_kwargs(rec: Any, *, fit: bool = False) -> dict[str, Any]:
+    """``rec.dataloader_kwargs()``: the config's DataLoader arguments, judged where they are applied. Its
+    ``workers x prefetch_factor + 1`` batches in flight (x the ranks) must fit the free shared memory, the open-file
+    limit and the pinned-memory share read here and now (``hardware.loader_limits_now``); one that does not is
+    refused with a one-line ``ConfigError`` naming the options, or with ``fit`` the largest loader that fits here
+    is given (a smaller prefetch, then fewer workers), with a warning: it is not the one measured. A batch's bytes
+    are the recommended trial's first batch's, else the probe's estimate; unknown, nothing is judged."""
+    import warnings
+
+    from autotune.config import TrialConfig
+    from autotune.machine.hardware import loader_limits_now
+    from autotune.machine.loader_memory import check_loader
+
+    c, lm = rec.config, rec.loader_memory or {}
+    batch = ((float(lm["batch_bytes"]), int(lm.get("batch_tensors") or 1)) if lm.get("batch_bytes")
+             else footprint_at(rec.workload.data, c.batch_size))
+    if batch is None or not c.num_workers:  # nothing in shared memory, or nothing known of it: nothing to judge
+        return c.dataloader_kwargs()
+    fitted = check_loader(c.batch_size, c.num_workers, c.prefetch_factor, batch, limits=loader_limits_now(),
+                          pin_memory=c.pin_memory, ranks=rec.world_size, fit=fit)
+    if fitted is None:
+        return c.dataloader_kwargs()
+    w, p = fitted
+    warnings.warn(f"dataloader_kwargs(fit=True): {w} worker(s) x prefetch_factor {p} instead of the measured "
+                  f"{c.num_workers} x {c.prefetch_factor or 2}, to fit this machine's shared memory", stacklevel=3)
+    return TrialConfig.from_dict({**c.to_dict(), "num_workers": w, "prefetch_factor": p}).dataloader_kwargs()
