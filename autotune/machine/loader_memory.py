@@ -217,7 +217,7 @@ class LoaderLimits:
              + f": torch's sharing strategy {strategy}"
              + (" holds one per shared tensor" if self.sharing_strategy in (None, "file_descriptor") else "")),
             ("locked memory", lim(self.memlock_soft, self.memlock_hard, format_bytes)
-             + ": RDMA registrations count against it; CUDA's pinned pages do not"),
+             + ": RDMA (InfiniBand) registers memory against it; pinned batches are held to host memory"),
         ]
 
     def to_dict(self) -> dict[str, Any]:
