@@ -17,9 +17,10 @@ trial sees; while the loop pauses (a checkpoint, an evaluation), the workers fil
 batches again, which the kernel cannot swap. They are charged to host RAM (a share of what is available,
 ``LOADER_RAM_SHARE``). The locked-memory limit (``RLIMIT_MEMLOCK``, 64 KiB to 8 MiB in containers) is read and
 shown but not applied: CUDA's pinned allocations (``cudaHostAlloc``, what ``pin_memory`` uses) are pinned by the
-NVIDIA driver, which does not charge them to it (containers with the default limit pin gigabytes); what does charge
-it is RDMA's memory registration (InfiniBand, NCCL's GPUDirect), hence ``--ulimit memlock=-1`` for several nodes.
-``tests/machine/test_gpu.py::test_pinned_memory_is_not_charged_to_the_locked_memory_limit`` checks it on a GPU.
+NVIDIA driver, which by every report we found does not charge them to it (containers with the default limit pin
+gigabytes); what does charge it is RDMA's memory registration (InfiniBand, NCCL's GPUDirect), hence ``--ulimit
+memlock=-1`` for several nodes. Not yet checked on a GPU here:
+``tests/machine/test_gpu.py::test_pinned_memory_is_not_charged_to_the_locked_memory_limit`` does, where one is.
 
 The rule is pure arithmetic on numbers (``in_flight_bytes``, ``fits_shared_memory``, ``largest_loader``,
 ``LoaderLimits.problems``); ``detect_limits`` reads the machine. Every figure here is per host: a loader's batch
