@@ -35,6 +35,8 @@ from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
 from autotune.provenance import versions_of
 from autotune.search.record import trials as keys
+from autotune.search.record.ceilings import ceiling_lines
+from autotune.search.record.loader_statement import loader_line
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -119,6 +121,7 @@ class Recommendation:
     # (``search.choose.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
     selection: dict | None = None
     confirmation: dict | None = None
+    loader_memory: dict | None = None  # its loader's batches in flight (search.record.loader_statement)
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -176,6 +179,7 @@ class Recommendation:
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
             "ceilings": self.ceilings,
+            "loader_memory": self.loader_memory,
             "selection": self.selection,
             "confirmation": self.confirmation,
             "parity": self.parity,
@@ -232,6 +236,7 @@ class Recommendation:
                 tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
+                loader_memory=d.get("loader_memory"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -308,10 +313,13 @@ class Recommendation:
 
         return accumulation_steps(self.global_batch, self.config.batch_size, world_size=self.world_size)
 
-    def dataloader_kwargs(self) -> dict[str, Any]:
+    def dataloader_kwargs(self, *, fit: bool = False) -> dict[str, Any]:
         """``DataLoader(dataset, **rec.dataloader_kwargs())``: batch size (the micro-batch with a global batch),
-        workers, prefetch, pinning."""
-        return self.config.dataloader_kwargs()
+        workers, prefetch, pinning; refused in one line where its batches in flight do not fit this machine, or with
+        ``fit=True`` the largest loader that fits here (``search.record.loader_statement.applied_kwargs``)."""
+        from autotune.search.record.loader_statement import applied_kwargs
+
+        return applied_kwargs(self, fit=fit)
 
     @contextlib.contextmanager
     def apply(self) -> Iterator["Applied"]:
@@ -468,20 +476,12 @@ class Recommendation:
             wc = self.worst_case
             peak = f": peak {format_mb(wc['peak_host_mb'])}" if wc.get("peak_host_mb") else ""
             lines.append(f"  worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
-        lines += [f"  {line}" for line in ceiling_lines(self.ceilings)]
+        lines += [f"  {line}" for line in loader_line(self.loader_memory) + ceiling_lines(self.ceilings)]
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def ceiling_lines(ceilings: dict | None) -> list[str]:
-    """What a person reads of a recommendation's ``ceilings`` (``record.ceilings``): which binds, then the levers."""
-    if not ceilings:
-        return []
-    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
-        [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
 
 
 def _latency_read(measured: dict[str, Any]) -> dict | None:

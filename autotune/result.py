@@ -13,8 +13,9 @@ __all__ = ["TrialResult", "STATUSES", "MEMORY_STATUSES"]
 # ok: measured. oom: an out-of-memory exception. over_memory: killed by the parent at the memory cap.
 # timeout: killed at the time limit. crashed: died by a signal or exited without a result. error: raised.
 # pruned: stopped by the tuner because it could not beat the best. skipped: not run (known infeasible).
-STATUSES = ("ok", "oom", "over_memory", "timeout", "crashed", "error", "pruned", "skipped")
-MEMORY_STATUSES = ("oom", "over_memory")
+# shm: the DataLoader ran out of shared memory (/dev/shm) or of the descriptors that pass it (trial.loader_watch).
+STATUSES = ("ok", "oom", "over_memory", "timeout", "crashed", "error", "pruned", "skipped", "shm")
+MEMORY_STATUSES = ("oom", "over_memory", "shm")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class TrialResult(Record):
     # what the trial ran when measured on the worst-case batch (MeasureSpec.worst_case): how the batch was made
     # and its tensors (autotune.workloads.worst_case); None for a search trial
     worst_case: dict | None = None
+    # the first batch as a DataLoader worker shares it: its tensors' bytes and their count (trial.loader_watch);
+    # what the loader's memory rule multiplies (machine.loader_memory)
+    batch_bytes: int | None = None
+    batch_tensors: int | None = None
 
     def __post_init__(self) -> None:
         check(self.status in STATUSES, "status", self.status, f"one of {', '.join(STATUSES)}")
@@ -149,6 +154,8 @@ class TrialResult(Record):
             "final_loss": self.final_loss,
             "samples_per_step": self.samples_per_step,
             "user_parts": list(self.user_parts),
+            "batch_bytes": self.batch_bytes,
+            "batch_tensors": self.batch_tensors,
         }
         if self.latency_p99_ms is not None:  # inference: what a latency bound is judged on (trials.MemoryLimit)
             out.update(latency_p50_ms=self.latency_p50_ms, latency_p95_ms=self.latency_p95_ms,
@@ -192,6 +199,9 @@ class TrialResult(Record):
             if self.device_memory_cap_mb is not None:
                 mem += f" (cap {format_mb(self.device_memory_cap_mb)})"
         lines.append(mem)
+        if self.batch_bytes is not None:
+            lines.append(f"first batch   {format_mb(self.batch_bytes / 2**20)} in {self.batch_tensors} tensor(s), "
+                         "handed over in shared memory by each DataLoader worker")
         if self.startup_s is not None:
             t = f"fixed cost    start-up {self.startup_s:.1f} s"
             if self.warmup_s is not None:

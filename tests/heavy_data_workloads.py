@@ -75,3 +75,25 @@ def fails_in_a_worker(image_size: int = 32):
     that does not survive the fork): the data path fails only when measured with workers."""
     model, _, loss = build(image_size)
     return model, _FailsInAWorker(image_size), loss
+
+
+class _Plain(torch.utils.data.Dataset):
+    """``n`` items of a ready 3 x ``image_size`` x ``image_size`` float image (nothing to decode): a batch of 64 at
+    224 px is 38.5 MB to hand over, made in milliseconds."""
+
+    def __init__(self, image_size: int, n: int = 512) -> None:
+        self.image_size, self.n = image_size, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((3, self.image_size, self.image_size), float(i % 7)), i % 4
+
+
+def big_batches(image_size: int = 224):
+    """A tiny convnet over large ready-made images: what the loader holds in shared memory grows fast with the
+    batch, the workers and the prefetch (``autotune.machine.loader_memory``), for the loader's memory tests."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, 4))
+    return model, _Plain(image_size), nn.CrossEntropyLoss()

@@ -14,7 +14,7 @@ from autotune.cli.args import (add_measure_args, add_ranks_args, add_study_args,
 from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search.record import trials as keys
-from autotune.recommendation import ceiling_lines
+from autotune.search.record.ceilings import ceiling_lines
 
 if TYPE_CHECKING:
     from autotune.search.tuner import Tuner
@@ -256,7 +256,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _limits_lines(rec: dict) -> list[str]:
-    """What `show` says of the recommendation's latency (inference) and worst-case batch, from its stored dict."""
+    """What `show` says of the recommendation's latency (inference), worst-case batch and loader memory, from its
+    stored dict."""
     from autotune._units import format_mb
 
     m, wc, out = rec["measured"], rec.get("worst_case"), []
@@ -268,6 +269,8 @@ def _limits_lines(rec: dict) -> list[str]:
         peak = (f": peak {format_mb(wc['peak_host_mb'])} of the {format_mb(wc['usable_mb'])} usable"
                 if wc.get("peak_host_mb") and wc.get("usable_mb") else "")
         out.append(f"worst case: {wc.get('what')}{peak}, checked by {wc.get('checked_by')}")
+    if (rec.get("loader_memory") or {}).get("line"):  # what its loader holds in /dev/shm (loader_statement)
+        out.append(rec["loader_memory"]["line"])
     return out
 
 

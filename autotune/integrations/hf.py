@@ -51,6 +51,7 @@ FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloa
 
 def _fields(rec) -> dict[str, Any]:
     c = rec.config
+    rec.dataloader_kwargs()  # a loader whose batches in flight do not fit this machine is refused here too
     out: dict[str, Any] = {"per_device_train_batch_size": c.batch_size,
                            "gradient_accumulation_steps": rec.accumulation_steps,
                            "dataloader_num_workers": c.num_workers, "dataloader_pin_memory": c.pin_memory}

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.machine.device import cuda_device_gpus, nvml_gpus
+from autotune.machine.loader_memory import detect_limits
 from autotune.machine.malloc import thp_mode
 from autotune.machine.versions import package_version, torch_build
 
-__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb", "torch_facts", "remember_torch_facts"]
+__all__ = ["Hardware", "detect", "cgroup_cpu_quota", "cgroup_memory_limit_mb", "torch_facts", "remember_torch_facts",
+           "loader_limits_now"]
 
 # torch_facts() as a child of this process answered them (the check child): detect() then need not import torch
 _TORCH_FACTS: dict[str, str | None] = {}
@@ -134,6 +136,9 @@ class Hardware:
     cuda_device_order: str | None = None
     # Python.h, which inductor's CPU kernels and Triton's GPU launcher are compiled against; None: not checked
     python_headers: bool | None = None
+    # what a DataLoader may hold in flight here: /dev/shm, the open-file and locked-memory limits, torch's sharing
+    # strategy (``machine.loader_memory.LoaderLimits.to_dict``); None in a snapshot from before they were read
+    loader_memory: dict | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -181,6 +186,13 @@ class Hardware:
                 if not any(g is s for s in seen):
                     seen.append(g)
         return tuple(sorted(seen, key=lambda g: g["index"]))
+
+    @property
+    def loader_limits(self):
+        """``LoaderLimits`` read with this snapshot (``machine.loader_memory``), or None where they were not read."""
+        from autotune.machine.loader_memory import LoaderLimits
+
+        return LoaderLimits.from_dict(self.loader_memory)
 
     @property
     def fingerprint(self) -> str:
@@ -244,6 +256,7 @@ class Hardware:
             cuda = [str(g["index"]) for g in self.gpus_for("cuda")]
             rows.append(("cuda is", "no GPU (none visible)" if not cuda else f"gpu {cuda[0]}" if len(cuda) == 1
                          else f"one of gpu {', '.join(cuda)} (CUDA_DEVICE_ORDER=PCI_BUS_ID would tell which)"))
+        rows += self.loader_limits.rows() if self.loader_memory else []
         rows += [
             ("os", f"{self.os}, {self.libc or 'C library unknown'}, transparent huge pages "
                    f"{self.thp or 'unknown'}"),
@@ -270,14 +283,15 @@ def torch_facts() -> dict[str, str | None]:
     except AttributeError:
         cap = None
     cudnn = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
-    return {"cpu_capability": cap, "cudnn": cudnn}
+    return {"cpu_capability": cap, "cudnn": cudnn, "sharing_strategy": torch.multiprocessing.get_sharing_strategy()}
 
 
 def remember_torch_facts(facts: dict | None) -> None:
     """Keep ``torch_facts()`` as a child of this process (same interpreter, same environment) answered them, so
     that ``detect()`` here reads them instead of importing torch (3-9 s of CPU on a 2-core machine)."""
     if facts and "cpu_capability" in facts:
-        _TORCH_FACTS.update(cpu_capability=facts.get("cpu_capability"), cudnn=facts.get("cudnn"))
+        _TORCH_FACTS.update(cpu_capability=facts.get("cpu_capability"), cudnn=facts.get("cudnn"),
+                            sharing_strategy=facts.get("sharing_strategy"))
 
 
 def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
@@ -316,7 +330,7 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
             avail_mb = min(avail_mb, max(0.0, limit_mb - current_mb))
     gpus, gpu_status = nvml_gpus(nvml)
 
-    torch_v = tv_v = cuda_v = cudnn_v = cap = None
+    torch_v = tv_v = cuda_v = cudnn_v = cap = strategy = None
     if with_torch:
         build = torch_build()
         if build is None:  # a version.py of another shape: the import tells
@@ -325,7 +339,7 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
             build = (str(torch.__version__), torch.version.cuda)
         torch_v, cuda_v = build
         facts = _TORCH_FACTS if _TORCH_FACTS and "torch" not in sys.modules else torch_facts()
-        cap, cudnn_v = facts["cpu_capability"], facts["cudnn"]
+        cap, cudnn_v, strategy = facts["cpu_capability"], facts["cudnn"], facts.get("sharing_strategy")
         tv_v = package_version("torchvision")  # read, not imported: importing it costs seconds (versions.py)
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
     return Hardware(
@@ -339,7 +353,20 @@ def detect(*, with_torch: bool = True, nvml: Any = None) -> Hardware:
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=os.environ.get("CUDA_DEVICE_ORDER"),
         python_headers=python_headers(),
+        loader_memory=detect_limits(ram_available_bytes=int(avail_mb * 2**20), sharing_strategy=strategy).to_dict(),
     )
+
+
+def loader_limits_now():
+    """This machine's loader limits (``machine.loader_memory.LoaderLimits``) as a training process meets them now:
+    the memory available (cgroup aware) and, where this process imported torch, the sharing strategy it set."""
+    hw = detect(with_torch=False)
+    strategy = None
+    if "torch" in sys.modules:
+        import torch
+
+        strategy = torch.multiprocessing.get_sharing_strategy()
+    return detect_limits(ram_available_bytes=int(hw.ram_available_mb * 2**20), sharing_strategy=strategy)
 
 
 def python_headers() -> bool:

@@ -160,8 +160,8 @@ def _cause(first: int | None, messages: dict[int, dict], procs: Any) -> RankFail
     """The trial's failure from its ranks' (see the module docstring)."""
     failures = {r: m["failed"] for r, m in messages.items() if "failed" in m}
     for r, f in sorted(failures.items()):
-        if f["kind"] == "oom":
-            return RankFailure(f"rank {r}: {f['message']}", kind="oom", rank_traceback=f.get("traceback"))
+        if f["kind"] in ("oom", "shm"):  # out of memory, or a loader out of shared memory (trial.loader_watch)
+            return RankFailure(f"rank {r}: {f['message']}", kind=f["kind"], rank_traceback=f.get("traceback"))
     order = ([first] if first is not None else []) + [r for r in sorted(failures) if r != first]
     said = [r for r in order if r in failures and not failures[r].get("peer_gone")]
     if first is not None and first not in failures:  # it said nothing: killed, or exited on its own
@@ -241,6 +241,7 @@ def _failure(exc: BaseException) -> dict:
 
     text = f"{type(exc).__name__}: {exc}"
     kind = "oom" if is_oom(exc) else "workload" if isinstance(exc, WorkloadError) else "error"
+    kind = getattr(exc, "trial_kind", None) or kind  # a loader out of shared memory (trial.loader_watch)
     tb = traceback.format_exc()
     print(tb, flush=True)  # the trial's log keeps every rank's
     return {"kind": kind, "message": text.splitlines()[0][:500], "traceback": tb[-8000:],

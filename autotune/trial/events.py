@@ -89,6 +89,9 @@ class Warmup(_Event):
     first_step_s: float
     warmup_windows: tuple[float, ...] = ()  # windows re-labelled warm-up: their rates
     settled: bool | None = None  # later windows confirmed it (None: not checked)
+    # the first batch as a DataLoader worker hands it over: its tensors' bytes and how many (trial.loader_watch)
+    batch_bytes: int | None = field(default=None, metadata=_OMIT_NONE)
+    batch_tensors: int | None = field(default=None, metadata=_OMIT_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,8 +76,10 @@ def _copy_step(count: Any, config: Any, dev: Any) -> Callable[[Any], StepOut]:
 def _worker_died(exc: BaseException) -> bool:
     """A DataLoader worker that died (a signal, the OOM killer) rather than raised: torch says it "exited
     unexpectedly"; that may be the config's doing (more workers, more memory), so the point fails, the run goes on."""
-    text = str(exc)
-    return "exited unexpectedly" in text or "killed by signal" in text
+    from autotune.machine.loader_memory import failure_kind
+
+    text = str(exc)  # out of shared memory or descriptors: the config's loader, named by trial.loader_watch
+    return "exited unexpectedly" in text or "killed by signal" in text or failure_kind(exc) is not None
 
 
 def _own_message(exc: BaseException) -> str:

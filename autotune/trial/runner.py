@@ -343,7 +343,8 @@ def _warmup_figures(warm: Warmup | None) -> dict:
     if warm is None:
         return {"warmup_s": None, "compile_s": None, "warmup_steps": None, "warmup_windows": (), "settled": None}
     return {"warmup_s": warm.warmup_s, "compile_s": warm.compile_s, "warmup_steps": warm.warmup_steps,
-            "warmup_windows": tuple(warm.warmup_windows), "settled": warm.settled}
+            "warmup_windows": tuple(warm.warmup_windows), "settled": warm.settled, "batch_bytes": warm.batch_bytes,
+            "batch_tensors": warm.batch_tensors}
 
 
 def _done_figures(done: Done | None, windows: list[Window]) -> dict:

@@ -174,17 +174,20 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
                device_memory_cap_mb=getattr(dev, "memory_cap_mb", None),
                worst_case=worst))  # said now: a kill over the cap still names the worst-case batch
 
-    stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp)
-    if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
-        if ranks.rank != 0:
-            return ranks.follow(stepper)
-        stepper = ranks.lead(stepper)
-    warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none")
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+    from autotune.trial.loader_watch import LoaderWatch
     from autotune.trial.parts import tree_cpu_s
 
-    tree0 = tree_cpu_s(whole_trial=ranks is not None)  # N ranks: rank 0 reads the trial's whole tree
-    totals = _measure(stepper, spec, warm, send)
+    # the first batch's bytes; a loader out of shared memory or descriptors is named (trial.loader_watch)
+    with LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built) as watch:
+        stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp, watch=watch)
+        if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
+            if ranks.rank != 0:
+                return ranks.follow(stepper)
+            stepper = ranks.lead(stepper)
+        warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none", watch=watch)
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
+        tree0 = tree_cpu_s(whole_trial=ranks is not None)  # N ranks: rank 0 reads the trial's whole tree
+        totals = _measure(stepper, spec, warm, send)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     tree1 = tree_cpu_s(whole_trial=ranks is not None)
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
@@ -240,8 +243,8 @@ class _Stepper:
     the last loss and the tokens the workload's count gave are kept for the checks and the figures."""
 
     def __init__(self, loader: Any, train_step: Callable[[Any], StepOut], accumulation: int, timer: Any,
-                 amp: str) -> None:
-        self.loader, self.it = loader, iter(loader)
+                 amp: str, *, watch: Any = None) -> None:
+        self.loader, self.it, self.watch = loader, iter(loader), watch
         self.train_step, self.accumulation, self.timer, self.amp = train_step, accumulation, timer, amp
         self.last_loss: Any = None
         self.tokens = 0
@@ -264,6 +267,8 @@ class _Stepper:
                 raise WorkloadError("the workload's dataset yielded no batch (an empty IterableDataset?)") from None
         if timer is not None:
             timer.fetched()
+        if self.watch is not None:
+            self.watch.seen(batch)  # the first batch's bytes (trial.loader_watch)
         result = self.train_step(batch)
         self.last_loss = result.loss
         if result.tokens is not None:
@@ -318,6 +323,7 @@ class _WarmUp:
     k: int
     compiling: bool
     compiled_before: float | None
+    batch: dict  # the first batch's bytes and tensors (``LoaderWatch.figures``)
 
     def event(self, first: dict, unsettled: list[dict], confirmed: bool | None) -> Warmup:
         """The ``Warmup`` event: it ends where ``first``, the first window kept as measured, began.
@@ -337,10 +343,11 @@ class _WarmUp:
         return Warmup(warmup_s=first["started"] - self.t_warm,
                       warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
                       step_s=steady, first_step_s=self.first_s,
-                      warmup_windows=tuple(w["samples_per_s"] for w in unsettled), settled=confirmed)
+                      warmup_windows=tuple(w["samples_per_s"] for w in unsettled), settled=confirmed,
+                      **self.batch)
 
 
-def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool) -> _WarmUp:
+def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool, watch: Any = None) -> _WarmUp:
     """The first step, then (when asked) per-step until step times settle.
 
     The first step pays for compiling, lazy initialisation and the allocator's first requests: it is timed on
@@ -370,7 +377,8 @@ def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool) -> _War
             recent, before = statistics.median(times[-k:]), statistics.median(times[-2 * k:-k])
             if abs(recent - before) <= spec.settle_tolerance * before:
                 break
-    return _WarmUp(t_warm, first_s, t_settle, times, k, compiling, compiled_before)
+    return _WarmUp(t_warm, first_s, t_settle, times, k, compiling, compiled_before,
+                   watch.figures() if watch is not None else {})
 
 
 def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:

@@ -10,7 +10,12 @@ the recommendation's YAML::
      "lengths": {"min": 12, "max": 57},            # what the workload's ``length`` gave those items, or None
      "takes": ["image_size"],                      # the keyword arguments a module:callable took
      "sampler": False,                             # the workload brings its own sampler
-     "worst_case_batch": False}                    # it returns worst_case_batch (workloads.worst_case)
+     "worst_case_batch": False,                    # it returns worst_case_batch (workloads.worst_case)
+     "footprint": {"items": [2, 4], "bytes": [1234, 2468], "tensors": [2, 2]}}  # batches of 2 and 4 items
+
+``footprint`` is what a DataLoader worker would put in shared memory for batches of 2 and of 4 items (their tensors'
+storages, ``batch_footprint``): ``footprint_at`` extrapolates it to any batch size, which the search's loader
+memory rule reads before a trial runs (``search.space.loader_fit``); each trial then measures its first batch.
 
 The search space reads it (``search.space.search_space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
 floating-point tensor, ``bucket_by_length`` only where the workload gives ``length`` and no sampler of its own.
@@ -27,7 +32,8 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 
-__all__ = ["PROBE_ITEMS", "probe", "describe_batch", "item_length", "lengths_of", "length_sampler", "check_knobs",
+__all__ = ["PROBE_ITEMS", "probe", "describe_batch", "batch_footprint", "footprint_at", "item_length", "lengths_of",
+           "length_sampler", "check_knobs",
            "searches_channels_last", "searches_bucketing"]
 
 PROBE_ITEMS = 4  # enough for a padding collate to show its variable lengths; cheap for any dataset
@@ -56,6 +62,60 @@ def describe_batch(batch: Any) -> list[dict[str, Any]]:
     _leaves(batch, "", found)
     return [{"path": p, "shape": [int(n) for n in t.shape], "dtype": str(t.dtype).removeprefix("torch.")}
             for p, t in found]
+
+
+def batch_footprint(batch: Any) -> tuple[int, int]:
+    """``(bytes, tensors)`` of a batch of any structure (tuples, lists, dicts, their nesting): what a DataLoader
+    worker hands over in shared memory, its tensors' storages counted once each (a view of a large tensor shares
+    all of its storage). Strings and numbers travel pickled, not shared: they count for nothing.
+
+    >>> import torch
+    >>> x = torch.zeros(4, 3, 8, 8)
+    >>> batch_footprint({"x": x, "y": torch.zeros(4, dtype=torch.long), "view": x[0], "name": "a"})
+    (3104, 2)
+    """
+    import torch
+
+    seen: dict[tuple[int, int], int] = {}
+    stack = [batch]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (tuple, list)):
+            stack.extend(obj)
+    return sum(seen.values()), len(seen)
+
+
+def footprint_at(data: dict[str, Any] | None, batch_size: int) -> tuple[float, int] | None:
+    """``(bytes, tensors)`` of a batch of ``batch_size`` by the probe's ``footprint`` (``Workload.data``): linear
+    through its batches of 2 and 4 items (a stacked tensor grows with the items, a padded one with the longest of
+    them, a list of per-item tensors in count); None without it.
+
+    >>> footprint_at({"footprint": {"items": [2, 4], "bytes": [1000, 2000], "tensors": [2, 2]}}, 64)
+    (32000.0, 2)
+    """
+    fp = (data or {}).get("footprint")
+    if not fp or not fp.get("items"):
+        return None
+    items, sizes, counts = fp["items"], fp["bytes"], fp["tensors"]
+    if len(items) < 2 or items[-1] == items[0]:
+        per = sizes[-1] / max(1, items[-1])
+        return per * batch_size, int(counts[-1])
+    slope = (sizes[-1] - sizes[0]) / (items[-1] - items[0])
+    tslope = (counts[-1] - counts[0]) / (items[-1] - items[0])
+    at = lambda first, k: first + k * (batch_size - items[0])  # noqa: E731
+    return max(0.0, at(sizes[0], slope)), max(1, round(at(counts[0], tslope)))
+
+
+def _footprint(collate: Any, items: list[Any]) -> dict[str, list[int]]:
+    """The ``footprint`` of the probe: batches of the first 2 (when there are more than 2) and all the items."""
+    sizes = [n for n in (2, len(items)) if n <= len(items)] if len(items) > 2 else [len(items)]
+    prints = [batch_footprint(collate(items[:n])) for n in sizes]
+    return {"items": sizes, "bytes": [b for b, _ in prints], "tensors": [t for _, t in prints]}
 
 
 def _is_image(leaf: dict[str, Any]) -> bool:
@@ -115,7 +175,8 @@ def probe(built: Any, *, takes: tuple[str, ...] = ()) -> dict[str, Any]:
         lengths = {"min": min(seen), "max": max(seen)}
     return {"items": len(items), "batch": leaves, "image": any(_is_image(leaf) for leaf in leaves),
             "lengths": lengths, "takes": list(takes), "sampler": built.sampler is not None,
-            "worst_case_batch": getattr(built, "worst_case_batch", None) is not None}
+            "worst_case_batch": getattr(built, "worst_case_batch", None) is not None,
+            "footprint": _footprint(collate, items)}
 
 
 def lengths_of(built: Any) -> Any:

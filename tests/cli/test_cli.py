@@ -101,6 +101,18 @@ def test_env_json():
 
     assert data["torch"] == torch.__version__ == data["collect_env"]["torch_version"]
     assert data["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    # what a DataLoader may hold here (machine.loader_memory): /dev/shm by statvfs, the limits by getrlimit, torch's
+    # sharing strategy from the child that imported torch
+    import os
+    import resource
+
+    lm = data["loader_memory"]
+    if os.path.isdir("/dev/shm"):
+        st = os.statvfs("/dev/shm")
+        assert lm["shm_path"] == "/dev/shm" and lm["shm_total_bytes"] == st.f_blocks * st.f_frsize
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert lm["nofile_soft"] == (None if soft == resource.RLIM_INFINITY else soft)
+    assert lm["sharing_strategy"] == torch.multiprocessing.get_sharing_strategy()
 
 
 def test_help():

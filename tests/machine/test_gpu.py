@@ -273,3 +273,19 @@ def test_an_eager_resnet18_trial_through_the_fork_server_wall_time(tmp_path):
           f"warm-up {r.warmup_s:.1f} s, {r.median_samples_per_s:.0f} samples/s; the server's first trial "
           f"{warm.wall_s:.1f} s")
     assert r.wall_s < 30
+
+
+def test_pinned_memory_is_not_charged_to_the_locked_memory_limit():
+    """machine.loader_memory reads RLIMIT_MEMLOCK but does not hold pinned batches to it: CUDA's pinned pages
+    (cudaHostAlloc, what pin_memory uses) are pinned by the driver, which does not charge them to the limit (containers
+    with the default 64 KiB to 8 MiB pin gigabytes). Checked here: 256 MiB pinned under a 1 MiB limit. Should this
+    fail, pinned batches must be held to the limit too (LoaderLimits.problems)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, torch\n"
+            "resource.setrlimit(resource.RLIMIT_MEMLOCK, (2**20, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))\n"
+            "t = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()\n"
+            "print(t.is_pinned(), resource.getrlimit(resource.RLIMIT_MEMLOCK)[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["True", str(2**20)], out.stderr[-2000:]

@@ -53,6 +53,19 @@ def test_describe_and_to_dict(hw):
     assert f"{hw.usable_cores} usable cores" in hw.summary_line()
 
 
+def test_the_loaders_limits_are_part_of_the_snapshot_not_of_the_fingerprint(hw):
+    """`autotune env` says the shared memory, the open-file and locked-memory limits (machine.loader_memory); a
+    container with more /dev/shm is the same hardware (its study is found again)."""
+    lines = {line.split("  ")[0]: line for line in hw.describe().splitlines()}
+    assert {"shared memory", "open files", "locked memory"} <= set(lines)
+    assert lines["open files"].split()[2] == (str(hw.loader_limits.nofile_soft) if hw.loader_limits.nofile_soft
+                                              else "unlimited")
+    assert "sharing strategy file_descriptor" in lines["open files"] or "file_system" in lines["open files"]
+    more = dataclasses.replace(hw, loader_memory={**hw.loader_memory, "shm_free_bytes": 2**40})
+    assert more.fingerprint == hw.fingerprint
+    assert type(hw).from_dict(hw.to_dict()).loader_limits == hw.loader_limits
+
+
 @pytest.mark.parametrize("text, mode", [("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
                                         ("always madvise [never]\n", "never"), ("garbage", None)])
 def test_thp_mode_read_from_sysfs(tmp_path, text, mode):

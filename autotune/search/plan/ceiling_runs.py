@@ -76,7 +76,9 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     model_config = {**keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict(),  # its loader plays no part
                     "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
     data_config = loader_config(keys.config_of(base).to_dict(), space)
-    offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
+    offered, cut = _within_loader_memory(space, data_config,
+                                         offered_workers(next(p.choices for p in space.params
+                                                              if p.name == "num_workers")))
     if time_left_s is not None:  # a child a point, the model and about three data points, each about a trial
         walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
         cost = 4 * min(walls, default=0.0)
@@ -95,10 +97,12 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     world = workload.nproc_per_node
     ranks = f" per rank, in {world} DDP ranks at once as the trials run" if world > 1 else ""
     log(f"measuring the two ceilings, each alone in a child ({why}): the model on one batch on the device, then "
-        f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})")
+        + (f"the data path from 1 worker to as many as cover the model (up to {offered[-1]}{ranks})" if offered
+           else "no data path: no worker count fits the loader's memory"))
     spec = measure.replace(windows=min(measure.windows, 3), settle_windows=min(measure.settle_windows, 1))
-    c = climb(model_config, data_config, offered, _point_runner(runner, workload, spec, log_dir), log=log, why=why)
-    c = dataclasses.replace(c, world_size=world, device=workload.device_family)
+    run = _point_runner(runner, workload, spec, log_dir, space)
+    c = climb(model_config, data_config, offered, run, log=log, why=why)
+    c = dataclasses.replace(c, world_size=world, device=workload.device_family, notes=c.notes + ((cut,) if cut else ()))
     store(study, c)
     for line in c.notes:
         log(f"ceiling: {line}")
@@ -107,6 +111,21 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         log(f"ceiling: the fewest workers to feed the model: {feed_w}{c.per_rank}"
             + ("" if c.feeds() else " (none measured covers it: the data path binds whatever the knobs)"))
     return c
+
+
+def _within_loader_memory(space: Any, data_config: dict[str, Any], offered: list[int]) -> tuple[list[int], str]:
+    """The worker counts the climb may measure: those whose loader, at the data config's batch, fits the machine's
+    shared memory (``search.space.loader_fit``; the prefetch lowered as the trials' would be), and the ceilings' note
+    when that stops the climb below the most offered ("" when it does not)."""
+    fit = getattr(space, "loader", None)
+    if fit is None or not offered:
+        return offered, ""
+    most = fit.most_workers(data_config, offered)
+    if most >= offered[-1]:
+        return offered, ""
+    return [w for w in offered if w <= most], (
+        f"the data path's climb stops at {most} worker(s): more, at batch {data_config.get('batch_size')}, would not "
+        "fit the machine's loader memory while the training loop pauses (the space's note: loader memory)")
 
 
 def loader_config(config: dict[str, Any], space: Any) -> dict[str, Any]:
@@ -122,13 +141,14 @@ def loader_config(config: dict[str, Any], space: Any) -> dict[str, Any]:
     return out
 
 
-def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir: Any) -> Run:
+def _point_runner(runner: Callable[..., Any], workload: Any, spec: Any, log_dir: Any, space: Any = None) -> Run:
     from pathlib import Path
 
     from autotune.config import TrialConfig
 
     def run(config: dict[str, Any], part: str) -> Point:
-        cfg = TrialConfig.from_dict(config)
+        fit = getattr(space, "loader", None)  # a data point's prefetch lowered to fit, as the trials' (loader_fit)
+        cfg = TrialConfig.from_dict(fit.clamp(config) if fit is not None and part == "data" else config)
         name = f"ceiling-{part}" + (f"-w{cfg.num_workers}" if part == "data" else "") + ".log"
         kw = {"log_path": Path(log_dir) / name} if log_dir is not None else {}
         r = runner(workload, cfg, spec.replace(part=part), **kw)

@@ -45,7 +45,7 @@ __all__ = ["MIN_PATIENCE", "MAX_PATIENCE", "PLANNED_ROLES", "patience", "noise_o
 MIN_PATIENCE = 3
 MAX_PATIENCE = 40
 # statuses of a trial that ran (was measured), whether or not it finished
-_RAN = ("ok", "pruned", "timeout", "oom", "over_memory", "crashed", "error")
+_RAN = ("ok", "pruned", "timeout", "oom", "over_memory", "shm", "crashed", "error")
 # roles of queued trials (the planned search, warm starts, re-runs): not the sampler's, so not counted
 PLANNED_ROLES = keys.ROLES + (keys.REQUEUE_OF,)
 

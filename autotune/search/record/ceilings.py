@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
-           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
+           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
@@ -223,8 +223,9 @@ class Ceilings:
         return head + "; ".join(parts) + f": {which_word}"
 
     def levers(self) -> list[str]:
-        """The levers beyond the knobs, when no worker count measured could feed the model (else none)."""
-        if self.model_rate <= 0 or self.feeds():
+        """The levers beyond the knobs, when no worker count measured could feed the model (else none; none either
+        when the data path never ran, e.g. no worker count fitted the loader's memory)."""
+        if self.model_rate <= 0 or self.feeds() or not self.data:  # fed, or the data path never ran: nothing to say
             return []
         best = self.best_data()
         short = f"{best.samples_per_s / self.model_rate:.0%} of the model's rate" if best is not None else "no rate"
@@ -394,8 +395,12 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
 
 
 def recorded(study: Study, rec: Any) -> Any:
-    """``rec`` (a Recommendation) with the study's ceilings, the verdict on its config and the levers (None
-    without ceilings: returned as is)."""
+    """``rec`` (a Recommendation) with what the study knows of its data path: the loader's memory
+    (``loader_statement``: what it holds in flight, whether it fits, what more would buy) and the study's ceilings,
+    the verdict on its config and the levers (without ceilings, those are left out)."""
+    from autotune.search.record.loader_statement import recorded as with_loader_memory
+
+    rec = with_loader_memory(study, rec)
     c = load(study)
     if c is None:
         return rec
@@ -407,3 +412,11 @@ def recorded(study: Study, rec: Any) -> Any:
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
     return dataclasses.replace(rec, ceilings=record)
+
+
+def ceiling_lines(ceilings: dict | None) -> list[str]:
+    """What a person reads of a recommendation's ``ceilings`` (its stored dict): which binds, then the levers."""
+    if not ceilings:
+        return []
+    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
+        [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]

@@ -56,7 +56,7 @@ KERNEL_HEAVY_SHARE = 0.10
 # Every label diagnose() returns.
 LABELS = ("input-bound", "compute-bound", "memory-bound", "compile-dominated", "failed", "unmeasured")
 
-_MEMORY_STATUSES = ("oom", "over_memory")
+_MEMORY_STATUSES = ("oom", "over_memory", "shm")
 
 
 class Diagnosis(NamedTuple):
@@ -191,6 +191,10 @@ def diagnose(figures: Mapping[str, Any], *, memory_cap_mb: float | None = None,
     near = (Near(trials, config, finite_or_none(figures.get("median_samples_per_s")))
             if trials is not None and config else None)
 
+    if status == "shm":  # the loader's batches in flight, not the model's memory (trial.loader_watch)
+        return Diagnosis("memory-bound", f"{reason or 'the DataLoader ran out of shared memory'}"[:160]
+                         + ": fewer workers or a smaller prefetch_factor, or more shared memory (docker run "
+                         "--shm-size)")
     if status in _MEMORY_STATUSES or status == "skipped":
         what = "ran out of memory" if status == "oom" else ("killed over the memory cap" if status == "over_memory"
                                                              else "not run (a smaller batch ran out of memory)")

@@ -72,6 +72,8 @@ COMPILE_S = "compile_s"          # seconds torch.compile took in the trial (dyna
 DATA_WAIT_SHARE = "data_wait_share"
 DATA_WAIT_S = "data_wait_s_per_step"
 COMPUTE_S = "compute_s_per_step"
+BATCH_BYTES = "batch_bytes"      # the first batch's bytes as a DataLoader worker shares it (trial.loader_watch)
+BATCH_TENSORS = "batch_tensors"  # and its tensors (one descriptor each, in flight)
 
 # --- system attributes (not shown by the dashboard) ----------------------------------------------------
 MEASURING = "autotune_measuring"  # this trial claimed its config and is measuring it

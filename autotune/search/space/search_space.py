@@ -56,6 +56,8 @@ class SearchSpace:
     source: str = "<memory>"
     notes: list[str] = field(default_factory=list)
     ranks: int = 1  # DDP ranks per trial sharing the usable cores (``for_ranks``)
+    # the loader's memory held to this machine's limits (``search.space.loader_fit.LoaderFit``); None: not checked
+    loader: Any = None
 
     @property
     def rank_cores(self) -> int:
@@ -76,7 +78,8 @@ class SearchSpace:
         return self.effective(values)
 
     def effective(self, params: dict[str, Any]) -> TrialConfig:
-        """The config that runs for sampled ``params``: fixed knobs added, threads clamped to the cores.
+        """The config that runs for sampled ``params``: fixed knobs added, threads clamped to the cores, the loader
+        to what the machine's shared memory holds in flight (``loader``: a smaller prefetch, then fewer workers).
 
         Clamping (rather than sampling threads from a range that depends on the workers) keeps every
         parameter's distribution fixed, which Optuna's samplers need; the clamped config is what is stored.
@@ -84,10 +87,13 @@ class SearchSpace:
         values = {**self.fixed, **{k: v for k, v in params.items() if k in _KNOBS}}
         cores = self.rank_cores
         if not self.oversubscribe:
+            values["num_workers"] = min(int(values.get("num_workers", 0)), cores)
+        if self.loader is not None:  # the loader's batches in flight fit this machine (search.space.loader_fit)
+            values = self.loader.clamp(values)
+        if not self.oversubscribe:
             # Workers may take every core (a GPU's training process, or a small model's, needs little CPU: the
             # ceilings measure it, search.record.ceilings); the threads get what the workers leave, at least one.
-            workers = min(int(values.get("num_workers", 0)), cores)
-            values["num_workers"] = workers
+            workers = int(values["num_workers"])
             if self.ranks > 1 and not values.get("intra_op_threads"):
                 values["intra_op_threads"] = cores  # torch's default would give every rank all the cores
             if values.get("intra_op_threads"):
@@ -148,6 +154,7 @@ class SearchSpace:
                            for p in self.params},
             "fixed": self.fixed, "baseline": self.baseline, "notes": self.notes,
             **({"ranks": self.ranks} if self.ranks > 1 else {}),
+            **({"loader_memory": self.loader.to_dict()} if self.loader is not None else {}),
         }
 
     def describe(self) -> str:
@@ -472,13 +479,17 @@ def space_for(workload: Any, hardware: Any, *, space: SearchSpace | None = None)
     """The space a study of ``workload`` searches: ``space`` (default: the shipped one for its device, trimmed
     to ``hardware``), fitted to the workload's data (``fit_workload``: channels_last only for 4-D image tensors,
     length bucketing only for a workload that returns length), to its ranks (``for_ranks``: threads and workers
-    per rank within the cores, DDP's arguments searched) and, with a global batch, to the batch sizes whose ranks'
-    micro-batches divide it (and without CUDA graphs on a GPU: ``workloads.global_batch.restrict_space``). The one
-    chain every caller uses."""
+    per rank within the cores, DDP's arguments searched), with a global batch, to the batch sizes whose ranks'
+    micro-batches divide it (and without CUDA graphs on a GPU: ``workloads.global_batch.restrict_space``), and to
+    the loader's memory (``loader_fit.fit_loader_memory``). The one chain every caller uses."""
     from autotune.search.space.rank_space import for_ranks
     from autotune.workloads.global_batch import restrict_space
 
+    from autotune.search.space.loader_fit import fit_loader_memory
+
     base = space or load_space(hardware=hardware, device=workload.device)
     ranked = for_ranks(base, workload.nproc_per_node)
-    return restrict_space(fit_workload(ranked, workload), workload.global_batch, device=workload.device,
-                          world_size=workload.nproc_per_node)
+    restricted = restrict_space(fit_workload(ranked, workload), workload.global_batch, device=workload.device,
+                                world_size=workload.nproc_per_node)
+    # the loader's batches in flight within the shared memory, descriptors and pinned share (loader_fit)
+    return fit_loader_memory(restricted, workload, hardware)
