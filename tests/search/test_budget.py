@@ -78,10 +78,14 @@ def _run(tmp_path, budget: float, rate_scale: float = 1.0):
 def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_fit(tmp_path):
     """10 s: the search, two finalist rounds and no numerics check (its child alone is expected to take 10 s)."""
     rec, took, logs = _run(tmp_path, 10.0)
-    # within 1 s: the tuner's own work between runs (storage writes, the selection, the dashboard note) is not in the
-    # plan's estimates, and on a loaded VM takes a few tenths; the defects this guards overshoot by 2 s or more (the
-    # confirmation's reserve ignored) or 10 s (a numerics check outside the budget)
-    assert took <= 10.0 + 1.0, (took, "\n".join(logs))
+    # the last thing the run said (its last phase's end, the claim) within 1 s: the tuner's own work between runs
+    # (storage writes, the selection) is not in the plan's estimates, and on a loaded VM takes a few tenths; the
+    # defects this guards overshoot by 2 s or more (the confirmation's reserve ignored) or 10 s (a numerics check
+    # outside the budget). The run returns within 2.5 s: what follows its last line is bookkeeping (the
+    # recommendation stored, the dashboard note), which took 0.1-0.3 s here (3 runs side by side on the 2 cores)
+    # but ended a run in CI's suite 3.1 s after its last line
+    last_said = float(logs[-1][1:6])
+    assert last_said <= 10.0 + 1.0 and took <= 10.0 + 2.5, (took, "\n".join(logs))
     assert rec is not None and not checks
     assert any("] no numerics check: even 10 steps would take more than its share of the budget" in m
                for m in logs), logs
