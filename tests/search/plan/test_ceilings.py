@@ -105,9 +105,10 @@ def test_the_climb_stops_where_the_data_path_stops_growing():
     asked: list[tuple[str, int]] = []
     flat = climb({}, {}, list(range(1, 65)),
                  _runner(asked, lambda part, w: 5000.0 if part == "model" else min(300.0 * w, 650.0)))
-    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64)]  # 650 -> 650: the cores ran out
+    # 650 -> 650: the cores ran out; then the knee: the rise of one worker (300/s) meets the flat line at 2.2 -> 3
+    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64), ("data", 3)]
     assert "stopped growing" in flat.notes[0] and not flat.feeds()
-    assert flat.workers_to_feed() == 20  # the fastest point's, the fewest workers giving it
+    assert flat.workers_to_feed() == 3  # the fewest workers measured at the data path's best rate
     back = Ceilings.from_dict(flat.to_dict())
     assert back == flat and flat.to_dict()["binds"] == "data"
 
@@ -140,8 +141,8 @@ def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the
         return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
 
     stopped = climb({}, {}, list(range(1, 33)), flat)
-    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12)]
-    assert any("stopped growing" in n for n in stopped.notes)
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 2)]  # 2: where the rise meets 160
+    assert any("stopped growing" in n for n in stopped.notes) and stopped.workers_to_feed() == 2
 
 
 def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
@@ -266,9 +267,12 @@ def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_worke
 
 
 def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
-    """The climb (~4 trials of 20 s) over a quarter of 100 s: skipped, said once, not re-decided after each trial."""
+    """A 100 s budget: the search's share after the finalists' reserve (30 s) and one more 20 s trial is 50 s, under
+    the climb's least (the model and two data points, ~20 s each): skipped, said once, not re-decided after each
+    trial."""
     import optuna
 
+    from autotune.search.budget import Budget
     from autotune.search.record import trials as keys
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
@@ -280,9 +284,10 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
     said: set[str] = set()
     for _ in range(3):
         assert ceiling_runs.measure_if_wanted(study, _space(), runner=None, workload=Workload(), measure=QUICK,
-                                              log_dir=None, log=logs.append, time_left_s=100.0, said=said) is None
+                                              log_dir=None, log=logs.append, budget=Budget.of(100.0), said=said) is None
     assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
-    assert ceilings.load(study).why.startswith("not measured: ~80 s")
+    assert "does not fit the 50 s the search's share of the budget leaves it after one more trial" in logs[0]
+    assert ceilings.load(study).why.startswith("not measured: ~60 s")
     # the baseline is input-bound all the same: the planned search feeds every config a guess, a rank's cores less one
     space = _space()
     guess = max(1, space.rank_cores - 1)
@@ -291,8 +296,8 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
     from tests.helpers import make_rec
 
     verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
-    assert verdict == f"not measured: ~80 s, over the budget's share; the loader got {guess} worker(s) unmeasured " \
-                      "(a rank's cores less one)"
+    assert verdict == f"not measured: ~60 s, over the search's share of the budget; the loader got {guess} " \
+                      "worker(s) unmeasured (a rank's cores less one)"
 
 
 def test_ceilings_wait_for_the_retry_of_a_likely_winner_a_killed_run_interrupted(tmp_path):
