@@ -29,8 +29,8 @@ model's: ``time.monotonic`` is advanced by each simulated child's wall, so 10 si
   waits for one worker to make it (workers that do not persist start again too).
 
 **Hosts where the guess is wrong** (the likely winners load with a rank's cores less one, Lightning's hint):
-``membw`` (the data path saturates at a third of the cores, then loses as more workers fight for memory
-bandwidth: 20% by the last core), ``busy`` (other jobs hold half the cores: past them every thread of ours shares
+``membw`` (the data path saturates at a third of the cores, softly, then loses as more workers fight for memory
+bandwidth: 35% by the last core), ``busy`` (other jobs hold half the cores: past them every thread of ours shares
 what is left),
 ``shm64`` (64 cores; ``/dev/shm`` holds 4 in-flight batches of 64: a loader holding more, workers x prefetch x
 batch, dies as a worker out of shared memory does; the tuner's own rule for it comes with issue 41) and ``model``
@@ -82,7 +82,8 @@ PREFETCH = {2: 0.97, 4: 0.99, 8: 0.995}  # a deeper queue rides out a slow batch
 SAMPLE_BYTES = 3 * 224 * 224 * 4  # a float32 224 px image: what a worker hands over through /dev/shm
 MAIN_BUSY = 1.0          # cores the training process keeps busy on a GPU host (launching, the pinning thread)
 THRASH = 0.03            # each thread past the cores we get costs every one of ours 3% (switches, caches)
-BANDWIDTH_LOSS = 0.2     # past the memory bandwidth's knee the data path loses this much by the last core
+BANDWIDTH_LOSS = 0.35    # past the memory bandwidth's knee the data path loses this much by the last core
+KNEE_SOFTNESS = 4        # the rise meets the bandwidth softly (queueing): (rise^-p + bandwidth^-p)^(-1/p)
 WORKER_START_S, WORKER_START_EACH_S = 0.3, 0.03  # the workers' start: the first, and each one more
 SERVER_START_S = 6.0     # a new fork server: importing torch and torchvision (H200 cold children: 7.3-8.2 s)
 FORKED_START_S = 1.5     # a child forked from a running server: building the model and the loader
@@ -144,9 +145,11 @@ class Host:
             return self.in_process
         share, thrash = self.share(c)
         steady = w * self.per_worker / (1 + CONTENTION * w)
-        if self.knee and w > self.knee:
+        if self.knee:  # the memory bandwidth: a third of the cores' worth, then more workers thrash it
+            bandwidth = self.knee * self.per_worker / (1 + CONTENTION * self.knee)
             fall = (1 / (1 - BANDWIDTH_LOSS) - 1) / max(1, self.cores - self.knee)  # per worker past the knee
-            steady = self.knee * self.per_worker / (1 + CONTENTION * self.knee) / (1 + fall * (w - self.knee))
+            steady = ((steady ** -KNEE_SOFTNESS + bandwidth ** -KNEE_SOFTNESS) ** (-1 / KNEE_SOFTNESS)
+                      / (1 + fall * max(0, w - self.knee)))
         steady *= share * thrash * PREFETCH.get(c.prefetch_factor or 2, 0.97)
         # an epoch's end: the queue drains and one worker makes the next epoch's first batch (new workers first
         # when they do not persist)
@@ -186,13 +189,18 @@ HOSTS = {
 
 
 class Clock:
-    """``time.monotonic`` advanced by each simulated child's wall (the real clock's time passes too)."""
+    """``time.monotonic`` advanced by each simulated child's wall. The real clock's time passes too, at
+    ``REAL_SHARE`` of its pace: the tuner's own work between children (its study's writes, the plan) counts a
+    little, as on a GPU host, without a busy 2-core VM's pace deciding the table."""
+
+    REAL_SHARE = 0.25
 
     def __init__(self) -> None:
         self.real, self.offset = time.monotonic, 0.0
+        self.t0 = self.real()
 
     def __call__(self) -> float:
-        return self.real() + self.offset
+        return self.t0 + self.REAL_SHARE * (self.real() - self.t0) + self.offset
 
 
 class SimRunner:

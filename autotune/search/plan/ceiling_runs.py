@@ -110,7 +110,7 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
                     "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
     # the likely winners' config as it ran, even where it failed (its fork server is the one alive)
     data_config = loader_config(keys.config_of(likely or base).to_dict(), space)
-    offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
+    offered = _climbed(space, workload)
     walls = [w for t in (base, likely) if t is not None and (w := t.user_attrs.get(keys.WALL_S))]
     allowance = climb_allowance_s(budget, walls, check_s=check_s() if check_s and budget is not None else 0.0)
     if allowance is not None and allowance < MIN_CHILDREN * min(walls, default=0.0):
@@ -134,6 +134,16 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
         log(f"ceiling: the fewest workers to feed the model: {feed_w}{c.per_rank}"
             + ("" if c.feeds() else " (none measured covers it: the data path binds whatever the knobs)"))
     return c
+
+
+def _climbed(space: Any, workload: Any) -> list[int]:
+    """The worker counts the climb may measure: those the space offers; on a GPU up to a rank's cores less one
+    (Lightning's hint, as the likely winners' loader): the training process keeps a core busy launching the
+    model's kernels and pinning batches, and a point's noise (5% on the H200) cannot tell the count that takes its
+    core from the one that leaves it (a few %). The sampler may still try every core."""
+    offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
+    hint = hint_workers(offered, space.rank_cores) if workload.device_family != "cpu" else None
+    return [c for c in offered if c <= hint] if hint else offered
 
 
 def _skip(study: Study, space: Any, workload: Any, log: Callable[[str], None], said: set[str] | None, *,

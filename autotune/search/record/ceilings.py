@@ -441,12 +441,13 @@ def _line(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]
 
 def _smooth(a: Point, b: Point, top: Point) -> bool:
     """Whether ``top`` is where a data path that shares its cores evenly would be: ``w x q / (1 + k (w - 1))``, the
-    curve through ``a`` and ``b`` (fewer workers), predicts it within 10%. Then it still rises at ``top``."""
+    curve through ``a`` and ``b`` (fewer workers), predicts it within 20% (three noisy points; a data path that
+    peaked below ``top`` is off by far more). Then it still rises at ``top``."""
     qa, qb = a.samples_per_s / a.workers, b.samples_per_s / b.workers
     denominator = qb * (b.workers - 1) - qa * (a.workers - 1)
     k = max(0.0, (qa - qb) / denominator) if denominator > 0 else 0.0
     q1 = qa * (1 + k * (a.workers - 1))
-    return top.workers * q1 / (1 + k * (top.workers - 1)) <= top.samples_per_s * 1.1
+    return top.workers * q1 / (1 + k * (top.workers - 1)) <= top.samples_per_s * 1.2
 
 
 def refine_workers(points: list[Point], target: float, offered: list[int], *, world: int = 1) -> int | None:
@@ -496,8 +497,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     * A point above the best as fast as it: a plateau, or a peak between the two; the count halfway tells (none
       between: done).
     * The best is the most workers measured: with one point below it, the count halfway (the curve's shape between
-      them is unknown); with two, done when it still rises as evenly shared cores would (``_smooth``), after one
-      worker less where the best took every core offered (is the training process's core worth more?).
+      them is unknown); with two, done when it still rises as evenly shared cores would (``_smooth``).
     * Else where the rise (through the two highest points below the best; the origin and the one point where there
       is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
       at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
@@ -515,12 +515,8 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
         return nearest(best.workers, twin.workers, (best.workers + twin.workers) / 2)
     if not above and len(below) == 1:
         return nearest(lo, best.workers, (lo + best.workers) / 2)
-    if len(below) >= 2 and _smooth(below[-2], below[-1], best):  # it still rises there, as shared cores do
-        if not above:  # every core offered, or the training process's core for it (one worker less)?
-            less = best.workers - 1
-            return less if best.workers == offered[-1] and less in offered and less not in measured else None
-        if [q.workers for q in above] == [offered[-1]] == [best.workers + 1]:
-            return None  # the training process's core was worth more than a worker
+    if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
+        return None  # it still rises at the best, as evenly shared cores do
     rise = _line(*[(float(q.workers), q.samples_per_s) for q in ([Point("data", {}, 0.0)] + below)[-2:]])
     fall = (_line((best.workers, best.samples_per_s), (above[0].workers, above[0].samples_per_s)) if above
             else (0.0, best.samples_per_s))
@@ -547,4 +543,26 @@ def recorded(study: Study, rec: Any) -> Any:
         return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": verdict, "levers": []})
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
+    untried = _untried(study, c, rec)
+    if untried:  # the budget cut the trials that would have run the ceilings' count: said, with the count
+        record["untried"] = untried
+        return dataclasses.replace(rec, ceilings=record, notes=rec.notes + (untried,))
     return dataclasses.replace(rec, ceilings=record)
+
+
+def _untried(study: Study, c: Ceilings, rec: Any) -> str:
+    """A line when no search trial ran the workers the ceilings give end to end (a budget cut the fed trials) and
+    the recommendation runs others; "" otherwise."""
+    from autotune.search.record import trials as keys
+
+    feed = c.workers_to_feed()
+    if feed is None or rec.config.num_workers == feed:
+        return ""
+    for t in study.get_trials(deepcopy=False):
+        config = keys.config_of(t) if t.user_attrs.get(keys.STATUS) == "ok" else None
+        if config is not None and config.num_workers == feed:
+            return ""  # run end to end, and beaten
+    what = "the fewest that feed the model" if c.feeds() else "the data path's best"
+    return (f"the ceilings measured {feed} worker(s){c.per_rank} as {what}; no search trial ran them end to end "
+            f"before the budget ended, so the recommendation runs {rec.config.num_workers}: try num_workers={feed}, "
+            "or give a longer --timeout")
