@@ -74,8 +74,9 @@ def climb_allowance_s(budget: Budget | None, walls: list[float], *, check_s: flo
     trial that runs the count it finds (a long trial of those so far); None without a deadline.
 
     >>> from autotune.search.budget import Budget
-    >>> round(climb_allowance_s(Budget.of(1000.0, started=time.monotonic()), [20.0, 30.0]))  # no reserves: 1000 - 30
-    970
+    >>> b = Budget.of(1000.0, started=time.monotonic())  # 3 finalists and the baseline, 2 rounds of 30 s: 240 s
+    >>> round(climb_allowance_s(b, [20.0, 30.0]))           # 1000 s less that reserve and one more 30 s trial
+    730
     """
     if budget is None or budget.deadline is None:
         return None

@@ -513,7 +513,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     twin = next((q for q in above if q.samples_per_s >= fastest.samples_per_s * (1 - TOLERANCE)), None)
     if twin is not None:
         return nearest(best.workers, twin.workers, (best.workers + twin.workers) / 2)
-    if not above and len(below) == 1:
+    if len(below) == 1 and (not above or best.workers - lo >= 8):
         return nearest(lo, best.workers, (lo + best.workers) / 2)
     if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
         return None  # it still rises at the best, as evenly shared cores do

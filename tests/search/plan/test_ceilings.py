@@ -430,3 +430,147 @@ def test_a_data_path_that_fails_only_with_workers_stops_the_run_in_one_line(tmp_
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert last == ("autotune run: error: the data path alone (the workload's DataLoader, 1 worker(s), no model) "
                     "failed: RuntimeError: the image store is not reachable from a worker process"), last
+
+
+class _SimClock:
+    """``time.monotonic`` for a budget test: each child's wall advances it; the real clock's time adds a tenth."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.real = time.monotonic
+        self.t0 = self.real()
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return self.t0 + 0.1 * (self.real() - self.t0) + self.offset
+
+
+def _gpu_host(clock: _SimClock, *, cores: int = 16, knee: int = 5):
+    """A fake runner of a GPU host whose data path peaks at ``knee`` workers (memory bandwidth) and then loses 4%
+    a worker: the likely winners' guess (a rank's cores less one) is wrong. The model alone runs 8000/s (10000 with
+    bf16); a trial's child takes 12 s on the simulated clock, a ceiling's point 6 s. Keeps (part, workers, start,
+    end) of each child."""
+    calls: list[tuple[str, int, float, float]] = []
+
+    def data(w: int) -> float:
+        return 330.0 * min(w, knee) / (1 + 0.04 * max(0, w - knee)) if w else 400.0
+
+    def run(workload, c, measure, **kw):
+        start = clock()
+        model = 10000.0 if c.amp == "bf16" else 8000.0
+        rate = {"model": model, "data": data(c.num_workers)}.get(measure.part)
+        if rate is None:
+            rate = 1 / (1 / model + 1 / data(0)) if c.num_workers == 0 else min(model, data(c.num_workers))
+        clock.offset += 12.0 if measure.part == "full" else 6.0
+        calls.append((measure.part, c.num_workers, start, clock()))
+        wait = max(0.0, 1 / rate - 1 / model)
+        return TrialResult(status="ok", samples_per_s=(0.99 * rate, rate, 1.01 * rate), wall_s=clock() - start,
+                           peak_host_mb=10.0, batch_size=c.batch_size, data_wait_s_per_step=wait * c.batch_size,
+                           compute_s_per_step=c.batch_size / model, cpu_cores_used=1.0 + c.num_workers,
+                           peak_device_mb=100.0, peak_device_allocated_mb=80.0)
+
+    run.calls = calls
+    return run
+
+
+def _gpu_space(cores: int):
+    from tests.helpers import fake_hw
+
+    gpu = {"index": 0, "name": "NVIDIA H200 (fake)", "compute_capability": "9.0", "memory_total_mb": 143771.0,
+           "memory_free_mb": 143000.0, "driver": "580.159.04", "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0"}
+    hw = dataclasses.replace(fake_hw(cores, gpus=(gpu,)), cuda="13.0", torch="2.11.0+cu130")
+    return hw, space_from_dict({"name": "g", "device": "cuda", "parameters": {
+        "batch_size": {"type": "int", "choices": [64, 128]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "pin_memory": {"type": "bool"},
+        "amp": {"type": "categorical", "choices": ["off", "bf16"]},
+        "intra_op_threads": {"type": "int", "low": 1, "high": "cores"}},
+        "baseline": {"batch_size": 64, "num_workers": 0, "amp": "off", "pin_memory": False}}, hardware=hw,
+        device="cuda")
+
+
+@pytest.mark.parametrize("budget_s, cut", [(180.0, True), (600.0, False)])
+def test_the_climb_is_priced_inside_the_search_share_and_stops_where_its_next_point_would_not_fit(
+        budget_s, cut, tmp_path, monkeypatch):
+    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 3 minutes
+    (trials 0 and 1 took 30 s) the search's share after the reserves and one more trial holds fewer: the climb
+    stops before its next point would end past it, says so, and keeps what it measured; with 10 it finishes. Either
+    way the count it gives the search is one it measured, with no more threads than its workers leave."""
+    import time
+
+    import optuna
+
+    from autotune.search.budget import Budget, long_trial_s
+    from autotune.search.record import trials as keys
+
+    clock = _SimClock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    hw, space = _gpu_space(64)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = space.effective(space.likely_params()).to_dict()
+    for role, config, value in ((keys.BASELINE, space.baseline_config().to_dict(), 380.0),
+                                (keys.LIKELY_WINNER, likely, 5000.0)):
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={
+            role: True, keys.CONFIG: config, keys.STATUS: "ok", keys.WALL_S: 15.0, keys.DATA_WAIT_SHARE: 0.9}))
+    budget = Budget.of(budget_s, started=clock() - 30.0, measure=QUICK, finalists=3, rounds=2)
+    runner = _gpu_host(clock, cores=64, knee=21)
+    logs: list[str] = []
+    c = ceiling_runs.measure_if_wanted(study, space, runner=runner, workload=Workload(device="cuda"), measure=QUICK,
+                                       log_dir=None, log=logs.append, budget=budget, check_s=lambda: 0.0)
+    assert c is not None and c.model is not None, logs
+    end = runner.calls[-1][3]
+    walls = [15.0, 15.0]
+    assert budget.deadline - end - budget.search_reserve_s(walls) >= long_trial_s(walls)  # a fed trial still fits
+    assert any("ended the climb" in n for n in c.notes) == cut, c.notes
+    measured = [p.workers for p in c.measured()]
+    assert len(measured) >= 2 and ceilings.feed(study, space)["num_workers"] in measured, (measured, c.notes)
+    assert all(p.config["intra_op_threads"] + p.workers <= 64 for p in c.data)
+    assert max(measured) <= 63  # on a GPU the climb leaves the training process its core
+
+
+@pytest.mark.slow  # a whole 3-minute run on a simulated clock: ~10 s of CPU, more on a loaded VM
+def test_the_climb_fits_the_search_share_of_a_3_minute_budget_and_measures_the_count_it_gives(tmp_path, monkeypatch):
+    """Issue 42: on a 16-core GPU host whose data path peaks at 5 workers, a 3-minute budget. The climb runs after
+    trials 0 and 1, priced inside the search's share (``Budget.search_left_s``): it ends while that share still
+    holds one more trial, its time is not trial 1's (a fed trial runs after it), the count it gives the search is
+    one of its measured points, the fed trials run it, and the recommendation's YAML keeps the climb."""
+    import time
+
+    from autotune.machine.envstamp import collect_env_stamp
+    from autotune.search.budget import long_trial_s
+    from autotune.search.record import trials as keys
+
+    collect_env_stamp()  # the stamp the recommendation keeps (a child importing torch): cached, before the clock
+    clock = _SimClock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    hw, space = _gpu_space(16)
+    runner = _gpu_host(clock)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=space,
+                  hardware=hw, measure=MeasureSpec(windows=3, window_s=1.0, memory_cap_mb=4096.0), parity_steps=0,
+                  storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, seed=0, log=logs.append)
+    rec = tuner.run(timeout_s=180.0)
+    parts = [c for c in runner.calls if c[0] != "full"]
+    full = [c for c in runner.calls if c[0] == "full"]
+    assert parts and parts[0][0] == "model" and full[1][3] <= parts[0][2]  # after trials 0 and 1
+    # inside the search's share: when the climb ended, the search's time left still held one more trial
+    budget, walls = tuner.budget, [full[0][3] - full[0][2], full[1][3] - full[1][2]]
+    climb_end = parts[-1][3]
+    assert budget.deadline - climb_end - budget.search_reserve_s(walls) >= long_trial_s(walls), logs
+    # the count the ceilings give is a measured point, and the search ran it end to end after the climb
+    doc = yaml.safe_load(rec.to_yaml())
+    measured = [p["config"]["num_workers"] for p in doc["ceilings"]["data"]]
+    feed = doc["ceilings"]["workers_to_feed"]
+    assert feed in measured and 4 <= feed <= 6, (measured, feed)
+    fed = [c for c in full if c[2] >= climb_end and c[1] == feed]
+    assert fed and fed[0][3] <= budget.deadline - budget.search_reserve_s(walls), full
+    assert rec.config.num_workers == feed
+    # the threads of a point are those its workers leave (never more threads than cores): the fed configs' own
+    for p in doc["ceilings"]["data"]:
+        assert (p["config"]["intra_op_threads"] or 0) + p["config"]["num_workers"] <= 16, p["config"]
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    assert trials[1].user_attrs[keys.CONFIG]["prefetch_factor"] == 2  # the likely winners' prefetch: set, not sampled
+    assert clock() - budget.started <= 180.0 * 1.05, clock() - budget.started
