@@ -17,10 +17,11 @@ model's: ``time.monotonic`` is advanced by each simulated child's wall, so 10 si
   1265/s); ``w`` workers ``w x PER_WORKER / (1 + CONTENTION x w)`` (14 workers: 3572 measured); with 0 workers the
   training process loads (``IN_PROCESS``) between the model's steps (PyTorch's defaults: 437-444/s, 89% waiting);
   the model ``MODEL_FP32`` at batch 64 in fp32 eager times each knob's factor.
-* **noise, drawn from the logs**: each trial draws its windows' spread from the relative IQRs its windows showed
-  there (``WINDOW_IQRS``: the tuner's trials 2.1-8.3%, the reference loop's fresh processes 5.4-19.6%), and a
-  level of its own per process (``PROCESS_SIGMA``, 5.1%, from the four configs measured in two processes: the
-  baseline 339.8 in its search trial and 389.3 in the finalists' round, +14.6%).
+* **noise, drawn from the logs**: each trial draws its windows' spread from the relative IQRs windows showed there
+  (``WINDOW_IQRS``: the tuner's trials 2.1-8.3%, the reference loop's fresh processes 5.4-19.6%, all at 10-18
+  batches a window), scaled by the square root of the batches its own windows hold (a window's spread is its
+  batches'), and a level of its own per process (``PROCESS_SIGMA``, 5.1%, from the four configs measured in two
+  processes: the baseline 339.8 in its search trial and 389.3 in the finalists' round, +14.6%).
 * **start-up, as the tuner pays it**: a child forked from a fork server (``FORKED_START_S``) whose environment
   (threads, allocator, affinity) is already served, else a new server first (``SERVER_START_S``: importing torch;
   at most two alive, least recently used replaced: ``ForkServers``); the CUDA context and the first steps; the
@@ -95,8 +96,12 @@ RUN_S = 3600.0           # the planned run the tuner prices compile over (its de
 # --- noise, drawn from the H200 logs ----------------------------------------------------------------------------
 # the relative IQR of one process's windows: the tuner's trials 1 and 0 (2.1%, 8.3%), the finalists' 10 windows
 # (4.7%), the reference loop's fresh processes (5.4%, 10.1%, 13.8%, 17.5%, 19.6%; its 172% first window overlapped
-# the workers' start, which the tuner's warm-up and settled first window leave out)
+# the workers' start, which the tuner's warm-up and settled first window leave out). Every one of them loaded in the
+# training process at 340-440 samples/s: 10 to 18 batches of 64 a window (3 s windows in the tuner then, 1.5 s in the
+# reference loop). A window's spread is its batches' (a JPEG's decode varies): it falls as the square root of the
+# batches a window holds, so each trial's drawn spread is scaled from WINDOW_IQR_BATCHES to its own.
 WINDOW_IQRS = (0.021, 0.047, 0.054, 0.083, 0.101, 0.138, 0.175, 0.196)
+WINDOW_IQR_BATCHES = 12
 # the same config measured in two fresh processes (samples/s): the baseline in its search trial and in the
 # finalists' round, the recommendation likewise, and the reference loop's two rounds of the recommendation and the
 # defaults; a process's own level has sigma = rms(log ratio) / sqrt(2)
@@ -211,7 +216,7 @@ class SimRunner:
         self.host, self.clock, self.rng = host, clock, random.Random(seed)
         self.servers: OrderedDict[tuple, None] = OrderedDict()  # the fork servers alive, least recently used first
         self.compiled: set = set()  # configs compiled once: later trials load inductor's cache (the study's)
-        self.children = 0
+        self.children, self.batch = 0, 64
 
     def startup_s(self, c) -> float:
         """A forked child's start, after a new server's when no server runs this environment."""
@@ -229,7 +234,8 @@ class SimRunner:
         then up to ``measure.windows``, stopping from the third once they agree within ``tight_spread``."""
         from autotune.measure import window_settled
 
-        sigma = self.rng.choice(WINDOW_IQRS) / 1.349  # this process's window spread, from the logs
+        batches = max(1.0, rate * measure.window_s / self.batch)  # this window's batches: its spread falls with them
+        sigma = self.rng.choice(WINDOW_IQRS) / 1.349 * math.sqrt(WINDOW_IQR_BATCHES / batches)
         level = rate * math.exp(self.rng.gauss(0.0, PROCESS_SIGMA))  # and its own level
         draw = [level * self.rng.gauss(1.0, sigma) for _ in range(measure.windows + 2 + measure.settle_windows)]
         unsettled = 0
@@ -265,6 +271,7 @@ class SimRunner:
             rate, wait = host.data_rate(c), 0.99
         else:
             rate, wait = host.end_to_end(c)
+        self.batch = c.batch_size
         windows, unsettled = self.windows(rate, measure)
         compile_s = COMPILE[c.compile_mode][1] if part != "data" else 0.0
         if compile_s and c.key() in self.compiled:

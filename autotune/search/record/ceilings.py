@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
-           "refine_workers", "MAX_POINTS", "TOLERANCE", "feed", "load", "store", "climb", "Run", "recorded"]
+           "refine_workers", "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
@@ -52,9 +52,6 @@ HEADROOM = 1.15
 # The most data-path points a climb measures (it usually needs 2 to 5: ``next_workers``, ``refine_workers``); a
 # budget's share of the search usually stops it sooner (``ceiling_runs``).
 MAX_POINTS = 8
-# Data points within this share of the fastest measured give the same rate: the fewest workers among them are the
-# data path's best count (more workers only take memory, shared memory and cores from the training process).
-TOLERANCE = 0.03
 # A point whose workers outnumber the cores it kept busy by this much ran on fewer cores than it had threads: the
 # host's other jobs, a cgroup's share, or a training process that cannot take the batches faster (``refine_workers``).
 STARVED = 0.75
@@ -156,7 +153,7 @@ class Ceilings:
         return pts[0].samples_per_s * workers / max(1, pts[0].workers)
 
     def best_data(self) -> Point | None:
-        """The data path's best point: the fewest workers within ``TOLERANCE`` of the fastest measured."""
+        """The data path's best point: the fastest measured, the fewest workers among equals."""
         return _best(self.measured())
 
     def workers_to_feed(self, headroom: float = HEADROOM) -> int | None:
@@ -426,11 +423,10 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
 
 
 def _best(ok: list[Point]) -> Point | None:
-    """The fewest workers within ``TOLERANCE`` of the fastest of ``ok``."""
-    if not ok:
-        return None
-    top = max(p.samples_per_s for p in ok)
-    return min((p for p in ok if p.samples_per_s >= top * (1 - TOLERANCE)), key=lambda p: p.workers)
+    """The fastest of ``ok``, the fewest workers among equals (more workers only take memory, shared memory and
+    cores from the training process). Not the fewest within some tolerance of it: a point's noise (5% on the H200)
+    would pick a count on the rise that measured high."""
+    return max(ok, key=lambda p: (p.samples_per_s, -p.workers)) if ok else None
 
 
 def _line(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
@@ -494,14 +490,12 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
 def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None:
     """``refine_workers``' last case: the knee of a data path that peaks below the most workers measured.
 
-    * A point above the best as fast as it: a plateau, or a peak between the two; the count halfway tells (none
-      between: done).
     * The best is the most workers measured: with one point below it, the count halfway (the curve's shape between
       them is unknown); with two, done when it still rises as evenly shared cores would (``_smooth``).
     * Else where the rise (through the two highest points below the best; the origin and the one point where there
       is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
       at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
-    best, fastest = _best(ok), max(ok, key=lambda q: q.samples_per_s)
+    best = _best(ok)
     below = [q for q in ok if q.workers < best.workers]
     above = [q for q in ok if q.workers > best.workers]
     lo, hi = (below[-1].workers if below else 0), (above[0].workers if above else best.workers)
@@ -510,10 +504,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
         between = [c for c in offered if a < c < b and c not in measured]
         return min(between, key=lambda c: (abs(c - want), c)) if between else None
 
-    twin = next((q for q in above if q.samples_per_s >= fastest.samples_per_s * (1 - TOLERANCE)), None)
-    if twin is not None:
-        return nearest(best.workers, twin.workers, (best.workers + twin.workers) / 2)
-    if len(below) == 1 and (not above or best.workers - lo >= 8):
+    if not above and len(below) == 1:
         return nearest(lo, best.workers, (lo + best.workers) / 2)
     if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
         return None  # it still rises at the best, as evenly shared cores do

@@ -141,7 +141,8 @@ def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the
         return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
 
     stopped = climb({}, {}, list(range(1, 33)), flat)
-    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 2)]  # 2: where the rise meets 160
+    # then halfway below the best (6: as fast), and where the rise of one worker meets 160: 2
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 6), ("data", 2)]
     assert any("stopped growing" in n for n in stopped.notes) and stopped.workers_to_feed() == 2
 
 
@@ -204,7 +205,8 @@ def _space():
 def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
     """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its
     step. The tuner measures the model alone, then the data path at 1 worker and at the most, 8 (8 x 140 = 1120 < 1200:
-    none covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
+    none covers it), and halfway (4: the rise is even, so 8 is the data path's best), trial 2 runs 8 workers, and the
+    recommendation's YAML says the data path binds."""
     runner = _pipeline(1000.0, 140.0, cores=8)
     logs: list[str] = []
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
@@ -212,7 +214,7 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
                   seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=4)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 8)]  # 140 a worker predicts 10 for 1380: 8 is the most
+    assert parts == [("model", 0), ("data", 1), ("data", 8), ("data", 4)]  # 10 for 1380: 8 is the most; then halfway
     assert runner.calls[2][0] == "model"  # measured after the baseline and the likely winners, before trial 2
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
@@ -224,7 +226,7 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
     assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
-    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8]
+    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8, 4]
     assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
     assert doc["ceilings"]["device"] == "cpu" and not any("GPU" in lever for lever in doc["ceilings"]["levers"])
     assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
@@ -240,7 +242,8 @@ def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_work
                   parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=3)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 4)]  # 4: the most a rank's share of 8 cores offers
+    assert parts == [("model", 0), ("data", 1), ("data", 4), ("data", 2)]  # 4: the most a rank's share of 8 cores
+    # offers (then halfway, 2: the rise is even, 4 is the best)
     assert any("in 2 DDP ranks at once as the trials run" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["world_size"] == 2 and doc["ceilings"]["workers_to_feed"] == 4
@@ -331,7 +334,7 @@ def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(t
                   finalist_rounds=1, log=lambda m: None)
     ceilings.store(tuner.study(), Ceilings(model=None, why="not measured: ~400 s, over the budget's share"))
     rec = tuner.run(trials=3)
-    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data"]
+    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data", "data"]
     assert rec.ceilings["model"] is not None and rec.ceilings["workers_to_feed"] == 8
 
 
