@@ -577,3 +577,29 @@ def test_the_climb_fits_the_search_share_of_a_3_minute_budget_and_measures_the_c
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     assert trials[1].user_attrs[keys.CONFIG]["prefetch_factor"] == 2  # the likely winners' prefetch: set, not sampled
     assert clock() - budget.started <= 180.0 * 1.05, clock() - budget.started
+
+
+def test_the_climbs_count_survives_into_the_yaml_when_the_budget_cut_the_trials_that_would_run_it(tmp_path):
+    """The climb measured 5 workers as the data path's best, then the budget ended before a fed trial ran them: the
+    recommendation (trial 1's guess, 15 workers) keeps the climb in its YAML and says which count to try. Once a
+    trial ran 5 workers end to end (and lost), it says nothing more."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+    from tests.helpers import make_rec
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    guess = TrialConfig(batch_size=64, num_workers=15, pin_memory=True, persistent_workers=True, prefetch_factor=2)
+    for config in (TrialConfig(batch_size=64), guess):
+        study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={keys.CONFIG: config.to_dict(),
+                                                                             keys.STATUS: "ok"}))
+    ceilings.store(study, _c(10000.0, (1, 330.0), (15, 1100.0), (8, 1400.0), (5, 1450.0)))
+    rec = ceilings.recorded(study, make_rec(config=guess))
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["workers_to_feed"] == 5 and [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] \
+        == [1, 15, 8, 5]
+    assert "try num_workers=5" in doc["ceilings"]["untried"] and doc["ceilings"]["untried"] in doc["notes"]
+    study.add_trial(optuna.trial.create_trial(value=90.0, user_attrs={
+        keys.CONFIG: guess.replace(num_workers=5).to_dict(), keys.STATUS: "ok"}))
+    again = ceilings.recorded(study, make_rec(config=guess))
+    assert "untried" not in again.ceilings and not any("try num_workers" in n for n in again.notes)
