@@ -79,7 +79,10 @@ CUDNN_BENCHMARK = 1.08
 COMPILE = {"none": (1.0, 0.0), "default": (1.12, 45.0), "reduce-overhead": (1.15, 60.0),
            "max-autotune": (1.18, 240.0)}  # (speed-up, compile seconds)
 UNPINNED_MS = 0.06       # per sample: a pageable 224x224x3 float copy, synchronous, in the training process
-PREFETCH = {2: 0.97, 4: 0.99, 8: 0.995}  # a deeper queue rides out a slow batch
+# a deeper queue rides out a slow batch: what a loader as fast as its model loses to the batches' jitter. A loader
+# slower than its model loses nothing to it (its workers are never idle with a batch queued each), one far faster
+# neither: the loss falls as (slower / faster) ** 4
+PREFETCH = {2: 0.97, 4: 0.99, 8: 0.995}
 SAMPLE_BYTES = 3 * 224 * 224 * 4  # a float32 224 px image: what a worker hands over through /dev/shm
 MAIN_BUSY = 1.0          # cores the training process keeps busy on a GPU host (launching, the pinning thread)
 THRASH = 0.03            # each thread past the cores we get costs every one of ours 3% (switches, caches)
@@ -155,7 +158,7 @@ class Host:
             fall = (1 / (1 - BANDWIDTH_LOSS) - 1) / max(1, self.cores - self.knee)  # per worker past the knee
             steady = ((steady ** -KNEE_SOFTNESS + bandwidth ** -KNEE_SOFTNESS) ** (-1 / KNEE_SOFTNESS)
                       / (1 + fall * max(0, w - self.knee)))
-        steady *= share * thrash * PREFETCH.get(c.prefetch_factor or 2, 0.97)
+        steady *= share * thrash
         # an epoch's end: the queue drains and one worker makes the next epoch's first batch (new workers first
         # when they do not persist)
         refill = c.batch_size / (self.per_worker * share) + (
@@ -168,7 +171,8 @@ class Host:
         data = self.data_rate(c)
         if c.num_workers == 0:  # loading in the training process: one after the other
             return 1 / (1 / model + 1 / data), (1 / data) / (1 / model + 1 / data)
-        rate = min(model, data)
+        jitter = (1 - PREFETCH.get(c.prefetch_factor or 2, 0.97)) * (min(model, data) / max(model, data)) ** 4
+        rate = min(model, data) * (1 - jitter)
         return rate, max(0.0, 1 - rate / model)
 
     def over_the_run(self, c) -> float:
