@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.budget import long_trial_s
-from autotune.search.record.ceilings import Ceilings, Point, climb, load, offered_workers, store
+from autotune.search.record.ceilings import FED, Ceilings, Point, climb, load, offered_workers, store
 from autotune.search.space.likely import hint_workers
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from autotune.search.budget import Budget
 
-__all__ = ["INPUT_BOUND_SHARE", "MIN_CHILDREN", "SKIPPED", "wanted", "measure_if_wanted", "loader_config",
+__all__ = ["INPUT_BOUND_SHARE", "MIN_CHILDREN", "FED_SHARE", "SKIPPED", "wanted", "measure_if_wanted", "loader_config",
            "climb_allowance_s"]
 
 # From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
@@ -42,6 +42,9 @@ INPUT_BOUND_SHARE = 0.20
 # rate predicts). A budget whose search share holds fewer skips the climb, saying so, and feeds a guess.
 MIN_CHILDREN = 3
 SKIPPED = "ceilings skipped"  # said once a run skipped them (the tuner's ``said``): not asked again in that run
+# On a GPU, likely winners that waited for data under this share of their step were fed by their loader (the
+# per-trial diagnosis calls a step input-bound from 30%): no climb (``_fed_already``).
+FED_SHARE = 0.10
 
 
 def wanted(baseline_wait_share: float | None, *, device: str, space: Any) -> str | None:
@@ -107,6 +110,8 @@ def measure_if_wanted(study: Study, space: Any, *, runner: Callable[..., Any], w
     ran = [t for t in (base, likely) if t is not None and t.user_attrs.get(keys.STATUS) == "ok"]
     if not ran:
         return None
+    if _fed_already(study, likely, workload, log, said):
+        return None
     model_config = {**keys.config_of(max(ran, key=lambda t: t.value or 0.0)).to_dict(),  # its loader plays no part
                     "num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
     # the likely winners' config as it ran, even where it failed (its fork server is the one alive)
@@ -145,6 +150,29 @@ def _climbed(space: Any, workload: Any) -> list[int]:
     offered = offered_workers(next(p.choices for p in space.params if p.name == "num_workers"))
     hint = hint_workers(offered, space.rank_cores) if workload.device_family != "cpu" else None
     return [c for c in offered if c <= hint] if hint else offered
+
+
+def _fed_already(study: Study, likely: Any, workload: Any, log: Callable[[str], None], said: set[str] | None) -> bool:
+    """On a GPU, the likely winners' loader (Lightning's hint) already fed the model: they waited for data under
+    ``FED_SHARE`` of their step. Then the climb could only find fewer workers for the same rate, and its time goes
+    to the model's knobs (the batch, compile) instead: the feed is that loader, said and stored (True)."""
+    from autotune.search.record import trials as keys
+
+    if likely is None or workload.device_family == "cpu" or likely.user_attrs.get(keys.STATUS) != "ok":
+        return False
+    wait = likely.user_attrs.get(keys.DATA_WAIT_SHARE)
+    workers = keys.config_of(likely).num_workers
+    if not isinstance(wait, (int, float)) or wait >= FED_SHARE or not workers:
+        return False
+    log(f"ceilings not measured: the likely winners' loader ({workers} worker(s), a rank's cores less one) already "
+        f"feeds the model (they waited for data {100 * wait:.0f}% of their step): the search's time goes to the "
+        "model's knobs")
+    store(study, Ceilings(model=None, why=f"not measured: the likely winners' {workers} worker(s) {FED} "
+                                          f"(waiting {100 * wait:.0f}% of the step)",
+                          device=workload.device_family, guess=workers))
+    if said is not None:
+        said.add(SKIPPED)
+    return True
 
 
 def _skip(study: Study, space: Any, workload: Any, log: Callable[[str], None], said: set[str] | None, *,

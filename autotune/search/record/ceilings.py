@@ -40,10 +40,11 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
-           "refine_workers", "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
+__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers",
+           "grew", "refine_workers", "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
+FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
 MODEL_KNOBS = ("batch_size", "amp", "channels_last", "compile_mode")
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
@@ -529,7 +530,7 @@ def recorded(study: Study, rec: Any) -> Any:
         return rec
     if c.model is None and not c.data:  # skipped (the budget): said, not guessed
         verdict = c.why if c.why.startswith("not measured") else f"not measured ({c.why})"
-        if c.guess:
+        if c.guess and FED not in c.why:
             verdict += f"; the loader got {c.guess} worker(s) unmeasured (a rank's cores less one)"
         return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": verdict, "levers": []})
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),

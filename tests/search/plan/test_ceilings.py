@@ -603,3 +603,30 @@ def test_the_climbs_count_survives_into_the_yaml_when_the_budget_cut_the_trials_
         keys.CONFIG: guess.replace(num_workers=5).to_dict(), keys.STATUS: "ok"}))
     again = ceilings.recorded(study, make_rec(config=guess))
     assert "untried" not in again.ceilings and not any("try num_workers" in n for n in again.notes)
+
+
+def test_on_a_gpu_likely_winners_their_loader_already_feeds_skip_the_climb(tmp_path):
+    """A model-bound GPU path: trial 1's loader (a rank's cores less one) waited for data 2% of its step. The climb
+    could only find fewer workers for the same rate: it is not run, the search's time goes to the model's knobs,
+    and the feed is that loader, measured end to end by trial 1 (not called unmeasured)."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+    from tests.helpers import make_rec
+
+    hw, space = _gpu_space(16)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = space.effective(space.likely_params()).to_dict()
+    for role, config, wait in ((keys.BASELINE, space.baseline_config().to_dict(), 0.4), (keys.LIKELY_WINNER, likely,
+                                                                                         0.02)):
+        study.add_trial(optuna.trial.create_trial(value=1000.0, user_attrs={
+            role: True, keys.CONFIG: config, keys.STATUS: "ok", keys.WALL_S: 15.0, keys.DATA_WAIT_SHARE: wait}))
+    logs: list[str] = []
+    runner = _pipeline(1000.0, 3000.0, cores=16)
+    assert ceiling_runs.measure_if_wanted(study, space, runner=runner, workload=Workload(device="cuda"),
+                                          measure=QUICK, log_dir=None, log=logs.append) is None
+    assert not runner.calls and "already feeds the model" in logs[0]
+    assert ceilings.feed(study, space)["num_workers"] == likely["num_workers"] == 15
+    verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
+    assert verdict.startswith("not measured: the likely winners' 15 worker(s) fed the model") and "unmeasured" \
+        not in verdict
