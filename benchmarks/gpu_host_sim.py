@@ -410,7 +410,8 @@ def run_cell(name: str, minutes: float, *, seed: int = 0, log: bool = False, cei
             "rec": rec.config.short() if rec else None, "best": best_config.short(), "best_rate": best_rate,
             "rec_rate": rec_rate, "binds": (rec.ceilings or {}).get("binds") if rec else None,
             "climb": climbed, "feed": ceil.workers_to_feed() if ceil is not None and ceil.data else None,
-            "guess": ceil.guess if ceil is not None else None, "children": runner.children}
+            "guess": ceil.guess if ceil is not None else None, "children": runner.children,
+            "ceilings_why": ceil.why if ceil is not None else None}
 
 
 def _commit() -> str:
@@ -426,6 +427,7 @@ def _commit() -> str:
 def _row(cell: dict, without: dict | None) -> str:
     to95 = "never" if cell["trial_to_95"] is None else f"trial {cell['trial_to_95']}"
     climb = ("w " + ", ".join(map(str, cell["climb"])) + f" -> {cell['feed']}" if cell["climb"] else
+             f"none: trial 1's {cell['guess']} fed the model" if "fed the model" in (cell["ceilings_why"] or "") else
              f"skipped (guess {cell['guess']})" if cell["guess"] else "not measured")
     changed = "-" if without is None else (
         f"yes ({without['rec_over_best']:.2f} without)" if abs(without["rec_over_best"] - cell["rec_over_best"]) > 0.05
