@@ -44,7 +44,7 @@ same cell run again with the ceilings off). Goal (issue 42): >= 0.95 within 3 mi
 needs no compile; where compile is the best (``model``), the 10-minute cell says what a longer budget buys (and
 each such cell, what it gives of the best eager config).
 
-    python benchmarks/gpu_host_sim.py                   # the whole table (~15-25 minutes on a 2-core VM)
+    python benchmarks/gpu_host_sim.py --counterfactual 3  # the table of docs/gpu.md (~1 hour on a busy 2-core VM)
     python benchmarks/gpu_host_sim.py --hosts membw16 --minutes 3 --counterfactual --log  # one cell, its log
 """
 
