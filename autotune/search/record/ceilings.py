@@ -469,6 +469,7 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
     5
     >>> refine_workers([p(1, 320.0, 2.0), p(15, 1489.0, 8.0)], 11300.0, list(range(1, 16)))  # 8 cores for 16 threads
     7
+    >>> refine_workers([p(1, 320.0), p(2, 300.0)], 11300.0, [1, 2])  # one worker is the fastest: nothing below it
     """
     ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
     if not ok or not offered:
@@ -505,6 +506,8 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
         between = [c for c in offered if a < c < b and c not in measured]
         return min(between, key=lambda c: (abs(c - want), c)) if between else None
 
+    if not below:  # the fewest workers measured are the fastest (one worker, on a machine of two cores): done
+        return None
     if not above and len(below) == 1:
         return nearest(lo, best.workers, (lo + best.workers) / 2)
     if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):

@@ -113,6 +113,14 @@ def test_the_climb_stops_where_the_data_path_stops_growing():
     assert back == flat and flat.to_dict()["binds"] == "data"
 
 
+def test_on_two_cores_one_worker_faster_than_two_ends_the_climb_at_one():
+    """This VM: the second worker takes the training process's core, and the data path alone slows: the climb ends
+    at one worker (the slow end-to-end test met it by chance, as a TypeError, before this)."""
+    asked: list[tuple[str, int]] = []
+    c = climb({}, {}, [1, 2], _runner(asked, lambda part, w: 5000.0 if part == "model" else {1: 320.0, 2: 300.0}[w]))
+    assert asked == [("model", 0), ("data", 1), ("data", 2)] and c.workers_to_feed() == 1
+
+
 def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the_gap_below_it():
     """150/s a worker, a model of 3000/s, and from 12 workers the host runs out of memory: the climb does not stop at
     the one worker it measured (which would size every later loader to 1) but bisects below the failure."""
@@ -576,7 +584,8 @@ def test_the_climb_fits_the_search_share_of_a_3_minute_budget_and_measures_the_c
         assert (p["config"]["intra_op_threads"] or 0) + p["config"]["num_workers"] <= 16, p["config"]
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     assert trials[1].user_attrs[keys.CONFIG]["prefetch_factor"] == 2  # the likely winners' prefetch: set, not sampled
-    assert clock() - budget.started <= 180.0 * 1.05, clock() - budget.started
+    # the run ends by its budget, plus 5%, plus the tenth of the VM's real time the clock counts (its pace is the VM's)
+    assert clock() - budget.started <= 180.0 * 1.05 + 0.1 * (clock.real() - clock.t0), clock() - budget.started
 
 
 def test_the_climbs_count_survives_into_the_yaml_when_the_budget_cut_the_trials_that_would_run_it(tmp_path):
