@@ -75,14 +75,15 @@ class LocalBackend(SearchBackend):
                     break
                 t0 = time.monotonic()
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
+                wall = time.monotonic() - t0  # the trial's own: the ceilings' climb after it is not a trial's wall
                 # the trial just run (the highest number may be a queued one still waiting)
                 last = next(t for t in study.get_trials(deepcopy=False) if t.number == objective.number)
-                ctx.after_trial(study)  # the batch walk's next step, the on_trial callbacks
+                ctx.after_trial(study)  # the batch walk's next step, the ceilings, the on_trial callbacks
                 if objective.answered:  # in no time, from earlier trials: does not use up the budget
                     free_in_a_row += 1
                     continue
                 free_in_a_row = 0
-                walls.append(time.monotonic() - t0)
+                walls.append(wall)
                 n += 1
                 bar.update(1)
                 bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study)), refresh=True)

@@ -17,7 +17,6 @@ with what they need.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Callable
 
 from autotune.search.plan import ceiling_runs, compile_last
@@ -68,11 +67,10 @@ def after_trial(ctx: SearchContext, study: Study, *, said: set[str], ceilings_he
     (None in a study without one). ``said``: the run's decisions logged so far, each said once."""
     planned = None
     if study.user_attrs.get(keys.PLAN):
-        if ceilings_here:
-            left = None if ctx.budget.deadline is None else ctx.budget.deadline - time.monotonic()
+        if ceilings_here:  # inside the search's share of the budget, the numerics check of the best kept back
             ceiling_runs.measure_if_wanted(study, ctx.space, runner=ctx.runner, workload=ctx.workload,
                                            measure=ctx.measure, log_dir=ctx.artifacts_dir, log=ctx.log,
-                                           time_left_s=left, said=said)
+                                           budget=ctx.budget, check_s=lambda: ctx.numerics_check_s(study), said=said)
         planned = study_queue.advance_plan(study, ctx.space, storage=ctx.storage, limit=ctx.limit,
                                            fingerprint=ctx.fingerprint, log=ctx.log, said=said)
     else:

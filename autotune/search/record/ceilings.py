@@ -40,17 +40,22 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers", "grew",
-           "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded", "ceiling_lines"]
+__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "GROWTH", "LEVERS", "offered_workers", "next_workers",
+           "grew", "refine_workers", "MAX_POINTS", "feed", "load", "store", "climb", "Run", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
+FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
 MODEL_KNOBS = ("batch_size", "amp", "channels_last", "compile_mode")
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
 # batch), and a loader exactly as fast as the model leaves it waiting on every hiccup.
 HEADROOM = 1.15
-# The most data-path points a climb measures (it usually needs 2 to 4: ``next_workers``).
-MAX_POINTS = 6
+# The most data-path points a climb measures (it usually needs 2 to 5: ``next_workers``, ``refine_workers``); a
+# budget's share of the search usually stops it sooner (``ceiling_runs``).
+MAX_POINTS = 8
+# A point whose workers outnumber the cores it kept busy by this much ran on fewer cores than it had threads: the
+# host's other jobs, a cgroup's share, or a training process that cannot take the batches faster (``refine_workers``).
+STARVED = 0.75
 # Doubling the workers must raise the data rate by this much for the climb to go on: less, the cores ran out.
 GROWTH = 1.10
 # What buys a faster data path beyond the knobs, each with what it would buy; named when every core cannot feed it.
@@ -149,8 +154,8 @@ class Ceilings:
         return pts[0].samples_per_s * workers / max(1, pts[0].workers)
 
     def best_data(self) -> Point | None:
-        pts = self.measured()
-        return max(pts, key=lambda p: p.samples_per_s) if pts else None
+        """The data path's best point: the fastest measured, the fewest workers among equals."""
+        return _best(self.measured())
 
     def workers_to_feed(self, headroom: float = HEADROOM) -> int | None:
         """The fewest workers whose data rate covers the model's with ``headroom``; where none measured does, the
@@ -173,9 +178,14 @@ class Ceilings:
             before = p
         return self.best_data().workers
 
+    def fastest(self) -> Point | None:
+        """The fastest data point measured."""
+        pts = self.measured()
+        return max(pts, key=lambda p: p.samples_per_s) if pts else None
+
     def feeds(self) -> bool:
         """Whether some measured worker count covers the model with headroom."""
-        best = self.best_data()
+        best = self.fastest()
         return best is not None and best.samples_per_s >= self.model_rate * HEADROOM > 0
 
     def predict(self, config: dict[str, Any]) -> tuple[float | None, str]:
@@ -197,7 +207,7 @@ class Ceilings:
     def verdict(self, config: dict[str, Any], measured: float | None) -> str:
         """Which ceiling binds ``config`` (measured end to end at ``measured`` samples/s), in one line."""
         model = self.model
-        best = self.best_data()
+        best = self.fastest()
         workers = int(config.get("num_workers") or 0)
         rate = self.data_rate(workers) if workers else None
         parts = []
@@ -227,7 +237,7 @@ class Ceilings:
         when the data path never ran, e.g. no worker count fitted the loader's memory)."""
         if self.model_rate <= 0 or self.feeds() or not self.data:  # fed, or the data path never ran: nothing to say
             return []
-        best = self.best_data()
+        best = self.fastest()
         short = f"{best.samples_per_s / self.model_rate:.0%} of the model's rate" if best is not None else "no rate"
         levers = LEVERS if self.device != "cpu" else LEVERS[1:]  # a CPU run has no GPU to decode on
         return [f"even the fastest data path measured ({short}) cannot feed the model: " + lever for lever in levers]
@@ -347,9 +357,11 @@ def store(study: Study, ceilings: Ceilings) -> None:
 
 def feed(study: Study, space: Any) -> dict[str, Any] | None:
     """The loader knobs the planned search gives every config from now on (``coordinate.plan``), from the stored
-    ceilings: the workers to feed the model, the pinned memory and persistent workers the space offers, and the
-    data path's prefetch; None without ceilings, or when the space does not search ``num_workers``. Ceilings a budget
-    skipped give their ``guess`` (unmeasured, but an input-bound baseline's first trials still get workers)."""
+    ceilings: the workers to feed the model, the pinned memory, persistent workers and prefetch the data path ran
+    with, and the intra-op threads its training process had at that count (the climb measured the training process
+    the fed configs will have: ``ceiling_runs``), each where the space offers it; None without ceilings, or when the
+    space does not search ``num_workers``. Ceilings a budget skipped give their ``guess`` (unmeasured, but an
+    input-bound baseline's first trials still get workers)."""
     c = load(study)
     if c is None:
         return None
@@ -360,8 +372,10 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
         return None
     workers = next((w for w in offered if w >= workers), offered[-1])  # a space's [0, 2, 4, 8] has no 3
     out: dict[str, Any] = {"num_workers": workers}
-    ref = (c.best_data() or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
-    for knob in ("pin_memory", "persistent_workers", "prefetch_factor"):
+    at = next((p for p in c.measured() if p.workers == workers), None)
+    ref = (at or c.best_data() or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
+    knobs = ("pin_memory", "persistent_workers", "prefetch_factor") + (("intra_op_threads",) if at else ())
+    for knob in knobs:
         if ref.get(knob) is not None and ref.get(knob) in choices.get(knob, ()):
             out[knob] = ref[knob]
     return out
@@ -371,16 +385,32 @@ Run = Callable[[dict[str, Any], str], Point]  # (config dict, part) -> the point
 
 
 def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: list[int], run: Run, *,
-          log: Callable[[str], None] = lambda _: None, why: str = "") -> Ceilings:
+          log: Callable[[str], None] = lambda _: None, why: str = "", world: int = 1,
+          fits: Callable[[], bool] = lambda: True) -> Ceilings:
     """Measure the model alone on ``model_config``, then the data path on ``data_config`` at the worker counts
     ``next_workers`` picks from ``offered``, until it covers the model with ``HEADROOM``, reaches the most workers
-    offered, or grows by less than ``GROWTH`` from the point before. ``run`` measures one point in a child."""
+    offered, or grows by less than ``GROWTH`` from the point before; then the counts ``refine_workers`` picks (the
+    count the ceilings would recommend, measured; the knee of a data path that peaks below the most workers), at
+    most ``MAX_POINTS`` data points in all. ``run`` measures one point in a child; ``fits()`` says whether one more
+    fits the time the climb was given (a budget's share: ``ceiling_runs``), checked before each data point.
+    ``world``: DDP ranks per trial (the cores a point kept busy are all ranks')."""
     model = run(model_config, "model")
     log(f"ceiling: the model alone {model.line()}")
     target = model.samples_per_s * HEADROOM if model.status == "ok" else math.inf
     points: list[Point] = []
     notes: list[str] = []
-    while (w := next_workers(points, target, offered)) is not None and len(points) < MAX_POINTS:
+    first_pass = True
+    while len(points) < MAX_POINTS:
+        w = next_workers(points, target, offered) if first_pass else None
+        if w is None:
+            first_pass = False
+            w = refine_workers(points, target, offered, world=world)
+        if w is None:
+            break
+        if not fits():
+            notes.append(f"the budget's share of the search ended the climb after {len(points)} data point(s) "
+                         f"(next: {w} workers)")
+            break
         p = run({**data_config, "num_workers": w}, "data")
         points.append(p)
         log(f"ceiling: the data path with {w} worker(s) {p.line()}")
@@ -388,10 +418,112 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
             notes.append(f"the data path with {w} worker(s) did not run ({p.status}): {p.reason}")
             continue
         ok = sorted((q for q in points[:-1] if q.status == "ok" and q.workers < w), key=lambda q: q.workers)
-        if ok and p.samples_per_s < target and not grew(ok[-1], p):
+        if first_pass and ok and p.samples_per_s < target and not grew(ok[-1], p):
             notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
                          f"({ok[-1].samples_per_s:.0f} -> {p.samples_per_s:.0f} samples/s): the cores ran out")
     return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes))
+
+
+def _best(ok: list[Point]) -> Point | None:
+    """The fastest of ``ok``, the fewest workers among equals (more workers only take memory, shared memory and
+    cores from the training process). Not the fewest within some tolerance of it: a point's noise (5% on the H200)
+    would pick a count on the rise that measured high."""
+    return max(ok, key=lambda p: (p.samples_per_s, -p.workers)) if ok else None
+
+
+def _line(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """``(slope, intercept)`` of the line through two ``(workers, rate)`` points."""
+    slope = (b[1] - a[1]) / (b[0] - a[0]) if b[0] != a[0] else 0.0
+    return slope, a[1] - slope * a[0]
+
+
+def _smooth(a: Point, b: Point, top: Point) -> bool:
+    """Whether ``top`` is where a data path that shares its cores evenly would be: ``w x q / (1 + k (w - 1))``, the
+    curve through ``a`` and ``b`` (fewer workers), predicts it within 20% (three noisy points; a data path that
+    peaked below ``top`` is off by far more). Then it still rises at ``top``."""
+    qa, qb = a.samples_per_s / a.workers, b.samples_per_s / b.workers
+    denominator = qb * (b.workers - 1) - qa * (a.workers - 1)
+    k = max(0.0, (qa - qb) / denominator) if denominator > 0 else 0.0
+    q1 = qa * (1 + k * (a.workers - 1))
+    return top.workers * q1 / (1 + k * (top.workers - 1)) <= top.samples_per_s * 1.2
+
+
+def refine_workers(points: list[Point], target: float, offered: list[int], *, world: int = 1) -> int | None:
+    """The next count the climb measures once its first pass (``next_workers``) is done, or None: it measures the
+    count the ceilings would recommend.
+
+    * The data path covers the model: the fewest workers that feed it (``workers_to_feed``, interpolated), when
+      that count was not measured.
+    * A point ran on fewer cores than it had workers (``STARVED``: other jobs hold cores, or a cgroup's share): the
+      cores it got, less the training process's one.
+    * Else the knee of a data path that peaks below the most workers (memory bandwidth; the host's cores shared):
+      the count where the rise from the points below the best meets the line from the best to the point above it
+      (flat without one), after a point halfway where the shape is unknown (``_knee``). When it lands on a best
+      that is still on the rise, its neighbour above is measured (the rise is concave: the estimate falls short).
+      Done when the best still rises as evenly shared cores would (``_smooth``).
+
+    >>> p = lambda w, r, cores=None: Point("data", {"num_workers": w}, r, cpu_cores_used=cores)
+    >>> refine_workers([p(1, 100.0), p(8, 1100.0)], 1000.0, list(range(1, 17)))  # covered: 1000 needs 8 by the line
+    >>> refine_workers([p(1, 320.0), p(15, 1265.0)], 11300.0, list(range(1, 16)))  # 15 is slow: halfway tells why
+    8
+    >>> refine_workers([p(1, 320.0), p(4, 1185.0), p(15, 1265.0)], 11300.0, list(range(1, 16)))  # the rise meets it
+    5
+    >>> refine_workers([p(1, 320.0, 2.0), p(15, 1489.0, 8.0)], 11300.0, list(range(1, 16)))  # 8 cores for 16 threads
+    7
+    >>> refine_workers([p(1, 320.0), p(2, 300.0)], 11300.0, [1, 2])  # one worker is the fastest: nothing below it
+    """
+    ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
+    if not ok or not offered:
+        return None
+    measured = {q.workers for q in points}
+    fastest = max(ok, key=lambda q: q.samples_per_s)
+    if fastest.samples_per_s >= target:  # it covers: the count the ceilings would feed, measured
+        want = Ceilings(model=Point("model", {}, target / HEADROOM), data=tuple(ok)).workers_to_feed()
+        want = next((c for c in offered if c >= (want or 0)), offered[-1])
+        return want if want not in measured else None
+    for q in ok:  # the cores the host gave: fewer than the point's workers and its training process
+        got = (q.cpu_cores_used or 0.0) / max(1, world)
+        if got and q.workers > 1 and got < STARVED * (q.workers + 1):
+            want = max((c for c in offered if c <= max(1, round(got - 1))), default=offered[0])
+            if want not in measured:
+                return want
+    return _knee(ok, measured, offered)
+
+
+def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None:
+    """``refine_workers``' last case: the knee of a data path that peaks below the most workers measured.
+
+    * The best is the most workers measured: with one point below it, the count halfway (the curve's shape between
+      them is unknown); with two, done when it still rises as evenly shared cores would (``_smooth``).
+    * Else where the rise (through the two highest points below the best; the origin and the one point where there
+      is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
+      at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
+    best = _best(ok)
+    below = [q for q in ok if q.workers < best.workers]
+    above = [q for q in ok if q.workers > best.workers]
+    lo, hi = (below[-1].workers if below else 0), (above[0].workers if above else best.workers)
+
+    def nearest(a: int, b: int, want: float) -> int | None:
+        between = [c for c in offered if a < c < b and c not in measured]
+        return min(between, key=lambda c: (abs(c - want), c)) if between else None
+
+    if not below:  # the fewest workers measured are the fastest (one worker, on a machine of two cores): done
+        return None
+    if not above and len(below) == 1:
+        return nearest(lo, best.workers, (lo + best.workers) / 2)
+    if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
+        return None  # it still rises at the best, as evenly shared cores do
+    rise = _line(*[(float(q.workers), q.samples_per_s) for q in ([Point("data", {}, 0.0)] + below)[-2:]])
+    fall = (_line((best.workers, best.samples_per_s), (above[0].workers, above[0].samples_per_s)) if above
+            else (0.0, best.samples_per_s))
+    if rise[0] <= fall[0]:
+        return None
+    want = math.ceil((fall[1] - rise[1]) / (rise[0] - fall[0]) - 1e-9)
+    if want <= best.workers < hi and best.samples_per_s >= 0.9 * (rise[0] * best.workers + rise[1]):
+        want = best.workers + 1  # the best is on the rise, which is concave: the estimate falls short
+    if not lo < want < hi or want in measured:
+        return None
+    return nearest(lo, hi, want)
 
 
 def recorded(study: Study, rec: Any) -> Any:
@@ -406,12 +538,34 @@ def recorded(study: Study, rec: Any) -> Any:
         return rec
     if c.model is None and not c.data:  # skipped (the budget): said, not guessed
         verdict = c.why if c.why.startswith("not measured") else f"not measured ({c.why})"
-        if c.guess:
+        if c.guess and FED not in c.why:
             verdict += f"; the loader got {c.guess} worker(s) unmeasured (a rank's cores less one)"
         return dataclasses.replace(rec, ceilings={**c.to_dict(), "verdict": verdict, "levers": []})
     record = {**c.to_dict(), "verdict": c.verdict(rec.config.to_dict(), rec.median_samples_per_s),
               "levers": c.levers()}
+    untried = _untried(study, c, rec)
+    if untried:  # the budget cut the trials that would have run the ceilings' count: said, with the count
+        record["untried"] = untried
+        return dataclasses.replace(rec, ceilings=record, notes=rec.notes + (untried,))
     return dataclasses.replace(rec, ceilings=record)
+
+
+def _untried(study: Study, c: Ceilings, rec: Any) -> str:
+    """A line when no search trial ran the workers the ceilings give end to end (a budget cut the fed trials) and
+    the recommendation runs others; "" otherwise."""
+    from autotune.search.record import trials as keys
+
+    feed = c.workers_to_feed()
+    if feed is None or rec.config.num_workers == feed:
+        return ""
+    for t in study.get_trials(deepcopy=False):
+        config = keys.config_of(t) if t.user_attrs.get(keys.STATUS) == "ok" else None
+        if config is not None and config.num_workers == feed:
+            return ""  # run end to end, and beaten
+    what = "the fewest that feed the model" if c.feeds() else "the data path's best"
+    return (f"the ceilings measured {feed} worker(s){c.per_rank} as {what}; no search trial ran them end to end "
+            f"before the budget ended, so the recommendation runs {rec.config.num_workers}: try num_workers={feed}, "
+            "or give a longer --timeout")
 
 
 def ceiling_lines(ceilings: dict | None) -> list[str]:

@@ -52,7 +52,8 @@ def hint_workers(offered, rank_cores: int) -> int | None:
 
 def _gpu_loader(choices: dict[str, tuple], rank_cores: int) -> dict[str, Any]:
     """The likely winners' loader on a GPU: the most workers up to a rank's cores less one (Lightning's hint,
-    ``max(1, cpus // ranks - 1)``), pinned memory and persistent workers, as the space offers them. A guess measured
+    ``max(1, cpus // ranks - 1)``), pinned memory, persistent workers and PyTorch's prefetch (2), as the space offers
+    them. A guess measured
     like any trial; the ceilings (``search.record.ceilings``) then size the loader from measurements."""
     out: dict[str, Any] = {}
     workers = hint_workers(choices.get("num_workers", ()), rank_cores)
@@ -60,6 +61,11 @@ def _gpu_loader(choices: dict[str, tuple], rank_cores: int) -> dict[str, Any]:
         out["num_workers"] = workers
         if True in choices.get("persistent_workers", ()):
             out["persistent_workers"] = True
+        # set, not left to the sampler (an enqueued trial's missing knob is sampled): PyTorch's default where the
+        # space offers it, else its smallest (each in-flight batch is shared memory: workers x prefetch x batch)
+        prefetch = choices.get("prefetch_factor", ())
+        if prefetch:
+            out["prefetch_factor"] = 2 if 2 in prefetch else min(prefetch)
     if True in choices.get("pin_memory", ()):
         out["pin_memory"] = True
     return out

@@ -105,11 +105,20 @@ def test_the_climb_stops_where_the_data_path_stops_growing():
     asked: list[tuple[str, int]] = []
     flat = climb({}, {}, list(range(1, 65)),
                  _runner(asked, lambda part, w: 5000.0 if part == "model" else min(300.0 * w, 650.0)))
-    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64)]  # 650 -> 650: the cores ran out
+    # 650 -> 650: the cores ran out; then the knee: the rise of one worker (300/s) meets the flat line at 2.2 -> 3
+    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64), ("data", 3)]
     assert "stopped growing" in flat.notes[0] and not flat.feeds()
-    assert flat.workers_to_feed() == 20  # the fastest point's, the fewest workers giving it
+    assert flat.workers_to_feed() == 3  # the fewest workers measured at the data path's best rate
     back = Ceilings.from_dict(flat.to_dict())
     assert back == flat and flat.to_dict()["binds"] == "data"
+
+
+def test_on_two_cores_one_worker_faster_than_two_ends_the_climb_at_one():
+    """This VM: the second worker takes the training process's core, and the data path alone slows: the climb ends
+    at one worker (the slow end-to-end test met it by chance, as a TypeError, before this)."""
+    asked: list[tuple[str, int]] = []
+    c = climb({}, {}, [1, 2], _runner(asked, lambda part, w: 5000.0 if part == "model" else {1: 320.0, 2: 300.0}[w]))
+    assert asked == [("model", 0), ("data", 1), ("data", 2)] and c.workers_to_feed() == 1
 
 
 def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the_gap_below_it():
@@ -140,8 +149,9 @@ def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the
         return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
 
     stopped = climb({}, {}, list(range(1, 33)), flat)
-    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12)]
-    assert any("stopped growing" in n for n in stopped.notes)
+    # then halfway below the best (6: as fast), and where the rise of one worker meets 160: 2
+    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 6), ("data", 2)]
+    assert any("stopped growing" in n for n in stopped.notes) and stopped.workers_to_feed() == 2
 
 
 def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
@@ -203,7 +213,8 @@ def _space():
 def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
     """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its
     step. The tuner measures the model alone, then the data path at 1 worker and at the most, 8 (8 x 140 = 1120 < 1200:
-    none covers it), trial 2 runs 8 workers, and the recommendation's YAML says the data path binds."""
+    none covers it), and halfway (4: the rise is even, so 8 is the data path's best), trial 2 runs 8 workers, and the
+    recommendation's YAML says the data path binds."""
     runner = _pipeline(1000.0, 140.0, cores=8)
     logs: list[str] = []
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(), hardware=HW,
@@ -211,7 +222,7 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
                   seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=4)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 8)]  # 140 a worker predicts 10 for 1380: 8 is the most
+    assert parts == [("model", 0), ("data", 1), ("data", 8), ("data", 4)]  # 10 for 1380: 8 is the most; then halfway
     assert runner.calls[2][0] == "model"  # measured after the baseline and the likely winners, before trial 2
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
@@ -223,7 +234,7 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
     assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
-    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8]
+    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8, 4]
     assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
     assert doc["ceilings"]["device"] == "cpu" and not any("GPU" in lever for lever in doc["ceilings"]["levers"])
     assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
@@ -239,7 +250,8 @@ def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_work
                   parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=3)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 4)]  # 4: the most a rank's share of 8 cores offers
+    assert parts == [("model", 0), ("data", 1), ("data", 4), ("data", 2)]  # 4: the most a rank's share of 8 cores
+    # offers (then halfway, 2: the rise is even, 4 is the best)
     assert any("in 2 DDP ranks at once as the trials run" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["world_size"] == 2 and doc["ceilings"]["workers_to_feed"] == 4
@@ -266,9 +278,12 @@ def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_worke
 
 
 def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
-    """The climb (~4 trials of 20 s) over a quarter of 100 s: skipped, said once, not re-decided after each trial."""
+    """A 100 s budget: the search's share after the finalists' reserve (30 s) and one more 20 s trial is 50 s, under
+    the climb's least (the model and two data points, ~20 s each): skipped, said once, not re-decided after each
+    trial."""
     import optuna
 
+    from autotune.search.budget import Budget
     from autotune.search.record import trials as keys
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
@@ -280,9 +295,10 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
     said: set[str] = set()
     for _ in range(3):
         assert ceiling_runs.measure_if_wanted(study, _space(), runner=None, workload=Workload(), measure=QUICK,
-                                              log_dir=None, log=logs.append, time_left_s=100.0, said=said) is None
+                                              log_dir=None, log=logs.append, budget=Budget.of(100.0), said=said) is None
     assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
-    assert ceilings.load(study).why.startswith("not measured: ~80 s")
+    assert "does not fit the 50 s the search's share of the budget leaves it after one more trial" in logs[0]
+    assert ceilings.load(study).why.startswith("not measured: ~60 s")
     # the baseline is input-bound all the same: the planned search feeds every config a guess, a rank's cores less one
     space = _space()
     guess = max(1, space.rank_cores - 1)
@@ -291,8 +307,8 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
     from tests.helpers import make_rec
 
     verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
-    assert verdict == f"not measured: ~80 s, over the budget's share; the loader got {guess} worker(s) unmeasured " \
-                      "(a rank's cores less one)"
+    assert verdict == f"not measured: ~60 s, over the search's share of the budget; the loader got {guess} " \
+                      "worker(s) unmeasured (a rank's cores less one)"
 
 
 def test_ceilings_wait_for_the_retry_of_a_likely_winner_a_killed_run_interrupted(tmp_path):
@@ -326,7 +342,7 @@ def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(t
                   finalist_rounds=1, log=lambda m: None)
     ceilings.store(tuner.study(), Ceilings(model=None, why="not measured: ~400 s, over the budget's share"))
     rec = tuner.run(trials=3)
-    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data"]
+    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data", "data"]
     assert rec.ceilings["model"] is not None and rec.ceilings["workers_to_feed"] == 8
 
 
@@ -425,3 +441,201 @@ def test_a_data_path_that_fails_only_with_workers_stops_the_run_in_one_line(tmp_
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert last == ("autotune run: error: the data path alone (the workload's DataLoader, 1 worker(s), no model) "
                     "failed: RuntimeError: the image store is not reachable from a worker process"), last
+
+
+class _SimClock:
+    """``time.monotonic`` for a budget test: each child's wall advances it; the real clock's time adds a tenth."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.real = time.monotonic
+        self.t0 = self.real()
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return self.t0 + 0.1 * (self.real() - self.t0) + self.offset
+
+
+def _gpu_host(clock: _SimClock, *, cores: int = 16, knee: int = 5):
+    """A fake runner of a GPU host whose data path peaks at ``knee`` workers (memory bandwidth) and then loses 4%
+    a worker: the likely winners' guess (a rank's cores less one) is wrong. The model alone runs 8000/s (10000 with
+    bf16); a trial's child takes 12 s on the simulated clock, a ceiling's point 6 s. Keeps (part, workers, start,
+    end) of each child."""
+    calls: list[tuple[str, int, float, float]] = []
+
+    def data(w: int) -> float:
+        return 330.0 * min(w, knee) / (1 + 0.04 * max(0, w - knee)) if w else 400.0
+
+    def run(workload, c, measure, **kw):
+        start = clock()
+        model = 10000.0 if c.amp == "bf16" else 8000.0
+        rate = {"model": model, "data": data(c.num_workers)}.get(measure.part)
+        if rate is None:
+            rate = 1 / (1 / model + 1 / data(0)) if c.num_workers == 0 else min(model, data(c.num_workers))
+        clock.offset += 12.0 if measure.part == "full" else 6.0
+        calls.append((measure.part, c.num_workers, start, clock()))
+        wait = max(0.0, 1 / rate - 1 / model)
+        return TrialResult(status="ok", samples_per_s=(0.99 * rate, rate, 1.01 * rate), wall_s=clock() - start,
+                           peak_host_mb=10.0, batch_size=c.batch_size, data_wait_s_per_step=wait * c.batch_size,
+                           compute_s_per_step=c.batch_size / model, cpu_cores_used=1.0 + c.num_workers,
+                           peak_device_mb=100.0, peak_device_allocated_mb=80.0)
+
+    run.calls = calls
+    return run
+
+
+def _gpu_space(cores: int):
+    from tests.helpers import fake_hw
+
+    gpu = {"index": 0, "name": "NVIDIA H200 (fake)", "compute_capability": "9.0", "memory_total_mb": 143771.0,
+           "memory_free_mb": 143000.0, "driver": "580.159.04", "uuid": "GPU-fake", "pci_bus_id": "0000:01:00.0"}
+    hw = dataclasses.replace(fake_hw(cores, gpus=(gpu,)), cuda="13.0", torch="2.11.0+cu130")
+    return hw, space_from_dict({"name": "g", "device": "cuda", "parameters": {
+        "batch_size": {"type": "int", "choices": [64, 128]},
+        "num_workers": {"type": "int", "low": 0, "high": "cores"},
+        "prefetch_factor": {"type": "int", "choices": [2, 4], "when": "num_workers > 0"},
+        "persistent_workers": {"type": "bool", "when": "num_workers > 0"},
+        "pin_memory": {"type": "bool"},
+        "amp": {"type": "categorical", "choices": ["off", "bf16"]},
+        "intra_op_threads": {"type": "int", "low": 1, "high": "cores"}},
+        "baseline": {"batch_size": 64, "num_workers": 0, "amp": "off", "pin_memory": False}}, hardware=hw,
+        device="cuda")
+
+
+@pytest.mark.parametrize("budget_s, cut", [(180.0, True), (600.0, False)])
+def test_the_climb_is_priced_inside_the_search_share_and_stops_where_its_next_point_would_not_fit(
+        budget_s, cut, tmp_path, monkeypatch):
+    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 3 minutes
+    (trials 0 and 1 took 30 s) the search's share after the reserves and one more trial holds fewer: the climb
+    stops before its next point would end past it, says so, and keeps what it measured; with 10 it finishes. Either
+    way the count it gives the search is one it measured, with no more threads than its workers leave."""
+    import time
+
+    import optuna
+
+    from autotune.search.budget import Budget, long_trial_s
+    from autotune.search.record import trials as keys
+
+    clock = _SimClock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    hw, space = _gpu_space(64)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = space.effective(space.likely_params()).to_dict()
+    for role, config, value in ((keys.BASELINE, space.baseline_config().to_dict(), 380.0),
+                                (keys.LIKELY_WINNER, likely, 5000.0)):
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={
+            role: True, keys.CONFIG: config, keys.STATUS: "ok", keys.WALL_S: 15.0, keys.DATA_WAIT_SHARE: 0.9}))
+    budget = Budget.of(budget_s, started=clock() - 30.0, measure=QUICK, finalists=3, rounds=2)
+    runner = _gpu_host(clock, cores=64, knee=21)
+    logs: list[str] = []
+    c = ceiling_runs.measure_if_wanted(study, space, runner=runner, workload=Workload(device="cuda"), measure=QUICK,
+                                       log_dir=None, log=logs.append, budget=budget, check_s=lambda: 0.0)
+    assert c is not None and c.model is not None, logs
+    end = runner.calls[-1][3]
+    walls = [15.0, 15.0]
+    assert budget.deadline - end - budget.search_reserve_s(walls) >= long_trial_s(walls)  # a fed trial still fits
+    assert any("ended the climb" in n for n in c.notes) == cut, c.notes
+    measured = [p.workers for p in c.measured()]
+    assert len(measured) >= 2 and ceilings.feed(study, space)["num_workers"] in measured, (measured, c.notes)
+    assert all(p.config["intra_op_threads"] + p.workers <= 64 for p in c.data)
+    assert max(measured) <= 63  # on a GPU the climb leaves the training process its core
+
+
+@pytest.mark.slow  # a whole 3-minute run on a simulated clock: ~10 s of CPU, more on a loaded VM
+def test_the_climb_fits_the_search_share_of_a_3_minute_budget_and_measures_the_count_it_gives(tmp_path, monkeypatch):
+    """Issue 42: on a 16-core GPU host whose data path peaks at 5 workers, a 3-minute budget. The climb runs after
+    trials 0 and 1, priced inside the search's share (``Budget.search_left_s``): it ends while that share still
+    holds one more trial, its time is not trial 1's (a fed trial runs after it), the count it gives the search is
+    one of its measured points, the fed trials run it, and the recommendation's YAML keeps the climb."""
+    import time
+
+    from autotune.machine.envstamp import collect_env_stamp
+    from autotune.search.budget import long_trial_s
+    from autotune.search.record import trials as keys
+
+    collect_env_stamp()  # the stamp the recommendation keeps (a child importing torch): cached, before the clock
+    clock = _SimClock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    hw, space = _gpu_space(16)
+    runner = _gpu_host(clock)
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16, device="cuda"), space=space,
+                  hardware=hw, measure=MeasureSpec(windows=3, window_s=1.0, memory_cap_mb=4096.0), parity_steps=0,
+                  storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner, seed=0, log=logs.append)
+    rec = tuner.run(timeout_s=180.0)
+    parts = [c for c in runner.calls if c[0] != "full"]
+    full = [c for c in runner.calls if c[0] == "full"]
+    assert parts and parts[0][0] == "model" and full[1][3] <= parts[0][2]  # after trials 0 and 1
+    # inside the search's share: when the climb ended, the search's time left still held one more trial
+    budget, walls = tuner.budget, [full[0][3] - full[0][2], full[1][3] - full[1][2]]
+    climb_end = parts[-1][3]
+    assert budget.deadline - climb_end - budget.search_reserve_s(walls) >= long_trial_s(walls), logs
+    # the count the ceilings give is a measured point, and the search ran it end to end after the climb
+    doc = yaml.safe_load(rec.to_yaml())
+    measured = [p["config"]["num_workers"] for p in doc["ceilings"]["data"]]
+    feed = doc["ceilings"]["workers_to_feed"]
+    assert feed in measured and 4 <= feed <= 6, (measured, feed)
+    fed = [c for c in full if c[2] >= climb_end and c[1] == feed]
+    assert fed and fed[0][3] <= budget.deadline - budget.search_reserve_s(walls), full
+    assert rec.config.num_workers == feed
+    # the threads of a point are those its workers leave (never more threads than cores): the fed configs' own
+    for p in doc["ceilings"]["data"]:
+        assert (p["config"]["intra_op_threads"] or 0) + p["config"]["num_workers"] <= 16, p["config"]
+    trials = sorted(tuner.study().trials, key=lambda t: t.number)
+    assert trials[1].user_attrs[keys.CONFIG]["prefetch_factor"] == 2  # the likely winners' prefetch: set, not sampled
+    # the run ends by its budget, plus 5%, plus the tenth of the VM's real time the clock counts (its pace is the VM's)
+    assert clock() - budget.started <= 180.0 * 1.05 + 0.1 * (clock.real() - clock.t0), clock() - budget.started
+
+
+def test_the_climbs_count_survives_into_the_yaml_when_the_budget_cut_the_trials_that_would_run_it(tmp_path):
+    """The climb measured 5 workers as the data path's best, then the budget ended before a fed trial ran them: the
+    recommendation (trial 1's guess, 15 workers) keeps the climb in its YAML and says which count to try. Once a
+    trial ran 5 workers end to end (and lost), it says nothing more."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+    from tests.helpers import make_rec
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    guess = TrialConfig(batch_size=64, num_workers=15, pin_memory=True, persistent_workers=True, prefetch_factor=2)
+    for config in (TrialConfig(batch_size=64), guess):
+        study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs={keys.CONFIG: config.to_dict(),
+                                                                             keys.STATUS: "ok"}))
+    ceilings.store(study, _c(10000.0, (1, 330.0), (15, 1100.0), (8, 1400.0), (5, 1450.0)))
+    rec = ceilings.recorded(study, make_rec(config=guess))
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["ceilings"]["workers_to_feed"] == 5 and [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] \
+        == [1, 15, 8, 5]
+    assert "try num_workers=5" in doc["ceilings"]["untried"] and doc["ceilings"]["untried"] in doc["notes"]
+    study.add_trial(optuna.trial.create_trial(value=90.0, user_attrs={
+        keys.CONFIG: guess.replace(num_workers=5).to_dict(), keys.STATUS: "ok"}))
+    again = ceilings.recorded(study, make_rec(config=guess))
+    assert "untried" not in again.ceilings and not any("try num_workers" in n for n in again.notes)
+
+
+def test_on_a_gpu_likely_winners_their_loader_already_feeds_skip_the_climb(tmp_path):
+    """A model-bound GPU path: trial 1's loader (a rank's cores less one) waited for data 2% of its step. The climb
+    could only find fewer workers for the same rate: it is not run, the search's time goes to the model's knobs,
+    and the feed is that loader, measured end to end by trial 1 (not called unmeasured)."""
+    import optuna
+
+    from autotune.search.record import trials as keys
+    from tests.helpers import make_rec
+
+    hw, space = _gpu_space(16)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
+    likely = space.effective(space.likely_params()).to_dict()
+    for role, config, wait in ((keys.BASELINE, space.baseline_config().to_dict(), 0.4), (keys.LIKELY_WINNER, likely,
+                                                                                         0.02)):
+        study.add_trial(optuna.trial.create_trial(value=1000.0, user_attrs={
+            role: True, keys.CONFIG: config, keys.STATUS: "ok", keys.WALL_S: 15.0, keys.DATA_WAIT_SHARE: wait}))
+    logs: list[str] = []
+    runner = _pipeline(1000.0, 3000.0, cores=16)
+    assert ceiling_runs.measure_if_wanted(study, space, runner=runner, workload=Workload(device="cuda"),
+                                          measure=QUICK, log_dir=None, log=logs.append) is None
+    assert not runner.calls and "already feeds the model" in logs[0]
+    assert ceilings.feed(study, space)["num_workers"] == likely["num_workers"] == 15
+    verdict = ceilings.recorded(study, make_rec()).ceilings["verdict"]
+    assert verdict.startswith("not measured: the likely winners' 15 worker(s) fed the model") and "unmeasured" \
+        not in verdict
