@@ -33,6 +33,8 @@ from autotune.search.record.effects import save_dashboard_note
 from autotune.errors import AutotuneError, StorageError
 from autotune.search.choose.finalist_rounds import SavedRounds, record_parity
 from autotune.search.choose.settle import ExtraRounds
+from autotune.search.plan.resume import resume
+from autotune.search.record.run_phase import RunPhases
 from autotune.search.choose.payback import RunLength
 from autotune.search.backends.protocol import make_sampler
 from autotune.search.plan.pruning import NoHopePruner, as_optuna_pruner
@@ -85,7 +87,7 @@ class Tuner:
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
                  patience: int | None = None, pruner: NoHopePruner | None = None,
                  on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None,
-                 warm_start: bool = True) -> None:
+                 warm_start: bool = True, output: str | Path | None = None) -> None:
         from autotune.machine.hardware import detect
         from autotune.machine.limits import default_device_memory_cap_mb, default_memory_cap_mb
         from autotune.search.space.search_space import space_for
@@ -145,6 +147,8 @@ class Tuner:
         self._budget_s: float | None = None  # the run's whole time budget (--timeout), while a run is on
         self._run_started, self._backend = time.monotonic(), "local"  # when the run (its budget) began; where
         self._check_steps = parity_steps  # the numerics check's steps in this run: fewer where the budget is short
+        self.phases = RunPhases(self.study)  # where a run stands, in its study: a killed one resumes from there
+        self.output = output  # where a run writes its recommendation's YAML too (``run_phase.RunPhases.finish``)
 
     # --- the study -----------------------------------------------------------------------------------
     @property
@@ -274,7 +278,8 @@ class Tuner:
         return SearchContext(
             workload=self.workload, space=self.space, measure=self.measure, limit=self.limit,
             fingerprint=self.hardware.fingerprint, study_name=self.study_name, storage_url=self.storage_url,
-            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.runner, compile_gate=self.compile_gate,
+            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.phases.around("search", self.runner),
+            compile_gate=self.compile_gate,
             pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials, patience=self.patience,
             finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
             after_trial=self.after_trial, out_of_time=self.out_of_time, plan=self.plan, convergence=self.convergence,
@@ -329,9 +334,9 @@ class Tuner:
             # the trials run (a Ray cluster's nodes are not this machine: not measured there yet)
             left = None if self._deadline is None else self._deadline - time.monotonic()
             if self._backend == "local":
-                ceiling_runs.measure_if_wanted(study, self.space, runner=self.runner, workload=self.workload,
-                                               measure=self.measure, log_dir=self.artifacts_dir, log=self.log,
-                                               time_left_s=left, said=self._said)
+                ceiling_runs.measure_if_wanted(study, self.space, runner=self.phases.around("ceilings", self.runner),
+                                               workload=self.workload, measure=self.measure, log_dir=self.artifacts_dir,
+                                               log=self.log, time_left_s=left, said=self._said)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
                                                fingerprint=self.hardware.fingerprint, log=self.log, said=self._said)
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
@@ -429,19 +434,30 @@ class Tuner:
             from autotune.machine.envstamp import collect_env_stamp
 
             collect_env_stamp()
-        self.prepare(study)
-        outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials, deadline=deadline,
-                                                 budget_s=timeout_s)
-        n = outcome.trials_run
-        self.stop_reason = outcome.stop_reason or (
-            f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
-            else "out of time: what is left of the budget is the finalists'")
-        self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
-                 f"{self.stop_reason}")
-        rec = self.finalize(deadline=deadline, runner=finalist_runner)
+        # an earlier run of this command killed or stopped: this one goes on from the phase it was in (plan.resume)
+        ask = {"trials": trials, "timeout_s": timeout_s, "backend": self._backend}
+        then = resume(self.phases.begin(ask), ask=ask)
+        if then.line:
+            self.log(then.line)
+        self.stop_reason = then.stop_reason
+        if then.search:
+            self.phases.enter("search")
+            self.prepare(study)
+            outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials, deadline=deadline,
+                                                     budget_s=timeout_s)
+            n = outcome.trials_run
+            self.stop_reason = outcome.stop_reason or (
+                f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
+                else "out of time: what is left of the budget is the finalists'")
+            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
+                     f"{self.stop_reason}")
+        self.phases.keep(stop_reason=self.stop_reason)
+        from autotune.recommendation import stored_recommendation
+
+        rec = (self.finalize(deadline=deadline, runner=finalist_runner) if then.finalize
+               else stored_recommendation(study))
         # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
-        save_dashboard_note(study, self.log)
-        return rec
+        return self.phases.finish(rec, note=lambda: save_dashboard_note(study, self.log), yaml_path=self.output)
 
     def finalize(self, *, deadline: float | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
@@ -474,21 +490,26 @@ class Tuner:
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         rounds, measure = (rounds if len(configs) > 1 else 1), fin.finalist_measure(self.measure)
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
-        run = runner or self.runner
+        run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
         with here:
-            evidence = fin.remeasure(configs, rounds, runner=run, workload=self.workload,
+            evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,
                                      measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved,
                                      deadline=deadline)
             if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
                 fin.pool_search_round(evidence, configs, cands)
             # the numerics check runs here too: it needs this machine (a remote node's device is not here)
             # and the latency bound and the worst-case batch (final_checks), whose child runs here or remotely
-            more = ExtraRounds(runner=run, workload=self.workload, measure=measure,
+            more = ExtraRounds(runner=phase("extra rounds", run), workload=self.workload, measure=measure, saved=saved,
                                log_dir=self.artifacts_dir, log=self.log, deadline=deadline, run=self.run_length)
-            rec = final_checks.choose(self.finalist_context(), study, configs, cands, evidence, base,
-                                      runner=run, check_numerics=runner is None, more=more)
-            rec = confirm.confirmed(rec, base, runner=run, workload=self.workload, measure=measure,
-                                    log_dir=self.artifacts_dir, log=self.log, deadline=end,
+            from autotune.trial.parity import parity_check
+
+            check = saved.checking(phase("numerics", self.parity or parity_check))  # a finished check is kept
+            ctx = dataclasses.replace(self.finalist_context(), parity=check)
+            rec = final_checks.choose(ctx, study, configs, cands, evidence, base, more=more,
+                                      runner=saved.keeping("worst-case", phase("worst case", run)),
+                                      check_numerics=runner is None)
+            rec = confirm.confirmed(rec, base, runner=phase("confirmation", run), workload=self.workload,
+                                    measure=measure, log_dir=self.artifacts_dir, log=self.log, deadline=end,
                                     search_s=time.monotonic() - self._run_started, trials=top)
         if rec is not None:
             rec = ceilings.recorded(study, rec)
@@ -496,6 +517,7 @@ class Tuner:
             rec = dataclasses.replace(rec, notes=stopped + rec.notes)
         # a recommendation of an earlier run must not outlive this one's verdict (e.g. under a lower cap)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
+        self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
         saved.clear()
         if rec is None:
             self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")
