@@ -69,6 +69,23 @@ def _budget_args(args: argparse.Namespace) -> tuple:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """`autotune run`. From its first line, Ctrl-C or SIGTERM stops it cleanly: the child in flight is ended, what
+    finished is kept, one line says how to resume; a second one ends the process at once, after that line
+    (``cli.interrupt``)."""
+    from autotune.cli.interrupt import EXIT_INTERRUPTED, interruptible
+
+    held: dict = {}  # the tuner and the MLflow logger, once made
+    with interruptible(lambda: stopped_line(held.get("tuner"))) as stop:
+        try:
+            return _run(args, held)
+        except KeyboardInterrupt:
+            stop.say()
+            _close_mlflow(held.get("logger"), held.get("tuner"), "KILLED")
+            return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace, held: dict) -> int:
+    """``cmd_run`` within its signal handling; ``held`` gets the tuner and the logger as they are made."""
     from autotune.machine.hardware import detect
     from autotune.search.space.search_space import load_space
     from autotune.search.record.storage import check_storage
@@ -104,11 +121,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         logger = MLflowLogger(args.mlflow, experiment=args.mlflow_experiment,
                               log=lambda msg: print(f"autotune run: {msg}", file=sys.stderr, flush=True))
         logger.check()
+    held["logger"] = logger
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
                   progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
                   run_length=run_length, warm_start=not args.no_warm_start, output=args.output)
+    held["tuner"] = tuner
 
     from autotune.search.choose.latency_floor import check_floor
 
@@ -116,21 +135,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
-    from autotune.cli.interrupt import EXIT_INTERRUPTED, interruptible
-
-    # Ctrl-C or SIGTERM: the child in flight is ended, what finished is kept, one line says how to resume (a second
-    # one ends the process at once, after that line)
-    with interruptible(lambda: stopped_line(tuner)) as stop:
-        try:
-            rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
-                            ceiling_s=ceiling_s, started=started)
-        except KeyboardInterrupt:
-            stop.say()
-            _close_mlflow(logger, tuner, "KILLED")
-            return EXIT_INTERRUPTED
-        except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
-            _close_mlflow(logger, tuner, "FAILED")
-            raise
+    try:
+        rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
+                        ceiling_s=ceiling_s, started=started)
+    except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
+        _close_mlflow(logger, tuner, "FAILED")
+        raise
     if rec is None:
         print("no feasible config: see `autotune show` for why the trials failed", file=sys.stderr)
     else:
@@ -141,10 +151,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if rec is not None else 1
 
 
-def stopped_line(tuner: Tuner) -> str:
+def stopped_line(tuner: Tuner | None) -> str:
     """The one line a stopped run says: where it was, where what finished is kept, and how to resume."""
     from autotune.search.record.run_phase import describe
 
+    if tuner is None:
+        return ("autotune run: stopped before its first trial: nothing was measured yet; run the same command again "
+                "to resume")
     during = f" during {describe(tuner.phases.current)}" if tuner.phases.current else ""
     return (f"autotune run: stopped{during}; what finished is kept in {redact(tuner.storage_url)} (study "
             f"{tuner.study_name}); run the same command again to resume from there")

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
     take_down_with_parent(parent, groups=lambda: list(children))
     sock.sendall(json.dumps({"ready": os.getpid(), "s": round(time.perf_counter() - t0, 3)}).encode() + b"\n")
     serve(sock, children=children)
-    return 0
+    os._exit(0)  # no interpreter teardown: with torch loaded it takes seconds, and the tuner waits for this exit
 
 
 if __name__ == "__main__":
