@@ -54,6 +54,7 @@ import psutil  # noqa: E402
 
 from autotune.search.record import trials as keys  # noqa: E402
 from autotune.search.record.run_phase import AFTER_SEARCH, HOLD_ENV, PHASES, STORED, describe  # noqa: E402
+from autotune.search.record.run_phase import key as run_phase_key  # noqa: E402
 from autotune.search.record.storage import folder_name, sqlite_path  # noqa: E402
 
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
@@ -140,7 +141,7 @@ class Study:
         return {} if sid is None else self._storage.get_study_user_attrs(sid)
 
     def phase(self) -> dict | None:
-        rec = self.attrs().get(keys.RUN_PHASE)
+        rec = self.attrs().get(run_phase_key())
         return rec if isinstance(rec, dict) else None
 
     def _trials(self) -> list:

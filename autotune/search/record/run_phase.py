@@ -4,7 +4,8 @@ A run passes through ``PHASES`` in order, each where it applies: the search (its
 (children of its own, between two search trials), the finalists' rounds, the extra rounds of two finalists in
 dispute, the numerics check of the winner, its worst-case batch, the confirmation of the claim, the recommendation
 (stored in the study, and written as YAML where the run was asked to), and optuna-dashboard's note. The phase is
-the study's user attribute ``trials.RUN_PHASE``::
+the study's user attribute ``run_phase:<host>`` (``key``: one per machine, since several machines may run one
+study on a database server, each its own run; a machine measures one run at a time)::
 
     {"phase": "confirmation", "pid": 4242, "since": 1764000000.0, "ask": {"trials": 3, ...},
      "stop_reason": "ran the 3 trial(s) asked for"}
@@ -26,6 +27,7 @@ kill can land in them only if they last.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -34,7 +36,7 @@ from autotune.search.record import trials as keys
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read"]
+__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read", "key"]
 
 # each phase and how a log line names it
 _NAMES = {
@@ -54,9 +56,15 @@ def describe(phase: str) -> str:
     return _NAMES.get(phase, f"the {phase}")
 
 
+def key(host: str | None = None) -> str:
+    """The study attribute that keeps the phase of ``host``'s run (default: this machine's)."""
+    return f"{keys.RUN_PHASE}:{host or socket.gethostname()}"
+
+
 def read(study: Study) -> dict[str, Any] | None:
-    """The phase record of the run in progress, or of one that was killed or stopped (None: every run ended)."""
-    stored = study.user_attrs.get(keys.RUN_PHASE)
+    """The phase record of this machine's run in progress, or of one that was killed or stopped (None: every run
+    ended)."""
+    stored = study.user_attrs.get(key())
     return stored if isinstance(stored, dict) and stored.get("phase") else None
 
 
@@ -117,10 +125,10 @@ class RunPhases:
         study = self._study()
         if study.user_attrs.get(keys.FINALIST_ROUNDS) is not None:
             study.set_user_attr(keys.FINALIST_ROUNDS, None)
-        study.set_user_attr(keys.RUN_PHASE, None)
+        study.set_user_attr(key(), None)
         self.current = None
         return rec
 
     def _write(self, phase: str) -> None:
         record = {"phase": phase, "pid": os.getpid(), "since": round(time.time(), 3), **self.extra}
-        self._study().set_user_attr(keys.RUN_PHASE, record)
+        self._study().set_user_attr(key(), record)

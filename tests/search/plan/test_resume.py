@@ -97,7 +97,7 @@ def test_once_the_recommendation_is_stored_it_stands_and_nothing_is_measured_aga
     tuner = _tuner(tmp_path, script, logs)
     rec = tuner.run(trials=4)
     study = tuner.study()
-    study.set_user_attr("run_phase", {"phase": "dashboard note", "pid": 1, "since": 0.0, "stop_reason": "x",
+    study.set_user_attr(run_phase.key(), {"phase": "dashboard note", "pid": 1, "since": 0.0, "stop_reason": "x",
                                       "ask": {"trials": 4, "timeout_s": None, "backend": "local"}})
     again, said = Script(), []
     out = _tuner(tmp_path, again, said).run(trials=4)

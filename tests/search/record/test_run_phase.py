@@ -80,3 +80,13 @@ def test_what_the_finalists_finished_is_taken_back_by_the_next_run_of_the_plan(s
     assert checked == [16, 16]
     other = SavedRounds(_reloaded(study), configs, rounds=3, measure=spec)  # another plan keeps nothing
     assert other.kept("extra-1", configs[:1]) is None
+
+
+def test_each_machine_keeps_its_own_runs_phase(study):
+    """Several machines may run one study on a database server, each its own run: another's record is not this
+    machine's to resume."""
+    study.set_user_attr(f"{keys.RUN_PHASE}:another-host", {"phase": "confirmation", "pid": 1})
+    assert read(_reloaded(study)) is None
+    RunPhases(lambda: study, hold_s=0.0).enter("search")
+    assert read(_reloaded(study))["phase"] == "search"
+    assert _reloaded(study).user_attrs[f"{keys.RUN_PHASE}:another-host"]["phase"] == "confirmation"
