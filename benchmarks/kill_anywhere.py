@@ -523,7 +523,7 @@ def table(b: Bench) -> list[str]:
                sum(1 for k in ks if k["alive_after_1s"]), sum(k["zombies_at_1s"] for k in ks),
                sum(1 for k in ks if k["integrity"] not in ("ok", "not checked (not SQLite)")),
                sum(1 for k in ks if not k["locks_free"]),
-               sum(1 for k in ks if not (k.get("resume") or {}).get("ok", False))]
+               sum(1 for k in ks if "resume" in k and not k["resume"]["ok"])]  # (the last one, when stopped: none)
         row += [sum(1 for k in ks if not k.get("stop_ok"))] if stop else []
         row += [b.missed.get(phase, 0) if phase else ""]
         rows.append(row)
@@ -579,7 +579,7 @@ def main(argv=None) -> int:
     print("\n".join(table(b)))
     print(f"raw results: {out}")
     bad = [k for k in b.kills if k["alive_after_1s"] or k["lost"] or k["changed"] or not k["locks_free"]
-           or k["integrity"] not in ("ok", "not checked (not SQLite)") or not (k.get("resume") or {}).get("ok")
+           or k["integrity"] not in ("ok", "not checked (not SQLite)") or not (k.get("resume") or {}).get("ok", True)
            or (b.sig != signal.SIGKILL and not k.get("stop_ok"))]
     return 0 if not bad and all(x["rc"] == 0 and x["yaml_equal"] for x in b.cycles) else 1
 

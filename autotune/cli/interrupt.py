@@ -4,7 +4,7 @@ The first SIGINT or SIGTERM raises ``KeyboardInterrupt`` where the command is: t
 runner kills its tree), what finished is kept, and the command says in one line how to resume (``stopped``). While
 it does that (ending a child, closing the fork servers, marking the trial interrupted), a second SIGINT or SIGTERM
 ends the process at once (exit 130), after that one line if it was not said yet: its children end with it (their
-parent-death signal, ``autotune.trial.proctree``), and a run stopped so is resumed as a killed one is. SIGINT is
+parent-death signal, ``autotune.machine.proctree``), and a run stopped so is resumed as a killed one is. SIGINT is
 handled even when the command was started with it ignored (``nohup``, a shell's ``&``): a supervisor's ``kill
 -INT`` stops it as Ctrl-C does.
 

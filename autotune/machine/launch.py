@@ -12,7 +12,7 @@ in the child's environment does the same for whatever the child starts (``PYTHON
 The bootstrap's next lines make the child die with the process that starts it, before it imports anything (torch
 takes seconds): Linux's parent-death signal (SIGKILL), then a check that its parent is still the one that started
 it (one killed meanwhile left it orphaned, and the signal would never come). Elsewhere only the check runs
-(``autotune.trial.proctree`` says why and what else keeps a tree together).
+(``autotune.machine.proctree`` says why and what else keeps a tree together).
 
 The user's workload module is still found in the working folder: ``workloads`` appends that folder to the end
 of ``sys.path`` (after the standard library and site-packages) and imports the module the user named from it.

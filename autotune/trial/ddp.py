@@ -7,7 +7,7 @@ memory), relays rank 0's events to the parent as the trial's, and turns the firs
 trial's. Everything the runner does for one process holds for N, because the ranks are the trial child's
 children: they are in its process group (one kill reaches them and their DataLoader workers), the memory watch
 walks the child's tree (host peak = the sum over the ranks and their workers, against the cap), the time limit
-kills the tree, and the child adopts their orphans (``proctree``).
+kills the tree, and the child adopts their orphans (``machine.proctree``).
 
 Each rank (``rank_main``) joins the group through a file in a private temporary folder (``file://``: no TCP
 store listening on a port another local user could reach; gloo binds to the loopback interface unless
@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from autotune.errors import ConfigError
-from autotune.trial.proctree import children_die_with_me, die_with_parent, kill_descendants, take_down_with_parent
+from autotune.machine.proctree import children_die_with_me, die_with_parent, kill_descendants, take_down_with_parent
 from autotune.trial.events import Built, Event, Ranks
 from autotune.trial.ranks import RankGroup
 

@@ -16,9 +16,9 @@ The child makes itself a session leader (its own process group: the parent's kil
 DataLoader workers, and never the server), sends its log to the trial's log, and runs ``_worker.main``.
 The server reaps its children and reports their exit codes as ``subprocess`` does (negative = signal). It
 exits when the parent closes the socket, when the parent dies, or when idle too long. When the parent dies (a
-parent-death signal it catches, once torch is imported: ``proctree.take_down_with_parent``) it SIGKILLs each trial's
-process group and every descendant first: a DataLoader worker or a DDP rank still importing torch has no
-parent-death signal of its own yet.
+parent-death signal it catches, once torch is imported: ``machine.proctree.take_down_with_parent``) it SIGKILLs
+each trial's process group and every descendant first: a DataLoader worker or a DDP rank still importing torch has
+no parent-death signal of its own yet.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 
-from autotune.trial.proctree import adopt_orphans, die_with_parent, kill_descendants, take_down_with_parent
+from autotune.machine.proctree import adopt_orphans, die_with_parent, kill_descendants, take_down_with_parent
 
 IDLE_EXIT_S = 900.0  # an idle server holds ~0.7 GiB (torch imported): a forgotten one goes by itself
 

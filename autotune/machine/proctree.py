@@ -1,5 +1,5 @@
-"""Keeping a trial's processes together, Linux side: a child that dies with its parent, a trial process that
-adopts its orphaned descendants, and the kill of every descendant it has.
+"""Keeping the processes autotune starts together, Linux side: a child that dies with its parent, a trial process
+that adopts its orphaned descendants, and the kill of every descendant it has.
 
 Why adoption: the runner ends a trial by killing its process group, and a descendant that calls ``setsid`` (a
 daemon, a data server, anything double-forked) leaves the group, and, once its parent exits, the tree too: it is
@@ -22,7 +22,10 @@ Why a parent-death signal, and the rules it comes with (Linux's ``PR_SET_PDEATHS
   its main thread, which is how DataLoader workers start);
 - a process that only supervises others (a fork server, the supervisor of DDP ranks) is asked for a catchable
   signal instead, and takes its whole tree down before it goes (``take_down_with_parent``): a DataLoader worker
-  or a rank still importing torch has set nothing yet, and would outlive it.
+  or a rank still importing torch has set nothing yet, and would outlive it;
+- a program started with ``subprocess`` (``pip list`` for the environment stamp, a compile worker) sets nothing
+  either: a child that starts such programs splits itself first (``supervised``), and its supervising half takes
+  the group down.
 
 Elsewhere than Linux none of this exists: each call does nothing, and a killed tuner's children end when they
 next find their parent gone (a fork server at EOF on its socket).
@@ -39,7 +42,8 @@ import sys
 import threading
 from typing import Callable
 
-__all__ = ["die_with_parent", "adopt_orphans", "kill_descendants", "children_die_with_me", "take_down_with_parent"]
+__all__ = ["die_with_parent", "adopt_orphans", "kill_descendants", "children_die_with_me", "take_down_with_parent",
+           "supervised"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -117,6 +121,35 @@ def take_down_with_parent(parent: int | None = None, *, groups: Callable[[], lis
 
     signal.signal(signal.SIGTERM, on_parent_death)
     return die_with_parent(parent, signal.SIGTERM)
+
+
+def supervised() -> None:
+    """Split this process in two, first thing (before any thread: it forks): the caller's process becomes the
+    supervisor of a worker, which returns from this call and does the work. When the parent dies the supervisor
+    takes the whole group down (``take_down_with_parent``), the worker with whatever it started with
+    ``subprocess``; when the worker ends, the supervisor ends as it did (its exit code, or its signal), so the
+    parent sees one process end as it would have. Elsewhere than Linux it returns at once, unsplit."""
+    if not sys.platform.startswith("linux"):
+        return
+    me = os.getpid()
+    # set before the fork: from its first moment the worker (and what it starts) is taken down with this process
+    take_down_with_parent(os.getppid(), groups=lambda: [os.getpgrp()])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the handler is the supervisor's
+        die_with_parent(me)
+        return
+    try:
+        _, status = os.waitpid(pid, 0)  # a signal's handler runs meanwhile (PEP 475 retries the wait)
+        code = os.waitstatus_to_exitcode(status)
+    except ChildProcessError:  # pragma: no cover - reaped by no one else
+        code = 1
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
 
 
 def adopt_orphans() -> bool:
