@@ -33,7 +33,7 @@ from autotune.search.record.effects import save_dashboard_note
 from autotune.errors import AutotuneError, StorageError
 from autotune.search.choose.finalist_rounds import SavedRounds, record_parity
 from autotune.search.choose.settle import ExtraRounds
-from autotune.search.plan.resume import resume
+from autotune.search.plan import resume
 from autotune.search.record.run_phase import RunPhases
 from autotune.search.choose.payback import RunLength
 from autotune.search.backends.protocol import make_sampler
@@ -278,7 +278,7 @@ class Tuner:
         return SearchContext(
             workload=self.workload, space=self.space, measure=self.measure, limit=self.limit,
             fingerprint=self.hardware.fingerprint, study_name=self.study_name, storage_url=self.storage_url,
-            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.phases.around("search", self.runner),
+            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.phases.searching(self.runner),
             compile_gate=self.compile_gate,
             pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials, patience=self.patience,
             finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
@@ -334,7 +334,7 @@ class Tuner:
             # the trials run (a Ray cluster's nodes are not this machine: not measured there yet)
             left = None if self._deadline is None else self._deadline - time.monotonic()
             if self._backend == "local":
-                ceiling_runs.measure_if_wanted(study, self.space, runner=self.phases.around("ceilings", self.runner),
+                ceiling_runs.measure_if_wanted(study, self.space, runner=self.phases.searching(self.runner),
                                                workload=self.workload, measure=self.measure, log_dir=self.artifacts_dir,
                                                log=self.log, time_left_s=left, said=self._said)
             planned = study_queue.advance_plan(study, self.space, storage=self.storage, limit=self.limit,
@@ -435,10 +435,8 @@ class Tuner:
 
             collect_env_stamp()
         # an earlier run of this command killed or stopped: this one goes on from the phase it was in (plan.resume)
-        ask = {"trials": trials, "timeout_s": timeout_s, "backend": self._backend}
-        then = resume(self.phases.begin(ask), ask=ask)
-        if then.line:
-            self.log(then.line)
+        then = resume.begin(self.phases, ask={"trials": trials, "timeout_s": timeout_s, "backend": self._backend},
+                            log=self.log)
         self.stop_reason = then.stop_reason
         if then.search:
             self.phases.enter("search")

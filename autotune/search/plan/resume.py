@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.record.run_phase import AFTER_SEARCH, PHASES, STORED, describe
+from autotune.search.record.run_phase import AFTER_SEARCH, PHASES, STORED, RunPhases, describe
 
-__all__ = ["Resume", "resume"]
+__all__ = ["Resume", "resume", "begin"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,13 @@ def resume(stored: dict[str, Any] | None, *, ask: dict[str, Any], now: float | N
         return Resume(search=False, stop_reason=stopped or "",
                       line=f"resuming {who}: {kept} and what its finalists finished; {_GOES_ON[phase]}")
     return Resume(line=f"resuming {who}: the search goes on (finished trials are kept, the one in flight is retried)")
+
+
+def begin(phases: RunPhases, *, ask: dict[str, Any], log: Any) -> Resume:
+    """Start a run's record (``phases``) asked ``ask``: the decision about the record an earlier run left, its one
+    line said (``log``), the stopped search's reason kept with this run's records."""
+    then = resume(phases.begin(ask), ask=ask)
+    if then.line:
+        log(then.line)
+    phases.keep(stop_reason=then.stop_reason)
+    return then

@@ -11,8 +11,9 @@ study on a database server, each its own run; a machine measures one run at a ti
      "stop_reason": "ran the 3 trial(s) asked for"}
 
 written when the phase changes (a write per phase, not per trial: a phase is entered as its first child starts,
-``RunPhases.around``), and removed when the run ends (``RunPhases.finish``). A run that finds one was killed (or
-stopped by Ctrl-C) where it says, and ``search.plan.resume`` decides what the new run does about it.
+``RunPhases.around``, ``RunPhases.searching``), and removed when the run ends (``RunPhases.finish``). A run that
+finds one was killed (or stopped by Ctrl-C) where it says, and ``search.plan.resume`` decides what the new run
+does about it.
 
 ``AUTOTUNE_PHASE_HOLD_S``: seconds each phase waits once it is recorded, before its work (default 0). For the kill
 benchmark (``benchmarks/kill_anywhere.py``): the recommendation and the dashboard note take milliseconds, and a
@@ -112,6 +113,15 @@ class RunPhases:
             return fn(*args, **kwargs)
 
         return entered
+
+    def searching(self, runner: Callable[..., Any]) -> Callable[..., Any]:
+        """The search's ``runner``: a trial enters the search, a ceiling's child (a run that measures one part of
+        the pipeline, ``MeasureSpec.part`` "model" or "data") the ceilings' climb."""
+        def run(workload: Any, config: Any, measure: Any, **kwargs: Any) -> Any:
+            self.enter("search" if getattr(measure, "part", "full") == "full" else "ceilings")
+            return runner(workload, config, measure, **kwargs)
+
+        return run
 
     def finish(self, rec: Any, *, note: Callable[[], Any], yaml_path: Any = None) -> Any:
         """End the run: the recommendation stored (``rec``, None for none) is written to ``yaml_path`` as well,

@@ -90,3 +90,11 @@ def test_each_machine_keeps_its_own_runs_phase(study):
     RunPhases(lambda: study, hold_s=0.0).enter("search")
     assert read(_reloaded(study))["phase"] == "search"
     assert _reloaded(study).user_attrs[f"{keys.RUN_PHASE}:another-host"]["phase"] == "confirmation"
+
+
+def test_the_searchs_runner_tells_a_trial_from_a_ceilings_child(study):
+    phases = RunPhases(lambda: study, hold_s=0.0)
+    run = phases.searching(lambda workload, config, measure, **kw: measure.part)
+    assert run(None, None, MeasureSpec()) == "full" and phases.current == "search"
+    assert run(None, None, MeasureSpec(part="data")) == "data" and phases.current == "ceilings"
+    assert read(_reloaded(study))["phase"] == "ceilings"
