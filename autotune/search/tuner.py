@@ -439,7 +439,6 @@ class Tuner:
                             log=self.log)
         self.stop_reason = then.stop_reason
         if then.search:
-            self.phases.enter("search")
             self.prepare(study)
             outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials, deadline=deadline,
                                                      budget_s=timeout_s)

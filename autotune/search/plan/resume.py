@@ -88,9 +88,12 @@ def resume(stored: dict[str, Any] | None, *, ask: dict[str, Any], now: float | N
 
 def begin(phases: RunPhases, *, ask: dict[str, Any], log: Any) -> Resume:
     """Start a run's record (``phases``) asked ``ask``: the decision about the record an earlier run left, its one
-    line said (``log``), the stopped search's reason kept with this run's records."""
+    line said (``log``), the stopped search's reason kept with this run's records; a run that searches is in the
+    search from now on (before it queues anything: a kill then resumes the search)."""
     then = resume(phases.begin(ask), ask=ask)
     if then.line:
         log(then.line)
     phases.keep(stop_reason=then.stop_reason)
+    if then.search:
+        phases.enter("search")
     return then
