@@ -43,7 +43,7 @@ import threading
 from typing import Callable
 
 __all__ = ["die_with_parent", "adopt_orphans", "kill_descendants", "children_die_with_me", "take_down_with_parent",
-           "supervised"]
+           "supervised", "kill_group"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -180,3 +180,29 @@ def kill_descendants(*, keep: frozenset[int] | set[int] = frozenset()) -> list[i
         except psutil.Error:
             pass
     return [p.pid for p in tree if p.pid not in spared]
+
+
+def kill_group(pid: int, *, timeout_s: float = 5.0) -> None:
+    """SIGKILL the process group of ``pid`` (a child started as a session leader, and what it started), and wait,
+    up to ``timeout_s``, until each of them has exited: a zombie has (it waits only for its parent, or init, to
+    reap it), so a grandchild whose parent went with it does not hold the caller. ``pid`` itself is the caller's to
+    reap."""
+    import time
+
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    for p in tree:
+        while time.monotonic() < deadline:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
