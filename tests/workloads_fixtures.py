@@ -482,7 +482,7 @@ def breaks_after_the_check(image_size: int = 32):
     return tiny(image_size)
 
 
-# --- a descendant that leaves the trial's process group (autotune.trial.proctree) -------------------------------
+# --- a descendant that leaves the trial's process group (autotune.machine.proctree) -------------------------------
 
 _DAEMON = """
 import os, sys, time

@@ -30,7 +30,7 @@ from autotune.search.choose import finalists as fin
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
-from autotune.search.plan import phases
+from autotune.search.plan import phases, resume
 from autotune.search.plan import queue as study_queue
 from autotune.search.plan.compile_gate import CompileGate
 from autotune.search.plan.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
@@ -40,6 +40,7 @@ from autotune.search.plan.warm_start import queue_warm_start
 from autotune.search.record import ceilings
 from autotune.search.record import trials as keys
 from autotune.search.record.effects import save_dashboard_note
+from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
 from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
@@ -90,7 +91,7 @@ class Tuner:
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
                  patience: int | None = None, pruner: NoHopePruner | None = None,
                  on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None,
-                 warm_start: bool = True) -> None:
+                 warm_start: bool = True, output: str | Path | None = None) -> None:
         from autotune.machine.hardware import detect
         from autotune.machine.limits import with_default_caps
         from autotune.search.space.search_space import space_for
@@ -127,6 +128,8 @@ class Tuner:
         self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
+        # where a run stands, kept in its study (a killed one resumes from there); its YAML's file, if asked
+        self.phases, self.output = RunPhases(self.study), output
 
     # --- the study -----------------------------------------------------------------------------------
     @property
@@ -210,7 +213,8 @@ class Tuner:
         return SearchContext(
             workload=self.workload, space=self.space, measure=self.measure, limit=self.limit,
             fingerprint=self.hardware.fingerprint, study_name=self.study_name, storage_url=self.storage_url,
-            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.runner, compile_gate=self.compile_gate,
+            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.phases.searching(self.runner),
+            compile_gate=self.compile_gate,
             pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials, patience=self.patience,
             finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
             budget=self.budget, after_trial=self.after_trial, out_of_time=self.out_of_time, plan=self.plan,
@@ -310,18 +314,26 @@ class Tuner:
             from autotune.machine.envstamp import collect_env_stamp
 
             collect_env_stamp()
-        self.prepare(study)
-        outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
-        n = outcome.trials_run
-        self.stop_reason = outcome.stop_reason or (
-            f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
-            else "out of time: what is left of the budget is the finalists'")
-        self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
-                 f"{self.stop_reason}")
-        rec = self.finalize(budget=self.budget, runner=finalist_runner)
+        # an earlier run of this command killed or stopped: this one goes on from the phase it was in (plan.resume)
+        then = resume.begin(self.phases, ask={"trials": trials, "timeout_s": self.budget.budget_s,
+                                              "backend": self._backend}, log=self.log)
+        self.stop_reason = then.stop_reason
+        if then.search:
+            self.prepare(study)
+            outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
+            n = outcome.trials_run
+            self.stop_reason = outcome.stop_reason or (
+                f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
+                else "out of time: what is left of the budget is the finalists'")
+            self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
+                     f"{self.stop_reason}")
+        self.phases.keep(stop_reason=self.stop_reason)
+        from autotune.recommendation import stored_recommendation
+
+        rec = (self.finalize(budget=self.budget, runner=finalist_runner) if then.finalize
+               else stored_recommendation(study))
         # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
-        save_dashboard_note(study, self.log)
-        return rec
+        return self.phases.finish(rec, note=lambda: save_dashboard_note(study, self.log), yaml_path=self.output)
 
     # --- choose, confirm, record -------------------------------------------------------------------------------
     def finalize(self, *, budget: Budget | None = None, runner: Runner | None = None):
@@ -342,7 +354,9 @@ class Tuner:
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         with here:
             rec, saved = self._choose(study, planned, runner)
-            rec = confirm.confirmed(rec, baseline_trial(study), runner=runner or self.runner, workload=self.workload,
+            rec = confirm.confirmed(rec, baseline_trial(study), runner=self.phases.around("confirmation", runner
+                                                                                         or self.runner),
+                                    workload=self.workload,
                                     measure=finalist_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget, trials=top)
         return self._record(study, rec, saved)
@@ -367,22 +381,25 @@ class Tuner:
         configs = [keys.config_of(t) for t in cands]
         rounds, measure = (rounds if len(configs) > 1 else 1), finalist_measure(self.measure)
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
-        run = runner or self.runner
-        evidence = fin.remeasure(configs, rounds, runner=run, workload=self.workload, measure=measure,
-                                 log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end)
+        run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
+        evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,
+                                 measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end)
         if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
             fin.pool_search_round(evidence, configs, cands)
         # the numerics check runs here too (a remote node's device is not here), and the latency bound and the
         # worst-case batch (final_checks), whose child runs here or remotely
-        more = ExtraRounds(runner=run, workload=self.workload, measure=measure, log_dir=self.artifacts_dir,
-                           log=self.log, deadline=end, run=self.run_length)
+        more = ExtraRounds(runner=phase("extra rounds", run), workload=self.workload, measure=measure, saved=saved,
+                           log_dir=self.artifacts_dir, log=self.log, deadline=end, run=self.run_length)
+        from autotune.trial.parity import parity_check  # a finished check, an extra pair: kept for a resumed run
         ctx = fin.FinalistContext(
             workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,
             study_name=self.study_name, storage_url=self.storage_url, artifacts_dir=self.artifacts_dir,
             compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=check_steps,
-            parity=self.parity, log=self.log, numerics_cut=check_steps == 0 < self.parity_steps)
-        rec = final_checks.choose(ctx, study, configs, cands, evidence, baseline_trial(study), runner=run,
-                                  check_numerics=runner is None, more=more)
+            parity=saved.checking(phase("numerics", self.parity or parity_check)), log=self.log,
+            numerics_cut=check_steps == 0 < self.parity_steps)
+        rec = final_checks.choose(ctx, study, configs, cands, evidence, baseline_trial(study), more=more,
+                                  runner=saved.keeping("worst-case", phase("worst case", run)),
+                                  check_numerics=runner is None)
         return rec, saved
 
     def _record(self, study: Study, rec, saved: SavedRounds):
@@ -393,6 +410,7 @@ class Tuner:
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
             rec = dataclasses.replace(rec, notes=stopped + rec.notes)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
+        self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
         saved.clear()
         if rec is None:
             self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")

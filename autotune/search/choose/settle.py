@@ -11,8 +11,8 @@ noise but further behind than that, the two are measured again, interleaved (A B
 more rounds, only while the time left allows a round and only while a round costs less than the gap could cost over
 the user's training run (``ExtraRounds``): each round narrows the interval, until it
 excludes 1 (the fastest wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the
-fastest by median wins: the likelier faster config, which is what the run is for). The extra rounds are not kept
-for a resumed run (``finalist_rounds.SavedRounds`` keeps the planned rounds): a kill loses at most these.
+fastest by median wins: the likelier faster config, which is what the run is for). Each pair is kept as it finishes
+(``finalist_rounds.SavedRounds``, beside the planned rounds): a run killed after it takes it from there.
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ class ExtraRounds:
 
     def __init__(self, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
                  log: Callable[[str], None], deadline: float | None = None, run: Any = None,
-                 rounds: int = EXTRA_ROUNDS) -> None:
+                 rounds: int = EXTRA_ROUNDS, saved: Any = None) -> None:
         self.runner, self.workload, self.measure, self.log_dir = runner, workload, measure, log_dir
         self.log, self.deadline, self.run, self.rounds, self.ran = log, deadline, run, rounds, 0
+        self.saved = saved  # a ``SavedRounds``: each pair kept as it finishes, taken back by a resumed run
 
     def _run_s(self, ev: Any, fastest: Any) -> float | None:
         """The user's run in seconds at the fastest config's speed; None: unknown (no run length)."""
@@ -83,21 +84,26 @@ class ExtraRounds:
         if self.ran >= self.rounds:
             return False
         pair = [fastest, lighter] if self.ran % 2 == 0 else [lighter, fastest]
+        tag = f"extra-{self.ran + 1}"
+        kept = self.saved.kept(tag, pair) if self.saved is not None else None
         need = sum((ev.walls.get(c.key()) or [self.measure.timeout_s])[-1] for c in pair)
-        if self.deadline is not None and time.monotonic() + need > self.deadline:
+        if kept is None and self.deadline is not None and time.monotonic() + need > self.deadline:
             self.log(f"{why}; no time left in the budget for another round of the two (~{need:.0f} s)")
             return False
         run_s = self._run_s(ev, fastest)
-        if run_s is not None and run_s * gap / (1 + gap) < need:
+        if kept is None and run_s is not None and run_s * gap / (1 + gap) < need:
             self.log(f"{why}; another round of the two (~{need:.0f} s) costs more than the gap could over the "
                      f"{self.run.label()} run (~{run_s * gap / (1 + gap):.0f} s)")
             return False
         self.ran += 1
         r = max(len(ev.rounds[c.key()]) for c in pair)
-        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)")
+        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)"
+                 + (": measured by an earlier, interrupted run; kept" if kept else ""))
         for c in pair:
-            res = self.runner(self.workload, c, self.measure,
-                              log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
+            res = kept[c.key()] if kept else self.runner(
+                self.workload, c, self.measure, log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
+            if not kept and self.saved is not None:
+                self.saved.put(tag, c, res)
             ev.add(r, c, res)
-            self.log(run_line(f"extra round {self.ran}", c, res))
+            self.log(run_line(f"extra round {self.ran}", c, res) + (" (kept)" if kept else ""))
         return True

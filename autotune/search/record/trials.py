@@ -94,6 +94,7 @@ PLAN = "search_plan"             # the planned search drives the first trials (c
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
+RUN_PHASE = "run_phase"  # + ":<host>": where that machine's run (in progress, or killed) stands (run_phase.py)
 
 # The statuses of a finished trial that measured nothing of its config: the run was stopped (its retry measures it).
 NOT_MEASURED = (None, "interrupted")
