@@ -58,8 +58,10 @@ class Recommendation:
 
     config: TrialConfig
     workload: Workload
-    median_samples_per_s: float
-    iqr_samples_per_s: float
+    # the claim's figures (the confirmation's, ``search.choose.confirm``); None where it failed: no figure stated
+    # that it did not measure (the selection's are in ``selection``)
+    median_samples_per_s: float | None
+    iqr_samples_per_s: float | None
     samples_per_s: tuple[float, ...]
     baseline_samples_per_s: float | None
     speedup_vs_baseline: float | None
@@ -137,7 +139,7 @@ class Recommendation:
     def median_tokens_per_s(self) -> float | None:
         """Tokens/s at the median samples/s: the finalists' samples/s times ``tokens_per_sample``; None when the
         workload counts no tokens."""
-        if self.tokens_per_sample is None:
+        if self.tokens_per_sample is None or self.median_samples_per_s is None:
             return None
         return round(self.median_samples_per_s * self.tokens_per_sample, 1)
 
@@ -210,8 +212,8 @@ class Recommendation:
         try:
             rec = cls(
                 config=TrialConfig.from_dict(d["config"]), workload=Workload.from_dict(d["workload"]),
-                median_samples_per_s=float(m["median_samples_per_s"]),
-                iqr_samples_per_s=float(m["iqr_samples_per_s"]),
+                median_samples_per_s=_number(m["median_samples_per_s"]),
+                iqr_samples_per_s=_number(m["iqr_samples_per_s"]),
                 samples_per_s=tuple(float(x) for x in m.get("samples_per_s", ())),
                 baseline_samples_per_s=m.get("baseline_samples_per_s"),
                 speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
@@ -421,9 +423,11 @@ class Recommendation:
         return trainer_callback(self)
 
     def summary(self) -> str:
+        figures = ("no samples/s stated (the confirmation measured none)" if self.median_samples_per_s is None else
+                   f"{self.median_samples_per_s:.1f} samples/s median vs the PyTorch-defaults baseline's "
+                   f"{self.baseline_samples_per_s or float('nan'):.1f}")
         lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",
-                 f"  {self.median_samples_per_s:.1f} samples/s median vs the PyTorch-defaults baseline's "
-                 f"{self.baseline_samples_per_s or float('nan'):.1f}: {self.claim()}"]
+                 f"  {figures}: {self.claim()}"]
         if self.global_batch:
             from autotune.workloads.global_batch import describe
 
@@ -482,6 +486,11 @@ def ceiling_lines(ceilings: dict | None) -> list[str]:
         return []
     return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
         [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
+
+
+def _number(x: Any) -> float | None:
+    """A figure of ``measured``: a float, or None (a claim the confirmation did not measure)."""
+    return None if x is None else float(x)
 
 
 def _latency_read(measured: dict[str, Any]) -> dict | None:

@@ -24,7 +24,7 @@ from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
-from autotune.search.budget import Budget, finalist_measure
+from autotune.search.budget import Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.finalist_rounds import SavedRounds
@@ -343,7 +343,7 @@ class Tuner:
         with here:
             rec, saved = self._choose(study, planned, runner)
             rec = confirm.confirmed(rec, baseline_trial(study), runner=runner or self.runner, workload=self.workload,
-                                    measure=finalist_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
+                                    measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget, trials=top)
         return self._record(study, rec, saved)
 
