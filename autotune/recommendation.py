@@ -121,6 +121,9 @@ class Recommendation:
     # (``search.choose.confirm``): the samples/s and speedup above are the confirmation's; None in older exports
     selection: dict | None = None
     confirmation: dict | None = None
+    # what the shell exported that the trials cleared (``machine.launch_env.inherited_env``: threads, allocator,
+    # preloads): every trial ran without it, so the figures are against PyTorch's own defaults; None in older exports
+    shell_env: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -174,7 +177,9 @@ class Recommendation:
             "collect_env": self.env_stamp,
             "provenance": {"study_name": self.study_name, "storage": self.storage, "trial": self.trial_number,
                            "created": self.created, "provisional": self.provisional,
-                           "reproduce": self.reproduce},
+                           "reproduce": self.reproduce, "shell_environment": self.shell_env,
+                           **({"trials_environment": "clean: the shell's thread, allocator and preload variables "
+                               "cleared for every trial (baseline included)"} if self.shell_env else {})},
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
             "ceilings": self.ceilings,
@@ -234,6 +239,7 @@ class Recommendation:
                 tokens_per_sample=m.get("tokens_per_sample"), latency_ms=_latency_read(m),
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
+                shell_env=p.get("shell_environment"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None

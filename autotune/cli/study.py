@@ -119,6 +119,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
+    from autotune.machine.launch_env import inherited_line
+
+    if inherited_line():  # what the shell exports that every trial runs without (a clean room), in one line
+        print(inherited_line(), file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
                         ceiling_s=ceiling_s, started=started)

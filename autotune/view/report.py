@@ -364,7 +364,8 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
         speed = f", vs the baseline {rec.claim()}"
         rate = ("no samples/s stated" if rec.median_samples_per_s is None
                 else f"{rec.median_samples_per_s:.1f} samples/s median")
-        summary.append(("recommended", f"{rec.config.short()}: {rate}{speed}" + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
+        summary.append(("recommended", f"{rec.config.short()}: {rate}{speed}"
+                        + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
     else:
         summary.append(("recommended", "none yet (no measured feasible trial)"))
     summary += ceilings_summary(rec)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.machine.envstamp import collect_env_stamp
+from autotune.machine.launch_env import inherited_env
 from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
@@ -373,7 +374,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
-        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
+        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=ctx.study_name,
         storage=ctx.storage_url, trial_number=chosen[1].number,
         runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
@@ -448,7 +449,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
         margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
-        env_stamp=collect_env_stamp(),
+        env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=study.study_name, storage=storage, trial_number=best.number,
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),

@@ -17,10 +17,10 @@ defaults, chosen as "within noise and lighter") 8% below a heavier finalist in a
 So a lighter config wins a tie only when its median is within ``TIE_TOLERANCE`` of the fastest's. When it is within
 noise but further behind than that, the two are measured again, interleaved (A B, then B A), up to ``EXTRA_ROUNDS``
 more rounds, only while the time left allows a round and only while a round costs less than the gap could cost over
-the user's training run (``ExtraRounds``): each round narrows the interval, until it
-excludes 1 (the fastest wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the
-fastest by its paired estimate wins: the likelier faster config, which is what the run is for). The extra rounds are not kept
-for a resumed run (``finalist_rounds.SavedRounds`` keeps the planned rounds): a kill loses at most these.
+the user's training run (``ExtraRounds``): each round narrows the interval, until it excludes 1 (the fastest
+wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the fastest by its paired
+estimate wins: the likelier faster config, which is what the run is for). The extra rounds are not kept for a
+resumed run (``finalist_rounds.SavedRounds`` keeps the planned rounds): a kill loses at most these.
 """
 
 from __future__ import annotations

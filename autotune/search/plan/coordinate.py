@@ -268,7 +268,8 @@ class _Replay:
                                         SEARCH_LEVEL)
         won = lo > 1.0
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% ({SEARCH_LEVEL:.0%} interval "
+                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% "
+                          f"({SEARCH_LEVEL:.0%} interval "
                           f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%): "
                           + ("kept" if won else "not shown, the config before stays"))
         return won
