@@ -324,3 +324,37 @@ def test_a_baseline_the_selection_did_not_re_measure_is_the_confirmations_in_the
     assert out.baseline_samples_per_s == pytest.approx(100.0, abs=0.5)
     assert [n for n in out.notes if n.startswith("baseline figure")] == [
         stand_in + "; the claim's baseline is the confirmation's own rounds"]
+
+
+def test_a_failed_confirmation_leaves_no_selection_figure_in_the_claims_fields_and_every_reader_copes(tmp_path):
+    """The winner's confirmation run crashes: the claim is unconfirmed and says why; samples/s, the baseline's and
+    the speedup are empty (the selection's x2.73 stays in ``selection`` alone); the YAML reads back, and `show`,
+    the summary and the HTML report state no figure the confirmation did not measure."""
+    from autotune.view.report import build_report
+    from tests.helpers import run_cli
+
+    speed = {(8, False): 50.0, (8, True): 60.0, (16, False): 100.0, (16, True): 105.0}
+    lucky = _lucky(speed, {(16, True): 1.3})
+
+    def runner(workload, c, measure, **kw):
+        if "confirm-" in str(kw.get("log_path", "")) and c.channels_last and c.batch_size == 16:
+            return TrialResult(status="crashed", reason="exit code -11 (SIGSEGV)", wall_s=1.0, batch_size=16)
+        return lucky(workload, c, measure, **kw)
+
+    tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=runner, parity_steps=0)
+    rec = tuner.run(trials=6)
+    assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
+    assert rec.confirmation["status"] == "failed" and "crashed" in rec.claim() and rec.claim().startswith("unconf")
+    assert (rec.median_samples_per_s, rec.iqr_samples_per_s, rec.samples_per_s, rec.baseline_samples_per_s,
+            rec.speedup_vs_baseline) == (None, None, (), None, None)
+    assert rec.selection["speedup_vs_baseline"] == pytest.approx(2.73, rel=0.02)
+    doc = yaml.safe_load(rec.to_yaml())
+    assert doc["measured"]["speedup_vs_baseline"] is None and doc["measured"]["median_samples_per_s"] is None
+    back = Recommendation.from_dict(doc)
+    assert back.speedup_vs_baseline is None and back.median_samples_per_s is None and back.median_tokens_per_s is None
+    assert "no samples/s stated" in back.summary() and "2.73" not in back.summary().split("note:")[0]
+    shown = run_cli("show", "--storage", tuner.storage_url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "recommendation: no samples/s stated: unconfirmed: the winner's run crashed" in shown.stdout
+    html = build_report(tuner.study(), storage_url=tuner.storage_url)
+    assert "no samples/s stated" in html and "x2.7" not in html.split("recommended")[1][:300]
