@@ -2,7 +2,8 @@
 
 ``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
 must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
-of the budget), the confirmation's two rounds (within ``CONFIRM_SHARE``, else none: one round states no interval)
+of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``, else none: one
+round states no interval)
 and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of
 what one more run of a measured config costs (``Budget.run_s``: its search trial's wall, with the windows of the
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
@@ -31,6 +32,8 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 0.0
 >>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s <= 80 s
 72.0
+>>> Budget.of(3600.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])  # 6 rounds at most
+216.0
 >>> b.confirm_timeout_s(36.0, left_s=40.0)   # 2 rounds of 36 s, 40 s left: a budget whose 20% holds them, 6 min
 360.0
 """
@@ -45,7 +48,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
-__all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "WINDOW_FACTOR",
+__all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
+           "WINDOW_FACTOR",
            "CONFIRM_WINDOWS", "finalist_measure", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -56,8 +60,10 @@ NUMERICS_SHARE = 0.30
 # The most of a --timeout budget the search keeps back for the confirmation's rounds (``Budget.confirm_reserve_s``).
 CONFIRM_SHARE = 0.20
 # The confirmation's rounds a budget reserves when they fit its share: A B, B A (one round each way); fewer state no
-# interval, so none are reserved then
+# interval, so none are reserved then; at most CONFIRM_MAX_RESERVED (a 95% interval within +/-5% when one round's
+# ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share
 CONFIRM_MIN_ROUNDS = 2
+CONFIRM_MAX_RESERVED = 6
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
 # A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
@@ -153,12 +159,14 @@ class Budget:
         return min(full, FINALIST_SHARE * self.budget_s) if self.budget_s else full
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
-        """What the confirmation keeps back: ``CONFIRM_MIN_ROUNDS`` rounds of ``one_round_s`` each when they fit
-        ``CONFIRM_SHARE`` of the budget (always without a budget), else nothing (one round states no interval; the
-        confirmation then runs only if the phases before it leave the time, and else says what --timeout would
-        do, ``confirm_timeout_s``)."""
-        cap = CONFIRM_SHARE * self.budget_s if self.budget_s else math.inf
-        return CONFIRM_MIN_ROUNDS * one_round_s if CONFIRM_MIN_ROUNDS * one_round_s <= cap else 0.0
+        """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
+        budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_MIN_ROUNDS`` fit (those without a budget);
+        else nothing (one round states no interval; the confirmation then runs only if the phases before it leave
+        the time, and else says what --timeout would do, ``confirm_timeout_s``)."""
+        if not self.budget_s:
+            return CONFIRM_MIN_ROUNDS * one_round_s
+        fit = min(CONFIRM_MAX_RESERVED, int(CONFIRM_SHARE * self.budget_s // one_round_s)) if one_round_s > 0 else 0
+        return fit * one_round_s if fit >= CONFIRM_MIN_ROUNDS else 0.0
 
     def confirm_reserve_s(self, walls: list[float]) -> float:
         """The confirmation's rounds, each a run of the winner and of the baseline as the confirmation measures
@@ -167,6 +175,14 @@ class Budget:
         if self.measure is None or not _typical(walls):
             return 0.0
         return self.confirm_rounds_s(2 * self.run_s(_typical(walls), confirm_measure(self.measure)))
+
+    def timeout_for_s(self, finalist_round_s: float, confirm_round_s: float) -> float:
+        """The --timeout (s, rounded up to a minute) whose shares hold the finalists' ``rounds`` rounds of
+        ``finalist_round_s`` (``FINALIST_SHARE``) and the confirmation's ``CONFIRM_MIN_ROUNDS`` of ``confirm_round_s``
+        (``CONFIRM_SHARE``), and at least this budget: what a run too short for either would need."""
+        want = max(self.budget_s or 0.0, max(1, self.rounds) * finalist_round_s / FINALIST_SHARE,
+                   CONFIRM_MIN_ROUNDS * confirm_round_s / CONFIRM_SHARE)
+        return 60.0 * math.ceil(want / 60.0)
 
     def confirm_timeout_s(self, one_round_s: float, *, left_s: float) -> float:
         """The --timeout (s, rounded up to a minute) under which the confirmation's ``CONFIRM_MIN_ROUNDS`` rounds of

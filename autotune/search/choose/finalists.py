@@ -28,7 +28,7 @@ from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with
                                    world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
-from autotune.search.budget import NUMERICS_SHARE, Budget
+from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
 from autotune.search.record.trials import MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config
@@ -129,8 +129,12 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
         cands = next((c for c in options if round_s(c) <= left_s), options[-1])
     fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
     if fit < 1:
+        pair = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in (top[0], base) if t is not None]
+        confirm_s = budget.round_s(pair, confirm_measure(budget.measure) if budget.measure is not None else None)
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
-            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it")
+            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it"
+            + (f" (a --timeout of {budget.timeout_for_s(round_s(cands), confirm_s) / 60:.0f} min would re-measure "
+               "and confirm it)" if budget.budget_s else ""))
         return None
     if cands != options[0] or fit < rounds:
         log(f"the time budget leaves room for {len(cands)} finalist(s) "

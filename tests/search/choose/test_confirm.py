@@ -265,9 +265,9 @@ def _trial(number: int, config: TrialConfig, wall: float, value: float = 100.0):
 def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_round_fits():
     """Two 10 s finalists and the baseline (each run 11.5 s with the finalists' longer windows). The confirmation
     keeps two rounds of the likely winner and the baseline back (40 s: its runs measure 3 windows as long as the
-    search's, 10 s each; within 20% of a 300 s budget). With 60 s left that leaves no finalist round (2 x 11.5 s at
-    least, for 20 s), so the finalists get it all: a provisional recommendation would confirm nothing anyway. With
-    120 s left the reserve is kept and two rounds of all three fit in the 80 s."""
+    search's, 10 s each; all that fit 20% of a 200 s budget). With 60 s left that leaves no finalist round (2 x
+    11.5 s at least, for 20 s), so the finalists get it all: a provisional recommendation would confirm nothing
+    anyway. With 120 s left the reserve is kept and two rounds of all three fit in the 80 s."""
     from autotune.search.budget import Budget
     from autotune.search.choose import finalists as fin
     from autotune.search.choose.confirm import expected_round_s, plan_finalists
@@ -281,7 +281,7 @@ def test_the_finalists_get_the_confirmations_reserve_when_without_it_not_one_rou
 
     def planned(left: float, base=base):
         now = time.monotonic()
-        budget = Budget(started=now + left - 300.0, deadline=now + left, budget_s=300.0, measure=spec, finalists=2,
+        budget = Budget(started=now + left - 200.0, deadline=now + left, budget_s=200.0, measure=spec, finalists=2,
                         rounds=2)
         end, chosen = plan_finalists(top, base, plan=fin.plan, budget=budget, checks_s=0.0, log=said.append)
         return end - now, chosen
