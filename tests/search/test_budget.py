@@ -15,7 +15,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
 from autotune.search.space.search_space import space_from_dict
 from autotune.search.tuner import Tuner
-from autotune.trial.parity import ParityResult, check_seconds
+from autotune.trial.parity import ParityResult, check_seconds, needs_parity
 
 HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36",
                          cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
@@ -50,6 +50,15 @@ def parity(workload, config, *, steps, **kw):
     return ParityResult(ok=True, steps=steps, reason="within tolerance (fake)")
 
 
+def tuner_trials(tmp_path) -> list:
+    """The finished trials of the study ``_run`` made in ``tmp_path``."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/b.db"
+    name = optuna.get_all_study_names(storage=url)[0]
+    return [t for t in optuna.load_study(study_name=name, storage=url).trials if t.user_attrs.get("config")]
+
+
 def _run(tmp_path, budget: float, rate_scale: float = 1.0):
     from autotune.machine.envstamp import collect_env_stamp
 
@@ -82,14 +91,17 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
     # plan's estimates, and on a loaded VM takes a few tenths; the defects this guards overshoot by 2 s or more (the
     # confirmation's reserve ignored) or 10 s (a numerics check outside the budget)
     assert took <= 10.0 + 1.0, (took, "\n".join(logs))
-    assert rec is not None and not checks
-    assert any("] no numerics check: even 10 steps would take more than its share of the budget" in m
-               for m in logs), logs
+    # no check ran: an fp32 eager winner is "checked" in no time. On a loaded VM the search may not reach bf16 in
+    # 10 s (the best config when the finalists are planned is fp32 eager: nothing to cut), and then the log has no
+    # line about a cut check (2026-11-28, load 9: two full-suite runs in three)
+    assert rec is not None and not any(checks), checks
+    best = max((t for t in tuner_trials(tmp_path) if t.value is not None), key=lambda t: t.value)
+    reached = needs_parity(TrialConfig.from_dict(best.user_attrs["config"]))  # the check the plan priced
+    assert not reached or any("] no numerics check: even 10 steps would take more than its share of the budget"
+                              in m for m in logs), logs
     # the recommendation says so too (bf16 changes the arithmetic); its claim has rounds of its own, or (no round of
     # two ~1.1 s runs fits 20% of 10 s, so none is reserved) says that none fitted
     # (on a loaded machine the search may not reach bf16 in 10 s: then there is nothing to check or to confirm)
-    from autotune.trial.parity import needs_parity
-
     assert rec.parity is None
     if needs_parity(rec.config):
         assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), \

@@ -249,9 +249,11 @@ def _spread(configs: list[TrialConfig], ev: Evidence) -> dict | None:
 
 def _speedup(chosen: Scored, base_trial, ev: Evidence, base_med: float | None) -> float | None:
     """The selection's speedup of ``chosen`` over the baseline: paired over the rounds both ran
-    (``ratio_interval``), else (the baseline not re-measured) its median over the baseline's search trial's."""
+    (``ratio_interval``), else (the baseline not re-measured, or out) its median over the baseline's figure."""
     base_key = keys.config_of(base_trial).key() if base_trial is not None else None
-    if base_key is not None and ev.rounds.get(base_key) and ev.rounds.get(chosen[0].key()):
+    # paired only when the baseline finished every round (a round it lost would pair the others by position wrongly)
+    if base_key is not None and ev.rounds.get(base_key) and not ev.failures.get(base_key) and ev.rounds.get(
+            chosen[0].key()):
         return round(ratio_interval(ev.rounds[chosen[0].key()], ev.rounds[base_key])[0], 3)
     return None if not base_med else round(chosen[2].median / base_med, 3)
 
