@@ -26,7 +26,7 @@ It prints claim / re-measured per workload with both intervals, and whether the 
 re-measurement or inside its interval; raw results go to a JSON file, with the machine and its load.
 
     python benchmarks/claims.py --quick            # 32 px, 8 trials each, 4 rounds: ~30 min on 2 cores
-    python benchmarks/claims.py --workloads resnet18,mobilenet_v3_small --image-size 160 --trials 12
+    python benchmarks/claims.py --workloads resnet18,mobilenet_v3_small --image-size 160 --trials 12 --timeout 15m
 """
 
 from __future__ import annotations
@@ -350,6 +350,7 @@ def tune(name: str, a, folder: Path) -> dict:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--model", name, "--image-size", str(a.image_size),
            "--trials", str(a.trials), "--windows", str(a.windows), "--window-seconds", str(a.window_seconds),
            "--storage", db, "--no-progress", "--parity-steps", str(a.parity_steps)]
+    cmd += ["--timeout", a.timeout] if a.timeout else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if run.returncode != 0:
@@ -440,6 +441,7 @@ def main(argv=None) -> int:
     p.add_argument("--windows-remeasure", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--parity-steps", type=int, default=10)
+    p.add_argument("--timeout", default=None, help="each tuning run's --timeout too (e.g. 15m): whichever ends first")
     p.add_argument("--quick", action="store_true", help="32 px, 8 trials, windows of 0.5 s, 4 rounds")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)

@@ -354,14 +354,16 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         tied = tied and index == 0
     if tied:
         apart, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        between = (f"95% interval {100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%" if math.isfinite(hi)
+                   else "one round: no interval")
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
-                     f"({100 * (apart - 1):.1f}% apart, 95% interval "
-                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads or knobs")
+                     f"({100 * (apart - 1):.1f}% apart, {between}) and lighter on memory/threads or knobs")
     others = [x for x in scored if x is not chosen]
     margin = interval = None
     if others:
         ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
-        margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
+        margin = ratio - 1
+        interval = (round(lo - 1, 4), round(hi - 1, 4)) if math.isfinite(hi) else None  # one round: none
     base_med = _baseline_median(base_trial, ev, notes)
     speedup = _speedup(chosen, base_trial, ev, base_med)
     s = chosen[2]
