@@ -2,8 +2,8 @@
 
 ``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
 must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
-of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``, else none: one
-round states no interval)
+of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``; else two within
+``CONFIRM_MAX_SHARE``, the excess lent by the finalists' share; else none: one round states no interval)
 and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of
 what one more run of a measured config costs (``Budget.run_s``: its search trial's wall, with the windows of the
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
@@ -26,9 +26,11 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 15.0
 >>> b.run_s(10.0, confirm_measure(b.measure))  # ... and as a confirmation run: 3 windows of 1 s, not 5
 8.0
->>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s runs: 150 s > 30%
-90.0
->>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # 2 rounds of the winner and the baseline, 18 s runs: 72 s > 20%
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s: 150 s > 30% ...
+78.0
+>>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # ... less the 12 s the confirmation's 2 rounds (72 s) take over 20%
+72.0
+>>> Budget.of(200.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s > 35%: none
 0.0
 >>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s <= 80 s
 72.0
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
-           "WINDOW_FACTOR",
+           "CONFIRM_MAX_SHARE", "WINDOW_FACTOR",
            "CONFIRM_WINDOWS", "finalist_measure", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -64,6 +66,9 @@ CONFIRM_SHARE = 0.20
 # ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share
 CONFIRM_MIN_ROUNDS = 2
 CONFIRM_MAX_RESERVED = 6
+# When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, the excess from the finalists'
+# (whose one round on a short budget says less than a confirmed claim does); the search's reserve stays the same
+CONFIRM_MAX_SHARE = 0.35
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
 # A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
@@ -152,21 +157,29 @@ class Budget:
     # --- what the phases after the search keep back -------------------------------------------------------
     def finalists_reserve_s(self, walls: list[float]) -> float:
         """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
-        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget (their plan then fits fewer)."""
+        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget less what the confirmation's two rounds
+        take beyond theirs (``confirm_rounds_s``; their plan then fits fewer)."""
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
-        return min(full, FINALIST_SHARE * self.budget_s) if self.budget_s else full
+        if not self.budget_s:
+            return full
+        lent = max(0.0, self.confirm_reserve_s(walls) - CONFIRM_SHARE * self.budget_s)
+        return min(full, FINALIST_SHARE * self.budget_s - lent)
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
         """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
         budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_MIN_ROUNDS`` fit (those without a budget);
-        else nothing (one round states no interval; the confirmation then runs only if the phases before it leave
-        the time, and else says what --timeout would do, ``confirm_timeout_s``)."""
+        else those two when they fit ``CONFIRM_MAX_SHARE`` (the finalists' share lends the rest); else nothing (one
+        round states no interval; the confirmation then runs only if the phases before it leave the time, and else
+        says what --timeout would do, ``confirm_timeout_s``)."""
         if not self.budget_s:
             return CONFIRM_MIN_ROUNDS * one_round_s
         fit = min(CONFIRM_MAX_RESERVED, int(CONFIRM_SHARE * self.budget_s // one_round_s)) if one_round_s > 0 else 0
-        return fit * one_round_s if fit >= CONFIRM_MIN_ROUNDS else 0.0
+        if fit >= CONFIRM_MIN_ROUNDS:
+            return fit * one_round_s
+        least = CONFIRM_MIN_ROUNDS * one_round_s  # from the finalists' share, up to CONFIRM_MAX_SHARE in all
+        return least if 0 < least <= CONFIRM_MAX_SHARE * self.budget_s else 0.0
 
     def confirm_reserve_s(self, walls: list[float]) -> float:
         """The confirmation's rounds, each a run of the winner and of the baseline as the confirmation measures

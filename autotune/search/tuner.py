@@ -328,7 +328,7 @@ class Tuner:
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
         (``finalists``); confirm the claim (``confirm``); keep the recommendation in the study. Within ``budget``
         (default: none) only whole rounds that fit before its end run; if none fits, the best search trial is the
-        provisional recommendation. ``runner``: the finalists' runner where the trials ran (default here)."""
+        provisional recommendation, its claim confirmed. ``runner``: the finalists' runner where trials ran."""
         budget = budget or Budget.of(None, measure=self.measure, finalists=self.finalists, rounds=self.finalist_rounds)
         study = self.study()
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
@@ -337,15 +337,14 @@ class Tuner:
             return None
         top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
         planned = self._plan_finalists(study, top, budget, here=runner is None)
-        if planned is None:
-            return ceilings.recorded(study, fin.provisional(study, storage=self.storage_url))
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
-        with here:
-            rec, saved = self._choose(study, planned, runner)
+        with here:  # no finalist round fits: the best search trial, provisional (not kept), its claim confirmed
+            rec, saved = (self._choose(study, planned, runner) if planned is not None
+                          else (fin.provisional(study, storage=self.storage_url), None))
             rec = confirm.confirmed(rec, baseline_trial(study), runner=runner or self.runner, workload=self.workload,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget, trials=top)
-        return self._record(study, rec, saved)
+        return self._record(study, rec, saved) if saved is not None else ceilings.recorded(study, rec)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, here: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks

@@ -331,9 +331,11 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
     being ``finalists.plan``, within the run's ``budget`` (``search.budget.Budget``): the finalists get the time
     to its end less ``checks_s`` (numerics, worst case) and the confirmation's rounds (``Budget.confirm_rounds_s``,
     priced from the likely winner's and the baseline's walls; none without a baseline trial, which leaves nothing
-    to confirm against). When that leaves them not even one round, they get the confirmation's time too: a
-    provisional recommendation confirms nothing, so it would go unused (and the confirmation starts no round that
-    would overrun)."""
+    to confirm against). When that leaves them not even one round, the confirmation comes first: no finalist round
+    runs, the best search trial is recommended provisionally and its claim confirmed (``(deadline, None)``: a
+    confirmed claim of the likely best says more than one round of the top few would; the issue's 4-minute run
+    left its time unused that way). Only when the confirmation keeps nothing back (its two rounds do not fit) do the
+    finalists get all the time; None when not even then does a round fit."""
     import functools
 
     plan = functools.partial(plan, budget=budget, rounds=budget.rounds)
@@ -341,9 +343,14 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
     if deadline is None:
         return None, plan(top, base, left_s=None, log=log)
     one = expected_round_s([top[0], base], budget) if top and base is not None else 0.0
-    finalists_end = deadline - checks_s - budget.confirm_rounds_s(one)
+    keep = budget.confirm_rounds_s(one)
+    finalists_end = deadline - checks_s - keep
     said: list[str] = []
     chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
+    if chosen is None and keep > 0 and top[0] is not base:  # the claim first (the docstring)
+        log(f"no finalist round fits beside the confirmation's {keep:.0f} s: the best search trial is recommended, "
+            "provisional, and its claim confirmed in rounds of its own")
+        return finalists_end, None
     if chosen is None:
         finalists_end = deadline - checks_s
         return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log)
