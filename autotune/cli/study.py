@@ -135,6 +135,10 @@ def _run(args: argparse.Namespace, held: dict) -> int:
 
     print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
+    from autotune.machine.launch_env import inherited_line
+
+    if inherited_line():  # what the shell exports that every trial runs without (a clean room), in one line
+        print(inherited_line(), file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
                         ceiling_s=ceiling_s, started=started)
@@ -258,8 +262,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         claim = (rec.get("confirmation") or {}).get("headline") or \
             f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, " \
             f"{unconfirmed_line(provisional=bool((rec.get('provenance') or {}).get('provisional')))}"
-        print(f"recommendation: {m['median_samples_per_s']:.1f} samples/s vs the baseline's "
-              f"{m.get('baseline_samples_per_s') or float('nan'):.1f}: {claim}; trial {rec['provenance'].get('trial')}"
+        rate = ("no samples/s stated" if m.get("median_samples_per_s") is None else
+                f"{m['median_samples_per_s']:.1f} samples/s vs the baseline's "
+                f"{m.get('baseline_samples_per_s') or float('nan'):.1f}")
+        print(f"recommendation: {rate}: {claim}; trial {rec['provenance'].get('trial')}"
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
         for line in _limits_lines(rec) + ceiling_lines(rec.get("ceilings")):
             print(line)

@@ -89,6 +89,15 @@ STUDY_MEMORY_CAP = "memory_cap_mb"
 STUDY_DEVICE_MEMORY = "device_memory_mb"  # the device memory cap of the study's latest run, on a GPU
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
+
+
+def study_meta(workload, hardware, space, measure, device_memory_mb: float | None) -> dict[str, Any]:
+    """What a study says of itself (its user attrs, kept up to date by each run): the workload, the machine, the
+    space, the measurement and its caps."""
+    return {STUDY_WORKLOAD: workload.to_dict(), STUDY_FINGERPRINT: hardware.fingerprint,
+            STUDY_HARDWARE: hardware.summary_line(), STUDY_SPACE: space.to_dict(),
+            STUDY_MEMORY_CAP: measure.memory_cap_mb, STUDY_MEASURE: measure.to_dict(),
+            STUDY_DEVICE_MEMORY: device_memory_mb}
 WALK_ANCHOR = "batch_walk_anchor"
 PLAN = "search_plan"             # the planned search drives the first trials (coordinate.py); absent: older studies
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
