@@ -81,7 +81,10 @@ def refusal(rec: dict) -> str | None:
         return f"{wl['nproc_per_node']} DDP ranks: launch them with torchrun as the YAML's distributed section says"
     if wl.get("device", "cpu") != "cpu":
         return f"device {wl.get('device')}: this loop runs on the CPU"
+    # the parts a generic loop has too; the built-in text workloads' token count and lengths are autotune's own, which
+    # this loop builds itself (``text``: padding, real tokens, bucketing), not a user's code
     own = set(rec.get("user_parts") or ()) - {"optimizer", "collate_fn", "sampler"}
+    own -= {"count", "length"} if wl.get("model") in TEXT else set()
     if own:
         return f"the workload's own {', '.join(sorted(own))}: the user's code, not a generic loop's"
     for k, v in cfg.items():

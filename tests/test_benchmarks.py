@@ -245,6 +245,10 @@ def test_claims_is_independent_refuses_what_it_cannot_reproduce_and_analyses_wit
     assert claims.refusal(plain) is None
     assert "DDP ranks" in claims.refusal({**plain, "workload": {"model": "resnet18", "nproc_per_node": 2}})
     assert "the workload's own step" in claims.refusal({**plain, "user_parts": ["step", "optimizer"]})
+    # the built-in text workload's token count and lengths are autotune's, which claims.py builds itself
+    text = {**plain, "workload": {"model": "transformer_tiny"}, "user_parts": ["collate_fn", "count", "length"]}
+    assert claims.refusal(text) is None
+    assert "own count" in claims.refusal({**text, "workload": {"model": "my.module:build"}})
     assert "does not know" in claims.refusal({**plain, "config": {"batch_size": 8, "quantize": "int8"}})
     assert "a DDP knob" in claims.refusal({**plain, "config": {"batch_size": 8, "static_graph": True}})
     a, b = [[150.0, 152.0], [140.0, 139.0], [160.0, 158.0]], [[100.0, 101.0], [97.0, 96.0], [104.0, 105.0]]
