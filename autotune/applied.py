@@ -1,11 +1,22 @@
 """``Applied``: the per-call helpers ``Recommendation.apply()`` yields to a training loop (model and input
-preparation, autocast, the grad scaler, the accumulation steps). Re-exported by ``recommendation``."""
+preparation, autocast, the grad scaler, the accumulation steps), and ``applying``, the context manager behind it.
+Re-exported by ``recommendation``."""
 
 from __future__ import annotations
 
-from autotune.config import TrialConfig
+import contextlib
+import os
+import warnings
+from typing import TYPE_CHECKING, Iterator
 
-__all__ = ["Applied"]
+from autotune.config import TrialConfig
+from autotune.machine.affinity import env_for as affinity_env
+from autotune.machine.malloc import apply_in_process, env_for
+
+if TYPE_CHECKING:
+    from autotune.recommendation import Recommendation
+
+__all__ = ["Applied", "applying"]
 
 
 class Applied:
@@ -70,3 +81,50 @@ class Applied:
                               "before prepare_model")
         ids = None if self._dev.type == "cpu" else [self._dev.index]
         return DistributedDataParallel(model, device_ids=ids, **self.config.ddp_kwargs())
+
+
+@contextlib.contextmanager
+def applying(rec: Recommendation) -> Iterator[Applied]:
+    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit."""
+    import torch
+
+    old_threads = torch.get_num_threads()
+    old_bench = torch.backends.cudnn.benchmark
+    if rec.config.intra_op_threads:
+        torch.set_num_threads(rec.config.intra_op_threads)
+    if rec.config.inter_op_threads and torch.get_num_interop_threads() != rec.config.inter_op_threads:
+        try:
+            torch.set_num_interop_threads(rec.config.inter_op_threads)
+        except RuntimeError:
+            warnings.warn(f"inter-op threads stay at {torch.get_num_interop_threads()}: torch allows setting "
+                          "them only before its first parallel work; call apply() earlier", stacklevel=3)
+    if rec.workload.device != "cpu":
+        torch.backends.cudnn.benchmark = rec.config.cudnn_benchmark
+    why = apply_in_process(rec.config.malloc)
+    unpinned = {k: v for k, v in affinity_env(rec.config.affinity).items() if os.environ.get(k) != v}
+    for knob, env in (("malloc", env_for(rec.config.malloc) if why else {}), ("affinity", unpinned)):
+        if env:  # read when the process starts: only its launch environment can give them
+            warnings.warn(f"{knob}={getattr(rec.config, knob)} not fully applied: {why or 'read at start'}; "
+                          f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
+                          "its environment (`autotune export` lists it)", stacklevel=3)
+    try:
+        yield Applied(rec.config, _rank_device(rec), accumulation_steps=rec.accumulation_steps,
+                      world_size=rec.world_size)
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.backends.cudnn.benchmark = old_bench
+
+
+def _rank_device(rec) -> str:
+    """The device this process trains on: under torchrun, a rank of several on a GPU takes GPU LOCAL_RANK, as
+    the trials' rank r took GPU r; warned when the running world size is not the measured one."""
+    if rec.world_size <= 1:
+        return rec.workload.device
+    running = os.environ.get("WORLD_SIZE")
+    if running is not None and running != str(rec.world_size):
+        warnings.warn(f"this recommendation was measured as {rec.world_size} ranks; this process is one of "
+                      f"{running}: its per-rank threads, workers and batch were not tuned for that",
+                      stacklevel=4)
+    if rec.workload.device == "cpu":
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"

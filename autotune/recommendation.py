@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune._redact import redact
 from autotune._yaml import read_yaml
-from autotune.machine.affinity import env_for as affinity_env
-from autotune.machine.malloc import apply_in_process, env_for
 from autotune.applied import Applied
 from autotune.config import TrialConfig, Workload, knob_summary
 from autotune.distributed import backend_for, check_section, distributed_section, launch_command
@@ -60,8 +56,10 @@ class Recommendation:
 
     config: TrialConfig
     workload: Workload
-    median_samples_per_s: float
-    iqr_samples_per_s: float
+    # the claim's figures (the confirmation's, ``search.choose.confirm``); None where it failed: no figure stated
+    # that it did not measure (the selection's are in ``selection``)
+    median_samples_per_s: float | None
+    iqr_samples_per_s: float | None
     samples_per_s: tuple[float, ...]
     baseline_samples_per_s: float | None
     speedup_vs_baseline: float | None
@@ -122,6 +120,9 @@ class Recommendation:
     selection: dict | None = None
     confirmation: dict | None = None
     loader_memory: dict | None = None  # its loader's batches in flight (search.record.loader_statement)
+    # what the shell exported that the trials cleared (``machine.launch_env.inherited_env``: threads, allocator,
+    # preloads): every trial ran without it, so the figures are against PyTorch's own defaults; None in older exports
+    shell_env: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -140,7 +141,7 @@ class Recommendation:
     def median_tokens_per_s(self) -> float | None:
         """Tokens/s at the median samples/s: the finalists' samples/s times ``tokens_per_sample``; None when the
         workload counts no tokens."""
-        if self.tokens_per_sample is None:
+        if self.tokens_per_sample is None or self.median_samples_per_s is None:
             return None
         return round(self.median_samples_per_s * self.tokens_per_sample, 1)
 
@@ -175,7 +176,9 @@ class Recommendation:
             "collect_env": self.env_stamp,
             "provenance": {"study_name": self.study_name, "storage": self.storage, "trial": self.trial_number,
                            "created": self.created, "provisional": self.provisional,
-                           "reproduce": self.reproduce},
+                           "reproduce": self.reproduce, "shell_environment": self.shell_env,
+                           **({"trials_environment": "clean: the shell's thread, allocator and preload variables "
+                               "cleared for every trial (baseline included)"} if self.shell_env else {})},
             "runners_up": list(self.runners_up),
             "worst_case": self.worst_case,
             "ceilings": self.ceilings,
@@ -214,8 +217,8 @@ class Recommendation:
         try:
             rec = cls(
                 config=TrialConfig.from_dict(d["config"]), workload=Workload.from_dict(d["workload"]),
-                median_samples_per_s=float(m["median_samples_per_s"]),
-                iqr_samples_per_s=float(m["iqr_samples_per_s"]),
+                median_samples_per_s=_number(m["median_samples_per_s"]),
+                iqr_samples_per_s=_number(m["iqr_samples_per_s"]),
                 samples_per_s=tuple(float(x) for x in m.get("samples_per_s", ())),
                 baseline_samples_per_s=m.get("baseline_samples_per_s"),
                 speedup_vs_baseline=m.get("speedup_vs_baseline"), peak_host_mb=m.get("peak_host_mb"),
@@ -237,6 +240,7 @@ class Recommendation:
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
                 loader_memory=d.get("loader_memory"),
+                shell_env=p.get("shell_environment"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -321,8 +325,7 @@ class Recommendation:
 
         return applied_kwargs(self, fit=fit)
 
-    @contextlib.contextmanager
-    def apply(self) -> Iterator["Applied"]:
+    def apply(self) -> contextlib.AbstractContextManager[Applied]:
         """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
         ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life;
         ``malloc: hugepages`` also needs ``THP_MEM_ALLOC_ENABLE=1`` from the launch environment (warned if absent).
@@ -336,47 +339,9 @@ class Recommendation:
         The inter-op thread count can only be set before torch's first parallel work; if that moment has passed it
         is left as is, with a note.
         """
-        import torch
+        from autotune.applied import applying
 
-        old_threads = torch.get_num_threads()
-        old_bench = torch.backends.cudnn.benchmark
-        if self.config.intra_op_threads:
-            torch.set_num_threads(self.config.intra_op_threads)
-        if self.config.inter_op_threads and torch.get_num_interop_threads() != self.config.inter_op_threads:
-            try:
-                torch.set_num_interop_threads(self.config.inter_op_threads)
-            except RuntimeError:
-                warnings.warn(f"inter-op threads stay at {torch.get_num_interop_threads()}: torch allows setting "
-                              "them only before its first parallel work; call apply() earlier", stacklevel=3)
-        if self.workload.device != "cpu":
-            torch.backends.cudnn.benchmark = self.config.cudnn_benchmark
-        why = apply_in_process(self.config.malloc)
-        unpinned = {k: v for k, v in affinity_env(self.config.affinity).items() if os.environ.get(k) != v}
-        for knob, env in (("malloc", env_for(self.config.malloc) if why else {}), ("affinity", unpinned)):
-            if env:  # read when the process starts: only its launch environment can give them
-                warnings.warn(f"{knob}={getattr(self.config, knob)} not fully applied: {why or 'read at start'}; "
-                              f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
-                              "its environment (`autotune export` lists it)", stacklevel=3)
-        try:
-            yield Applied(self.config, self._rank_device(), accumulation_steps=self.accumulation_steps,
-                          world_size=self.world_size)
-        finally:
-            torch.set_num_threads(old_threads)
-            torch.backends.cudnn.benchmark = old_bench
-
-    def _rank_device(self) -> str:
-        """The device this process trains on: under torchrun, a rank of several on a GPU takes GPU LOCAL_RANK, as
-        the trials' rank r took GPU r; warned when the running world size is not the measured one."""
-        if self.world_size <= 1:
-            return self.workload.device
-        running = os.environ.get("WORLD_SIZE")
-        if running is not None and running != str(self.world_size):
-            warnings.warn(f"this recommendation was measured as {self.world_size} ranks; this process is one of "
-                          f"{running}: its per-rank threads, workers and batch were not tuned for that",
-                          stacklevel=4)
-        if self.workload.device == "cpu":
-            return "cpu"
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        return applying(self)
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none):
@@ -429,9 +394,11 @@ class Recommendation:
         return trainer_callback(self)
 
     def summary(self) -> str:
+        figures = ("no samples/s stated (the confirmation measured none)" if self.median_samples_per_s is None else
+                   f"{self.median_samples_per_s:.1f} samples/s median vs the PyTorch-defaults baseline's "
+                   f"{self.baseline_samples_per_s or float('nan'):.1f}")
         lines = [f"recommended: {self.config.short()}", f"  {knob_summary(self.config)}",
-                 f"  {self.median_samples_per_s:.1f} samples/s median vs the PyTorch-defaults baseline's "
-                 f"{self.baseline_samples_per_s or float('nan'):.1f}: {self.claim()}"]
+                 f"  {figures}: {self.claim()}"]
         if self.global_batch:
             from autotune.workloads.global_batch import describe
 
@@ -482,6 +449,11 @@ class Recommendation:
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _number(x: Any) -> float | None:
+    """A figure of ``measured``: a float, or None (a claim the confirmation did not measure)."""
+    return None if x is None else float(x)
 
 
 def _latency_read(measured: dict[str, Any]) -> dict | None:

@@ -5,7 +5,8 @@ Each run is one trial as the tuner runs it (``autotune.trial.runner.run_trial``:
 measured windows; with ranks, the trial child starts them as one gloo process group, ``autotune.trial.ddp``).
 The two configs alternate in rotating order, round after round, so a slow stretch of the shared machine falls on
 both; each run's window rates are kept raw in a JSON file, and the ratio of the medians comes with a 95%
-bootstrap interval over the rounds (``search.choose.settle.ratio_interval``, the finalists' own rule).
+paired interval over the rounds (``search.choose.settle.ratio_interval``: Student's t over the rounds' log ratios,
+the finalists' own rule).
 
     python benchmarks/ddp_vs_threads.py                        # resnet18, 64 px, global batch 32, 3 rounds
     python benchmarks/ddp_vs_threads.py --ranks 2 --rounds 5 --global-batch 64

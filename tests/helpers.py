@@ -50,6 +50,12 @@ def _quick():
 QUICK = _quick()
 
 
+def search_run(measure, kw: dict) -> bool:
+    """Whether a fake runner's call is a search trial (the search's windows), not a finalist or confirmation run (the
+    confirmation measures with the search's window length, fewer windows, and its log is ``confirm-*``)."""
+    return measure.window_s == QUICK.window_s and "confirm-" not in str(kw.get("log_path", ""))
+
+
 @lru_cache(maxsize=1)
 def hardware():
     """This machine, detected once per process."""

@@ -196,17 +196,59 @@ def test_ddp_vs_threads_script_runs_both_interleaved_and_writes_json(tmp_path):
 
 
 def test_claims_independent_loop_measures_a_config_in_a_fresh_process(tmp_path):
-    """benchmarks/claims.py's own loop (no code of autotune's worker): a config's windows, in samples/s."""
+    """benchmarks/claims.py's own loop (no code of autotune's): a config's windows, in samples/s, with the knobs a
+    user following the YAML applies (inter-op threads, accumulation, channels_last), and its own text model with
+    length bucketing and a worker."""
     import json
 
-    spec = {"workload": {"model": "tests.workloads_fixtures:tiny", "image_size": 16},
-            "config": {"batch_size": 8, "intra_op_threads": 1, "channels_last": True}, "windows": 2,
-            "window_s": 0.2, "warmup_s": 0.2}
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "claims.py"), "--one", str(path)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    windows = json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"]
-    assert len(windows) == 2 and all(w > 0 for w in windows)
-    assert "autotune.trial" not in (REPO_ROOT / "benchmarks" / "claims.py").read_text()  # none of the worker
+    specs = [{"workload": {"model": "tests.workloads_fixtures:tiny", "image_size": 16},
+              "config": {"batch_size": 8, "intra_op_threads": 1, "inter_op_threads": 1, "channels_last": True},
+              "accumulation_steps": 2, "windows": 2, "window_s": 0.2, "warmup_s": 0.2},
+             {"workload": {"model": "transformer_tiny", "image_size": 32, "num_classes": 2, "dataset_size": 256},
+              "config": {"batch_size": 16, "bucket_by_length": True, "num_workers": 1, "prefetch_factor": 2},
+              "windows": 2, "window_s": 0.2, "warmup_s": 0.2}]
+    for i, spec in enumerate(specs):
+        path = tmp_path / f"spec{i}.json"
+        path.write_text(json.dumps(spec))
+        out = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "claims.py"), "--one", str(path)],
+                             capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        windows = json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"]
+        assert len(windows) == 2 and all(w > 0 for w in windows)
+
+
+def _claims():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_bench", REPO_ROOT / "benchmarks" / "claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_claims_is_independent_refuses_what_it_cannot_reproduce_and_analyses_with_its_own_interval():
+    """claims.py imports nothing of autotune (the CLI it tunes with runs in a child); a recommendation it cannot
+    apply as its user would is refused with the reason, never measured without the knob; its own paired t-interval
+    agrees with autotune's ``ratio_interval`` (two implementations of one statistic)."""
+    import ast
+    import math
+
+    from autotune.search.choose.settle import ratio_interval
+
+    tree = ast.parse((REPO_ROOT / "benchmarks" / "claims.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not [m for m in imported if m.split(".")[0] == "autotune"], imported
+    claims = _claims()
+    plain = {"workload": {"model": "resnet18"}, "config": {"batch_size": 32, "amp": "bf16", "compile_mode": "default",
+                                                          "inter_op_threads": 2, "static_graph": False}}
+    assert claims.refusal(plain) is None
+    assert "DDP ranks" in claims.refusal({**plain, "workload": {"model": "resnet18", "nproc_per_node": 2}})
+    assert "the workload's own step" in claims.refusal({**plain, "user_parts": ["step", "optimizer"]})
+    assert "does not know" in claims.refusal({**plain, "config": {"batch_size": 8, "quantize": "int8"}})
+    assert "a DDP knob" in claims.refusal({**plain, "config": {"batch_size": 8, "static_graph": True}})
+    a, b = [[150.0, 152.0], [140.0, 139.0], [160.0, 158.0]], [[100.0, 101.0], [97.0, 96.0], [104.0, 105.0]]
+    mine, theirs = claims.paired_interval(a, b), ratio_interval(a, b)
+    assert all(math.isclose(x, y, rel_tol=1e-3) for x, y in zip(mine, theirs)), (mine, theirs)
+    env = claims.clean({"OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2", "PATH": "/bin"})
+    assert env == {"PATH": "/bin"}

@@ -482,7 +482,7 @@ def breaks_after_the_check(image_size: int = 32):
     return tiny(image_size)
 
 
-# --- a descendant that leaves the trial's process group (autotune.trial.proctree) -------------------------------
+# --- a descendant that leaves the trial's process group (autotune.machine.proctree) -------------------------------
 
 _DAEMON = """
 import os, sys, time
@@ -566,3 +566,30 @@ def tiny_on_test_nodes(image_size: int = 16):
     if earlier and os.environ.get("AUTOTUNE_TEST_HANG_LATER"):
         model = _Hangs(model)
     return model, dataset, loss_fn
+
+
+class _ThreadsProbe(nn.Module):
+    """Writes, at its first forward, the process's torch thread count and what its environment says of threads and
+    the allocator to the file ``$AUTOTUNE_TEST_PROBE`` names (one line per process): what a trial really ran with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+        self.said = False
+
+    def forward(self, x):
+        if not self.said and os.environ.get("AUTOTUNE_TEST_PROBE"):
+            self.said = True
+            import json
+
+            seen = {"threads": torch.get_num_threads(), "pid": os.getpid(),
+                    "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MALLOC_ARENA_MAX", "LD_PRELOAD")}}
+            with open(os.environ["AUTOTUNE_TEST_PROBE"], "a") as f:
+                f.write(json.dumps(seen) + "\n")
+        return self.net(x)
+
+
+def threads_probe(image_size: int = 16):
+    """The tiny workload, its model saying what each trial's process ran with (``_ThreadsProbe``)."""
+    torch.manual_seed(0)
+    return _ThreadsProbe(), _images(image_size, n=64), nn.CrossEntropyLoss()

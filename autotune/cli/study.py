@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -70,6 +69,23 @@ def _budget_args(args: argparse.Namespace) -> tuple:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """`autotune run`. From its first line, Ctrl-C or SIGTERM stops it cleanly: the child in flight is ended, what
+    finished is kept, one line says how to resume; a second one ends the process at once, after that line
+    (``cli.interrupt``)."""
+    from autotune.cli.interrupt import EXIT_INTERRUPTED, interruptible
+
+    held: dict = {}  # the tuner and the MLflow logger, once made
+    with interruptible(lambda: stopped_line(held.get("tuner"))) as stop:
+        try:
+            return _run(args, held)
+        except KeyboardInterrupt:
+            stop.say()
+            _close_mlflow(held.get("logger"), held.get("tuner"), "KILLED")
+            return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace, held: dict) -> int:
+    """``cmd_run`` within its signal handling; ``held`` gets the tuner and the logger as they are made."""
     from autotune.machine.hardware import detect
     from autotune.search.space.search_space import load_space
     from autotune.search.record.storage import check_storage
@@ -92,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.oversubscribe:  # as a space that says so: ranks may outnumber the cores, threads and workers untrimmed
         space = dataclasses.replace(space, oversubscribe=True)
     check_storage(args.storage)  # an unreachable server or a damaged file is said first, not after the banner
+    if args.output:
+        _a_file(args.output, "-o", "best.yaml")
     # With what its first batch holds (the space is fitted to it, the YAML records it). A module:callable is checked
     # in a child, which also answers what detect() needs of torch: this process never imports torch for it.
     workload = check(workload, env_stamp=True)
@@ -103,30 +121,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         logger = MLflowLogger(args.mlflow, experiment=args.mlflow_experiment,
                               log=lambda msg: print(f"autotune run: {msg}", file=sys.stderr, flush=True))
         logger.check()
+    held["logger"] = logger
     tuner = Tuner(workload, space=space, measure=measure, storage=args.storage, study_name=args.study_name,
                   hardware=hw, finalists=args.finalists, finalist_rounds=args.rounds, seed=args.seed,
                   parity_steps=args.parity_steps, cap_given=args.memory_cap is not None,
                   progress=not args.no_progress, patience=args.patience, on_trial=[logger] if logger else (),
-                  run_length=run_length, warm_start=not args.no_warm_start)
+                  run_length=run_length, warm_start=not args.no_warm_start, output=args.output)
+    held["tuner"] = tuner
 
     from autotune.search.choose.latency_floor import check_floor
 
     check_floor(tuner)  # --latency-p99 under one step's measured floor: one line now, not an empty search later
 
-    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: kill the running child, keep what finished
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
     print(f"{hw.summary_line()}\n{tuner.space.describe()}\nmemory cap {measure.memory_cap_mb:.0f} MiB per trial",
           file=sys.stderr)
+    from autotune.machine.launch_env import inherited_line
+
+    if inherited_line():  # what the shell exports that every trial runs without (a clean room), in one line
+        print(inherited_line(), file=sys.stderr)
     try:
         rec = tuner.run(trials=args.trials, timeout_s=timeout_s, backend=args.backend, address=args.address,
                         ceiling_s=ceiling_s, started=started)
-    except KeyboardInterrupt:
-        print(f"autotune run: stopped; finished trials are kept in {redact(tuner.storage_url)} "
-              f"(study {tuner.study_name}); run the same command again to resume", file=sys.stderr)
-        _close_mlflow(logger, tuner, "KILLED")
-        return 130
     except AutotuneError:  # e.g. the workload fails in every trial: the parent run does not stay RUNNING
         _close_mlflow(logger, tuner, "FAILED")
         raise
@@ -138,6 +153,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if logger is not None:
         _finish_mlflow(logger, tuner, rec)
     return 0 if rec is not None else 1
+
+
+def stopped_line(tuner: Tuner | None) -> str:
+    """The one line a stopped run says: where it was, where what finished is kept, and how to resume."""
+    from autotune.search.record.run_phase import describe
+
+    if tuner is None:
+        return ("autotune run: stopped before its first trial: nothing was measured yet; run the same command again "
+                "to resume")
+    during = f" during {describe(tuner.phases.current)}" if tuner.phases.current else ""
+    return (f"autotune run: stopped{during}; what finished is kept in {redact(tuner.storage_url)} (study "
+            f"{tuner.study_name}); run the same command again to resume from there")
 
 
 def export_hint(study_name: str, storage: str | None) -> str:
@@ -235,8 +262,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         claim = (rec.get("confirmation") or {}).get("headline") or \
             f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, " \
             f"{unconfirmed_line(provisional=bool((rec.get('provenance') or {}).get('provisional')))}"
-        print(f"recommendation: {m['median_samples_per_s']:.1f} samples/s vs the baseline's "
-              f"{m.get('baseline_samples_per_s') or float('nan'):.1f}: {claim}; trial {rec['provenance'].get('trial')}"
+        rate = ("no samples/s stated" if m.get("median_samples_per_s") is None else
+                f"{m['median_samples_per_s']:.1f} samples/s vs the baseline's "
+                f"{m.get('baseline_samples_per_s') or float('nan'):.1f}")
+        print(f"recommendation: {rate}: {claim}; trial {rec['provenance'].get('trial')}"
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
         for line in _limits_lines(rec) + ceiling_lines(rec.get("ceilings")):
             print(line)
@@ -351,6 +380,9 @@ def add_study_commands(sub) -> None:
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="with --backend ray: the cluster to join (e.g. auto); default: start a local Ray")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="also write the recommendation's YAML to FILE when the run ends (what `autotune export` "
+                        "writes; a run stopped before is resumed by the same command, which writes it)")
     g = p.add_argument_group("MLflow (pip install \"autotune[mlflow]\")")
     g.add_argument("--mlflow", default=None, metavar="URI",
                    help="log each finished trial as a run nested under one parent run per study (resumed with "

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Any
 
-from autotune.machine.launch import SAFE_PATH_PRELUDE, with_package_path
+from autotune.machine.launch import SAFE_PATH_PRELUDE, die_with_parent_prelude, with_package_path
 
 __all__ = ["collect_env_stamp", "have_stamp", "remember_env_stamp", "raw_env_info", "stamp_from_raw", "stamp_changes",
            "describe_stamp", "TIMEOUT_S"]
@@ -68,8 +68,9 @@ def collect_env_stamp(timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _collected(timeout_s: float) -> dict[str, Any]:
     try:
-        proc = subprocess.run([sys.executable, "-c", SAFE_PATH_PRELUDE + _CHILD], capture_output=True, text=True,
-                              timeout=timeout_s, env=with_package_path(dict(os.environ)))
+        proc = subprocess.run([sys.executable, "-c", SAFE_PATH_PRELUDE + die_with_parent_prelude() + _CHILD],
+                              capture_output=True, text=True, timeout=timeout_s,
+                              env=with_package_path(dict(os.environ)))
     except subprocess.TimeoutExpired:
         return {"error": f"collect_env took over {timeout_s:.0f} s"}
     except OSError as exc:

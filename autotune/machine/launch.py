@@ -9,6 +9,11 @@ so the child starts with ``-c`` and a bootstrap that drops the entry ``-c`` adde
 then runs the module as ``-m`` would (``sys.argv[0]`` its file, ``__name__`` ``"__main__"``). ``SAFE_PATH_ENV``
 in the child's environment does the same for whatever the child starts (``PYTHONSAFEPATH``, 3.11 and later).
 
+The bootstrap's next lines make the child die with the process that starts it, before it imports anything (torch
+takes seconds): Linux's parent-death signal (SIGKILL), then a check that its parent is still the one that started
+it (one killed meanwhile left it orphaned, and the signal would never come). Elsewhere only the check runs
+(``autotune.machine.proctree`` says why and what else keeps a tree together).
+
 The user's workload module is still found in the working folder: ``workloads`` appends that folder to the end
 of ``sys.path`` (after the standard library and site-packages) and imports the module the user named from it.
 
@@ -22,12 +27,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["python_command", "with_package_path", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
+__all__ = ["python_command", "with_package_path", "die_with_parent_prelude", "SAFE_PATH_PRELUDE", "SAFE_PATH_ENV"]
 
 # first lines of any `python -c` program autotune runs: the path entry `-c` added is the working folder
 SAFE_PATH_PRELUDE = "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
 _RUN_MODULE = "import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
 SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+# PR_SET_PDEATHSIG (1) with SIGKILL (9), through libc; then the parent check. Fires when the starting *thread* ends.
+_DIE_WITH_PARENT = """import os
+if sys.platform.startswith('linux'):
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != {parent}:
+    os.kill(os.getpid(), 9)
+"""
+
+
+def die_with_parent_prelude(parent: int | None = None) -> str:
+    """Lines of a ``python -c`` program (after ``SAFE_PATH_PRELUDE``) that make it die with ``parent`` (default:
+    this process, the one about to start it)."""
+    return _DIE_WITH_PARENT.format(parent=os.getpid() if parent is None else int(parent))
 
 
 def with_package_path(env: dict[str, str]) -> dict[str, str]:
@@ -41,5 +63,6 @@ def with_package_path(env: dict[str, str]) -> dict[str, str]:
 
 
 def python_command(python: str, module: str, *args: str) -> list[str]:
-    """The argv that runs ``python -m module args...`` with nothing from the working folder importable."""
-    return [python, "-c", SAFE_PATH_PRELUDE + _RUN_MODULE, module, *args]
+    """The argv that runs ``python -m module args...`` with nothing from the working folder importable, as a child
+    that dies with this process (the thread that starts it must outlive it)."""
+    return [python, "-c", SAFE_PATH_PRELUDE + die_with_parent_prelude() + _RUN_MODULE, module, *args]

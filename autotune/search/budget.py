@@ -2,10 +2,17 @@
 
 ``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
 must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
-of the budget), the confirmation's two rounds (within ``CONFIRM_SHARE``, else one, else none) and the winner's
-numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of what one more
-run of a measured config costs (``Budget.run_s``: its search trial's wall plus the finalists' longer windows), so
-the search's reserve, the finalists' plan and the confirmation's rounds agree on what a round takes.
+of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``; else two within
+``CONFIRM_MAX_SHARE``, the excess lent by the finalists' share; else none: one round states no interval)
+and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of
+what one more run of a measured config costs (``Budget.run_s``: its search trial's wall, with the windows of the
+run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
+confirmation's rounds agree on what a round takes.
+
+The finalists run longer windows (``finalist_measure``: less window noise where a few configs are ranked); the
+confirmation runs short ones (``confirm_measure``: ``CONFIRM_WINDOWS`` windows as long as a search trial's), because
+its interval is over rounds: each fresh process has its own level, which no window length averages away, so a
+budget buys a narrower interval with more, shorter rounds (Kalibera and Jones, ISMM 2013).
 
 The tuner makes one ``Budget`` when a run starts and hands it to the plan (``plan.phases``, ``plan.compile_gate``),
 the backends (through ``SearchContext.budget``), the finalists and the confirmation (``choose``); none of them reads
@@ -17,10 +24,20 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 300.0
 >>> b.run_s(10.0)                    # a 10 s search trial, run again with windows twice as long
 15.0
->>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s runs: 150 s > 30%
-90.0
->>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # 2 rounds of the winner and the baseline (2 x 25 s): 100 s > 20%
-50.0
+>>> b.run_s(10.0, confirm_measure(b.measure))  # ... and as a confirmation run: 3 windows of 1 s, not 5
+8.0
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s: 150 s > 30% ...
+78.0
+>>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # ... less the 12 s the confirmation's 2 rounds (72 s) take over 20%
+72.0
+>>> Budget.of(200.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s > 35%: none
+0.0
+>>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s <= 80 s
+72.0
+>>> Budget.of(3600.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])  # 6 rounds at most
+216.0
+>>> b.confirm_timeout_s(36.0, left_s=40.0)   # 2 rounds of 36 s, 40 s left: a budget whose 20% holds them, 6 min
+360.0
 """
 
 from __future__ import annotations
@@ -33,8 +50,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
-__all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "WINDOW_FACTOR",
-           "finalist_measure", "long_trial_s"]
+__all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
+           "CONFIRM_MAX_SHARE", "WINDOW_FACTOR",
+           "CONFIRM_WINDOWS", "finalist_measure", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -43,16 +61,30 @@ FINALIST_SHARE = 0.30
 NUMERICS_SHARE = 0.30
 # The most of a --timeout budget the search keeps back for the confirmation's rounds (``Budget.confirm_reserve_s``).
 CONFIRM_SHARE = 0.20
-# The confirmation's rounds a budget reserves when they fit its share: A B, B A (one round each way)
+# The confirmation's rounds a budget reserves when they fit its share: A B, B A (one round each way); fewer state no
+# interval, so none are reserved then; at most CONFIRM_MAX_RESERVED (a 95% interval within +/-5% when one round's
+# ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share
 CONFIRM_MIN_ROUNDS = 2
+CONFIRM_MAX_RESERVED = 6
+# When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, the excess from the finalists'
+# (whose one round on a short budget says less than a confirmed claim does); the search's reserve stays the same
+CONFIRM_MAX_SHARE = 0.35
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
+# A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
+CONFIRM_WINDOWS = 3
 
 
 def finalist_measure(search: MeasureSpec) -> MeasureSpec:
     """How a finalist (and a confirmation run) is measured: as a search trial, with ``WINDOW_FACTOR`` times longer
     windows."""
     return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+
+
+def confirm_measure(search: MeasureSpec) -> MeasureSpec:
+    """How a confirmation run is measured: as a search trial, with ``CONFIRM_WINDOWS`` windows (fewer if the search
+    measures fewer): short runs, so the budget buys more rounds (the module docstring)."""
+    return search.replace(windows=min(CONFIRM_WINDOWS, search.windows))
 
 
 def long_trial_s(trial_walls: list[float]) -> float:
@@ -107,38 +139,71 @@ class Budget:
         return time.monotonic() - self.started
 
     # --- what one more run costs -----------------------------------------------------------------------
-    def run_s(self, wall: float) -> float:
-        """One more run of a config whose search trial took ``wall`` seconds, as the finalists and the confirmation
-        measure it: the same start-up and warm-up, windows ``WINDOW_FACTOR`` times as long. The one estimate that
-        prices the finalists' reserve and plan and the confirmation's rounds."""
-        extra = 0.0 if self.measure is None else self.measure.windows * self.measure.window_s * (WINDOW_FACTOR - 1)
-        return (wall or 0.0) + extra
+    def run_s(self, wall: float, measure: MeasureSpec | None = None) -> float:
+        """One more run of a config whose search trial took ``wall`` seconds, measured by ``measure`` (default the
+        finalists', ``finalist_measure``; the confirmation's is ``confirm_measure``): the same start-up and warm-up
+        (the trial's wall less its windows, at least 0), with ``measure``'s windows. The one estimate that prices the
+        finalists' reserve and plan and the confirmation's rounds."""
+        if self.measure is None:
+            return wall or 0.0
+        target = measure or finalist_measure(self.measure)
+        fixed = max(0.0, (wall or 0.0) - self.measure.windows * self.measure.window_s)
+        return fixed + target.windows * target.window_s
 
-    def round_s(self, walls: list[float]) -> float:
+    def round_s(self, walls: list[float], measure: MeasureSpec | None = None) -> float:
         """One round over configs whose search trials took ``walls``: a run of each (``run_s``)."""
-        return sum(self.run_s(w) for w in walls)
+        return sum(self.run_s(w, measure) for w in walls)
 
     # --- what the phases after the search keep back -------------------------------------------------------
     def finalists_reserve_s(self, walls: list[float]) -> float:
         """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
-        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget (their plan then fits fewer)."""
+        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget less what the confirmation's two rounds
+        take beyond theirs (``confirm_rounds_s``; their plan then fits fewer)."""
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
-        return min(full, FINALIST_SHARE * self.budget_s) if self.budget_s else full
+        if not self.budget_s:
+            return full
+        lent = max(0.0, self.confirm_reserve_s(walls) - CONFIRM_SHARE * self.budget_s)
+        return min(full, FINALIST_SHARE * self.budget_s - lent)
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
-        """The confirmation's rounds of ``one_round_s`` each that fit ``CONFIRM_SHARE`` of the budget: two, or one
-        (the claim is then unconfirmed), or none (no round starts that would not fit); two without a budget."""
-        cap = CONFIRM_SHARE * self.budget_s if self.budget_s else math.inf
-        return next((n * one_round_s for n in (CONFIRM_MIN_ROUNDS, 1) if n * one_round_s <= cap), 0.0)
+        """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
+        budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_MIN_ROUNDS`` fit (those without a budget);
+        else those two when they fit ``CONFIRM_MAX_SHARE`` (the finalists' share lends the rest); else nothing (one
+        round states no interval; the confirmation then runs only if the phases before it leave the time, and else
+        says what --timeout would do, ``confirm_timeout_s``)."""
+        if not self.budget_s:
+            return CONFIRM_MIN_ROUNDS * one_round_s
+        fit = min(CONFIRM_MAX_RESERVED, int(CONFIRM_SHARE * self.budget_s // one_round_s)) if one_round_s > 0 else 0
+        if fit >= CONFIRM_MIN_ROUNDS:
+            return fit * one_round_s
+        least = CONFIRM_MIN_ROUNDS * one_round_s  # from the finalists' share, up to CONFIRM_MAX_SHARE in all
+        return least if 0 < least <= CONFIRM_MAX_SHARE * self.budget_s else 0.0
 
     def confirm_reserve_s(self, walls: list[float]) -> float:
-        """The confirmation's rounds, each a run of the winner and of the baseline as long as the typical search
-        trial's (``run_s``), as many as ``confirm_rounds_s`` fits; 0 without a measure or a trial."""
+        """The confirmation's rounds, each a run of the winner and of the baseline as the confirmation measures
+        them (``run_s`` with ``confirm_measure``) from the typical search trial's wall (``confirm_rounds_s``); 0
+        without a measure or a trial."""
         if self.measure is None or not _typical(walls):
             return 0.0
-        return self.confirm_rounds_s(2 * self.run_s(_typical(walls)))
+        return self.confirm_rounds_s(2 * self.run_s(_typical(walls), confirm_measure(self.measure)))
+
+    def timeout_for_s(self, finalist_round_s: float, confirm_round_s: float) -> float:
+        """The --timeout (s, rounded up to a minute) whose shares hold the finalists' ``rounds`` rounds of
+        ``finalist_round_s`` (``FINALIST_SHARE``) and the confirmation's ``CONFIRM_MIN_ROUNDS`` of ``confirm_round_s``
+        (``CONFIRM_SHARE``), and at least this budget: what a run too short for either would need."""
+        want = max(self.budget_s or 0.0, max(1, self.rounds) * finalist_round_s / FINALIST_SHARE,
+                   CONFIRM_MIN_ROUNDS * confirm_round_s / CONFIRM_SHARE)
+        return 60.0 * math.ceil(want / 60.0)
+
+    def confirm_timeout_s(self, one_round_s: float, *, left_s: float) -> float:
+        """The --timeout (s, rounded up to a minute) under which the confirmation's ``CONFIRM_MIN_ROUNDS`` rounds of
+        ``one_round_s`` would have run, where ``left_s`` was left for them: this budget plus what they lacked, and
+        at least the budget whose ``CONFIRM_SHARE`` keeps them back."""
+        need = CONFIRM_MIN_ROUNDS * one_round_s
+        want = max((self.budget_s or 0.0) + max(0.0, need - left_s), need / CONFIRM_SHARE)
+        return 60.0 * math.ceil(want / 60.0)
 
     def search_reserve_s(self, walls: list[float]) -> float:
         """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's."""

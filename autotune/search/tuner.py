@@ -24,13 +24,13 @@ from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
-from autotune.search.budget import Budget, finalist_measure
+from autotune.search.budget import Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
-from autotune.search.plan import phases
+from autotune.search.plan import phases, resume
 from autotune.search.plan import queue as study_queue
 from autotune.search.plan.compile_gate import CompileGate
 from autotune.search.plan.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
@@ -40,6 +40,7 @@ from autotune.search.plan.warm_start import queue_warm_start
 from autotune.search.record import ceilings
 from autotune.search.record import trials as keys
 from autotune.search.record.effects import save_dashboard_note
+from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
 from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
@@ -62,21 +63,16 @@ TrialCallback = Callable[..., None]
 
 
 class Tuner:
-    """Runs and resumes one study. ``run`` returns the Recommendation, or None when no config qualified (none
-    ran feasibly, or every finalist failed a round or the numerics check).
+    """Runs and resumes one study. ``run`` returns the Recommendation, or None when no config qualified.
 
-    ``runner`` runs one trial (``context.Runner``; default ``autotune.trial.runner.run_trial`` with the study's
-    inductor cache, ``compile_cache_dir``); a test passes its own, as ``torch.utils.benchmark.Timer`` takes
-    ``timer=``. (A backend that measures elsewhere, like Ray's, runs the same ``run_trial`` there, and hands the
-    tuner a runner for the finalists from ``connect``.) ``run_length`` (``payback.RunLength``; default an assumed
-    hour) is how long the user's training runs: the finalists are ranked by their throughput over it, compile
-    included. ``parity_steps``: steps of the winner's numerics check (0: none; ``parity``: the check, default
-    ``parity.parity_check``). ``patience``: sampler trials without a gain after which the search has converged
-    (``convergence``; None: from the measured cost of a trial and what a gain saves over the run; 0: never).
-
-    ``on_trial``: callbacks ``(study, trial)`` called, like Optuna's ``study.optimize(callbacks=...)``, once for
-    each trial that finishes during ``run`` (measured, answered from the study, pruned or failed), whatever the
-    backend (e.g. ``autotune.integrations.mlflow.MLflowLogger``).
+    ``runner`` runs one trial (``context.Runner``; default ``trial.runner.run_trial`` with the study's inductor
+    cache); a test passes its own, as ``torch.utils.benchmark.Timer`` takes ``timer=``, and a backend measuring
+    elsewhere (Ray) hands the finalists' runner from ``connect``. ``run_length`` (``payback.RunLength``, default an
+    hour): the user's training run, over which compile must pay back. ``parity_steps``: the winner's numerics check
+    (0: none). ``patience``: sampler trials without a gain before the search has converged (None: from the cost of a
+    trial; 0: never). ``on_trial``: callbacks ``(study, trial)`` for each trial this run finishes, whatever the
+    backend, like Optuna's ``study.optimize(callbacks=...)`` (e.g. ``integrations.mlflow.MLflowLogger``).
+    ``output``: a file the run writes its recommendation's YAML to, inside the run.
 
     >>> tuner = Tuner(Workload(model="resnet18", image_size=64))   # doctest: +SKIP
     >>> rec = tuner.run(trials=20)                                 # doctest: +SKIP
@@ -90,15 +86,14 @@ class Tuner:
                  parity_steps: int = 30, parity: Callable | None = None, cap_given: bool | None = None,
                  patience: int | None = None, pruner: NoHopePruner | None = None,
                  on_trial: Sequence[TrialCallback] = (), run_length: RunLength | None = None,
-                 warm_start: bool = True) -> None:
+                 warm_start: bool = True, output: str | Path | None = None) -> None:
         from autotune.machine.hardware import detect
         from autotune.machine.limits import with_default_caps
         from autotune.search.space.search_space import space_for
         from autotune.trial.ddp import check_ranks
 
         self.workload, self.hardware = workload, hardware or detect()
-        # the workload's own knobs (no channels_last for text...); with a global batch only the batch sizes that
-        # divide it are searched (a one-line error if none does)
+        # the workload's own knobs; with a global batch, the batch sizes that divide it (one line if none does)
         self.space = space_for(workload, self.hardware, space=space)
         # more ranks than GPUs, or than usable cores unless the space oversubscribes: one line, before any trial
         check_ranks(workload, usable_cores=self.hardware.usable_cores, gpus=len(self.hardware.visible_gpus()),
@@ -115,8 +110,7 @@ class Tuner:
         self.seed, self.startup_trials, self.patience = seed, startup_trials, patience
         self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
         self.pruner.limit = self.limit
-        self.compile_gate = CompileGate()  # holds compile back when the search's time left is shorter than one
-        self.progress, self.runner = progress, runner or self._run_trial
+        self.compile_gate, self.progress, self.runner = CompileGate(), progress, runner or self._run_trial
         self.run_length = run_length or RunLength.default()  # a compile config must pay its compile back over it
         self.parity_steps, self.parity, self.warm_start = parity_steps, parity, warm_start
         self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
@@ -127,6 +121,8 @@ class Tuner:
         self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
+        # where a run stands, kept in its study (a killed one resumes from there); its YAML's file, if asked
+        self.phases, self.output = RunPhases(self.study), output
 
     # --- the study -----------------------------------------------------------------------------------
     @property
@@ -166,10 +162,7 @@ class Tuner:
         """The study, created or loaded, checked to be this hardware's, its description kept up to date
         (``storage.open_study``)."""
         if self._study is None:
-            meta = {keys.STUDY_WORKLOAD: self.workload.to_dict(), keys.STUDY_FINGERPRINT: self.hardware.fingerprint,
-                    keys.STUDY_HARDWARE: self.hardware.summary_line(), keys.STUDY_SPACE: self.space.to_dict(),
-                    keys.STUDY_MEMORY_CAP: self.measure.memory_cap_mb, keys.STUDY_MEASURE: self.measure.to_dict(),
-                    keys.STUDY_DEVICE_MEMORY: self.device_memory_mb}
+            meta = keys.study_meta(self.workload, self.hardware, self.space, self.measure, self.device_memory_mb)
             sampler = make_sampler(seed=self.seed, startup_trials=self.startup_trials, hold_back=self.compile_gate)
             self._storage, self._study = open_study(self.storage_url, self.study_name, sampler=sampler,
                                                     pruner=as_optuna_pruner(self.pruner),
@@ -210,8 +203,9 @@ class Tuner:
         return SearchContext(
             workload=self.workload, space=self.space, measure=self.measure, limit=self.limit,
             fingerprint=self.hardware.fingerprint, study_name=self.study_name, storage_url=self.storage_url,
-            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.runner, compile_gate=self.compile_gate,
-            pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials, patience=self.patience,
+            storage=self.storage, artifacts_dir=self.artifacts_dir, runner=self.phases.searching(self.runner),
+            compile_gate=self.compile_gate, pruner=self.pruner, seed=self.seed, startup_trials=self.startup_trials,
+            patience=self.patience,
             finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
             budget=self.budget, after_trial=self.after_trial, out_of_time=self.out_of_time, plan=self.plan,
             convergence=self.convergence, numerics_check_s=self.numerics_check_s)
@@ -276,10 +270,9 @@ class Tuner:
         """Search until ``trials`` more trials ran, ``timeout_s`` passed or the search settled (``phases``), then
         re-measure the finalists and confirm the claim. With neither, ``ceiling_s`` (8 h) is the time budget.
 
-        The time budget (``search.budget.Budget``, from ``started``: the CLI's start, so its workload check counts;
-        default now) covers everything after the search too: the search stops early enough to leave them their
-        reserve. A KeyboardInterrupt (the CLI turns SIGTERM into one) stops at once; every finished trial is in the
-        storage, the one running is marked interrupted, and a re-run resumes and retries it."""
+        The time budget (``search.budget.Budget`` from ``started``, the CLI's start; default now) covers what follows
+        the search too. A KeyboardInterrupt (the CLI's SIGTERM too) stops at once: what finished is stored, the trial
+        running is marked interrupted, and the same command resumes from the phase it was in (``plan.resume``)."""
         from autotune.search.backends import load_backend
         from autotune.trial.forkserver import closing_default
 
@@ -310,25 +303,28 @@ class Tuner:
             from autotune.machine.envstamp import collect_env_stamp
 
             collect_env_stamp()
-        self.prepare(study)
-        outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
-        n = outcome.trials_run
-        self.stop_reason = outcome.stop_reason or (
-            f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
-            else "out of time: what is left of the budget is the finalists'")
-        self.log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: "
-                 f"{self.stop_reason}")
-        rec = self.finalize(budget=self.budget, runner=finalist_runner)
+        # an earlier run of this command killed or stopped: this one goes on from the phase it was in (plan.resume)
+        then = resume.begin(self.phases, ask={"trials": trials, "timeout_s": self.budget.budget_s,
+                                              "backend": self._backend}, log=self.log)
+        self.stop_reason = then.stop_reason
+        if then.search:
+            self.prepare(study)
+            outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
+            self.stop_reason = phases.search_done(outcome, study, trials=trials, log=self.log)
+        self.phases.keep(stop_reason=self.stop_reason)
+        from autotune.recommendation import stored_recommendation
+
+        rec = (self.finalize(budget=self.budget, runner=finalist_runner) if then.finalize
+               else stored_recommendation(study))
         # optuna-dashboard's study note: whether its importance bars mean anything yet, what one knob did
-        save_dashboard_note(study, self.log)
-        return rec
+        return self.phases.finish(rec, note=lambda: save_dashboard_note(study, self.log), yaml_path=self.output)
 
     # --- choose, confirm, record -------------------------------------------------------------------------------
     def finalize(self, *, budget: Budget | None = None, runner: Runner | None = None):
         """Re-measure the top configs and the baseline, interleaved, with longer windows; pick by median
         (``finalists``); confirm the claim (``confirm``); keep the recommendation in the study. Within ``budget``
         (default: none) only whole rounds that fit before its end run; if none fits, the best search trial is the
-        provisional recommendation. ``runner``: the finalists' runner where the trials ran (default here)."""
+        provisional recommendation, its claim confirmed. ``runner``: the finalists' runner where trials ran."""
         budget = budget or Budget.of(None, measure=self.measure, finalists=self.finalists, rounds=self.finalist_rounds)
         study = self.study()
         feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
@@ -337,15 +333,15 @@ class Tuner:
             return None
         top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
         planned = self._plan_finalists(study, top, budget, here=runner is None)
-        if planned is None:
-            return ceilings.recorded(study, fin.provisional(study, storage=self.storage_url))
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
-        with here:
-            rec, saved = self._choose(study, planned, runner)
-            rec = confirm.confirmed(rec, baseline_trial(study), runner=runner or self.runner, workload=self.workload,
-                                    measure=finalist_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
-                                    budget=budget, trials=top)
-        return self._record(study, rec, saved)
+        with here:  # no finalist round fits: the best search trial, provisional (not kept), its claim confirmed
+            rec, saved = (self._choose(study, planned, runner) if planned is not None
+                          else (fin.provisional(study, storage=self.storage_url), None))
+            run = self.phases.around("confirmation", runner or self.runner)
+            rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
+                                    measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
+                                    budget=budget)
+        return self._record(study, rec, saved) if saved is not None else ceilings.recorded(study, rec)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, here: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks
@@ -367,22 +363,25 @@ class Tuner:
         configs = [keys.config_of(t) for t in cands]
         rounds, measure = (rounds if len(configs) > 1 else 1), finalist_measure(self.measure)
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
-        run = runner or self.runner
-        evidence = fin.remeasure(configs, rounds, runner=run, workload=self.workload, measure=measure,
-                                 log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end)
+        run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
+        evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,
+                                 measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end)
         if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
             fin.pool_search_round(evidence, configs, cands)
         # the numerics check runs here too (a remote node's device is not here), and the latency bound and the
         # worst-case batch (final_checks), whose child runs here or remotely
-        more = ExtraRounds(runner=run, workload=self.workload, measure=measure, log_dir=self.artifacts_dir,
-                           log=self.log, deadline=end, run=self.run_length)
+        more = ExtraRounds(runner=phase("extra rounds", run), workload=self.workload, measure=measure, saved=saved,
+                           log_dir=self.artifacts_dir, log=self.log, deadline=end, run=self.run_length)
+        from autotune.trial.parity import parity_check  # a finished check, an extra pair: kept for a resumed run
         ctx = fin.FinalistContext(
             workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,
             study_name=self.study_name, storage_url=self.storage_url, artifacts_dir=self.artifacts_dir,
             compile_cache_dir=self.compile_cache_dir, run_length=self.run_length, parity_steps=check_steps,
-            parity=self.parity, log=self.log, numerics_cut=check_steps == 0 < self.parity_steps)
-        rec = final_checks.choose(ctx, study, configs, cands, evidence, baseline_trial(study), runner=run,
-                                  check_numerics=runner is None, more=more)
+            parity=saved.checking(phase("numerics", self.parity or parity_check)), log=self.log,
+            numerics_cut=check_steps == 0 < self.parity_steps)
+        rec = final_checks.choose(ctx, study, configs, cands, evidence, baseline_trial(study), more=more,
+                                  runner=saved.keeping("worst-case", phase("worst case", run)),
+                                  check_numerics=runner is None)
         return rec, saved
 
     def _record(self, study: Study, rec, saved: SavedRounds):
@@ -393,6 +392,7 @@ class Tuner:
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
             rec = dataclasses.replace(rec, notes=stopped + rec.notes)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
+        self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
         saved.clear()
         if rec is None:
             self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")

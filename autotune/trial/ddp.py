@@ -7,7 +7,7 @@ memory), relays rank 0's events to the parent as the trial's, and turns the firs
 trial's. Everything the runner does for one process holds for N, because the ranks are the trial child's
 children: they are in its process group (one kill reaches them and their DataLoader workers), the memory watch
 walks the child's tree (host peak = the sum over the ranks and their workers, against the cap), the time limit
-kills the tree, and the child adopts their orphans (``proctree``).
+kills the tree, and the child adopts their orphans (``machine.proctree``).
 
 Each rank (``rank_main``) joins the group through a file in a private temporary folder (``file://``: no TCP
 store listening on a port another local user could reach; gloo binds to the loopback interface unless
@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from autotune.errors import ConfigError
-from autotune.trial.proctree import die_with_parent, kill_descendants
+from autotune.machine.proctree import children_die_with_me, die_with_parent, kill_descendants, take_down_with_parent
 from autotune.trial.events import Built, Event, Ranks
 from autotune.trial.ranks import RankGroup
 
@@ -87,6 +87,9 @@ def supervise(payload: dict, send: Callable[[Event], None], run: Callable[..., d
     import torch.multiprocessing as tmp
 
     world = int(payload["workload"]["nproc_per_node"])
+    # a rank sets its own parent-death signal only once it has imported torch: until then, this process takes the
+    # ranks (its process group, its descendants) down with it when its parent dies
+    take_down_with_parent(os.getppid(), groups=lambda: [os.getpgrp()])
     _share_threads(payload["config"].get("intra_op_threads"), world)
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
@@ -187,7 +190,13 @@ def _cause(first: int | None, messages: dict[int, dict], procs: Any) -> RankFail
 def rank_main(rank: int, world: int, payload: dict, writers: list, init_method: str,
               run: Callable[..., dict]) -> None:
     """One rank (started by ``supervise``): join the group, run the trial's code, report to the supervisor."""
-    die_with_parent()  # torch's spawn asks for SIGINT, which a rank in a collective may never handle
+    import multiprocessing
+
+    # torch's spawn asks for SIGINT, which a rank in a collective may never handle; a supervisor gone while this
+    # rank imported torch left it orphaned already (it goes now)
+    supervisor = multiprocessing.parent_process()
+    die_with_parent(supervisor.pid if supervisor is not None else None)
+    children_die_with_me()  # its DataLoader workers
     conn = writers[rank]
     for i, w in enumerate(writers):
         if i != rank:

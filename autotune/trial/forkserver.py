@@ -180,11 +180,15 @@ class ForkServer:
         child = self._children[pid] = ForkedChild(self, pid)
         return child
 
-    def close(self) -> None:
-        """End the server (it kills any child it still has when its socket closes)."""
+    def hang_up(self) -> None:
+        """Close the server's socket: it kills any child it still has and exits, without being waited for."""
         self.dead = True
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def close(self) -> None:
+        """End the server (it kills any child it still has when its socket closes) and reap it."""
+        self.hang_up()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -255,6 +259,8 @@ class ForkServers:
 
     def close(self) -> None:
         with self._lock:
+            for server in self._servers.values():  # all at once: each exits as soon as it reads the EOF
+                server.hang_up()
             for key in list(self._servers):
                 self._drop(key)
 

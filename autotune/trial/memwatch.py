@@ -159,7 +159,7 @@ class MemoryWatch:
     def kill(self) -> list[int]:
         """SIGKILL the tree: the root's process group, and every process ever seen in the tree that still runs
         (one that called ``setsid`` left the group; one whose parent exited left the tree, unless a subreaper
-        adopted it: ``autotune.trial.proctree``). Returns the pids signalled besides the group, to wait for."""
+        adopted it: ``autotune.machine.proctree``). Returns the pids signalled besides the group, to wait for."""
         import signal
 
         self._relist()  # whatever joined since the last sample

@@ -25,7 +25,7 @@ from autotune.machine.launch import SAFE_PATH_ENV, python_command, with_package_
 from autotune.machine.malloc import PRELOAD_LIBS, install_hint, preload_path
 from autotune._units import format_mb
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
-from autotune.machine.launch_env import launch_env
+from autotune.machine.launch_env import clean_env, launch_env
 from autotune.errors import ConfigError
 from autotune.trial import events
 from autotune.trial.events import Built, Done, Event, Failed, Ranks, Warmup, Window
@@ -48,12 +48,16 @@ EventCallback = Callable[[dict], None]
 
 
 def child_env(config: TrialConfig, base: dict[str, str] | None = None, *,
-              compile_cache_dir: str | Path | None = None) -> dict[str, str]:
-    """The child's environment: OpenMP/MKL read their thread counts once, at load, and glibc its malloc
-    settings at the first allocation, so they are set here. With ``compile_cache_dir`` (a study's, see
-    ``Tuner.compile_cache_dir``), inductor's caches (FX graphs, AOTAutograd, compiled kernels; Triton's on a
-    GPU) live there, so a compile config's later trials load what its first one compiled."""
-    env = dict(os.environ if base is None else base)
+              compile_cache_dir: str | Path | None = None, placement: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: a clean room (``launch_env.clean_env``: the shell's thread, allocator and preload
+    variables cleared, for the baseline and every candidate alike), then what the config needs from the start
+    (OpenMP/MKL read their thread counts once, at load, and glibc its malloc settings at the first allocation).
+    ``placement``: what the place the trial runs in bounds, under the config (Ray's GPU trials share a node: one
+    thread unless the config says). With ``compile_cache_dir`` (a study's, see ``Tuner.compile_cache_dir``),
+    inductor's caches (FX graphs, AOTAutograd, compiled kernels; Triton's on a GPU) live there, so a compile
+    config's later trials load what its first one compiled."""
+    env = clean_env(os.environ if base is None else base)
+    env.update(placement or {})
     env.update(launch_env(config))
     if compile_cache_dir is not None:
         cache = Path(compile_cache_dir).resolve()
@@ -127,6 +131,7 @@ def run_trial(
     profile_dir: str | Path | None = None,
     compile_cache_dir: str | Path | None = None,
     servers: ForkServers | None = None,
+    placement: dict[str, str] | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
@@ -137,6 +142,7 @@ def run_trial(
     ``compile_cache_dir``: where inductor caches compiled graphs (``child_env``); default: torch's own.
     ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
     process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
+    ``placement``: environment the place bounds the trial by, under its config's (``child_env``).
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -159,7 +165,7 @@ def run_trial(
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
     rfd, wfd = os.pipe()
-    env = child_env(config, compile_cache_dir=compile_cache_dir)
+    env = child_env(config, compile_cache_dir=compile_cache_dir, placement=placement)
     servers = default_servers() if servers is None else servers
     t0 = time.monotonic()  # before the launch: a trial that starts a fork server pays for it, as a cold one would
     with log:  # the child's stdout/stderr, under a size cap (autotune.trial.triallog)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from autotune.trial.events import Built, Done, Event, Failed, Profiled, Started, Warmup, Window, encode
 from autotune.workloads.contract import StepOut, split_batch
-from autotune.trial.proctree import adopt_orphans, die_with_parent, kill_descendants
+from autotune.machine.proctree import adopt_orphans, children_die_with_me, die_with_parent, kill_descendants
 
 __all__ = ["die_with_parent", "apply_threads", "make_step", "compile_seconds", "run", "main"]
 
@@ -445,8 +445,9 @@ def _tight(rates: list[float], spread: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    die_with_parent()
-    adopt_orphans()  # a descendant that calls setsid and loses its parent stays in this tree (autotune.trial.proctree)
+    die_with_parent()  # set already before any import (``launch.python_command``; forked: ``worker_forkserver``)
+    children_die_with_me()  # DataLoader workers too: forked from this main thread, they die with it
+    adopt_orphans()  # a descendant that calls setsid and loses its parent stays in this tree (machine.proctree)
     fd = int(argv[1])
     payload = json.loads(argv[2])
     chan = os.fdopen(fd, "w", buffering=1)

@@ -15,7 +15,10 @@ end of its event pipe):
 The child makes itself a session leader (its own process group: the parent's kill-by-group reaches it and its
 DataLoader workers, and never the server), sends its log to the trial's log, and runs ``_worker.main``.
 The server reaps its children and reports their exit codes as ``subprocess`` does (negative = signal). It
-exits when the parent closes the socket, when the parent dies (parent-death signal), or when idle too long.
+exits when the parent closes the socket, when the parent dies, or when idle too long. When the parent dies (a
+parent-death signal it catches, once torch is imported: ``machine.proctree.take_down_with_parent``) it SIGKILLs
+each trial's process group and every descendant first: a DataLoader worker or a DDP rank still importing torch has
+no parent-death signal of its own yet.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import time
 
-from autotune.trial.proctree import kill_descendants
+from autotune.machine.proctree import adopt_orphans, die_with_parent, kill_descendants, take_down_with_parent
 
 IDLE_EXIT_S = 900.0  # an idle server holds ~0.7 GiB (torch imported): a forgotten one goes by itself
 
@@ -55,10 +59,14 @@ def cuda_initialised() -> bool:
         return False
 
 
-def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int) -> None:
-    """In the forked child: become a session leader, take the trial's log as stdout/stderr, run the worker."""
+def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int, server: int) -> None:
+    """In the forked child: die with the server (fork cleared the signal; a server killed since the fork is no
+    longer the parent, and the child goes), become a session leader, take the trial's log as stdout/stderr, run
+    the worker."""
     code = 1
     try:
+        die_with_parent(server)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler (``take_down_with_parent``) is its own
         os.setsid()
         os.close(led)  # tells the server the process group exists: the parent may kill it from now on
         sock.close()
@@ -92,8 +100,10 @@ def _reap(orphans: set[int], children: set[int]) -> set[int]:
     return left
 
 
-def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
-    children: set[int] = set()
+def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S, children: set[int] | None = None) -> None:
+    """Fork a trial child per request on ``sock`` until the parent goes (see the module docstring); ``children``:
+    the trial children running, kept up to date here (each is its own process group)."""
+    children = set() if children is None else children
     orphans: set[int] = set()  # adopted from trials and killed, not reaped yet
     buf = b""
     fds_in: list[int] = []  # descriptors arrive with a message's first byte, which may precede its line's end
@@ -142,10 +152,11 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             wait_r, led_w = os.pipe()
+            server = os.getpid()
             pid = os.fork()
             if pid == 0:
                 os.close(wait_r)
-                _child(sock, json.dumps(request["payload"]), log_fd, chan_fd, led_w)
+                _child(sock, json.dumps(request["payload"]), log_fd, chan_fd, led_w, server)
             os.close(led_w)
             os.read(wait_r, 1)  # EOF once the child is its own session (or died trying)
             os.close(wait_r)
@@ -157,16 +168,19 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from autotune.trial.proctree import adopt_orphans, die_with_parent
-
-    die_with_parent()
+    parent = os.getppid()
+    die_with_parent(parent)  # set already by the bootstrap (``launch.python_command``): again for one started by hand
     adopt_orphans()  # what a trial that dies abruptly leaves behind comes here, not to init, and is killed
     sock = socket.socket(fileno=int(argv[1]))
     t0 = time.perf_counter()
     _preload()
+    # From now on trials run under this server: when the tuner dies, the server takes each trial's group (its
+    # DataLoader workers, ranks still importing torch) and every descendant down with it, then goes.
+    children: set[int] = set()
+    take_down_with_parent(parent, groups=lambda: list(children))
     sock.sendall(json.dumps({"ready": os.getpid(), "s": round(time.perf_counter() - t0, 3)}).encode() + b"\n")
-    serve(sock)
-    return 0
+    serve(sock, children=children)
+    os._exit(0)  # no interpreter teardown: with torch loaded it takes seconds, and the tuner waits for this exit
 
 
 if __name__ == "__main__":

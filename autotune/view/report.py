@@ -302,6 +302,13 @@ def _profile_section(profile, profile_note: str, report_dir: Path | None) -> str
 
 # --- the page -----------------------------------------------------------------------------------------
 
+def _rate(rec: Any) -> str:
+    """The recommendation's samples/s as the claim states them; none where its confirmation measured none."""
+    if rec.median_samples_per_s is None:
+        return "no samples/s stated"
+    return f"{rec.median_samples_per_s:.1f} samples/s median"
+
+
 def build_report(study: Study, *, storage_url: str = "", profile=None, profile_note: str = "",
                  report_path: str | Path | None = None) -> str:
     """The report of an Optuna study made by autotune, as one HTML string (no network needed to open it).
@@ -361,9 +368,8 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
                ("baseline",
                 f"{base:.1f} samples/s (trial {base_t.number}, PyTorch defaults)" if base else "not measured")]
     if rec is not None:
-        speed = f", vs the baseline {rec.claim()}"
-        summary.append(("recommended", f"{rec.config.short()}: {rec.median_samples_per_s:.1f} samples/s median"
-                        f"{speed}" + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
+        summary.append(("recommended", f"{rec.config.short()}: {_rate(rec)}, vs the baseline {rec.claim()}"
+                        + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
     else:
         summary.append(("recommended", "none yet (no measured feasible trial)"))
     summary += ceilings_summary(rec)

@@ -125,11 +125,10 @@ def _check_in_child(workload: Workload, env_stamp: bool = False) -> dict[str, An
                 f"importing {mod_name!r} for --model {workload.model} and building its first batch did not finish in "
                 f"{timeout_s:g} s: it hangs (a lock, a network mount, a prompt?); fix the module, or set "
                 f"{IMPORT_TIMEOUT_ENV}=SECONDS if it is only slow") from None
-        finally:
-            try:  # threads or processes the user's import started go with it
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        finally:  # threads or processes the user's import started go with it, gone when this returns
+            from autotune.machine.proctree import kill_group
+
+            kill_group(proc.pid)
             proc.wait()
         err.seek(0)
         last_err = ([ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()] or [""])[-1]

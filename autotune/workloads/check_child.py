@@ -18,6 +18,9 @@ import time
 
 
 def main(argv: list[str]) -> int:
+    from autotune.machine.proctree import supervised
+
+    supervised()  # what the import or the stamp starts (pip, a compiler) goes with this child if the tuner dies
     answer = os.fdopen(os.dup(1), "w")  # not inherited: a process the import starts cannot hold the answer open
     os.dup2(2, 1)  # the module's prints must not be taken for the answer
     from autotune.config import Workload

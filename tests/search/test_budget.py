@@ -15,7 +15,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
 from autotune.search.space.search_space import space_from_dict
 from autotune.search.tuner import Tuner
-from autotune.trial.parity import ParityResult, check_seconds
+from autotune.trial.parity import ParityResult, check_seconds, needs_parity
 
 HW = dataclasses.replace(detect(with_torch=False), compiler="g++", libc="glibc 2.36",
                          cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
@@ -48,6 +48,15 @@ def parity(workload, config, *, steps, **kw):
     checks.append(took)
     time.sleep(took)
     return ParityResult(ok=True, steps=steps, reason="within tolerance (fake)")
+
+
+def tuner_trials(tmp_path) -> list:
+    """The finished trials of the study ``_run`` made in ``tmp_path``."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path}/b.db"
+    name = optuna.get_all_study_names(storage=url)[0]
+    return [t for t in optuna.load_study(study_name=name, storage=url).trials if t.user_attrs.get("config")]
 
 
 def _run(tmp_path, budget: float, rate_scale: float = 1.0):
@@ -86,21 +95,25 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
     # but ended a run in CI's suite 3.1 s after its last line
     last_said = float(logs[-1][1:6])
     assert last_said <= 10.0 + 1.0 and took <= 10.0 + 2.5, (took, "\n".join(logs))
-    assert rec is not None and not checks
-    assert any("] no numerics check: even 10 steps would take more than its share of the budget" in m
-               for m in logs), logs
+    # no check ran: an fp32 eager winner is "checked" in no time. On a loaded VM the search may not reach bf16 in
+    # 10 s (the best config when the finalists are planned is fp32 eager: nothing to cut), and then the log has no
+    # line about a cut check (2026-11-28, load 9: two full-suite runs in three)
+    assert rec is not None and not any(checks), checks
+    best = max((t for t in tuner_trials(tmp_path) if t.value is not None), key=lambda t: t.value)
+    reached = needs_parity(TrialConfig.from_dict(best.user_attrs["config"]))  # the check the plan priced
+    assert not reached or any("] no numerics check: even 10 steps would take more than its share of the budget"
+                              in m for m in logs), logs
     # the recommendation says so too (bf16 changes the arithmetic); its claim has rounds of its own, or (no round of
     # two ~1.1 s runs fits 20% of 10 s, so none is reserved) says that none fitted
     # (on a loaded machine the search may not reach bf16 in 10 s: then there is nothing to check or to confirm)
-    from autotune.trial.parity import needs_parity
-
     assert rec.parity is None
     if needs_parity(rec.config):
         assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), \
             rec.notes
     c = rec.confirmation
     assert (c["status"] in ("confirmed", "unconfirmed") and c["rounds"]) or c["status"] == "baseline" or (
-        c["status"] == "failed" and c["why"] == "no time was left in the budget for one round"), c
+        c["status"] == "failed" and c["why"].startswith("no time was left in the budget for the 2 confirmation rounds")
+        and "--timeout" in c["why"]), c
 
 
 @pytest.mark.slow
@@ -142,7 +155,7 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     from types import SimpleNamespace
 
     from autotune.search import budget as budget_module
-    from autotune.search.budget import Budget
+    from autotune.search.budget import Budget, confirm_measure
     from autotune.search.choose import finalists as fin
     from autotune.search.choose.confirm import expected_round_s
 
@@ -151,7 +164,9 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     trials = [SimpleNamespace(number=n, value=100.0 - n, user_attrs={"config": TrialConfig(batch_size=8 << n).to_dict(),
                                                                         "wall_s": 20.0}) for n in range(3)]
     top, base = trials[:2], trials[2]
-    assert b.run_s(20.0) == 25.0 and expected_round_s([top[0], base], b) == 50.0
+    assert b.run_s(20.0) == 25.0  # the finalists' windows twice as long
+    # the confirmation's runs: 3 windows as long as the search's (not 5): 18 s each, two a round
+    assert b.run_s(20.0, confirm_measure(b.measure)) == 18.0 and expected_round_s([top[0], base], b) == 36.0
     reserve = b.finalists_reserve_s([20.0] * 3)
     assert reserve == 150.0  # 2 finalists and the baseline, 2 rounds, 25 s a run
     # the plan fits exactly the rounds the reserve kept, and not with a second less

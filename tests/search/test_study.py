@@ -19,7 +19,7 @@ from autotune.search.budget import Budget
 from autotune.search.plan.pruning import NoHopePruner
 from autotune.search.record.trials import outcome
 
-from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, tiny_space
+from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, search_run, tiny_space
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
 
@@ -280,7 +280,7 @@ def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_
     ran: list[TrialConfig] = []
 
     def fake(workload, config, measure, **kw):
-        if measure.window_s == QUICK.window_s:
+        if search_run(measure, kw):
             ran.append(config)
         v = 100.0 + config.batch_size
         return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
@@ -455,8 +455,9 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
     claim."""
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
     # every run after the search is priced alike (Budget.run_s): a 20 s trial again with the finalists' longer
-    # windows (2 x 0.2 s more) is 20.4 s. 250 s: the finalists' min(20.4 * 3 finalists incl. baseline, 0.3 * 250)
-    # = 61.2 s; the confirmation's rounds of two 20.4 s runs within 0.2 * 250 = 50 s: one, 40.8 s; 102 s in all
+    # windows (2 x 0.2 s more) is 20.4 s, as a confirmation run (its 2 windows as long as the search's) 20 s.
+    # 400 s: the finalists' min(20.4 * 3 finalists incl. baseline, 0.3 * 400) = 61.2 s; the confirmation's two
+    # rounds of two 20 s runs, 80 s, within 0.2 * 400 = 80 s; 141.2 s in all
     walls = [5.0, 20.0]
 
     def out_of_time(walls, left_s, budget_s):
@@ -466,11 +467,12 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
                                measure=tuner.measure, finalists=2, rounds=1))
         return tuner.out_of_time(walls)
 
-    assert not out_of_time(walls, 127.0, 250.0)  # 25 s beyond the reserve: a 20 s trial fits
-    assert out_of_time(walls, 117.0, 250.0)      # 15 s: the 20 s trial would not
-    assert not out_of_time([], 10.0, 250.0)     # no trial yet: nothing to reserve for
-    assert out_of_time(walls, 95.0, 250.0)       # inside the reserve
-    # 100 s: not one confirmation round fits 20 s, so none is reserved (and none starts): the finalists' 30 s alone
+    assert not out_of_time(walls, 166.2, 400.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert out_of_time(walls, 156.2, 400.0)      # 15 s: the 20 s trial would not
+    assert not out_of_time([], 10.0, 400.0)     # no trial yet: nothing to reserve for
+    assert out_of_time(walls, 130.0, 400.0)      # inside the reserve
+    # 100 s: two confirmation rounds do not fit 20 s, so none is reserved (one would state no interval; none
+    # starts that would not fit): the finalists' 30 s alone
     assert not out_of_time(walls, 55.0, 100.0) and out_of_time(walls, 45.0, 100.0)
     assert not out_of_time(walls, None, None)         # no deadline: --trials alone
     # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
@@ -548,7 +550,7 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
     ran: list[TrialConfig] = []
 
     def fake(workload, config, measure, **kw):
-        if measure.window_s == QUICK.window_s:
+        if search_run(measure, kw):
             ran.append(config)
         if config == hiccup:
             return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
@@ -590,7 +592,7 @@ def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path
     ran: list[TrialConfig] = []
 
     def fake(workload, config, measure, **kw):
-        if measure.window_s == QUICK.window_s:
+        if search_run(measure, kw):
             ran.append(config)
         v = 100.0 + config.batch_size + (20 if config.compile_mode != "none" else 0)
         return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=250.0 if config.compile_mode != "none"

@@ -7,15 +7,25 @@ selection. Re-measured by an independent loop, a claim of x1.66 was x1.48 (CPU) 
 interleaved (A B, B A, A B, ...), in rounds the choice never saw, and the claim (samples/s, the speedup over the
 baseline, its 95% interval) comes from these rounds alone (``Confirmation``).
 
-As many rounds as the noise needs, no more: at least ``MIN_ROUNDS``; then more while the 95% interval of the ratio
-(``settle.ratio_interval``: rounds resampled together, windows within them) is wider than +/-``TARGET`` and the time
-allows a round like the last one (the budget's, or with no budget ``NO_BUDGET_SHARE`` of the run so far, at least
-two rounds), at most ``MAX_ROUNDS``. A budget too short for two rounds gets one, and the claim says it is
-unconfirmed; none, and it says so. A claim whose interval is wider than +/-``NOISY`` says "noisy" in its headline.
+How many rounds is fixed before the first one runs, never from the rounds themselves: stopping once an interval
+came out narrow keeps the lucky narrow ones (stopped at 2 rounds that way, a "95%" interval covered 50-69%). The
+count (``planned_rounds``) is the fewest, at least ``MIN_ROUNDS``, whose expected 95% interval is within
++/-``TARGET``, from an estimate of the noise the confirmation never sees (the finalists' own paired rounds,
+``settle.round_spread``), at most ``MAX_ROUNDS``; time alone can cut it short: a round starts only if it is expected
+to end within the budget (the first priced by ``Budget.run_s``, each later one as long as the last) or, with no
+budget, while the rounds past the first two take at most ``NO_BUDGET_SHARE`` of the run so far. Each round is short
+(``budget.confirm_measure``: 3 windows): the interval is over rounds, so more short rounds narrow it more than fewer
+long ones. The interval is ``settle.ratio_interval`` (Student's t over the rounds' log ratios), whose coverage at
+every round count this stops at is shown by ``benchmarks/coverage.py`` (docs/claims.md). When not even
+``MIN_ROUNDS`` rounds fit the time left, none runs and the claim says how long a --timeout would confirm it
+(``Budget.confirm_timeout_s``). A claim whose interval is wider than +/-``NOISY`` says "noisy" in its headline.
 
 When the confirmation disagrees with the choice (the winner no faster than the baseline, or slower), the headline
 says so and no gain is reported that the confirmation did not see; a winner the confirmation measured slower than
-the baseline beyond the noise (and not noisy itself) is not recommended: the baseline is (``apply``).
+the baseline beyond the noise (and not noisy itself) is not recommended: the baseline is (``apply``). When it
+fails (a run out of memory, crashed or timed out, or no round fitted), the claim's figures (samples/s, baseline,
+speedup) are left empty, the selection's kept apart in ``selection``: the recommendation states no figure that
+the confirmation did not measure.
 
 >>> c = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
 ...                          {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
@@ -32,14 +42,16 @@ from typing import Any, Callable
 
 from autotune.measure import summarize
 
-__all__ = ["Confirmation", "confirm", "confirmed", "expected_round_s", "plan_finalists", "MIN_ROUNDS", "MAX_ROUNDS",
-           "TARGET", "NOISY", "NO_BUDGET_SHARE", "unconfirmed_line", "apply", "selection_record"]
+__all__ = ["Confirmation", "confirm", "confirmed", "expected_round_s", "plan_finalists", "planned_rounds",
+           "MIN_ROUNDS", "MAX_ROUNDS", "TARGET", "NOISY", "NO_BUDGET_SHARE", "unconfirmed_line", "apply",
+           "selection_record", "format_timeout"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
-MAX_ROUNDS = 6      # the most confirmation rounds (12 runs): the interval then ~0.6x as wide as two rounds'
-TARGET = 0.05       # more rounds while the 95% interval of the ratio is wider than +/-5% ...
+MAX_ROUNDS = 10     # the most confirmation rounds (20 short runs): the interval then ~0.1x as wide as two rounds'
+TARGET = 0.05       # rounds planned for an expected 95% interval within +/-5% ...
 NOISY = 0.10        # ... and a claim wider than +/-10% says "noisy" in its headline
 NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
+LEVEL = 0.95        # the claim's interval
 
 
 @dataclass(frozen=True)
@@ -134,35 +146,79 @@ def unconfirmed_line(*, provisional: bool = False) -> str:
 def _interval(rounds: list[dict]) -> tuple[float, float, float]:
     from autotune.search.choose.settle import ratio_interval
 
-    return ratio_interval([r["winner"] for r in rounds], [r["baseline"] for r in rounds], resamples=1000)
+    return ratio_interval([r["winner"] for r in rounds], [r["baseline"] for r in rounds], LEVEL)
+
+
+def planned_rounds(spread: float | None) -> int:
+    """The confirmation's rounds, fixed before the first: the fewest ``n >= MIN_ROUNDS`` whose expected 95% interval
+    (``t(n - 1) * spread / sqrt(n)``, the half-width of ``settle.ratio_interval`` in logs) is within +/-``TARGET``,
+    ``spread`` being how far one round's log ratio strays, estimated from rounds the confirmation does not see (the
+    finalists', ``settle.round_spread``); ``MAX_ROUNDS`` when there is no estimate.
+
+    >>> planned_rounds(0.0), planned_rounds(0.01), planned_rounds(0.028), planned_rounds(0.07), planned_rounds(None)
+    (2, 3, 4, 10, 10)
+    """
+    import math
+
+    from autotune.search.choose.settle import t_quantile
+
+    if spread is None:
+        return MAX_ROUNDS
+    fits = (n for n in range(MIN_ROUNDS, MAX_ROUNDS + 1)
+            if t_quantile((1 + LEVEL) / 2, n - 1) * spread / math.sqrt(n) <= TARGET)
+    return next(fits, MAX_ROUNDS)
+
+
+def format_timeout(seconds: float) -> str:
+    """A --timeout as the CLI takes it: ``6m``, ``1h30m``, ``45s``."""
+    s = int(round(seconds))
+    h, m, sec = s // 3600, s % 3600 // 60, s % 60
+    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
+
+
+def _no_time(budget: Any, round_s: float, rule: str, log: Callable[[str], None]) -> Confirmation | None:
+    """A failed Confirmation saying what --timeout would confirm the claim, when ``MIN_ROUNDS`` rounds of ``round_s``
+    do not fit the time ``budget`` has left; None when they do (or nothing says how long a round takes)."""
+    left = budget.left_s()
+    if budget.deadline is None or round_s <= 0 or MIN_ROUNDS * round_s <= left:
+        return None
+    why = (f"no time was left in the budget for the {MIN_ROUNDS} confirmation rounds (~{MIN_ROUNDS * round_s:.0f} s, "
+           f"{left:.0f} s left): --timeout {format_timeout(budget.confirm_timeout_s(round_s, left_s=left))} "
+           "would confirm it")
+    log(f"claim not confirmed: {why}")
+    return Confirmation((), status="failed", rule=rule, why=why)
 
 
 def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-            log: Callable[[str], None], deadline: float | None, search_s: float,
-            round_s: float = 0.0) -> Confirmation:
+            log: Callable[[str], None], budget: Any, round_s: float = 0.0,
+            spread: float | None = None) -> Confirmation:
     """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
-    run a fresh child through ``runner``; ``deadline`` (``time.monotonic()``) or, without one, ``search_s`` (the
-    run so far) bound the rounds past the first two. With a deadline, a round starts only if it would end before
-    it: the first as long as ``round_s`` (its estimate: ``expected_round_s``), each later one as long as the last."""
+    run a fresh child through ``runner`` measured by ``measure`` (``budget.confirm_measure``): ``planned_rounds(
+    spread)`` of them, fixed now, cut short only by time: ``budget`` (``search.budget.Budget``) with a deadline,
+    a round starts only if it would end before it (the first as long as ``round_s``, its estimate:
+    ``expected_round_s``; each later one as long as the last); without one, rounds past ``MIN_ROUNDS`` take at most
+    ``NO_BUDGET_SHARE`` of the run so far. None starts when ``MIN_ROUNDS`` would not fit (the claim says what
+    --timeout would confirm it)."""
     from autotune.search.choose.finalist_rounds import run_line, run_log
 
+    planned, deadline, search_s = planned_rounds(spread), budget.deadline, budget.elapsed_s()
     limit = ("the time left in the budget" if deadline is not None else
              f"{NO_BUDGET_SHARE:.0%} of the run so far ({NO_BUDGET_SHARE * search_s:.0f} s) past the first two")
-    rule = (f"at least {MIN_ROUNDS} rounds, more while the 95% interval is wider than +/-{TARGET:.0%} and "
-            f"{limit} allows, at most {MAX_ROUNDS}")
+    rule = (f"{planned} rounds of {measure.windows} windows, fixed before the first "
+            + (f"from the finalists' rounds (one round's ratio strays +/-{100 * spread:.1f}%)" if spread is not None
+               else "(no estimate of the noise: the most)") + f", cut short only by {limit}")
     log(f"confirming the claim: {winner.short()} against the baseline {baseline.short()}, interleaved, in fresh "
         f"processes ({rule})")
+    none = _no_time(budget, round_s, rule, log)
+    if none is not None:
+        return none
     rounds: list[dict] = []
     last_s = extra_s = 0.0  # the last round's time; the time of the rounds past MIN_ROUNDS
-    while len(rounds) < MAX_ROUNDS:
-        if deadline is not None and time.monotonic() + (last_s if rounds else round_s) > deadline:
+    while len(rounds) < planned:
+        if deadline is not None and rounds and time.monotonic() + last_s > deadline:
             break
-        if len(rounds) >= MIN_ROUNDS:
-            ratio, lo, hi = _interval(rounds)
-            if max(hi / ratio - 1, 1 - lo / ratio) <= TARGET:
-                break
-            if deadline is None and extra_s + last_s > NO_BUDGET_SHARE * search_s:
-                break
+        if deadline is None and len(rounds) >= MIN_ROUNDS and extra_s + last_s > NO_BUDGET_SHARE * search_s:
+            break
         t0 = time.monotonic()
         order = [("winner", winner), ("baseline", baseline)]
         if len(rounds) % 2:
@@ -179,19 +235,18 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
         rounds.append(got)
         last_s = time.monotonic() - t0
         extra_s += last_s if len(rounds) > MIN_ROUNDS else 0.0
-    if not rounds:
-        return Confirmation((), status="failed", rule=rule, why="no time was left in the budget for one round")
     if len(rounds) < MIN_ROUNDS:
         w, b = (summarize(rounds[0][k]).median for k in ("winner", "baseline"))
         return Confirmation(tuple(rounds), ratio=w / b, status="unconfirmed", rule=rule,
-                            why="the budget left time for one round; a longer --timeout confirms it")
+                            why="the second round would have run past the budget; a longer --timeout confirms it")
     ratio, lo, hi = _interval(rounds)
     return Confirmation(tuple(rounds), ratio=ratio, low=lo, high=hi, rule=rule)
 
 
 def selection_record(rec: Any) -> dict[str, Any]:
     """What chose the recommendation, kept apart from the claim: the finalists' figures and rounds."""
-    return {"median_samples_per_s": rec.median_samples_per_s, "iqr_samples_per_s": rec.iqr_samples_per_s,
+    return {**(rec.selection or {}),  # what the finalists kept there (their rounds' spread, ``finalists.choose``)
+            "median_samples_per_s": rec.median_samples_per_s, "iqr_samples_per_s": rec.iqr_samples_per_s,
             "samples_per_s": list(rec.samples_per_s), "baseline_samples_per_s": rec.baseline_samples_per_s,
             "speedup_vs_baseline": rec.speedup_vs_baseline, "finalist_rounds": rec.finalist_rounds,
             "search_round_pooled": rec.search_round_pooled, "trial": rec.trial_number,
@@ -209,8 +264,10 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     selection = selection_record(rec)
     notes = list(rec.notes)
     record = {**conf.to_dict(), "baseline_config": baseline.to_dict()}  # what the claim is against
-    if conf.ratio is None:
-        return dataclasses.replace(rec, selection=selection, confirmation=record,
+    if conf.ratio is None:  # no figure the confirmation did not measure: the selection's stay in ``selection``
+        return dataclasses.replace(rec, median_samples_per_s=None, iqr_samples_per_s=None, samples_per_s=(),
+                                   baseline_samples_per_s=None, speedup_vs_baseline=None, noisy=False,
+                                   selection=selection, confirmation=record,
                                    notes=tuple(notes + [f"claim {conf.headline()}"]))
     winner_med, base_med = conf.winner_median, conf.baseline_median
     sel = rec.speedup_vs_baseline
@@ -274,9 +331,11 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
     being ``finalists.plan``, within the run's ``budget`` (``search.budget.Budget``): the finalists get the time
     to its end less ``checks_s`` (numerics, worst case) and the confirmation's rounds (``Budget.confirm_rounds_s``,
     priced from the likely winner's and the baseline's walls; none without a baseline trial, which leaves nothing
-    to confirm against). When that leaves them not even one round, they get the confirmation's time too: a
-    provisional recommendation confirms nothing, so it would go unused (and the confirmation starts no round that
-    would overrun)."""
+    to confirm against). When that leaves them not even one round, the confirmation comes first: no finalist round
+    runs, the best search trial is recommended provisionally and its claim confirmed (``(deadline, None)``: a
+    confirmed claim of the likely best says more than one round of the top few would; the issue's 4-minute run
+    left its time unused that way). Only when the confirmation keeps nothing back (its two rounds do not fit) do the
+    finalists get all the time; None when not even then does a round fit."""
     import functools
 
     plan = functools.partial(plan, budget=budget, rounds=budget.rounds)
@@ -284,9 +343,14 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
     if deadline is None:
         return None, plan(top, base, left_s=None, log=log)
     one = expected_round_s([top[0], base], budget) if top and base is not None else 0.0
-    finalists_end = deadline - checks_s - budget.confirm_rounds_s(one)
+    keep = budget.confirm_rounds_s(one)
+    finalists_end = deadline - checks_s - keep
     said: list[str] = []
     chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
+    if chosen is None and keep > 0 and top[0] is not base:  # the claim first (the docstring)
+        log(f"no finalist round fits beside the confirmation's {keep:.0f} s: the best search trial is recommended, "
+            "provisional, and its claim confirmed in rounds of its own")
+        return finalists_end, None
     if chosen is None:
         finalists_end = deadline - checks_s
         return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log)
@@ -297,10 +361,13 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
 
 def expected_round_s(pair: list, budget: Any) -> float:
     """A confirmation round's expected time: a run of each of the two trials in ``pair`` (the winner's and the
-    baseline's search trials), priced by the ``budget``'s one estimate (``Budget.round_s``)."""
+    baseline's search trials) as the confirmation measures it (``budget.confirm_measure``), priced by the
+    ``budget``'s one estimate (``Budget.round_s``)."""
+    from autotune.search.budget import confirm_measure
     from autotune.search.record import trials as keys
 
-    return budget.round_s([t.user_attrs.get(keys.WALL_S) or 0.0 for t in pair if t is not None])
+    walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in pair if t is not None]
+    return budget.round_s(walls, confirm_measure(budget.measure) if budget.measure is not None else None)
 
 
 def _trial_of(rec: Any, trials: list) -> Any:
@@ -331,8 +398,8 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "headline": "x1.00: the recommendation is PyTorch's defaults "
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
-                   deadline=budget.deadline, search_s=budget.elapsed_s(),
-                   round_s=expected_round_s([_trial_of(rec, trials), base_trial], budget))
+                   budget=budget, round_s=expected_round_s([_trial_of(rec, trials), base_trial], budget),
+                   spread=(rec.selection or {}).get("round_spread"))
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
                  base_figures=dict(base_trial.user_attrs))

@@ -9,6 +9,11 @@ part-way is measured again whole: a round's configs run back to back, at one mom
 ratio interval (``settle.ratio_interval``) resamples rounds on that premise; the runs of a stopped round, hours
 before the resume, would be compared with runs of another moment. A finished ``finalize`` empties the store, so
 a later run measures its finalists afresh.
+
+What follows the rounds is kept the same way, under the same plan, each under a tag of its own (``kept``, ``keep``):
+an extra round of two finalists in dispute (``settle.ExtraRounds``: whole pairs only, as rounds), a config's
+numerics check (``checking``) and its worst-case run (``keeping``). So a run killed in any of them, or in the
+confirmation after them, resumes without measuring again what finished (``search.plan.resume``).
 """
 
 from __future__ import annotations
@@ -54,25 +59,58 @@ class SavedRounds:
         self.runs: dict[str, dict] = dict(stored.get("runs") or {}) if stored.get("plan") == self.plan else {}
 
     @staticmethod
-    def _key(r: int, config: TrialConfig) -> str:
-        return f"{r}:{_digest(config.to_dict())}"
+    def _key(tag: int | str, config: TrialConfig) -> str:
+        return f"{tag}:{_digest(config.to_dict())}"
 
     def round(self, r: int) -> dict[tuple, TrialResult] | None:
         """Round ``r``'s results by config key, when every finalist's run of it is stored; else None."""
-        found = [self.runs.get(self._key(r, c)) for c in self.configs]
+        return self.kept(r, self.configs)
+
+    def kept(self, tag: int | str, configs: list[TrialConfig]) -> dict[tuple, TrialResult] | None:
+        """The runs stored under ``tag`` (a round's number, ``extra-1``...) of every one of ``configs``, by config
+        key; None unless all are (a part of a round is measured again whole)."""
+        found = [self.runs.get(self._key(tag, c)) for c in configs]
         if any(x is None for x in found):
             return None
-        return {c.key(): TrialResult.from_dict(x) for c, x in zip(self.configs, found)}
+        return {c.key(): TrialResult.from_dict(x) for c, x in zip(configs, found)}
 
-    def put(self, r: int, config: TrialConfig, result: TrialResult) -> TrialResult:
+    def put(self, r: int | str, config: TrialConfig, result: TrialResult) -> TrialResult:
         """Store one run's result now (its traceback stays in its log: the study keeps the figures); returns it."""
-        if self.study is None:  # nowhere to keep it
-            return result
         d = result.to_dict()
         d["traceback"] = None
-        self.runs[self._key(r, config)] = d
-        self.study.set_user_attr(keys.FINALIST_ROUNDS, {"plan": self.plan, "runs": self.runs})
+        self._store(self._key(r, config), d)
         return result
+
+    def _store(self, key: str, value: dict) -> None:
+        if self.study is not None:  # else nowhere to keep it
+            self.runs[key] = value
+            self.study.set_user_attr(keys.FINALIST_ROUNDS, {"plan": self.plan, "runs": self.runs})
+
+    def keeping(self, tag: str, runner: Callable[..., TrialResult]) -> Callable[..., TrialResult]:
+        """``runner`` whose result for a config is stored under ``tag`` as it returns, and taken from the store
+        when an interrupted run of this plan stored it (a check's child: the worst-case batch)."""
+        def run(workload: Any, config: TrialConfig, measure: MeasureSpec, **kw: Any) -> TrialResult:
+            stored = self.runs.get(self._key(tag, config))
+            if stored is not None:
+                return TrialResult.from_dict(stored)
+            return self.put(tag, config, runner(workload, config, measure, **kw))
+
+        return run
+
+    def checking(self, check: Callable[..., ParityResult] | None) -> Callable[..., ParityResult]:
+        """The numerics check ``check`` (None: ``parity.parity_check``) keeping each config's result (by its
+        steps) as ``keeping`` keeps a run's."""
+        def run(workload: Any, config: TrialConfig, **kw: Any) -> ParityResult:
+            from autotune.trial.parity import ParityResult, parity_check
+
+            key = self._key(f"numerics-{kw.get('steps')}", config)
+            if key in self.runs:
+                return ParityResult.from_dict(self.runs[key])
+            result = (check or parity_check)(workload, config, **kw)
+            self._store(key, result.to_dict())
+            return result
+
+        return run
 
     def clear(self) -> None:
         """The finalists are done: a later run measures its own."""

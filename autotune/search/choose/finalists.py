@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, Workload
 from autotune.machine.envstamp import collect_env_stamp
+from autotune.machine.launch_env import inherited_env
 from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
 from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity,
                                    world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
-from autotune.search.choose.settle import TIE_TOLERANCE, ratio_interval
-from autotune.search.budget import NUMERICS_SHARE, Budget
+from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
+from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
 from autotune.search.record.trials import MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from autotune.machine.hardware import Hardware
 
 __all__ = ["expected_check_s", "best_check_s", "check_steps_within", "MIN_CHECK_STEPS", "plan", "Evidence", "remeasure",
-           "pool_search_round", "ratio_interval", "FinalistContext", "choose", "provisional"]
+           "pool_search_round", "ratio_interval", "FinalistContext", "choose", "provisional", "settle_ties"]
 
 # The fewest steps a numerics check shortened to fit a budget keeps (fewer say too little): below, no check, said.
 MIN_CHECK_STEPS = 10
@@ -128,8 +129,12 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
         cands = next((c for c in options if round_s(c) <= left_s), options[-1])
     fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
     if fit < 1:
+        pair = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in (top[0], base) if t is not None]
+        confirm_s = budget.round_s(pair, confirm_measure(budget.measure) if budget.measure is not None else None)
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
-            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it")
+            "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it"
+            + (f" (a --timeout of {budget.timeout_for_s(round_s(cands), confirm_s) / 60:.0f} min would re-measure "
+               "and confirm it)" if budget.budget_s else ""))
         return None
     if cands != options[0] or fit < rounds:
         log(f"the time budget leaves room for {len(cands)} finalist(s) "
@@ -235,16 +240,36 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
     return summarize(base_xs).median if base_xs else None
 
 
-def _settle(ctx: FinalistContext, study: Study, scored: list[Scored], out: list, ev: Evidence, notes: list[str],
+def _spread(configs: list[TrialConfig], ev: Evidence) -> dict | None:
+    """How far one paired round's log ratio strays, from the finalists' rounds of those that finished them all
+    (``settle.round_spread``): the noise estimate the confirmation plans its rounds by, kept in ``selection``."""
+    got = round_spread([ev.rounds[c.key()] for c in configs if ev.rounds[c.key()] and not ev.failures[c.key()]])
+    return None if got is None else {"round_spread": round(got[0], 5), "round_spread_df": got[1]}
+
+
+def _speedup(chosen: Scored, base_trial, ev: Evidence, base_med: float | None) -> float | None:
+    """The selection's speedup of ``chosen`` over the baseline: paired over the rounds both ran
+    (``ratio_interval``), else (the baseline not re-measured, or out) its median over the baseline's figure."""
+    base_key = keys.config_of(base_trial).key() if base_trial is not None else None
+    # paired only when the baseline finished every round (a round it lost would pair the others by position wrongly)
+    if base_key is not None and ev.rounds.get(base_key) and not ev.failures.get(base_key) and ev.rounds.get(
+            chosen[0].key()):
+        return round(ratio_interval(ev.rounds[chosen[0].key()], ev.rounds[base_key])[0], 3)
+    return None if not base_med else round(chosen[2].median / base_med, 3)
+
+
+def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: list, ev: Evidence, notes: list[str],
             more: Callable[..., bool] | None) -> tuple[Scored, Scored, dict, Any] | None:
     """``(the fastest, the chosen, each one's rounds priced, the pricing)`` among ``scored`` (sorted fastest first,
     in place; one put out by an extra round moves to ``out``); None if none is left. See ``choose``."""
     # compile priced over the planned run: every comparison below is of effective throughput (``payback``)
     extra = 0
     while True:
-        pricing = price([Priced(c.key(), c.short(), s.median, c.batch_size, *_compile_times(study, c, t, ev))
-                         for c, t, s, _ in scored], ctx.run_length)
-        speed = {x[0].key(): x[2].median * pricing.factor[x[0].key()] for x in scored}
+        # each config's speed from its rounds paired with the others' (``settle.paired_speeds``), not pooled windows
+        raw = paired_speeds({c.key(): ev.rounds[c.key()] for c, *_ in scored})
+        pricing = price([Priced(c.key(), c.short(), raw[c.key()], c.batch_size, *_compile_times(study, c, t, ev))
+                         for c, t, *_ in scored], ctx.run_length)
+        speed = {x[0].key(): raw[x[0].key()] * pricing.factor[x[0].key()] for x in scored}
         scored.sort(key=lambda x: -speed[x[0].key()])
         best = scored[0]
         rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
@@ -257,8 +282,8 @@ def _settle(ctx: FinalistContext, study: Study, scored: list[Scored], out: list,
         why = f"{best[0].short()} measures {100 * gap:.1f}% ahead of the lighter {chosen[0].short()}, within noise"
         if more is None or not more(ev, best[0], chosen[0], why, gap):
             # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
-            notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead by "
-                         f"median over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
+            notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead, "
+                         f"paired over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
                          f"tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
             chosen = min((x for x in close if speed[best[0].key()] / speed[x[0].key()] - 1 <= TIE_TOLERANCE),
                          key=lambda x: _lightness(x, ev))
@@ -307,7 +332,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
                         "the round that picked them, so the margin is less certain than two interleaved rounds'"
                         if ev.pooled else "the choice rests on one measurement of each")
                      + "; a longer --timeout gives two")
-    picked = _settle(ctx, study, scored, out, ev, notes, more)
+    picked = settle_ties(ctx, study, scored, out, ev, notes, more)
     if picked is None:
         return None
     best, chosen, rounds, pricing = picked
@@ -328,16 +353,19 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         chosen = ranked[index]
         tied = tied and index == 0
     if tied:
-        _, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        apart, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        between = (f"95% interval {100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%" if math.isfinite(hi)
+                   else "one round: no interval")
         notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
-                     f"({100 * (best[2].median / chosen[2].median - 1):.1f}% apart, 95% interval "
-                     f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%) and lighter on memory/threads or knobs")
+                     f"({100 * (apart - 1):.1f}% apart, {between}) and lighter on memory/threads or knobs")
     others = [x for x in scored if x is not chosen]
     margin = interval = None
     if others:
         ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
-        margin, interval = ratio - 1, (round(lo - 1, 4), round(hi - 1, 4))
+        margin = ratio - 1
+        interval = (round(lo - 1, 4), round(hi - 1, 4)) if math.isfinite(hi) else None  # one round: none
     base_med = _baseline_median(base_trial, ev, notes)
+    speedup = _speedup(chosen, base_trial, ev, base_med)
     s = chosen[2]
     if s.noisy:
         notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
@@ -347,14 +375,14 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
         samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
-        speedup_vs_baseline=None if not base_med else round(s.median / base_med, 3),
+        speedup_vs_baseline=speedup,
         peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=ctx.measure.memory_cap_mb,
         memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
         peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
-        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(),
+        fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=ctx.study_name,
         storage=ctx.storage_url, trial_number=chosen[1].number,
         runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
@@ -366,7 +394,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
         user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
-        compile={**pricing.record, "cache_dir": str(ctx.compile_cache_dir)},
+        compile={**pricing.record, "cache_dir": str(ctx.compile_cache_dir)}, selection=_spread(configs, ev),
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
 
@@ -429,7 +457,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
         margin_vs_runner_up=None, noisy=s.noisy,
         hardware={"summary": study.user_attrs.get(keys.STUDY_HARDWARE), "usable_cores": space.get("usable_cores")},
         fingerprint=study.user_attrs.get(keys.STUDY_FINGERPRINT, ""), versions=versions_of(None),
-        env_stamp=collect_env_stamp(),
+        env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=study.study_name, storage=storage, trial_number=best.number,
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",),

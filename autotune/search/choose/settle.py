@@ -1,5 +1,13 @@
 """Settling a tie the finalists' rounds left open: the interval of a ratio, and more rounds of the two in dispute.
 
+Every comparison of two configs in autotune's choice and claim (the finalists' ranking and tie-break, the extra
+rounds, the confirmed claim) is one paired statistic, ``ratio_interval``: each interleaved round (a fresh process
+of each config, run back to back; each config first in every other round) gives one ratio of the two medians, and
+the estimate and its interval come from those ratios alone (Kalibera and Jones, "Rigorous Benchmarking in Reasonable
+Time", ISMM 2013: when each process has its own level, the process is the unit of repetition). Pooling the windows of
+all rounds let a config 1% faster in each of two rounds lose when the machine slowed between them, and let runs
+that stop after 3 to 5 windows weigh rounds unequally. ``paired_speeds`` ranks several configs the same way.
+
 ``ratio_interval`` says whether two configs measured in interleaved rounds are within noise of each other. Within
 noise, ``finalists.choose`` prefers the config lighter on memory and threads, then the one with fewer knobs changed
 from PyTorch's defaults. On a noisy machine two rounds leave a wide interval, and "within noise" then hid real
@@ -9,22 +17,25 @@ defaults, chosen as "within noise and lighter") 8% below a heavier finalist in a
 So a lighter config wins a tie only when its median is within ``TIE_TOLERANCE`` of the fastest's. When it is within
 noise but further behind than that, the two are measured again, interleaved (A B, then B A), up to ``EXTRA_ROUNDS``
 more rounds, only while the time left allows a round and only while a round costs less than the gap could cost over
-the user's training run (``ExtraRounds``): each round narrows the interval, until it
-excludes 1 (the fastest wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the
-fastest by median wins: the likelier faster config, which is what the run is for). The extra rounds are not kept
-for a resumed run (``finalist_rounds.SavedRounds`` keeps the planned rounds): a kill loses at most these.
+the user's training run (``ExtraRounds``): each round narrows the interval, until it excludes 1 (the fastest
+wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the fastest by its paired
+estimate wins: the likelier faster config, which is what the run is for). Each pair is kept as it finishes
+(``finalist_rounds.SavedRounds``, beside the planned rounds): a run killed after it takes it from there.
 """
 
 from __future__ import annotations
 
-import random
+import functools
+import math
+import statistics
 import time
 from typing import Any, Callable
 
 from autotune.measure import summarize
 from autotune.search.choose.finalist_rounds import run_line, run_log
 
-__all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "ExtraRounds"]
+__all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "round_ratios", "round_spread", "paired_speeds",
+           "t_quantile", "ExtraRounds"]
 
 # A lighter config wins a tie with the fastest only within this much of its median (the quality goal: >= 0.98).
 TIE_TOLERANCE = 0.02
@@ -33,28 +44,129 @@ TIE_TOLERANCE = 0.02
 EXTRA_ROUNDS = 3
 
 
-def ratio_interval(a: list[list[float]], b: list[list[float]], *, level: float = 0.95, resamples: int = 2000,
-                   seed: int = 0) -> tuple[float, float, float]:
-    """``(ratio, low, high)``: the ratio of the medians of ``a`` and ``b`` (windows grouped by round) and a
-    percentile-bootstrap interval of it. Each resample draws rounds with replacement, the same rounds for both
-    (they ran interleaved, on the same moment of the machine), then windows within each drawn round: the
-    interval holds the drift between rounds as well as the spread within them."""
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: the ``t`` with ``P(T <= t) = p`` for ``df`` degrees of freedom (``0 < p < 1``, df >= 1),
+    by bisection on the distribution function (the regularized incomplete beta function, ``_t_cdf``): no scipy.
 
-    def med(xs: list[float]) -> float:
-        return summarize(xs).median
+    >>> round(t_quantile(0.975, 1), 3), round(t_quantile(0.975, 3), 3), round(t_quantile(0.975, 1000), 2)
+    (12.706, 3.182, 1.96)
+    """
+    if not 0 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile(p={p!r}, df={df!r}): p in (0, 1) and df >= 1")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, df) < p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2
 
-    ratio = med([x for r in a for x in r]) / med([x for r in b for x in r])
-    rng = random.Random(seed)
-    stats = []
-    paired = min(len(a), len(b))
-    for _ in range(resamples):
-        drawn = [rng.randrange(paired) for _ in range(paired)] if paired > 1 else [0] * paired
-        ra = [x for i in drawn for x in rng.choices(a[i], k=len(a[i]))]
-        rb = [x for i in drawn for x in rng.choices(b[i], k=len(b[i]))]
-        stats.append(med(ra) / med(rb))
-    stats.sort()
-    tail = (1 - level) / 2
-    return ratio, stats[int(tail * (resamples - 1))], stats[int((1 - tail) * (resamples - 1))]
+
+def _t_cdf(t: float, df: int) -> float:
+    """``P(T <= t)``, ``t >= 0``: 1 - I_x(df/2, 1/2) / 2 with x = df / (df + t^2)."""
+    return 1 - 0.5 * _beta_inc(df / 2, 0.5, df / (df + t * t))
+
+
+def _beta_inc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only
+        return 1 - _beta_inc(b, a, 1 - x)
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        num = (1.0 if i == 0 else
+               (m * (b - m) * x) / ((a + 2 * m - 1) * (a + 2 * m)) if i % 2 == 0 else
+               -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1)))
+        d = 1 + num * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + num / c if abs(1 + num / c) > tiny else tiny
+        f *= c * d
+        if abs(1 - c * d) < 1e-15:
+            break
+    return front * (f - 1) / a
+
+
+def round_ratios(a: list[list[float]], b: list[list[float]]) -> list[float]:
+    """The ratio of ``a``'s median to ``b``'s in each round both measured (rounds paired by position, in the order
+    they ran; a round either has no windows of is skipped)."""
+    return [statistics.median(x) / statistics.median(y) for x, y in zip(a, b) if x and y]
+
+
+def ratio_interval(a: list[list[float]], b: list[list[float]], level: float = 0.95) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: how much faster ``a`` runs than ``b``, and a ``level`` interval of it, from their
+    windows grouped by round (``a[r]`` and ``b[r]`` ran interleaved in round ``r``, each a fresh process).
+
+    The unit is the round, not the window: on these VMs each fresh process has its own level (one config moves
+    5-20% between processes), so windows of one process are not independent measurements of the config. Each
+    round gives one ratio (of its two medians; the machine's drift between rounds cancels in it); the estimate is
+    their geometric mean and the interval Student's t on their logs, with n - 1 degrees of freedom: exact when the
+    per-process levels are log-normal, and shown by simulation to cover its level at 2 to 6 rounds under per-process
+    spreads of 1-10% and replays of real windows (``benchmarks/coverage.py``, docs/claims.md). Two rounds give a
+    wide interval (t with one degree of freedom is 12.7): the honest answer. One round gives no interval:
+    ``(ratio, 0, inf)``, "within noise" of anything.
+
+    The issue's example: a config 1% faster in each of two rounds, the machine slower in the second (pooled medians
+    said 0.978); paired, 1.01 in both rounds, so a zero-width interval:
+
+    >>> [round(x, 3) for x in ratio_interval([[101.0] * 4 + [95.0], [90.9] * 4 + [85.5]], [[100.0] * 5, [90.0] * 5])]
+    [1.01, 1.01, 1.01]
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"ratio_interval level={level!r}: a probability in (0, 1)")
+    logs = [math.log(r) for r in round_ratios(a, b)]
+    if not logs:
+        raise ValueError("ratio_interval: no round in which both configs measured a window")
+    mean = statistics.fmean(logs)
+    if len(logs) == 1:
+        return math.exp(mean), 0.0, math.inf
+    half = t_quantile((1 + level) / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def round_spread(configs: list[list[list[float]]]) -> tuple[float, int] | None:
+    """``(sd, df)``: how far one round's log ratio of two configs strays, from several configs measured in the same
+    interleaved rounds (each ``configs[i]`` its windows by round; the rounds all have in common are read): the
+    residual of an additive model (config + round) of the log round medians, sd of a pair's log ratio
+    ``sqrt(2) * sigma`` with ``(k - 1)(r - 1)`` degrees of freedom. An estimate independent of any later rounds
+    (the confirmation plans its rounds from it). None with fewer than two configs or two rounds.
+
+    >>> sd, df = round_spread([[[100.0], [90.0]], [[110.0], [99.0]]])   # the same ratio in both rounds
+    >>> round(sd, 6), df
+    (0.0, 1)
+    """
+    rows = [[math.log(statistics.median(r)) for r in c] for c in configs if c and all(c)]
+    r = min((len(x) for x in rows), default=0)
+    if len(rows) < 2 or r < 2:
+        return None
+    rows = [x[:r] for x in rows]
+    k, grand = len(rows), statistics.fmean(v for x in rows for v in x)
+    row_m = [statistics.fmean(x) for x in rows]
+    col_m = [statistics.fmean(x[j] for x in rows) for j in range(r)]
+    ss = sum((rows[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(k) for j in range(r))
+    df = (k - 1) * (r - 1)
+    return math.sqrt(2 * ss / df), df
+
+
+def paired_speeds(rounds: dict[Any, list[list[float]]]) -> dict[Any, float]:
+    """Each config's speed on one scale, from its rounds paired with a reference's (the config with the most rounds):
+    the reference's geometric mean of its round medians, times each config's paired ratio to it (``ratio_interval``
+    over the rounds they share). With the same rounds for all, each one's geometric mean of its round medians; so a
+    config 1% faster in every round ranks first even when the machine slowed between rounds (pooled medians would
+    rank it by which round had more of its windows)."""
+    have = {k: v for k, v in rounds.items() if any(v)}
+    if not have:
+        return {}
+    ref = max(have, key=lambda k: len([r for r in have[k] if r]))
+    base = math.exp(statistics.fmean(math.log(statistics.median(r)) for r in have[ref] if r))
+    return {k: base if k == ref else base * ratio_interval(v, have[ref])[0] for k, v in have.items()}
 
 
 class ExtraRounds:
@@ -68,9 +180,10 @@ class ExtraRounds:
 
     def __init__(self, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
                  log: Callable[[str], None], deadline: float | None = None, run: Any = None,
-                 rounds: int = EXTRA_ROUNDS) -> None:
+                 rounds: int = EXTRA_ROUNDS, saved: Any = None) -> None:
         self.runner, self.workload, self.measure, self.log_dir = runner, workload, measure, log_dir
         self.log, self.deadline, self.run, self.rounds, self.ran = log, deadline, run, rounds, 0
+        self.saved = saved  # a ``SavedRounds``: each pair kept as it finishes, taken back by a resumed run
 
     def _run_s(self, ev: Any, fastest: Any) -> float | None:
         """The user's run in seconds at the fastest config's speed; None: unknown (no run length)."""
@@ -83,21 +196,26 @@ class ExtraRounds:
         if self.ran >= self.rounds:
             return False
         pair = [fastest, lighter] if self.ran % 2 == 0 else [lighter, fastest]
+        tag = f"extra-{self.ran + 1}"
+        kept = self.saved.kept(tag, pair) if self.saved is not None else None
         need = sum((ev.walls.get(c.key()) or [self.measure.timeout_s])[-1] for c in pair)
-        if self.deadline is not None and time.monotonic() + need > self.deadline:
+        if kept is None and self.deadline is not None and time.monotonic() + need > self.deadline:
             self.log(f"{why}; no time left in the budget for another round of the two (~{need:.0f} s)")
             return False
         run_s = self._run_s(ev, fastest)
-        if run_s is not None and run_s * gap / (1 + gap) < need:
+        if kept is None and run_s is not None and run_s * gap / (1 + gap) < need:
             self.log(f"{why}; another round of the two (~{need:.0f} s) costs more than the gap could over the "
                      f"{self.run.label()} run (~{run_s * gap / (1 + gap):.0f} s)")
             return False
         self.ran += 1
         r = max(len(ev.rounds[c.key()]) for c in pair)
-        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)")
+        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)"
+                 + (": measured by an earlier, interrupted run; kept" if kept else ""))
         for c in pair:
-            res = self.runner(self.workload, c, self.measure,
-                              log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
+            res = kept[c.key()] if kept else self.runner(
+                self.workload, c, self.measure, log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
+            if not kept and self.saved is not None:
+                self.saved.put(tag, c, res)
             ev.add(r, c, res)
-            self.log(run_line(f"extra round {self.ran}", c, res))
+            self.log(run_line(f"extra round {self.ran}", c, res) + (" (kept)" if kept else ""))
         return True

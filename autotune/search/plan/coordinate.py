@@ -20,7 +20,10 @@ config so far, the best of them kept if it beats it. Only then does the sampler 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
 IQR of the study's trials up to the later of the two, at least 5%: fixed once both are measured). Within the noise above
 it one trial each says nothing, so both are measured once more (a trial with ``repeat_of``), and the candidate wins only
-if the 95% interval of the ratio of their medians over the two rounds (``settle.ratio_interval``) is above 1. A
+if the ``SEARCH_LEVEL`` (80%) interval of the ratio over the two rounds (``settle.ratio_interval``: paired round by
+round, Student's t on the rounds' log ratios) is above 1: a search decision, not a claim, so a level that keeps a
+gain both rounds agree on (a missed gain is never measured again; a wrong keep costs at most the noise, and the
+finalists re-measure the top configs paired). A
 candidate at or below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or
 two measurements in trial order, so a later repeat never changes a decision taken before it.
 
@@ -46,11 +49,14 @@ from autotune.search.choose.settle import ratio_interval
 from autotune.measure import NOISY_REL_IQR, median_or_none
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
 
-__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT",
+           "SEARCH_LEVEL"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
 MAX_TRIED = 4
+# The interval a candidate within the noise must clear over two rounds of each (module docstring)
+SEARCH_LEVEL = 0.80
 # Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
 NOT_SWEPT = ("batch_size", "compile_mode")
 
@@ -259,10 +265,11 @@ class _Replay:
         if any(m.value <= 0 for pair in twice for m in pair):
             return False  # a repeat failed or was pruned: no gain shown
         pooled, lo, hi = ratio_interval([list(m.windows) for m in twice[0]], [list(m.windows) for m in twice[1]],
-                                        resamples=1000)
+                                        SEARCH_LEVEL)
         won = lo > 1.0
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% (95% interval "
+                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% "
+                          f"({SEARCH_LEVEL:.0%} interval "
                           f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%): "
                           + ("kept" if won else "not shown, the config before stays"))
         return won

@@ -29,12 +29,12 @@ from autotune.search.record.trials import MemoryLimit, feasible_by_config
 if TYPE_CHECKING:
     from optuna import Study
 
-    from autotune.search.plan.context import SearchContext
+    from autotune.search.plan.context import SearchContext, SearchOutcome
     from autotune.search.plan.coordinate import Plan
     from autotune.search.choose.payback import RunLength
     from autotune.search.space.search_space import SearchSpace
 
-__all__ = ["run_seconds", "advance", "after_trial", "PlanMemo", "stop_reason", "status_line"]
+__all__ = ["run_seconds", "advance", "after_trial", "PlanMemo", "stop_reason", "status_line", "search_done"]
 
 
 def run_seconds(study: Study, *, run_length: RunLength, fingerprint: str, limit: MemoryLimit) -> float:
@@ -178,3 +178,12 @@ def status_line(ctx: SearchContext, study: Study) -> str:
     if ctx.budget.deadline is not None:
         part += f", {ctx.budget.left_s() / 60:.0f} min left"
     return part
+
+
+def search_done(outcome: SearchOutcome, study: Study, *, trials: int | None, log: Callable[[str], None]) -> str:
+    """Why the search stopped (the backend's reason, else the trials asked for or the budget), said in one line."""
+    n = outcome.trials_run
+    why = outcome.stop_reason or (f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
+                                  else "out of time: what is left of the budget is the finalists'")
+    log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: {why}")
+    return why

@@ -89,11 +89,21 @@ STUDY_MEMORY_CAP = "memory_cap_mb"
 STUDY_DEVICE_MEMORY = "device_memory_mb"  # the device memory cap of the study's latest run, on a GPU
 STUDY_MEASURE = "measure"
 STUDY_RECOMMENDATION = "recommendation"
+
+
+def study_meta(workload, hardware, space, measure, device_memory_mb: float | None) -> dict[str, Any]:
+    """What a study says of itself (its user attrs, kept up to date by each run): the workload, the machine, the
+    space, the measurement and its caps."""
+    return {STUDY_WORKLOAD: workload.to_dict(), STUDY_FINGERPRINT: hardware.fingerprint,
+            STUDY_HARDWARE: hardware.summary_line(), STUDY_SPACE: space.to_dict(),
+            STUDY_MEMORY_CAP: measure.memory_cap_mb, STUDY_MEASURE: measure.to_dict(),
+            STUDY_DEVICE_MEMORY: device_memory_mb}
 WALK_ANCHOR = "batch_walk_anchor"
 PLAN = "search_plan"             # the planned search drives the first trials (coordinate.py); absent: older studies
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
+RUN_PHASE = "run_phase"  # + ":<host>": where that machine's run (in progress, or killed) stands (run_phase.py)
 
 # The statuses of a finished trial that measured nothing of its config: the run was stopped (its retry measures it).
 NOT_MEASURED = (None, "interrupted")

@@ -116,8 +116,7 @@ class RayBackend(SearchBackend):
         search = make_search(OptunaSearch)(ctx)
         trainable = tune.with_resources(
             tune.with_parameters(make_trainable(tune), workload=ctx.workload.to_dict(),
-                                 measure=ctx.measure.to_dict(), omp=os.environ.get("OMP_NUM_THREADS"),
-                                 cap_mb=self._cap_given),
+                                 measure=ctx.measure.to_dict(), cap_mb=self._cap_given),
             resources_for(self._base, ctx.workload.device))
         root = (private_dir(ctx.artifacts_dir) / "ray").resolve()
         root.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,7 @@ def make_trainable(tune):
         (Tune's stop: pruned, or the run ended) kills the trial's child process group so nothing outlives the
         actor."""
 
-        def setup(self, config: dict, *, workload: dict, measure: dict, omp: str | None = None,
-                  cap_mb: float | None = None) -> None:
+        def setup(self, config: dict, *, workload: dict, measure: dict, cap_mb: float | None = None) -> None:
             import ray
 
             self._events: queue.Queue = queue.Queue()
@@ -45,16 +44,12 @@ def make_trainable(tune):
             self._node, self._cap_mb = this_node_cap_mb(ray, workload["device"], cap_mb)
             measure = {**measure, "memory_cap_mb": self._cap_mb}
             self._events.put(("started", None))
-            # Ray sets OMP_NUM_THREADS to the actor's CPUs. A CPU trial holds the whole node: the child must
-            # see what a local run sees. GPU trials share a node: torch's default threads are bounded by the
-            # reservation (one core for the main process, ``gpu_trial``).
-            if workload["device"] == "cpu":
-                if omp is None:
-                    os.environ.pop("OMP_NUM_THREADS", None)
-                else:
-                    os.environ["OMP_NUM_THREADS"] = omp
-            elif not plan["config"].get("intra_op_threads"):
-                os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
+            # Ray sets OMP_NUM_THREADS to the actor's CPUs; the trial's child starts from a clean room anyway
+            # (``launch_env.clean_env``), as locally: a CPU trial holds the whole node and sees what a local run
+            # sees. GPU trials share a node: torch's default threads are bounded by the reservation (one core for
+            # the main process, ``gpu_trial``), a placement under the config's own threads.
+            self._placement = ({"OMP_NUM_THREADS": "1"} if workload["device"] != "cpu"
+                               and not plan["config"].get("intra_op_threads") else None)
             args = (trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(plan["config"]),
                     MeasureSpec.from_dict(measure))
             log = Path(self.logdir or ".") / f"trial-{plan.get('number')}.log"
@@ -77,7 +72,7 @@ def make_trainable(tune):
                         else contextlib.nullcontext())
                 with here:
                     result = run_trial(workload, config, measure, on_window=lambda i, v: self._stop.is_set(),
-                                       on_event=on_event, log_path=log)
+                                       on_event=on_event, log_path=log, placement=self._placement)
                 self._events.put(("done", (result, detect(with_torch=False).fingerprint)))
             except BaseException as exc:  # noqa: BLE001 - reported to Tune as this trial's error
                 import traceback

@@ -4,7 +4,6 @@ running one trial on a chosen node (the finalists)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
@@ -173,17 +172,16 @@ def remote_runner(ray, base: dict[str, float], node: str, device: str):
         from autotune.search.record.storage import machine_lock
 
         cpu = workload["device"] == "cpu"
-        if cpu:  # a whole node: torch's defaults as locally
-            os.environ.pop("OMP_NUM_THREADS", None)
-        elif not config.get("intra_op_threads"):
-            os.environ["OMP_NUM_THREADS"] = "1"  # the one core gpu_trial reserved for the main process
+        # a whole node on the CPU: a clean room, as locally (``launch_env.clean_env``); a shared GPU node: one
+        # thread unless the config says (the one core gpu_trial reserved for the main process)
+        placement = None if cpu or config.get("intra_op_threads") else {"OMP_NUM_THREADS": "1"}
         spec = MeasureSpec.from_dict(measure)
         here, cap = this_node_cap_mb(ray, workload["device"], spec.memory_cap_mb)
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "trial.log"
             with machine_lock("a Ray finalist") if cpu else contextlib.nullcontext():
                 result = run_trial(trial_device(Workload.from_dict(workload)), TrialConfig.from_dict(config),
-                                   spec.replace(memory_cap_mb=cap), log_path=log)
+                                   spec.replace(memory_cap_mb=cap), log_path=log, placement=placement)
             return result.to_dict(), here, log.read_text(errors="replace") if log.exists() else ""
 
     pinned = [node]

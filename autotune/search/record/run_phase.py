@@ -1,0 +1,144 @@
+"""Where a run stands, kept in its study: the phase it is in, so that a run killed anywhere resumes from there.
+
+A run passes through ``PHASES`` in order, each where it applies: the search (its trials), the ceilings' climb
+(children of its own, between two search trials), the finalists' rounds, the extra rounds of two finalists in
+dispute, the numerics check of the winner, its worst-case batch, the confirmation of the claim, the recommendation
+(stored in the study, and written as YAML where the run was asked to), and optuna-dashboard's note. The phase is
+the study's user attribute ``run_phase:<host>`` (``key``: one per machine, since several machines may run one
+study on a database server, each its own run; a machine measures one run at a time)::
+
+    {"phase": "confirmation", "pid": 4242, "since": 1764000000.0, "ask": {"trials": 3, ...},
+     "stop_reason": "ran the 3 trial(s) asked for"}
+
+written when the phase changes (a write per phase, not per trial: a phase is entered as its first child starts,
+``RunPhases.around``, ``RunPhases.searching``), and removed when the run ends (``RunPhases.finish``). A run that
+finds one was killed (or stopped by Ctrl-C) where it says, and ``search.plan.resume`` decides what the new run
+does about it.
+
+``AUTOTUNE_PHASE_HOLD_S``: seconds each phase waits once it is recorded, before its work (default 0). For the kill
+benchmark (``benchmarks/kill_anywhere.py``): the recommendation and the dashboard note take milliseconds, and a
+kill can land in them only if they last.
+
+>>> PHASES[0], PHASES[-1]
+('search', 'dashboard note')
+>>> describe("numerics")
+'the numerics check'
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from autotune.search.record import trials as keys
+
+if TYPE_CHECKING:
+    from optuna import Study
+
+__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read", "key"]
+
+# each phase and how a log line names it
+_NAMES = {
+    "search": "the search", "ceilings": "the ceilings' climb", "finalists": "the finalists' rounds",
+    "extra rounds": "the extra finalist rounds", "numerics": "the numerics check", "worst case": "the worst-case check",
+    "confirmation": "the confirmation", "recommendation": "the recommendation's writing",
+    "dashboard note": "the dashboard note",
+}
+PHASES = tuple(_NAMES)
+AFTER_SEARCH = PHASES[2:]  # the finalists' phases and after: the search was done
+STORED = ("recommendation", "dashboard note")  # the recommendation is stored in the study: it stands
+HOLD_ENV = "AUTOTUNE_PHASE_HOLD_S"
+
+
+def describe(phase: str) -> str:
+    """How the log names ``phase`` ("the confirmation"); an unknown one (a later autotune's) by its name."""
+    return _NAMES.get(phase, f"the {phase}")
+
+
+def key(host: str | None = None) -> str:
+    """The study attribute that keeps the phase of ``host``'s run (default: this machine's)."""
+    return f"{keys.RUN_PHASE}:{host or socket.gethostname()}"
+
+
+def read(study: Study) -> dict[str, Any] | None:
+    """The phase record of this machine's run in progress, or of one that was killed or stopped (None: every run
+    ended)."""
+    stored = study.user_attrs.get(key())
+    return stored if isinstance(stored, dict) and stored.get("phase") else None
+
+
+class RunPhases:
+    """The phase of one run, kept in its study (``study()`` gives it, opened): ``enter`` records a phase when it
+    changes, ``around`` wraps a runner (or a check) so its phase is entered when it is called, ``finish`` ends the
+    run's record. ``ask``: what the run was asked (``begin``), kept with each record so a resume knows it is the
+    same command.
+
+    >>> phases = RunPhases(lambda: study)                          # doctest: +SKIP
+    >>> run = phases.around("finalists", runner)                   # doctest: +SKIP
+    """
+
+    def __init__(self, study: Callable[[], Study], *, hold_s: float | None = None) -> None:
+        self._study = study
+        self.hold_s = float(os.environ.get(HOLD_ENV) or 0.0) if hold_s is None else hold_s
+        self.current: str | None = None
+        self.extra: dict[str, Any] = {}  # kept with every record (the ask; the search's stop reason)
+
+    def begin(self, ask: dict[str, Any]) -> dict[str, Any] | None:
+        """Start this run's record (nothing is written until a phase is entered); returns the record an earlier run
+        left, if it was killed or stopped before its end."""
+        self.current, self.extra = None, {"ask": ask}
+        return read(self._study())
+
+    def keep(self, **extra: Any) -> None:
+        """Keep ``extra`` (e.g. ``stop_reason``) with this and every later record of the run."""
+        self.extra.update(extra)
+        if self.current is not None:
+            self._write(self.current)
+
+    def enter(self, phase: str) -> None:
+        """Record that the run is in ``phase`` now (nothing when it already is), then hold ``hold_s``."""
+        if phase == self.current:
+            return
+        self.current = phase
+        self._write(phase)
+        if self.hold_s > 0:
+            time.sleep(self.hold_s)
+
+    def around(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (a runner, a check) entering ``phase`` each time it is called, before it runs."""
+        def entered(*args: Any, **kwargs: Any) -> Any:
+            self.enter(phase)
+            return fn(*args, **kwargs)
+
+        return entered
+
+    def searching(self, runner: Callable[..., Any]) -> Callable[..., Any]:
+        """The search's ``runner``: a trial enters the search, a ceiling's child (a run that measures one part of
+        the pipeline, ``MeasureSpec.part`` "model" or "data") the ceilings' climb."""
+        def run(workload: Any, config: Any, measure: Any, **kwargs: Any) -> Any:
+            self.enter("search" if getattr(measure, "part", "full") == "full" else "ceilings")
+            return runner(workload, config, measure, **kwargs)
+
+        return run
+
+    def finish(self, rec: Any, *, note: Callable[[], Any], yaml_path: Any = None) -> Any:
+        """End the run: the recommendation stored (``rec``, None for none) is written to ``yaml_path`` as well,
+        optuna-dashboard's note (``note()``), and the run's record goes, with any finalists' rounds left (the
+        recommendation that used them is stored). Returns ``rec``."""
+        self.enter("recommendation")
+        if rec is not None and yaml_path is not None:
+            rec.to_yaml(yaml_path)
+        self.enter("dashboard note")
+        note()
+        study = self._study()
+        if study.user_attrs.get(keys.FINALIST_ROUNDS) is not None:
+            study.set_user_attr(keys.FINALIST_ROUNDS, None)
+        study.set_user_attr(key(), None)
+        self.current = None
+        return rec
+
+    def _write(self, phase: str) -> None:
+        record = {"phase": phase, "pid": os.getpid(), "since": round(time.time(), 3), **self.extra}
+        self._study().set_user_attr(key(), record)
