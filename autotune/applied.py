@@ -7,14 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, Iterator
 
 from autotune.config import TrialConfig
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
-
-if TYPE_CHECKING:
-    from autotune.recommendation import Recommendation
 
 __all__ = ["Applied", "applying"]
 
@@ -84,8 +81,9 @@ class Applied:
 
 
 @contextlib.contextmanager
-def applying(rec: Recommendation) -> Iterator[Applied]:
-    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit."""
+def applying(rec: Any) -> Iterator[Applied]:
+    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit. ``rec``: a
+    ``Recommendation`` (not imported here, even for the type: ``recommendation`` imports this module)."""
     import torch
 
     old_threads = torch.get_num_threads()
