@@ -24,7 +24,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.budget import long_trial_s
-from autotune.search.record.ceilings import FED, Ceilings, Point, climb, load, offered_workers, store
+from autotune.search.plan.climb import climb
+from autotune.search.record.ceilings import FED, Ceilings, Point, load, offered_workers, store
 from autotune.search.space.likely import hint_workers
 
 if TYPE_CHECKING:

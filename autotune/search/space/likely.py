@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LIKELY_WINNERS", "likely_params", "hint_workers"]
+__all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers"]
 
 # Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
 # hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
@@ -22,6 +22,10 @@ __all__ = ["LIKELY_WINNERS", "likely_params", "hint_workers"]
 # With ranks, gradients as views into DDP's buckets save a copy of every gradient and its memory.
 LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
                   "cudnn_benchmark": (True,), "bucket_by_length": (True,), "gradient_as_bucket_view": (True,)}
+# Where the loader's memory caps the likely winners' workers, their batch may shrink to this fraction of the
+# baseline's at most (``_batch_for_workers``): below it the model's step loses more to launch overhead than a few
+# more workers give back.
+TRADE_DOWN = 4
 
 
 def likely_params(space: Any) -> dict[str, Any] | None:
@@ -37,6 +41,7 @@ def likely_params(space: Any) -> dict[str, Any] | None:
             params[name] = value
     if space.device != "cpu":  # on a GPU the loader is every recipe's first fix
         params.update(_gpu_loader(choices, space.rank_cores))
+        params.update(_batch_for_workers(space, params))
     return params if params != base else None
 
 
@@ -69,3 +74,29 @@ def _gpu_loader(choices: dict[str, tuple], rank_cores: int) -> dict[str, Any]:
     if True in choices.get("pin_memory", ()):
         out["pin_memory"] = True
     return out
+
+
+def _batch_for_workers(space: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The likely winners' batch where the machine's loader memory (``space.loader``: ``search.space.loader_fit``)
+    holds their loader to fewer workers than they ask (Lightning's hint) at the baseline's batch: what a loader holds
+    in flight is ``workers x prefetch + 1`` batches, so a smaller batch lets more workers run, and on a GPU the few
+    workers that fit are what binds (the hint's many would feed it). The largest offered batch, down to the
+    baseline's over ``TRADE_DOWN``, at which the asked workers fit; where none does, the one at which the most fit
+    (the larger among equals). ``{}`` (no change) where they fit at the baseline's batch, or nothing is known. A
+    guess like the rest of the bundle: its separation measures the batch reverted."""
+    fit = getattr(space, "loader", None)
+    asked = int(params.get("num_workers") or 0)
+    batch = params.get("batch_size")
+    choices = next((p.choices for p in space.params if p.name == "batch_size"), ())
+    if fit is None or asked <= 0 or batch not in choices:
+        return {}
+
+    def fitting(b: int) -> int:
+        return space.effective({**params, "batch_size": b}).num_workers
+
+    if fitting(batch) >= asked:
+        return {}
+    smaller = sorted((b for b in choices if batch / TRADE_DOWN <= b < batch), reverse=True)
+    enough = next((b for b in smaller if fitting(b) >= asked), None)
+    best = enough or max([batch, *smaller], key=lambda b: (fitting(b), b))
+    return {"batch_size": best} if best != batch else {}

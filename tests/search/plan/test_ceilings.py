@@ -18,7 +18,8 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
 from autotune.search.plan import ceiling_runs
 from autotune.search.record import ceilings
-from autotune.search.record.ceilings import Ceilings, Point, climb
+from autotune.search.plan.climb import climb
+from autotune.search.record.ceilings import Ceilings, Point
 from autotune.search.space.search_space import space_from_dict
 from autotune.search.record.trials import role as role_of
 from autotune.search.tuner import Tuner

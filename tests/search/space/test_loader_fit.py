@@ -186,3 +186,19 @@ def test_dataloader_kwargs_judge_the_machine_they_are_applied_on(monkeypatch, sh
     with pytest.warns(UserWarning, match="3 worker"):
         kw = rec.dataloader_kwargs(fit=True)
     assert (kw["num_workers"], kw["prefetch_factor"]) == (3, 1)
+
+
+def test_on_a_gpu_the_likely_winners_trade_batch_for_the_workers_the_loader_memory_holds_back():
+    """Issue 42's shm64 host: a small /dev/shm holds 3 workers at batch 64 (prefetch 1), the hint asks for a rank's
+    cores less one (7): the likely winners run batch 32, where all 7 fit, instead of 3 workers at 64. A roomy
+    machine keeps the baseline's batch."""
+    hw = _hw(1.0)  # 0.9 MiB for the loader: (w x 1 + 1) batches of 64 (197 kB) -> 3 workers; of 32 -> 8
+    space = space_for(TINY, hw, space=_space(hw, device="cuda"))
+    likely = space.likely_params()
+    assert likely["batch_size"] == 32, likely
+    c = space.effective(likely)
+    assert (c.batch_size, c.num_workers, c.prefetch_factor) == (32, 7, 1)
+    assert in_flight_bytes(_batch(32), c.num_workers, c.prefetch_factor) <= hw.loader_limits.shm_budget_bytes
+    roomy = _hw(4096.0)
+    likely = space_for(TINY, roomy, space=_space(roomy, device="cuda")).likely_params()
+    assert (likely["batch_size"], likely["num_workers"]) == (64, 7)
