@@ -3,7 +3,8 @@
 ``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
 must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
 of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``; else two within
-``CONFIRM_MAX_SHARE``, the excess lent by the finalists' share; else none: one round states no interval)
+``CONFIRM_MAX_SHARE``, out of the finalists' share, so the search's share shrinks by 5% at most; else none: one
+round states no interval)
 and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of
 what one more run of a measured config costs (``Budget.run_s``: its search trial's wall, with the windows of the
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
@@ -26,10 +27,12 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 15.0
 >>> b.run_s(10.0, confirm_measure(b.measure))  # ... and as a confirmation run: 3 windows of 1 s, not 5
 8.0
->>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s: 150 s > 30% ...
-78.0
->>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # ... less the 12 s the confirmation's 2 rounds (72 s) take over 20%
+>>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # the confirmation's 2 rounds of 36 s: over 20% (60 s), within 35%
 72.0
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s: 150 s > 30% (90 s),
+18.0
+>>> b.search_reserve_s([10.0, 20.0, 30.0])      # ... less the confirmation's 72 s, which come first: 30% in all
+90.0
 >>> Budget.of(200.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s > 35%: none
 0.0
 >>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s <= 80 s
@@ -66,8 +69,11 @@ CONFIRM_SHARE = 0.20
 # ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share
 CONFIRM_MIN_ROUNDS = 2
 CONFIRM_MAX_RESERVED = 6
-# When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, the excess from the finalists'
-# (whose one round on a short budget says less than a confirmed claim does); the search's reserve stays the same
+# When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, out of the finalists' (whose one
+# round on a short budget says less than a confirmed claim does): the search keeps what it would without them, or
+# at most 5% less (1 - CONFIRM_MAX_SHARE of the budget at least). On a short budget the search's trials and the
+# ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
+# (0.99 -> 0.75) when the two rounds came on top of the finalists' share
 CONFIRM_MAX_SHARE = 0.35
 # A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
 WINDOW_FACTOR = 2
@@ -157,20 +163,21 @@ class Budget:
     # --- what the phases after the search keep back -------------------------------------------------------
     def finalists_reserve_s(self, walls: list[float]) -> float:
         """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
-        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget less what the confirmation's two rounds
-        take beyond theirs (``confirm_rounds_s``; their plan then fits fewer)."""
+        search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget; when the confirmation's two rounds fit
+        only beyond their own share (``confirm_rounds_s``: a short budget), what is left of it after them (often
+        nothing: the best search trial is then recommended and its claim confirmed, ``confirm.plan_finalists``)."""
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
         if not self.budget_s:
             return full
-        lent = max(0.0, self.confirm_reserve_s(walls) - CONFIRM_SHARE * self.budget_s)
-        return min(full, FINALIST_SHARE * self.budget_s - lent)
+        share, confirm = min(full, FINALIST_SHARE * self.budget_s), self.confirm_reserve_s(walls)
+        return max(0.0, share - confirm) if confirm > CONFIRM_SHARE * self.budget_s else share
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
         """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
         budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_MIN_ROUNDS`` fit (those without a budget);
-        else those two when they fit ``CONFIRM_MAX_SHARE`` (the finalists' share lends the rest); else nothing (one
+        else those two when they fit ``CONFIRM_MAX_SHARE`` (out of the finalists' share); else nothing (one
         round states no interval; the confirmation then runs only if the phases before it leave the time, and else
         says what --timeout would do, ``confirm_timeout_s``)."""
         if not self.budget_s:

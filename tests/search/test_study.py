@@ -621,11 +621,15 @@ def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path
     first = first.number
     gate = plenty.compile_gate
     # 200 s left: the measured 250 s compile trial does not fit
-    gate.start(Budget.of(200.0, measure=plenty.measure, finalists=1, rounds=1), [1.0])
-    # 200 s less an 8.4 s reserve (a round of one finalist and the baseline, and two confirmation rounds of the
-    # winner and the baseline: runs of the 1 s trial with the finalists' longer windows, 1.4 s each)
+    short_budget = Budget.of(200.0, measure=plenty.measure, finalists=1, rounds=1)
+    gate.start(short_budget, [1.0])
+    # 200 s less the reserve: a round of one finalist and the baseline (runs of the 1 s trial with the finalists'
+    # longer windows, 1.4 s each), and the confirmation's rounds of the winner and the baseline, as many as fit 20%
+    # of the budget up to 6 (~15 s in all)
+    reserve = short_budget.search_reserve_s([1.0])
+    assert 5.0 < reserve < 20.0, reserve
     why = gate.reason(plenty.study())
-    assert why.startswith("compile held back: ~250 s expected, 19"), why
+    assert why.startswith(f"compile held back: ~250 s expected, {200.0 - reserve:.0f} s left"), (why, reserve)
     assert why.endswith(f" s left for the search (trial {first}'s wall time)"), why
     gate.start(Budget.of(400.0, measure=plenty.measure, finalists=1, rounds=1), [1.0])
     assert gate.reason(plenty.study()) is None

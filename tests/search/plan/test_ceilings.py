@@ -504,14 +504,15 @@ def _gpu_space(cores: int):
         device="cuda")
 
 
-@pytest.mark.parametrize("budget_s, cut", [(190.0, True), (600.0, False)])
+@pytest.mark.parametrize("budget_s, cut", [(133.0, True), (180.0, False), (600.0, False)])
 def test_the_climb_is_priced_inside_the_search_share_and_stops_where_its_next_point_would_not_fit(
         budget_s, cut, tmp_path, monkeypatch):
-    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 190 s
-    (trials 0 and 1 took 30 s; the finalists and the confirmation's two rounds keep half: at 180 s no climb starts)
-    the search's share after the reserves and one more trial holds fewer: the climb
-    stops before its next point would end past it, says so, and keeps what it measured; with 10 it finishes. Either
-    way the count it gives the search is one it measured, with no more threads than its workers leave."""
+    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 133 s
+    (trials 0 and 1 took 30 s; the finalists keep 30%: the confirmation's two rounds of 30 s do not fit 35%) the
+    search's share after the reserves and one more trial holds fewer: the climb stops before its next point would
+    end past it, says so, and keeps what it measured. With 3 minutes (the confirmation's two rounds out of the
+    finalists' share: 60 s kept back in all, not 54 + 60) and with 10 it finishes. Either way the count it gives
+    the search is one it measured, with no more threads than its workers leave."""
     import time
 
     import optuna
