@@ -138,6 +138,8 @@ def _stored_answer(existing, tuner, run) -> Recommendation | None:
     """The study's stored recommendation if it answers this call (fits its cap, the same space, priced over the
     same run length), warning when versions changed since; else None."""
     rec = stored_recommendation(existing)
+    if rec is not None and rec.provisional:
+        rec = None  # its finalists were not re-measured (a short budget): not an answer, search on
     stored_space = (existing.user_attrs.get(keys.STUDY_SPACE) or {}).get("parameters")
     if rec is not None and not tuner.limit.fits(rec.peak_host_mb, rec.peak_device_mb, rec.peak_device_allocated_mb):
         rec = None  # no room under the cap of this call (less the margin): not an answer to this question

@@ -323,6 +323,21 @@ def test_recommend_answers_from_the_stored_recommendation(tmp_path):
     assert got == rec
 
 
+def test_recommend_does_not_answer_with_a_stored_provisional_recommendation(tmp_path):
+    """A run too short for its finalists keeps its provisional recommendation (with its confirmation) for `export`;
+    recommend() does not take it as the answer: with trials=0 it then finds the study's own trials, not the store."""
+    import dataclasses
+
+    rec = dataclasses.replace(make_rec(workload=Workload(model=TINY, image_size=16), config=TrialConfig(batch_size=8),
+                                       peak_host_mb=300.0), provisional=True)
+    url = store_recommendation(tmp_path, rec)
+    try:
+        got = recommend_fn(TINY, image_size=16, storage=url, device="cpu", trials=0, budget=None, progress=False)
+    except AutotuneError:
+        return  # no trial of its own: nothing to answer with, and the stored provisional one was not taken
+    assert got != rec
+
+
 def test_recommend_warns_when_versions_changed(tmp_path):
     rec = make_rec(workload=Workload(model=TINY, image_size=16), config=TrialConfig(batch_size=8),
                    versions={**plain_versions(), "torch": "1.13.0"})

@@ -243,12 +243,11 @@ class Tuner:
         self._memo.after_trial(self.search_context(), study, ceilings_here=self._backend == "local")
 
     def plan(self, study: Study) -> Plan | None:
-        """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
+        """Where the planned search stands (``coordinate.Plan``); None in a study from before it."""
         return self._memo.plan(study, self.space, limit=self.limit, fingerprint=self.hardware.fingerprint)
 
     def convergence(self, study: Study) -> Convergence:
-        """How far the sampler's search is from converging (``convergence``): its trials without a gain, against
-        a patience from the cost of a trial and the planned run; never converged while the plan is not done."""
+        """How far the sampler's search is from converging (``convergence``; never while the plan is not done)."""
         return self._memo.convergence(study, self.space, patience=self.patience, run_length=self.run_length,
                                       fingerprint=self.hardware.fingerprint, limit=self.limit)
 
@@ -334,14 +333,14 @@ class Tuner:
         top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
         planned = self._plan_finalists(study, top, budget, here=runner is None)
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
-        with here:  # no finalist round fits: the best search trial, provisional (not kept), its claim confirmed
+        with here:  # no finalist round fits: the best search trial, provisional, its claim confirmed
             rec, saved = (self._choose(study, planned, runner) if planned is not None
                           else (fin.provisional(study, storage=self.storage_url), None))
             run = self.phases.around("confirmation", runner or self.runner)
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget)
-        return self._record(study, rec, saved) if saved is not None else ceilings.recorded(study, rec)
+        return self._record(study, rec, saved)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, here: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks
@@ -384,16 +383,17 @@ class Tuner:
                                   check_numerics=runner is None)
         return rec, saved
 
-    def _record(self, study: Study, rec, saved: SavedRounds):
-        """Keep ``rec`` in the study, with the ceilings it was sized by and why the search stopped; a recommendation
-        of an earlier run must not outlive this one's verdict (e.g. under a lower cap)."""
+    def _record(self, study: Study, rec, saved: SavedRounds | None):
+        """Keep ``rec`` in the study (a provisional one too, with its confirmation), with its ceilings and why the
+        search stopped: an earlier run's must not outlive this one's verdict. ``saved``: None without finalists."""
         if rec is not None:
             rec = ceilings.recorded(study, rec)
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
             rec = dataclasses.replace(rec, notes=stopped + rec.notes)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
-        saved.clear()
+        if saved is not None:
+            saved.clear()
         if rec is None:
             self.log("no finalist qualified (see the notes in the log above and `autotune show`): nothing to recommend")
         return rec

@@ -331,6 +331,13 @@ def test_a_run_too_short_for_a_finalist_round_recommends_the_best_search_trial_w
     assert rec.provisional and c["status"] == "confirmed" and len(c["rounds"]) >= 2, (c, said)
     assert all(len(r["winner"]) == 3 for r in c["rounds"])  # short runs: 3 windows, not the search's 5
     assert rec.speedup_vs_baseline == pytest.approx(c["speedup_vs_baseline"], abs=1e-3)
+    # kept in the study with its confirmation: `autotune export` states what the run confirmed, not the search
+    # trial's figure (claims.py found an export of such a run with the search trial's x1.50 and no confirmation)
+    from autotune.recommendation import stored_recommendation
+
+    stored = stored_recommendation(tuner.study())
+    assert stored is not None and stored.provisional and stored.confirmation == c
+    assert stored.speedup_vs_baseline == rec.speedup_vs_baseline
 
 
 def test_a_confirmation_read_back_states_the_same_headline():
