@@ -89,17 +89,18 @@ def test_spread_script_interleaves_several_malloc_modes_in_rotating_order(tmp_pa
     assert all("without_common_drift" in c["spread"] for c in data["configs"].values())
 
 
-def _spread_module():
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module (the folder is scripts, not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("spread", REPO_ROOT / "benchmarks" / "spread.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO_ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_common_drift_removes_what_every_config_shares_and_never_a_configs_own_noise():
-    spread = _spread_module()
+    spread = _benchmark("spread")
     machine = [0.9, 1.0, 1.1, 1.0]  # the VM slows and speeds up; every config follows it
     runs = {"a": [10 * m for m in machine], "b": [20 * m for m in machine], "c": [5 * m for m in machine]}
     drift = spread.common_drift(runs)
@@ -217,15 +218,6 @@ def test_claims_independent_loop_measures_a_config_in_a_fresh_process(tmp_path):
         assert len(windows) == 2 and all(w > 0 for w in windows)
 
 
-def _claims():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("claims_bench", REPO_ROOT / "benchmarks" / "claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_claims_is_independent_refuses_what_it_cannot_reproduce_and_analyses_with_its_own_interval():
     """claims.py imports nothing of autotune (the CLI it tunes with runs in a child); a recommendation it cannot
     apply as its user would is refused with the reason, never measured without the knob; its own paired t-interval
@@ -239,7 +231,7 @@ def test_claims_is_independent_refuses_what_it_cannot_reproduce_and_analyses_wit
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not [m for m in imported if m.split(".")[0] == "autotune"], imported
-    claims = _claims()
+    claims = _benchmark("claims")
     plain = {"workload": {"model": "resnet18"}, "config": {"batch_size": 32, "amp": "bf16", "compile_mode": "default",
                                                           "inter_op_threads": 2, "static_graph": False}}
     assert claims.refusal(plain) is None
