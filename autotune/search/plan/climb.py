@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from autotune.search.record.ceilings import HEADROOM, Ceilings, Point, best_point
+from autotune.search.record.ceilings import HEADROOM, Ceilings, Point, plateau
 
 __all__ = ["MAX_POINTS", "STARVED", "GROWTH", "grew", "next_workers", "Run", "climb", "refine_workers"]
 
@@ -153,6 +153,9 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
       (flat without one), after a point halfway where the shape is unknown (``_knee``). When it lands on a best
       that is still on the rise, its neighbour above is measured (the rise is concave: the estimate falls short).
       Done when the best still rises as evenly shared cores would (``_smooth``).
+    * Before the knee, where the data path peaks (a point above its top measured below it), the centre of the top
+      (``ceilings.plateau``: the points within the noise of the fastest) when no point measured is near it: the
+      count the ceilings recommend there (``ceilings.best_point``), where the knee's lines only estimate it.
 
     >>> p = lambda w, r, cores=None: Point("data", {"num_workers": w}, r, cpu_cores_used=cores)
     >>> refine_workers([p(1, 100.0), p(8, 1100.0)], 1000.0, list(range(1, 17)))  # covered: 1000 needs 8 by the line
@@ -163,6 +166,10 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
     >>> refine_workers([p(1, 320.0, 2.0), p(15, 1489.0, 8.0)], 11300.0, list(range(1, 16)))  # 8 cores for 16 threads
     7
     >>> refine_workers([p(1, 320.0), p(2, 300.0)], 11300.0, [1, 2])  # one worker is the fastest: nothing below it
+    >>> refine_workers([p(1, 310.0), p(15, 931.0), p(8, 1045.0), p(4, 1064.0)], 9e3, list(range(1, 16)))
+    6
+
+    (4 and 8 agree within the noise, ``PLATEAU``: the centre of the two; the knee's lines cross nowhere between.)
     """
     ok = sorted((q for q in points if q.status == "ok" and q.samples_per_s > 0), key=lambda q: q.workers)
     if not ok or not offered:
@@ -179,7 +186,21 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
             want = max((c for c in offered if c <= max(1, round(got - 1))), default=offered[0])
             if want not in measured:
                 return want
-    return _knee(ok, measured, offered)
+    centre = _centre(ok, measured, offered)
+    return centre if centre is not None else _knee(ok, measured, offered)
+
+
+def _centre(ok: list[Point], measured: set[int], offered: list[int]) -> int | None:
+    """The count at the centre of the data path's top (``plateau``) where it peaks (a point above the top measured
+    below it) and no point measured is within a quarter of the top's width of the centre; else None."""
+    band = plateau(ok)
+    lo, hi = band[0].workers, band[-1].workers
+    centre = (lo + hi) / 2
+    peaked = any(q.workers > hi for q in ok)
+    if hi - lo < 2 or not peaked or any(abs(q.workers - centre) <= (hi - lo) / 4 for q in band):
+        return None
+    between = [c for c in offered if lo < c < hi and c not in measured]
+    return min(between, key=lambda c: (abs(c - centre), c)) if between else None
 
 
 def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None:
@@ -190,7 +211,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     * Else where the rise (through the two highest points below the best; the origin and the one point where there
       is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
       at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
-    best = best_point(ok)
+    best = max(ok, key=lambda q: (q.samples_per_s, -q.workers))  # the fastest measured, where the rise ends
     below = [q for q in ok if q.workers < best.workers]
     above = [q for q in ok if q.workers > best.workers]
     lo, hi = (below[-1].workers if below else 0), (above[0].workers if above else best.workers)
@@ -208,7 +229,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     rise = _line(*[(float(q.workers), q.samples_per_s) for q in ([Point("data", {}, 0.0)] + below)[-2:]])
     fall = (_line((best.workers, best.samples_per_s), (above[0].workers, above[0].samples_per_s)) if above
             else (0.0, best.samples_per_s))
-    if rise[0] <= fall[0]:
+    if rise[0] <= 0 or rise[0] <= fall[0]:  # no rise below the best (two noisy points): nothing to meet
         return None
     want = math.ceil((fall[1] - rise[1]) / (rise[0] - fall[0]) - 1e-9)
     if want <= best.workers < hi and best.samples_per_s >= 0.9 * (rise[0] * best.workers + rise[1]):

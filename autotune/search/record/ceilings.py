@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "LEVERS", "offered_workers", "best_point", "feed",
-           "load", "store", "recorded", "ceiling_lines"]
+__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "LEVERS", "PLATEAU", "offered_workers", "best_point",
+           "plateau", "feed", "load", "store", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
@@ -47,6 +47,10 @@ MODEL_KNOBS = ("batch_size", "amp", "channels_last", "compile_mode")
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
 # batch), and a loader exactly as fast as the model leaves it waiting on every hiccup.
 HEADROOM = 1.15
+# Two points of the data path within this much of each other are not told apart by one process each: a process's own
+# level moves 5.1% (sigma; the H200 run's four configs measured twice), so two differ by 7% (sigma) and 10% holds
+# most pairs of one rate. The climb's pick is the centre of the points within it of the fastest (``best_point``).
+PLATEAU = 0.10
 # What buys a faster data path beyond the knobs, each with what it would buy; named when every core cannot feed it.
 LEVERS = ("decode on the GPU (torchvision.io.decode_jpeg(device='cuda'), or NVIDIA DALI): takes the decode, "
           "usually most of the data path's CPU, off the cores",
@@ -318,11 +322,40 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
     return out
 
 
-def best_point(ok: list[Point]) -> Point | None:
-    """The fastest of ``ok``, the fewest workers among equals (more workers only take memory, shared memory and
-    cores from the training process). Not the fewest within some tolerance of it: a point's noise (5% on the H200)
-    would pick a count on the rise that measured high."""
-    return max(ok, key=lambda p: (p.samples_per_s, -p.workers)) if ok else None
+def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
+    """The data path's best count among ``ok``. Where it peaks (``plateau``: a point above its top measured below
+    it), the point nearest the centre of the top, the faster of two as near: on a peak a point's own noise (a
+    process's level: 5% sigma on the H200) decides which is fastest, and the centre is the count farthest from both
+    sides where the rate falls. Else (it still rises, or stays flat, at the most workers measured) the fastest, the
+    fewest workers among equals (more only take memory, shared memory and cores from the training process); not
+    the fewest within the noise of it, which picks a count on the rise that measured high.
+
+    >>> p = lambda w, r: Point("data", {"num_workers": w}, r)
+    >>> best_point([p(1, 336.0), p(16, 3570.0), p(22, 4091.0), p(36, 4080.0), p(63, 2814.0)]).workers
+    22
+    >>> best_point([p(1, 310.0), p(15, 3368.0), p(19, 3517.0), p(28, 3480.0), p(37, 3600.0), p(63, 2720.0)]).workers
+    28
+    >>> best_point([p(1, 300.0), p(3, 650.0), p(20, 650.0), p(64, 650.0)]).workers  # flat to the last: the fewest
+    3
+    """
+    band = plateau(ok, tolerance)
+    if not band:
+        return None
+    if not any(p.workers > band[-1].workers for p in ok):
+        return max(ok, key=lambda p: (p.samples_per_s, -p.workers))
+    centre = (band[0].workers + band[-1].workers) / 2
+    return min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
+
+
+def plateau(ok: list[Point], tolerance: float = PLATEAU) -> list[Point]:
+    """The points of ``ok`` on the data path's top, by workers: from the fewest to the most workers that ran within
+    ``tolerance`` of the fastest, and every point between them (the rate is unimodal in the workers: one that
+    measured lower between two on the top measured low)."""
+    if not ok:
+        return []
+    top = max(p.samples_per_s for p in ok)
+    near = [p.workers for p in ok if p.samples_per_s >= (1 - tolerance) * top]
+    return sorted((p for p in ok if min(near) <= p.workers <= max(near)), key=lambda p: p.workers)
 
 
 def recorded(study: Study, rec: Any) -> Any:
