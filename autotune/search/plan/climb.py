@@ -5,8 +5,9 @@ Like tf.data's AUTOTUNE hill-climb, but every point is a measurement: one worker
 predicts would cover the model's with ``HEADROOM``, then the count that point predicts (the rate is concave: each
 prediction undershoots less), until it covers the model, reaches the most workers offered or stops growing (the
 cores ran out): a few children, never one per worker count (``next_workers``). Then the count the ceilings would
-recommend is measured (``refine_workers``): the fewest that feed the model, the cores a starved point got, or the
-knee of a data path that peaks below the most workers.
+recommend is measured (``refine_workers``): the fewest that feed the model, the cores a starved point got, the
+centre of a peak's top (the points within the noise of the fastest: one process's level moves 5%, so on a flat top
+the fastest single point is the noise's pick), or the knee of a data path that peaks below the most workers.
 """
 
 from __future__ import annotations
