@@ -11,12 +11,13 @@ TINY = Workload(model="tests.workloads_fixtures:tiny", image_size=16)
 
 
 def test_windows_stop_at_the_third_once_they_agree_and_not_without_the_rule():
-    spec = MeasureSpec(windows=6, window_s=0.1, settle_windows=0, timeout_s=120)
-    loose = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec.replace(tight_spread=0.95))
+    spec = MeasureSpec(windows=6, window_s=0.25, settle_windows=0, timeout_s=120)
+    loose = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec.replace(tight_spread=0.99))
     every = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec)
     assert loose.status == every.status == "ok", (loose.reason, every.reason)
-    # three windows of one config lie within 95% of their median here, unless a burst of load lands on one of them:
-    # then a fourth or fifth; never all six (the rule ignored), never fewer than three
+    # three windows of one config lie within 99% of their median here (0.25 s each), unless a burst of load lands
+    # on one of them: then a fourth or fifth; never all six (the rule ignored), never fewer than three. (The suite's
+    # other worker on this 2-core VM once spread six 0.1 s windows from 2072 to 9187 samples/s, past 95%.)
     assert 3 <= len(loose.samples_per_s) < 6, loose.samples_per_s
     assert len(every.samples_per_s) == 6
 
