@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from autotune.search.record.ceilings import HEADROOM, Ceilings, Point, plateau
+from autotune.search.record.ceilings import HEADROOM, Ceilings, Point, fastest_point, peaked, plateau
 
 __all__ = ["MAX_POINTS", "STARVED", "GROWTH", "grew", "next_workers", "Run", "climb", "refine_workers"]
 
@@ -197,8 +197,7 @@ def _centre(ok: list[Point], measured: set[int], offered: list[int]) -> int | No
     band = plateau(ok)
     lo, hi = band[0].workers, band[-1].workers
     centre = (lo + hi) / 2
-    peaked = any(q.workers > hi for q in ok)
-    if hi - lo < 2 or not peaked or any(abs(q.workers - centre) <= (hi - lo) / 4 for q in band):
+    if hi - lo < 2 or not peaked(ok, band) or any(abs(q.workers - centre) <= (hi - lo) / 4 for q in band):
         return None
     between = [c for c in offered if lo < c < hi and c not in measured]
     return min(between, key=lambda c: (abs(c - centre), c)) if between else None
@@ -212,7 +211,7 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     * Else where the rise (through the two highest points below the best; the origin and the one point where there
       is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
       at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
-    best = max(ok, key=lambda q: (q.samples_per_s, -q.workers))  # the fastest measured, where the rise ends
+    best = fastest_point(ok)  # the fastest measured, where the rise ends
     below = [q for q in ok if q.workers < best.workers]
     above = [q for q in ok if q.workers > best.workers]
     lo, hi = (below[-1].workers if below else 0), (above[0].workers if above else best.workers)

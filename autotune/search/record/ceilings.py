@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "LEVERS", "PLATEAU", "offered_workers", "best_point",
-           "plateau", "feed", "load", "store", "recorded", "ceiling_lines"]
+           "fastest_point", "peaked", "plateau", "feed", "load", "store", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
@@ -173,8 +173,7 @@ class Ceilings:
 
     def fastest(self) -> Point | None:
         """The fastest data point measured."""
-        pts = self.measured()
-        return max(pts, key=lambda p: p.samples_per_s) if pts else None
+        return fastest_point(self.measured())
 
     def feeds(self) -> bool:
         """Whether some measured worker count covers the model with headroom."""
@@ -341,10 +340,20 @@ def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
     band = plateau(ok, tolerance)
     if not band:
         return None
-    if not any(p.workers > band[-1].workers for p in ok):
-        return max(ok, key=lambda p: (p.samples_per_s, -p.workers))
+    if not peaked(ok, band):
+        return fastest_point(ok)
     centre = (band[0].workers + band[-1].workers) / 2
     return min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
+
+
+def fastest_point(ok: list[Point]) -> Point | None:
+    """The fastest of ``ok``, the fewest workers among equals; None without any."""
+    return max(ok, key=lambda p: (p.samples_per_s, -p.workers)) if ok else None
+
+
+def peaked(ok: list[Point], band: list[Point]) -> bool:
+    """Whether the data path peaks at its top ``band`` (``plateau``): a point above it measured below it."""
+    return bool(band) and any(p.workers > band[-1].workers for p in ok)
 
 
 def plateau(ok: list[Point], tolerance: float = PLATEAU) -> list[Point]:
