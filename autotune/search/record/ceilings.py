@@ -171,6 +171,12 @@ class Ceilings:
             before = p
         return self.best_data().workers
 
+    def unmeasured(self) -> str:
+        """Why the data path's best count was not measured alone (the centre of a peak's top a budget's cut climb
+        did not reach: ``best_point``); "" when it was."""
+        best = None if self.feeds() else self.best_data()
+        return best.reason if best is not None and best not in self.data else ""
+
     def fastest(self) -> Point | None:
         """The fastest data point measured."""
         return fastest_point(self.measured())
@@ -240,7 +246,7 @@ class Ceilings:
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
                 "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size, "device": self.device,
-                "guess": self.guess,
+                "guess": self.guess, **({"unmeasured": self.unmeasured()} if self.unmeasured() else {}),
                 "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
                           "model" if self.feeds() else "data")}
 
@@ -266,6 +272,8 @@ class Ceilings:
         if feed is not None:
             out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}{self.per_rank}"
                        + ("" if self.feeds() else " (none measured covers it: the data path binds)"))
+            if self.unmeasured():
+                out.append(f"  {feed} worker(s): {self.unmeasured()}")
         return out
 
 
@@ -312,8 +320,9 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
         return None
     workers = next((w for w in offered if w >= workers), offered[-1])  # a space's [0, 2, 4, 8] has no 3
     out: dict[str, Any] = {"num_workers": workers}
-    at = next((p for p in c.measured() if p.workers == workers), None)
-    ref = (at or c.best_data() or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
+    best = c.best_data()  # the centre of a peak's top may be unmeasured alone (``best_point``): its ends' threads
+    at = next((p for p in c.measured() if p.workers == workers), best if best and best.workers == workers else None)
+    ref = (at or best or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
     knobs = ("pin_memory", "persistent_workers", "prefetch_factor") + (("intra_op_threads",) if at else ())
     for knob in knobs:
         if ref.get(knob) is not None and ref.get(knob) in choices.get(knob, ()):
@@ -323,15 +332,22 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
 
 def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
     """The data path's best count among ``ok``. Where it peaks (``plateau``: a point above its top measured below
-    it), the point nearest the centre of the top, the faster of two as near: on a peak a point's own noise (a
-    process's level: 5% sigma on the H200) decides which is fastest, and the centre is the count farthest from both
-    sides where the rate falls. Else (it still rises, or stays flat, at the most workers measured) the fastest, the
-    fewest workers among equals (more only take memory, shared memory and cores from the training process); not
-    the fewest within the noise of it, which picks a count on the rise that measured high.
+    it), the count at the centre of the top: on a peak a point's own noise (a process's level: 5% sigma on the H200)
+    decides which is fastest, and the centre is the count farthest from both sides where the rate falls. The climb
+    measures it (``climb._centre``): the point measured nearest it, the faster of two as near, when one is within a
+    quarter of the top's width of it. When none is (a budget ended the climb first), the centre itself, unmeasured
+    alone (``reason`` says so; its rate interpolated): the rate is unimodal in the workers, so a count between two on
+    the top runs at least as fast as the slower of them, and the ends of a wide top are each a noisy pick near where
+    it falls; the fed trials then measure the centre end to end. Else (it still rises, or stays flat, at the most
+    workers measured) the fastest, the fewest workers among equals (more only take memory, shared memory and cores
+    from the training process); not the fewest within the noise of it, which picks a count on the rise that
+    measured high.
 
     >>> p = lambda w, r: Point("data", {"num_workers": w}, r)
     >>> best_point([p(1, 336.0), p(16, 3570.0), p(22, 4091.0), p(36, 4080.0), p(63, 2814.0)]).workers
-    22
+    29
+    >>> best_point([p(1, 336.0), p(16, 3570.0), p(22, 4091.0), p(29, 4000.0), p(36, 4080.0), p(63, 2814.0)]).workers
+    29
     >>> best_point([p(1, 310.0), p(15, 3368.0), p(19, 3517.0), p(28, 3480.0), p(37, 3600.0), p(63, 2720.0)]).workers
     28
     >>> best_point([p(1, 300.0), p(3, 650.0), p(20, 650.0), p(64, 650.0)]).workers  # flat to the last: the fewest
@@ -342,8 +358,18 @@ def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
         return None
     if not peaked(ok, band):
         return fastest_point(ok)
-    centre = (band[0].workers + band[-1].workers) / 2
-    return min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
+    lo, hi = band[0].workers, band[-1].workers
+    centre = (lo + hi) / 2
+    nearest = min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
+    if hi - lo < 2 or abs(nearest.workers - centre) <= (hi - lo) / 4:
+        return nearest
+    w = (lo + hi) // 2
+    a = max((p for p in band if p.workers < w), key=lambda p: p.workers)
+    b = min((p for p in band if p.workers > w), key=lambda p: p.workers)
+    rate = a.samples_per_s + (w - a.workers) / (b.workers - a.workers) * (b.samples_per_s - a.samples_per_s)
+    return Point("data", {**nearest.config, "num_workers": w}, rate, status="ok",
+                 reason=f"unmeasured alone: the centre of the top between {lo} and {hi} workers (a budget ended the "
+                        "climb before it)")
 
 
 def fastest_point(ok: list[Point]) -> Point | None:
@@ -414,4 +440,6 @@ def ceiling_lines(ceilings: dict | None) -> list[str]:
     if not ceilings:
         return []
     return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
+        ([f"  the data path's best, {ceilings.get('workers_to_feed')} worker(s): {ceilings['unmeasured']}"]
+         if ceilings.get("unmeasured") else []) + \
         [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
