@@ -27,6 +27,7 @@ from autotune.measure import summarize
 from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity,
                                    world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
+from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -438,7 +439,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     if not feasible:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
                             "`autotune run` longer, or see `autotune show` for why trials failed")
-    best = max(feasible.values(), key=lambda t: t.value or 0)
+    best = provisional_best(feasible.values())  # the fastest, or on its loader one that waited within the noise
     ua = best.user_attrs
     xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
