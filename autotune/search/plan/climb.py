@@ -148,7 +148,8 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
     * The data path covers the model: the fewest workers that feed it (``workers_to_feed``, interpolated), when
       that count was not measured.
     * A point ran on fewer cores than it had workers (``STARVED``: other jobs hold cores, or a cgroup's share): the
-      cores it got, less the training process's one.
+      cores it got, less the training process's one; done once that count measured the fastest (the knee's lines
+      through the one-worker point, a straight rise, would land below it: the rise is concave).
     * Else the knee of a data path that peaks below the most workers (memory bandwidth; the host's cores shared):
       the count where the rise from the points below the best meets the line from the best to the point above it
       (flat without one), after a point halfway where the shape is unknown (``_knee``). When it lands on a best
@@ -187,6 +188,8 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
             want = max((c for c in offered if c <= max(1, round(got - 1))), default=offered[0])
             if want not in measured:
                 return want
+            if fastest.workers == want:  # measured, and the fastest: the cores say the count, not the knee's lines
+                return None
     centre = _centre(ok, measured, offered)
     return centre if centre is not None else _knee(ok, measured, offered)
 

@@ -698,3 +698,21 @@ def test_a_climb_the_budget_cuts_before_the_centre_of_a_wide_top_gives_that_cent
     # measured there (a climb not cut), it is that point
     whole = _c(10326.0, *measured.items(), (29, 3900.0))
     assert whole.workers_to_feed() == 29 and whole.best_data().reason == ""
+
+
+def test_on_a_host_whose_other_jobs_hold_half_the_cores_the_climb_stops_at_the_cores_it_got_less_one():
+    """gpu_host_sim's busy16, seed 19: 16 cores, other jobs hold 8. 15 workers kept 8 cores busy, so the climb
+    measured 7 (the cores less the training process's one), the fastest so far. The knee's lines through the
+    one-worker point (a straight rise; the real one is concave) met the fall from 7 to 15 at 5.7, so the climb
+    measured 6, which drew 8% high, and gave it (0.87 of the best). The cores say the count: done at 7."""
+    rates = {1: (314.3, 2.0), 15: (1539.8, 8.0), 7: (1754.3, 8.0), 6: (1887.3, 7.0)}  # as the simulation drew them
+    asked: list[tuple[str, int]] = []
+
+    def run(config, part):
+        w = config.get("num_workers", 0)
+        asked.append((part, w))
+        rate, cores = (10112.9, 1.0) if part == "model" else rates[w]
+        return Point(part, config, rate, windows=(1.0, 1.0, 1.0), cpu_cores_used=cores)
+
+    c = climb({}, {}, list(range(1, 16)), run)
+    assert asked == [("model", 0), ("data", 1), ("data", 15), ("data", 7)] and c.workers_to_feed() == 7
