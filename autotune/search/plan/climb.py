@@ -165,6 +165,8 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
     8
     >>> refine_workers([p(1, 320.0), p(4, 1185.0), p(15, 1265.0)], 11300.0, list(range(1, 16)))  # the rise meets it
     5
+    >>> refine_workers([p(1, 226.0), p(53, 3450.0), p(63, 3530.0)], 11900.0, list(range(1, 64)))  # 2 to 52 unseen
+    27
     >>> refine_workers([p(1, 320.0, 2.0), p(15, 1489.0, 8.0)], 11300.0, list(range(1, 16)))  # 8 cores for 16 threads
     7
     >>> refine_workers([p(1, 320.0), p(2, 300.0)], 11300.0, [1, 2])  # one worker is the fastest: nothing below it
@@ -210,7 +212,9 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
     """``refine_workers``' last case: the knee of a data path that peaks below the most workers measured.
 
     * The best is the most workers measured: with one point below it, the count halfway (the curve's shape between
-      them is unknown); with two, done when it still rises as evenly shared cores would (``_smooth``).
+      them is unknown), and so where the two points below it leave more than half its workers unseen between them
+      (the first pass jumped there from one worker's rate: a peak in that gap, memory bandwidth's, and a rise to the
+      best look alike from three points); else done when it still rises as evenly shared cores would (``_smooth``).
     * Else where the rise (through the two highest points below the best; the origin and the one point where there
       is only one) meets the fall (through the best and the lowest point above it; flat without one). Where that is
       at or below a best still on the rise (the rise is concave: the estimate falls short), the count above it."""
@@ -227,6 +231,8 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
         return None
     if not above and len(below) == 1:
         return nearest(lo, best.workers, (lo + best.workers) / 2)
+    if not above and len(below) >= 2 and below[-1].workers - below[-2].workers > best.workers / 2:
+        return nearest(below[-2].workers, below[-1].workers, (below[-2].workers + below[-1].workers) / 2)
     if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
         return None  # it still rises at the best, as evenly shared cores do
     rise = _line(*[(float(q.workers), q.samples_per_s) for q in ([Point("data", {}, 0.0)] + below)[-2:]])
