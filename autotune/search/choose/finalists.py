@@ -439,12 +439,13 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     if not feasible:
         raise AutotuneError(f"study {study.study_name!r} has no finished feasible trial yet: run "
                             "`autotune run` longer, or see `autotune show` for why trials failed")
-    best = provisional_best(feasible.values())  # the fastest, or on its loader one that waited within the noise
+    workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
+    # the fastest, or on its loader one that waited for data within the noise of it (a GPU's pipeline)
+    best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
     ua = best.user_attrs
     xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
     base = baseline_value(study)
-    workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     config = TrialConfig.from_dict(ua[keys.CONFIG])
     space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
     limit = keys.MemoryLimit.of_study(study)
@@ -461,7 +462,8 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
         env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=study.study_name, storage=storage, trial_number=best.number,
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
-               "finish a run (or `autotune run --trials 0`) for a checked recommendation",),
+               "finish a run (or `autotune run --trials 0`) for a checked recommendation",)
+        + ((passed_over,) if passed_over else ()),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
         user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),

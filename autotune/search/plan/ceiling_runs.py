@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.budget import long_trial_s
 from autotune.search.plan.climb import climb
-from autotune.search.record.ceilings import FED, Ceilings, Point, load, offered_workers, store
+from autotune.search.record.ceilings import FED, INPUT_BOUND_SHARE, Ceilings, Point, load, offered_workers, store
 from autotune.search.space.likely import hint_workers
 
 if TYPE_CHECKING:
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["INPUT_BOUND_SHARE", "MIN_CHILDREN", "FED_SHARE", "SKIPPED", "wanted", "measure_if_wanted", "loader_config",
            "climb_allowance_s"]
 
-# From this share of a step spent waiting for data the planned search sizes the loader first (the TF profiler calls
-# a step "highly input-bound" from 20%); the per-trial diagnosis says "input-bound" from 30% (``diagnose``).
-INPUT_BOUND_SHARE = 0.20
 # The fewest children a climb worth running measures: the model and two data points (one worker, and the count its
 # rate predicts). A budget whose search share holds fewer skips the climb, saying so, and feeds a guess.
 MIN_CHILDREN = 3

@@ -99,7 +99,7 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
     target = model.samples_per_s * HEADROOM if model.status == "ok" else math.inf
     points: list[Point] = []
     notes: list[str] = []
-    first_pass = True
+    first_pass, cut = True, None
     while len(points) < MAX_POINTS:
         w = next_workers(points, target, offered) if first_pass else None
         if w is None:
@@ -110,6 +110,7 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
         if not fits():
             notes.append(f"the budget's share of the search ended the climb after {len(points)} data point(s) "
                          f"(next: {w} workers)")
+            cut = w
             break
         p = run({**data_config, "num_workers": w}, "data")
         points.append(p)
@@ -121,7 +122,7 @@ def climb(model_config: dict[str, Any], data_config: dict[str, Any], offered: li
         if first_pass and ok and p.samples_per_s < target and not grew(ok[-1], p):
             notes.append(f"the data path stopped growing at {ok[-1].workers} -> {w} workers "
                          f"({ok[-1].samples_per_s:.0f} -> {p.samples_per_s:.0f} samples/s): the cores ran out")
-    return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes))
+    return Ceilings(model=model, data=tuple(points), why=why, notes=tuple(notes), cut=cut)
 
 
 def _line(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
@@ -157,7 +158,8 @@ def refine_workers(points: list[Point], target: float, offered: list[int], *, wo
       Done when the best still rises as evenly shared cores would (``_smooth``).
     * Before the knee, where the data path peaks (a point above its top measured below it), the centre of the top
       (``ceilings.plateau``: the points within the noise of the fastest) when no point measured is near it: the
-      count the ceilings recommend there (``ceilings.best_point``), where the knee's lines only estimate it.
+      count the ceilings recommend there (``ceilings.best_point``), where the knee's lines only estimate it. (When a
+      budget ends the climb first, the count it was about to measure is kept, ``Ceilings.cut``: ``best_data``.)
 
     >>> p = lambda w, r, cores=None: Point("data", {"num_workers": w}, r, cpu_cores_used=cores)
     >>> refine_workers([p(1, 100.0), p(8, 1100.0)], 1000.0, list(range(1, 17)))  # covered: 1000 needs 8 by the line
@@ -231,8 +233,11 @@ def _knee(ok: list[Point], measured: set[int], offered: list[int]) -> int | None
         return None
     if not above and len(below) == 1:
         return nearest(lo, best.workers, (lo + best.workers) / 2)
-    if not above and len(below) >= 2 and below[-1].workers - below[-2].workers > best.workers / 2:
-        return nearest(below[-2].workers, below[-1].workers, (below[-2].workers + below[-1].workers) / 2)
+    gap = below[-2:] if not above and len(below) >= 2 else []
+    if gap and gap[1].workers - gap[0].workers > best.workers / 2:
+        half = nearest(gap[0].workers, gap[1].workers, (gap[0].workers + gap[1].workers) / 2)
+        if half is not None:
+            return half
     if not above and len(below) >= 2 and _smooth(below[-2], below[-1], best):
         return None  # it still rises at the best, as evenly shared cores do
     rise = _line(*[(float(q.workers), q.samples_per_s) for q in ([Point("data", {}, 0.0)] + below)[-2:]])

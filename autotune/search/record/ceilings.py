@@ -19,7 +19,8 @@ The tuner measures them once, after the baseline and the likely winners, when th
 than ``INPUT_BOUND_SHARE`` of its step (the TF profiler's "highly input-bound") or the trials run on a GPU (where
 the model is often many times faster than one core's data path) and the space searches ``num_workers``
 (``search.plan.ceiling_runs``: when; ``search.plan.climb``: which points).
-Plumber (MLSys 2022) solves an LP over per-stage rates instead; here every figure is a measurement.
+Plumber (MLSys 2022) solves an LP over per-stage rates instead; here every figure is a measurement (one count may
+be unmeasured alone, and says so: the one a climb the budget ended was about to measure, ``Ceilings.best_data``).
 
 >>> c = Ceilings(model=Point("model", {"batch_size": 64}, 1000.0),
 ...              data=(Point("data", {"num_workers": 1}, 300.0), Point("data", {"num_workers": 4}, 1100.0)))
@@ -37,13 +38,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "LEVERS", "PLATEAU", "offered_workers", "best_point",
+__all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "INPUT_BOUND_SHARE", "LEVERS", "PLATEAU",
+           "offered_workers", "best_point",
            "fastest_point", "peaked", "plateau", "feed", "load", "store", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
 # The knobs that set the model's own rate: a config that differs in one is not the model ceiling's config
 MODEL_KNOBS = ("batch_size", "amp", "channels_last", "compile_mode")
+# From this share of a step spent waiting for data a trial ran at its loader's rate: the planned search sizes the
+# loader first (``plan.ceiling_runs``; the TF profiler calls a step "highly input-bound" from 20%), and the
+# provisional pick reads it (``choose.same_loader``); the per-trial diagnosis says "input-bound" from 30%.
+INPUT_BOUND_SHARE = 0.20
 # The data path must cover the model's rate by this much: batches come in bursts (a worker hands over a whole
 # batch), and a loader exactly as fast as the model leaves it waiting on every hiccup.
 HEADROOM = 1.15
@@ -114,6 +120,7 @@ class Ceilings:
     world_size: int = 1
     device: str = "cuda"  # the trials' device family: "cpu" has no GPU to decode on (a record without it: "cuda")
     guess: int | None = None  # a budget skipped the climb: the workers a rank's cores less one give (Lightning's hint)
+    cut: int | None = None  # a budget ended the climb before it measured this count (``best_data``)
 
     @property
     def per_rank(self) -> str:
@@ -147,12 +154,32 @@ class Ceilings:
         return pts[0].samples_per_s * workers / max(1, pts[0].workers)
 
     def best_data(self) -> Point | None:
-        """The data path's best point: the fastest measured, the fewest workers among equals."""
-        return best_point(self.measured())
+        """The data path's best point: the measured one ``best_point`` gives, or, where a budget ended the climb
+        (``cut``) before the count it was about to measure inside a peak's top and no point measured is within a
+        quarter of the top's width of its centre, that count, unmeasured alone (its ``reason`` says so; its rate
+        interpolated). The rate is unimodal in the workers, so a count between two points on the top runs at least as
+        fast as the slower of them, while either end of a wide top is a noisy pick beside where the rate falls; the
+        fed trials then measure it end to end."""
+        ok = self.measured()
+        best = best_point(ok)
+        band = plateau(ok)
+        if best is None or self.cut is None or not peaked(ok, band) or any(p.workers == self.cut for p in self.data):
+            return best
+        lo, hi = band[0].workers, band[-1].workers
+        if not lo < self.cut < hi or abs(best.workers - (lo + hi) / 2) <= (hi - lo) / 4:
+            return best
+        ends = {band[0].config.get("intra_op_threads"), band[-1].config.get("intra_op_threads")}
+        config = {**best.config, "num_workers": self.cut}  # the threads both ends ran with, where they agree
+        if len(ends) > 1:
+            config.pop("intra_op_threads", None)
+        return Point("data", config, self.data_rate(self.cut) or 0.0,
+                     reason=f"unmeasured alone: the count the climb would have measured next, between {lo} and {hi} "
+                            f"workers on the top (within {PLATEAU:.0%} of the fastest), when the budget ended it")
 
     def workers_to_feed(self, headroom: float = HEADROOM) -> int | None:
         """The fewest workers whose data rate covers the model's with ``headroom``; where none measured does, the
-        workers of the fastest data point (the data path binds whatever the model does); None when nothing ran."""
+        workers of the data path's best (``best_data``: the data path binds whatever the model does); None when
+        nothing ran."""
         pts = self.measured()
         if not pts:
             return None
@@ -172,8 +199,8 @@ class Ceilings:
         return self.best_data().workers
 
     def unmeasured(self) -> str:
-        """Why the data path's best count was not measured alone (the centre of a peak's top a budget's cut climb
-        did not reach: ``best_point``); "" when it was."""
+        """Why the data path's best count was not measured alone (the count a climb the budget ended was about to
+        measure on a peak's top: ``best_data``); "" when it was."""
         best = None if self.feeds() else self.best_data()
         return best.reason if best is not None and best not in self.data else ""
 
@@ -246,7 +273,8 @@ class Ceilings:
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
                 "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size, "device": self.device,
-                "guess": self.guess, **({"unmeasured": self.unmeasured()} if self.unmeasured() else {}),
+                "guess": self.guess, "cut": self.cut,
+                **({"unmeasured": self.unmeasured()} if self.unmeasured() else {}),
                 "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
                           "model" if self.feeds() else "data")}
 
@@ -257,7 +285,7 @@ class Ceilings:
         return cls(model=Point.from_dict(d["model"]) if d.get("model") else None,
                    data=tuple(Point.from_dict(p) for p in d.get("data") or ()), why=str(d.get("why", "")),
                    notes=tuple(d.get("notes") or ()), world_size=int(d.get("world_size") or 1),
-                   device=str(d.get("device") or "cuda"), guess=d.get("guess"))
+                   device=str(d.get("device") or "cuda"), guess=d.get("guess"), cut=d.get("cut"))
 
     def lines(self) -> list[str]:
         out = [f"ceilings ({self.why})" if self.why else "ceilings"]
@@ -273,7 +301,7 @@ class Ceilings:
             out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}{self.per_rank}"
                        + ("" if self.feeds() else " (none measured covers it: the data path binds)"))
             if self.unmeasured():
-                out.append(f"  {feed} worker(s): {self.unmeasured()}")
+                out.append(f"  {feed} worker(s){self.per_rank}: {self.unmeasured()}")
         return out
 
 
@@ -320,7 +348,7 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
         return None
     workers = next((w for w in offered if w >= workers), offered[-1])  # a space's [0, 2, 4, 8] has no 3
     out: dict[str, Any] = {"num_workers": workers}
-    best = c.best_data()  # the centre of a peak's top may be unmeasured alone (``best_point``): its ends' threads
+    best = c.best_data()  # unmeasured alone where a budget ended the climb: the threads both ends of the top ran
     at = next((p for p in c.measured() if p.workers == workers), best if best and best.workers == workers else None)
     ref = (at or best or c.data[0]).config if c.data else {"pin_memory": True, "persistent_workers": True}
     knobs = ("pin_memory", "persistent_workers", "prefetch_factor") + (("intra_op_threads",) if at else ())
@@ -331,23 +359,18 @@ def feed(study: Study, space: Any) -> dict[str, Any] | None:
 
 
 def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
-    """The data path's best count among ``ok``. Where it peaks (``plateau``: a point above its top measured below
-    it), the count at the centre of the top: on a peak a point's own noise (a process's level: 5% sigma on the H200)
-    decides which is fastest, and the centre is the count farthest from both sides where the rate falls. The climb
-    measures it (``climb._centre``): the point measured nearest it, the faster of two as near, when one is within a
-    quarter of the top's width of it. When none is (a budget ended the climb first), the centre itself, unmeasured
-    alone (``reason`` says so; its rate interpolated): the rate is unimodal in the workers, so a count between two on
-    the top runs at least as fast as the slower of them, and the ends of a wide top are each a noisy pick near where
-    it falls; the fed trials then measure the centre end to end. Else (it still rises, or stays flat, at the most
+    """The data path's best count among ``ok``, measured. Where it peaks (``plateau``: a point above its top measured
+    below it), the point nearest the centre of the top, the faster of two as near: on a peak a point's own noise (a
+    process's level: 5% sigma on the H200) decides which is fastest, and the centre is the count farthest from both
+    sides where the rate falls (the climb measures it: ``climb._centre``; where a budget ended the climb first,
+    ``Ceilings.best_data`` gives the count it would have measured). Else (it still rises, or stays flat, at the most
     workers measured) the fastest, the fewest workers among equals (more only take memory, shared memory and cores
     from the training process); not the fewest within the noise of it, which picks a count on the rise that
     measured high.
 
     >>> p = lambda w, r: Point("data", {"num_workers": w}, r)
     >>> best_point([p(1, 336.0), p(16, 3570.0), p(22, 4091.0), p(36, 4080.0), p(63, 2814.0)]).workers
-    29
-    >>> best_point([p(1, 336.0), p(16, 3570.0), p(22, 4091.0), p(29, 4000.0), p(36, 4080.0), p(63, 2814.0)]).workers
-    29
+    22
     >>> best_point([p(1, 310.0), p(15, 3368.0), p(19, 3517.0), p(28, 3480.0), p(37, 3600.0), p(63, 2720.0)]).workers
     28
     >>> best_point([p(1, 300.0), p(3, 650.0), p(20, 650.0), p(64, 650.0)]).workers  # flat to the last: the fewest
@@ -358,18 +381,8 @@ def best_point(ok: list[Point], tolerance: float = PLATEAU) -> Point | None:
         return None
     if not peaked(ok, band):
         return fastest_point(ok)
-    lo, hi = band[0].workers, band[-1].workers
-    centre = (lo + hi) / 2
-    nearest = min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
-    if hi - lo < 2 or abs(nearest.workers - centre) <= (hi - lo) / 4:
-        return nearest
-    w = (lo + hi) // 2
-    a = max((p for p in band if p.workers < w), key=lambda p: p.workers)
-    b = min((p for p in band if p.workers > w), key=lambda p: p.workers)
-    rate = a.samples_per_s + (w - a.workers) / (b.workers - a.workers) * (b.samples_per_s - a.samples_per_s)
-    return Point("data", {**nearest.config, "num_workers": w}, rate, status="ok",
-                 reason=f"unmeasured alone: the centre of the top between {lo} and {hi} workers (a budget ended the "
-                        "climb before it)")
+    centre = (band[0].workers + band[-1].workers) / 2
+    return min(band, key=lambda p: (abs(p.workers - centre), -p.samples_per_s, p.workers))
 
 
 def fastest_point(ok: list[Point]) -> Point | None:
@@ -430,7 +443,9 @@ def _untried(study: Study, c: Ceilings, rec: Any) -> str:
         if config is not None and config.num_workers == feed:
             return ""  # run end to end, and beaten
     what = "the fewest that feed the model" if c.feeds() else "the data path's best"
-    return (f"the ceilings measured {feed} worker(s){c.per_rank} as {what}; no search trial ran them end to end "
+    how = (f"gave {feed} worker(s){c.per_rank} (unmeasured alone: the climb's next count when the budget ended it)"
+           if c.unmeasured() else f"measured {feed} worker(s){c.per_rank}")
+    return (f"the ceilings {how} as {what}; no search trial ran them end to end "
             f"before the budget ended, so the recommendation runs {rec.config.num_workers}: try num_workers={feed}, "
             "or give a longer --timeout")
 
