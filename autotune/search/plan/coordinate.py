@@ -332,9 +332,7 @@ class _Replay:
         batch size is the largest lever there is on a GPU, and a bundle that won is the incumbent either way (a knob
         that harms it is still found, at the batch the run will use). Else (a tie, a loss) nothing changes: the
         knobs are tried alone on the baseline first, and the walk goes from what they found."""
-        # the likely winners first: where the budget leaves one more trial (a climb ended the search's share), the
-        # bundle the search expects to recommend runs, with the loader the ceilings give when they were measured
-        lw, b = (m[0] for m in self.get([(likely, {}), (base, {})]))
+        b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
         if not (lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))):
             return base, likely
         self.incumbent = likely

@@ -229,8 +229,8 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
     assert [c.num_workers for c in first3] == [0, 0, 8]
     # the fed trials say what they are (`show`), and count as the plan's, not the sampler's (convergence)
-    assert [role_of(t.user_attrs) for t in trials[:4]] == ["baseline", "likely winner", "likely winners, fed",
-                                                        "baseline, fed"]  # the bundle first: a budget may end there
+    assert [role_of(t.user_attrs) for t in trials[:4]] == ["baseline", "likely winner", "baseline, fed",
+                                                        "likely winners, fed"]
     assert any("from here every config runs with the loader the ceilings give (num_workers=8" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
