@@ -455,6 +455,7 @@ def ceiling_lines(ceilings: dict | None) -> list[str]:
     if not ceilings:
         return []
     return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
-        ([f"  the data path's best, {ceilings.get('workers_to_feed')} worker(s): {ceilings['unmeasured']}"]
-         if ceilings.get("unmeasured") else []) + \
+        ([f"  the data path's best, {ceilings.get('workers_to_feed')} worker(s)"
+          + (f" per rank ({ceilings['world_size']} ranks)" if (ceilings.get("world_size") or 1) > 1 else "")
+          + f": {ceilings['unmeasured']}"] if ceilings.get("unmeasured") else []) + \
         [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]

@@ -691,6 +691,8 @@ def test_a_climb_the_budget_cuts_before_the_centre_of_a_wide_top_gives_that_cent
     again = Ceilings.from_dict(c.to_dict())
     assert again.workers_to_feed() == 29 and "between 22 and 36 workers on the top" in " ".join(again.lines())
     assert "29 worker(s): unmeasured alone" in " ".join(ceilings.ceiling_lines(c.to_dict()))
+    assert "29 worker(s) per rank (2 ranks): unmeasured" in " ".join(ceilings.ceiling_lines({**c.to_dict(),
+                                                                                           "world_size": 2}))
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s", direction="maximize")
     ceilings.store(study, c)
     assert ceilings.feed(study, _gpu_space(64)[1]) == {"num_workers": 29, "pin_memory": True, "intra_op_threads": 1}
