@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from autotune.search.record.ceilings import HEADROOM, Ceilings, Point, fastest_point, peaked, plateau
+from autotune.search.record.ceilings import (HEADROOM, Ceilings, Point, centre_measured, fastest_point, peaked,
+                                             plateau)
 
 __all__ = ["MAX_POINTS", "STARVED", "GROWTH", "grew", "next_workers", "Run", "climb", "refine_workers"]
 
@@ -202,10 +203,10 @@ def _centre(ok: list[Point], measured: set[int], offered: list[int]) -> int | No
     """The count at the centre of the data path's top (``plateau``) where it peaks (a point above the top measured
     below it) and no point measured is within a quarter of the top's width of the centre; else None."""
     band = plateau(ok)
+    if not peaked(ok, band) or centre_measured(band):
+        return None
     lo, hi = band[0].workers, band[-1].workers
     centre = (lo + hi) / 2
-    if hi - lo < 2 or not peaked(ok, band) or any(abs(q.workers - centre) <= (hi - lo) / 4 for q in band):
-        return None
     between = [c for c in offered if lo < c < hi and c not in measured]
     return min(between, key=lambda c: (abs(c - centre), c)) if between else None
 

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from optuna import Study
 
 __all__ = ["Point", "Ceilings", "CEILINGS", "FED", "HEADROOM", "INPUT_BOUND_SHARE", "LEVERS", "PLATEAU",
-           "offered_workers", "best_point",
-           "fastest_point", "peaked", "plateau", "feed", "load", "store", "recorded", "ceiling_lines"]
+           "offered_workers", "best_point", "fastest_point", "peaked", "plateau", "centre_measured", "feed", "load",
+           "store", "recorded", "ceiling_lines"]
 
 CEILINGS = "ceilings"  # the study's user attribute: ``Ceilings.to_dict()``
 FED = "fed the model"  # in the ``why`` of ceilings not measured because the likely winners' loader fed it
@@ -166,7 +166,7 @@ class Ceilings:
         if best is None or self.cut is None or not peaked(ok, band) or any(p.workers == self.cut for p in self.data):
             return best
         lo, hi = band[0].workers, band[-1].workers
-        if not lo < self.cut < hi or abs(best.workers - (lo + hi) / 2) <= (hi - lo) / 4:
+        if not lo < self.cut < hi or centre_measured(band):
             return best
         ends = {band[0].config.get("intra_op_threads"), band[-1].config.get("intra_op_threads")}
         config = {**best.config, "num_workers": self.cut}  # the threads both ends ran with, where they agree
@@ -269,12 +269,12 @@ class Ceilings:
 
     # --- records ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        feed = self.workers_to_feed()
+        feed, unmeasured = self.workers_to_feed(), self.unmeasured()
         return {"model": None if self.model is None else self.model.to_dict(),
                 "data": [p.to_dict() for p in self.data], "why": self.why, "notes": list(self.notes),
                 "workers_to_feed": feed, "headroom": HEADROOM, "world_size": self.world_size, "device": self.device,
                 "guess": self.guess, "cut": self.cut,
-                **({"unmeasured": self.unmeasured()} if self.unmeasured() else {}),
+                **({"unmeasured": unmeasured} if unmeasured else {}),
                 "binds": ("unknown" if self.model_rate <= 0 or not self.measured() else
                           "model" if self.feeds() else "data")}
 
@@ -300,8 +300,9 @@ class Ceilings:
         if feed is not None:
             out.append(f"  fewest workers to feed the model (x{HEADROOM} headroom): {feed}{self.per_rank}"
                        + ("" if self.feeds() else " (none measured covers it: the data path binds)"))
-            if self.unmeasured():
-                out.append(f"  {feed} worker(s){self.per_rank}: {self.unmeasured()}")
+            unmeasured = self.unmeasured()
+            if unmeasured:
+                out.append(f"  {feed} worker(s){self.per_rank}: {unmeasured}")
         return out
 
 
@@ -395,6 +396,14 @@ def peaked(ok: list[Point], band: list[Point]) -> bool:
     return bool(band) and any(p.workers > band[-1].workers for p in ok)
 
 
+def centre_measured(band: list[Point]) -> bool:
+    """Whether a point of the top ``band`` (``plateau``) lies within a quarter of the top's width of its centre (or
+    the top is too narrow to have a count between its ends): then the measured pick stands (``climb._centre``
+    measures one there; ``Ceilings.best_data`` keeps a cut climb's count only without one)."""
+    lo, hi = band[0].workers, band[-1].workers
+    return hi - lo < 2 or any(abs(p.workers - (lo + hi) / 2) <= (hi - lo) / 4 for p in band)
+
+
 def plateau(ok: list[Point], tolerance: float = PLATEAU) -> list[Point]:
     """The points of ``ok`` on the data path's top, by workers: from the fewest to the most workers that ran within
     ``tolerance`` of the fastest, and every point between them (the rate is unimodal in the workers: one that
@@ -454,8 +463,8 @@ def ceiling_lines(ceilings: dict | None) -> list[str]:
     """What a person reads of a recommendation's ``ceilings`` (its stored dict): which binds, then the levers."""
     if not ceilings:
         return []
-    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + \
-        ([f"  the data path's best, {ceilings.get('workers_to_feed')} worker(s)"
-          + (f" per rank ({ceilings['world_size']} ranks)" if (ceilings.get("world_size") or 1) > 1 else "")
-          + f": {ceilings['unmeasured']}"] if ceilings.get("unmeasured") else []) + \
+    unmeasured = ([f"  the data path's best, {ceilings.get('workers_to_feed')} worker(s)"
+                   f"{Ceilings.from_dict(ceilings).per_rank}: {ceilings['unmeasured']}"]
+                  if ceilings.get("unmeasured") else [])
+    return ([f"ceilings: {ceilings['verdict']}"] if ceilings.get("verdict") else []) + unmeasured + \
         [f"  lever: {lever}" for lever in ceilings.get("levers") or ()]
