@@ -33,6 +33,7 @@ from autotune.provenance import versions_of
 from autotune.search.record import trials as keys
 from autotune.search.record.ceilings import ceiling_lines
 from autotune.search.record.loader_statement import loader_line
+from autotune.search.record.run_phase import split_line
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -123,6 +124,9 @@ class Recommendation:
     # what the shell exported that the trials cleared (``machine.launch_env.inherited_env``: threads, allocator,
     # preloads): every trial ran without it, so the figures are against PyTorch's own defaults; None in older exports
     shell_env: dict | None = None
+    # where the run's time went (``search.record.run_phase.RunPhases.split``): seconds and shares per phase, from
+    # start-up to the confirmation; a resumed run's says its own part; None in older exports
+    budget_split: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -187,6 +191,7 @@ class Recommendation:
             "confirmation": self.confirmation,
             "parity": self.parity,
             "compile": self.compile,
+            "budget_split": self.budget_split,
             "notes": list(self.notes),
             # derived from config (not read back): what to export before launching the training process
             "environment": self.launch_env(),
@@ -240,7 +245,7 @@ class Recommendation:
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
                 loader_memory=d.get("loader_memory"),
-                shell_env=p.get("shell_environment"),
+                shell_env=p.get("shell_environment"), budget_split=d.get("budget_split"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None
@@ -447,6 +452,7 @@ class Recommendation:
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
+        lines += [f"  {line}" for line in (split_line(self.budget_split),) if line]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

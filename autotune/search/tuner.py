@@ -304,7 +304,7 @@ class Tuner:
             collect_env_stamp()
         # an earlier run of this command killed or stopped: this one goes on from the phase it was in (plan.resume)
         then = resume.begin(self.phases, ask={"trials": trials, "timeout_s": self.budget.budget_s,
-                                              "backend": self._backend}, log=self.log)
+                                              "backend": self._backend}, log=self.log, started=self.budget.started)
         self.stop_reason = then.stop_reason
         if then.search:
             self.prepare(study)
@@ -389,7 +389,9 @@ class Tuner:
         if rec is not None:
             rec = ceilings.recorded(study, rec)
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
-            rec = dataclasses.replace(rec, notes=stopped + rec.notes)
+            # where this run's time went, up to the recommendation (a resumed run's: this run's part alone)
+            rec = dataclasses.replace(rec, notes=stopped + rec.notes,
+                                      budget_split=self.phases.split(budget_s=self.budget.budget_s))
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
         if saved is not None:

@@ -110,10 +110,35 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
     if needs_parity(rec.config):
         assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), \
             rec.notes
+    _split_holds(rec, budget_s=10.0, took=took)
     c = rec.confirmation
     assert (c["status"] in ("confirmed", "unconfirmed") and c["rounds"]) or c["status"] == "baseline" or (
         c["status"] == "failed" and c["why"].startswith("no time was left in the budget for the 2 confirmation rounds")
         and "--timeout" in c["why"]), c
+
+
+def _split_holds(rec, *, budget_s: float, took: float) -> None:
+    """The recommendation's split (issue 50) accounts for the run: start-up and search first, the phases in order,
+    their seconds adding up to the run's time until the recommendation (within the run's own return), shares of the
+    budget; kept in the YAML, said in the closing lines (``summary``)."""
+    from autotune.recommendation import Recommendation
+    from autotune.search.record.run_phase import PHASES
+
+    split = rec.budget_split
+    assert split is not None and split["of"] == "budget" and split["budget_s"] == budget_s, split
+    names = [r["phase"] for r in split["phases"]]
+    assert names[0] == "start-up" and "search" in names, names
+    assert names[1:] == sorted(names[1:], key=PHASES.index), names  # in the run's order
+    total = sum(r["s"] for r in split["phases"])
+    assert abs(total - split["elapsed_s"]) <= 0.05 * len(names) + 0.01 and split["elapsed_s"] <= took + 0.1, split
+    for r in split["phases"]:
+        assert abs(r["share"] * budget_s - r["s"]) <= 0.06, r  # s to 0.1 s, share to 0.1%
+    if rec.confirmation and rec.confirmation.get("rounds"):  # rounds ran: the confirmation took time
+        assert "confirmation" in names, names
+    import yaml
+
+    assert Recommendation.from_dict(yaml.safe_load(rec.to_yaml())).budget_split == split
+    assert f"the {budget_s:.0f} s budget went to: start-up" in rec.summary(), rec.summary()
 
 
 @pytest.mark.slow

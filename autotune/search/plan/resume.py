@@ -86,11 +86,12 @@ def resume(stored: dict[str, Any] | None, *, ask: dict[str, Any], now: float | N
     return Resume(line=f"resuming {who}: the search goes on (finished trials are kept, the one in flight is retried)")
 
 
-def begin(phases: RunPhases, *, ask: dict[str, Any], log: Any) -> Resume:
+def begin(phases: RunPhases, *, ask: dict[str, Any], log: Any, started: float | None = None) -> Resume:
     """Start a run's record (``phases``) asked ``ask``: the decision about the record an earlier run left, its one
     line said (``log``), the stopped search's reason kept with this run's records; a run that searches is in the
-    search from now on (before it queues anything: a kill then resumes the search)."""
-    then = resume(phases.begin(ask), ask=ask)
+    search from now on (before it queues anything: a kill then resumes the search). ``started``: when the run began
+    (its start-up counts from there, ``RunPhases.split``)."""
+    then = resume(phases.begin(ask, started=started), ask=ask)
     if then.line:
         log(then.line)
     phases.keep(stop_reason=then.stop_reason)

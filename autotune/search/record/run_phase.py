@@ -15,6 +15,11 @@ written when the phase changes (a write per phase, not per trial: a phase is ent
 finds one was killed (or stopped by Ctrl-C) where it says, and ``search.plan.resume`` decides what the new run
 does about it.
 
+The run's split (``RunPhases.split``): the seconds each phase took in this run, from the budget's start (the
+start-up before the first phase: the CLI's checks, the workload's probe, opening the study) to the recommendation,
+each as a share of the budget (``--timeout``) or, without one, of the run: the closing lines, the YAML's
+``budget_split`` and ``autotune show`` say where the time went (issue 50).
+
 ``AUTOTUNE_PHASE_HOLD_S``: seconds each phase waits once it is recorded, before its work (default 0). For the kill
 benchmark (``benchmarks/kill_anywhere.py``): the recommendation and the dashboard note take milliseconds, and a
 kill can land in them only if they last.
@@ -37,7 +42,7 @@ from autotune.search.record import trials as keys
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read", "key"]
+__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read", "key", "split_line"]
 
 # each phase and how a log line names it
 _NAMES = {
@@ -84,12 +89,37 @@ class RunPhases:
         self.hold_s = float(os.environ.get(HOLD_ENV) or 0.0) if hold_s is None else hold_s
         self.current: str | None = None
         self.extra: dict[str, Any] = {}  # kept with every record (the ask; the search's stop reason)
+        # the run's clock (``split``): when it began (time.monotonic()), seconds per phase, when the current began
+        self._started: float | None = None
+        self._spent: dict[str, float] = {}
+        self._since = 0.0
 
-    def begin(self, ask: dict[str, Any]) -> dict[str, Any] | None:
+    def begin(self, ask: dict[str, Any], *, started: float | None = None) -> dict[str, Any] | None:
         """Start this run's record (nothing is written until a phase is entered); returns the record an earlier run
-        left, if it was killed or stopped before its end."""
+        left, if it was killed or stopped before its end. ``started``: when the run began (``time.monotonic()``,
+        the budget's start; default now): what passes before its first phase is its start-up (``split``)."""
         self.current, self.extra = None, {"ask": ask}
+        self._started = time.monotonic() if started is None else started
+        self._spent, self._since = {}, self._started
         return read(self._study())
+
+    def split(self, *, budget_s: float | None = None) -> dict[str, Any] | None:
+        """Where this run's time went so far: ``{"budget_s", "elapsed_s", "of": "budget" | "run", "phases":
+        [{"phase", "s", "share"}, ...]}`` in the order of ``PHASES`` ("start-up" first), each phase's seconds from
+        its first child to the next phase's (the parent's work between children counted where it happened), shares
+        of ``budget_s`` where given, else of the run; None before ``begin``."""
+        if self._started is None:
+            return None
+        now = time.monotonic()
+        spent = dict(self._spent)
+        spent[self.current or "start-up"] = spent.get(self.current or "start-up", 0.0) + now - self._since
+        elapsed = now - self._started
+        whole = budget_s or elapsed or 1.0
+        order = ("start-up",) + PHASES
+        rows = [{"phase": p, "s": round(spent[p], 1), "share": round(spent[p] / whole, 3)}
+                for p in sorted(spent, key=lambda p: order.index(p) if p in order else len(order)) if spent[p] >= 0.05]
+        return {"budget_s": budget_s, "elapsed_s": round(elapsed, 1), "of": "budget" if budget_s else "run",
+                "phases": rows}
 
     def keep(self, **extra: Any) -> None:
         """Keep ``extra`` (e.g. ``stop_reason``) with this and every later record of the run."""
@@ -101,6 +131,10 @@ class RunPhases:
         """Record that the run is in ``phase`` now (nothing when it already is), then hold ``hold_s``."""
         if phase == self.current:
             return
+        if self._started is not None:  # the phase left ends now (``split``)
+            now, left = time.monotonic(), self.current or "start-up"
+            self._spent[left] = self._spent.get(left, 0.0) + now - self._since
+            self._since = now
         self.current = phase
         self._write(phase)
         if self.hold_s > 0:
@@ -142,3 +176,26 @@ class RunPhases:
     def _write(self, phase: str) -> None:
         record = {"phase": phase, "pid": os.getpid(), "since": round(time.time(), 3), **self.extra}
         self._study().set_user_attr(key(), record)
+
+
+# how the split names a phase in one line
+_SHORT = {"start-up": "start-up", "search": "search", "ceilings": "ceilings", "finalists": "finalists",
+          "extra rounds": "extra rounds", "numerics": "numerics check", "worst case": "worst case",
+          "confirmation": "confirmation", "recommendation": "writing", "dashboard note": "dashboard note"}
+
+
+def split_line(split: dict[str, Any] | None) -> str:
+    """The run's split (``RunPhases.split``) in one line; "" without one.
+
+    >>> split_line({"budget_s": 600.0, "elapsed_s": 590.0, "of": "budget", "phases": [
+    ...     {"phase": "start-up", "s": 9.0, "share": 0.015}, {"phase": "search", "s": 400.0, "share": 0.667},
+    ...     {"phase": "confirmation", "s": 181.0, "share": 0.302}]})
+    'the 600 s budget went to: start-up 9 s (2%), search 400 s (67%), confirmation 181 s (30%); 590 s in all'
+    """
+    if not split or not split.get("phases"):
+        return ""
+    parts = ", ".join(f"{_SHORT.get(r['phase'], r['phase'])} {r['s']:.0f} s ({100 * r['share']:.0f}%)"
+                      for r in split["phases"])
+    head = (f"the {split['budget_s']:.0f} s budget went to" if split.get("of") == "budget"
+            else "the run's time went to")
+    return f"{head}: {parts}; {split['elapsed_s']:.0f} s in all"
