@@ -50,10 +50,21 @@ def _quick():
 QUICK = _quick()
 
 
+# the logs of the runs after the search (``choose``): the finalists' rounds and extra rounds, the confirmation, the
+# worst case; a search trial's is ``trial-N.log``
+_AFTER_SEARCH_LOGS = ("finalist-", "confirm-", "worst-case")
+
+
 def search_run(measure, kw: dict) -> bool:
-    """Whether a fake runner's call is a search trial (the search's windows), not a finalist or confirmation run (the
-    confirmation measures with the search's window length, fewer windows, and its log is ``confirm-*``)."""
-    return measure.window_s == QUICK.window_s and "confirm-" not in str(kw.get("log_path", ""))
+    """Whether a fake runner's call is a search trial, not a run after it (a finalist's, the confirmation's, the
+    worst case's): those measure with the search's window length too (fewer windows), so their log names them."""
+    name = Path(str(kw.get("log_path") or "")).name
+    return not name.startswith(_AFTER_SEARCH_LOGS)
+
+
+def finalist_run(measure, kw: dict) -> bool:
+    """Whether a fake runner's call is one of the finalists' rounds (or their extra rounds)."""
+    return Path(str(kw.get("log_path") or "")).name.startswith("finalist-")
 
 
 @lru_cache(maxsize=1)

@@ -10,10 +10,12 @@ what one more run of a measured config costs (``Budget.run_s``: its search trial
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
 confirmation's rounds agree on what a round takes.
 
-The finalists run longer windows (``finalist_measure``: less window noise where a few configs are ranked); the
-confirmation runs short ones (``confirm_measure``: ``CONFIRM_WINDOWS`` windows as long as a search trial's), because
-its interval is over rounds: each fresh process has its own level, which no window length averages away, so a
-budget buys a narrower interval with more, shorter rounds (Kalibera and Jones, ISMM 2013).
+The finalists and the confirmation run short processes: windows as long as a search trial's, only as many as the
+noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are noisy), and
+the confirmation ``CONFIRM_WINDOWS``. Both compare configs over rounds: each fresh process has its own level (5-20%
+apart on these VMs), which no window length averages away, so a budget buys a sharper comparison with more, shorter
+rounds (Kalibera and Jones, ISMM 2013). Until issue 50 a finalist ran its windows twice as long as a search trial's:
+three finalists and the baseline took 37% of a 10-minute budget in two rounds.
 
 The tuner makes one ``Budget`` when a run starts and hands it to the plan (``plan.phases``, ``plan.compile_gate``),
 the backends (through ``SearchContext.budget``), the finalists and the confirmation (``choose``); none of them reads
@@ -23,13 +25,13 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 >>> b = Budget.of(300.0, started=0.0, measure=MeasureSpec(windows=5, window_s=1.0), finalists=2, rounds=2)
 >>> b.deadline
 300.0
->>> b.run_s(10.0)                    # a 10 s search trial, run again with windows twice as long
-15.0
+>>> b.run_s(10.0)                    # a 10 s search trial (5 windows of 1 s), run again as a finalist: 3 windows
+8.0
 >>> b.run_s(10.0, confirm_measure(b.measure))  # ... and as a confirmation run: 3 windows of 1 s, not 5
 8.0
 >>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # the confirmation's 2 rounds of 36 s: over 20% (60 s), within 35%
 72.0
->>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 25 s: 150 s > 30% (90 s),
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 18 s: 108 s > 30% (90 s),
 18.0
 >>> b.search_reserve_s([10.0, 20.0, 30.0])      # ... less the confirmation's 72 s, which come first: 30% in all
 90.0
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
-           "CONFIRM_MAX_SHARE", "WINDOW_FACTOR",
-           "CONFIRM_WINDOWS", "finalist_measure", "confirm_measure", "long_trial_s"]
+           "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "PROCESS_SPREAD",
+           "CONFIRM_WINDOWS", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -75,16 +77,36 @@ CONFIRM_MAX_RESERVED = 6
 # ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
 # (0.99 -> 0.75) when the two rounds came on top of the finalists' share
 CONFIRM_MAX_SHARE = 0.35
-# A finalist's windows are this many times as long as a search trial's: longer windows, less noise.
-WINDOW_FACTOR = 2
 # A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
 CONFIRM_WINDOWS = 3
+# The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move
+FINALIST_WINDOWS = 3
+# The smallest spread (sd of log) between fresh processes of one config on these VMs: 5-20% (docs/measurement.md).
+# The smallest makes ``finalist_windows`` ask for the most windows.
+PROCESS_SPREAD = 0.05
 
 
-def finalist_measure(search: MeasureSpec) -> MeasureSpec:
-    """How a finalist (and a confirmation run) is measured: as a search trial, with ``WINDOW_FACTOR`` times longer
-    windows."""
-    return search.replace(window_s=search.window_s * WINDOW_FACTOR)
+def finalist_windows(search: MeasureSpec, rel_iqr: float | None = None) -> int:
+    """How many windows a finalist run needs: enough that the windows' own noise in its median (about 1.25 sd /
+    sqrt(n), sd = the windows' relative IQR / 1.349) stays within half the spread between fresh processes
+    (``PROCESS_SPREAD``), which only more rounds narrow; at least ``FINALIST_WINDOWS``, at most the search's.
+    ``rel_iqr``: the finalists' search trials' windows' median relative IQR (None: unknown, the fewest).
+
+    >>> from autotune.config import MeasureSpec
+    >>> m = MeasureSpec(windows=5, window_s=3.0)
+    >>> finalist_windows(m), finalist_windows(m, 0.02), finalist_windows(m, 0.05), finalist_windows(m, 0.10)
+    (3, 3, 4, 5)
+    """
+    least = min(FINALIST_WINDOWS, search.windows)
+    if not rel_iqr or rel_iqr <= 0:
+        return least
+    need = math.ceil((1.25 * rel_iqr / 1.349 / (PROCESS_SPREAD / 2)) ** 2)
+    return max(least, min(search.windows, need))
+
+
+def finalist_measure(search: MeasureSpec, rel_iqr: float | None = None) -> MeasureSpec:
+    """How a finalist is measured: as a search trial, with the windows the noise asks for (``finalist_windows``)."""
+    return search.replace(windows=finalist_windows(search, rel_iqr))
 
 
 def confirm_measure(search: MeasureSpec) -> MeasureSpec:
@@ -120,6 +142,8 @@ class Budget:
     measure: MeasureSpec | None = None
     finalists: int = 3
     rounds: int = 2
+    # the finalists' search trials' windows' median relative IQR (``finalist_windows``), once they are known
+    window_noise: float | None = None
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -147,12 +171,12 @@ class Budget:
     # --- what one more run costs -----------------------------------------------------------------------
     def run_s(self, wall: float, measure: MeasureSpec | None = None) -> float:
         """One more run of a config whose search trial took ``wall`` seconds, measured by ``measure`` (default the
-        finalists', ``finalist_measure``; the confirmation's is ``confirm_measure``): the same start-up and warm-up
-        (the trial's wall less its windows, at least 0), with ``measure``'s windows. The one estimate that prices the
-        finalists' reserve and plan and the confirmation's rounds."""
+        finalists', ``finalist_measure`` at ``window_noise``; the confirmation's is ``confirm_measure``): the same
+        start-up and warm-up (the trial's wall less its windows, at least 0), with ``measure``'s windows. The one
+        estimate that prices the finalists' reserve and plan and the confirmation's rounds."""
         if self.measure is None:
             return wall or 0.0
-        target = measure or finalist_measure(self.measure)
+        target = measure or finalist_measure(self.measure, self.window_noise)
         fixed = max(0.0, (wall or 0.0) - self.measure.windows * self.measure.window_s)
         return fixed + target.windows * target.window_s
 

@@ -330,7 +330,10 @@ class Tuner:
         if not feasible:
             self.log("no feasible trial yet: nothing to recommend (see `autotune show` for why trials failed)")
             return None
-        top = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
+        ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
+        # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
+        top, left_out = fin.contenders(ranked, k=self.finalists, gap=fin.lost_gap(study.get_trials(deepcopy=False)))
+        budget = dataclasses.replace(budget, window_noise=fin.window_noise(top))
         planned = self._plan_finalists(study, top, budget, here=runner is None)
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         with here:  # no finalist round fits: the best search trial, provisional, its claim confirmed
@@ -340,6 +343,8 @@ class Tuner:
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget)
+        if rec is not None and left_out and planned is not None:  # a shortcut says what it skipped and why
+            rec = dataclasses.replace(rec, notes=rec.notes + left_out)
         return self._record(study, rec, saved)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, here: bool):
@@ -353,14 +358,15 @@ class Tuner:
                     if budget.deadline is not None and here else 0.0)
         end, chosen = confirm.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
                                              checks_s=checks_s, log=self.log)
-        return None if chosen is None else (end, *chosen, check_steps)
+        return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
+                                                                                        budget.window_noise))
 
     def _choose(self, study: Study, planned: tuple, runner: Runner | None):
         """``(recommendation, saved rounds)``: the finalists' interleaved rounds (``planned``), extra rounds where
         two are close, and the checks of the winner (``final_checks.choose``)."""
-        end, cands, rounds, check_steps = planned
+        end, cands, rounds, check_steps, measure = planned
         configs = [keys.config_of(t) for t in cands]
-        rounds, measure = (rounds if len(configs) > 1 else 1), finalist_measure(self.measure)
+        rounds = rounds if len(configs) > 1 else 1
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
         run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
         evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,

@@ -175,12 +175,12 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     price a run alike (``Budget.run_s``: the search trial's wall plus the finalists' longer windows), so what the
     search keeps back is what the finalists' plan then spends. Before the record, the reserve priced a run at 1.3x
     the trial's wall and the plan at wall + windows: a 20 s trial with 5 s of extra windows was 26 s to one, 25 s to
-    the other."""
+    the other. Since issue 50 a finalist's run has the windows the noise asks for, as long as the search's."""
     import doctest
     from types import SimpleNamespace
 
     from autotune.search import budget as budget_module
-    from autotune.search.budget import Budget, confirm_measure
+    from autotune.search.budget import Budget, confirm_measure, finalist_windows
     from autotune.search.choose import finalists as fin
     from autotune.search.choose.confirm import expected_round_s
 
@@ -189,11 +189,14 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     trials = [SimpleNamespace(number=n, value=100.0 - n, user_attrs={"config": TrialConfig(batch_size=8 << n).to_dict(),
                                                                         "wall_s": 20.0}) for n in range(3)]
     top, base = trials[:2], trials[2]
-    assert b.run_s(20.0) == 25.0  # the finalists' windows twice as long
+    # a finalist's run: 3 windows as long as the search's (not 5), as many as the noise asks for (issue 50)
+    assert b.run_s(20.0) == 18.0
+    noisy = dataclasses.replace(b, window_noise=0.10)  # windows 10% apart: all 5 of the search's
+    assert noisy.run_s(20.0) == 20.0 and finalist_windows(b.measure, 0.10) == 5
     # the confirmation's runs: 3 windows as long as the search's (not 5): 18 s each, two a round
     assert b.run_s(20.0, confirm_measure(b.measure)) == 18.0 and expected_round_s([top[0], base], b) == 36.0
     reserve = b.finalists_reserve_s([20.0] * 3)
-    assert reserve == 150.0  # 2 finalists and the baseline, 2 rounds, 25 s a run
+    assert reserve == 108.0  # 2 finalists and the baseline, 2 rounds, 18 s a run
     # the plan fits exactly the rounds the reserve kept, and not with a second less
     assert fin.plan(top, base, budget=b, rounds=2, left_s=reserve, log=lambda m: None) == (top + [base], 2)
     shorter = fin.plan(top, base, budget=b, rounds=2, left_s=reserve - 1.0, log=lambda m: None)

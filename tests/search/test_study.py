@@ -19,7 +19,8 @@ from autotune.search.budget import Budget
 from autotune.search.plan.pruning import NoHopePruner
 from autotune.search.record.trials import outcome
 
-from tests.helpers import QUICK, assert_queued_are_walk_steps_or_reruns, make_tuner, search_run, tiny_space
+from tests.helpers import (QUICK, assert_queued_are_walk_steps_or_reruns, finalist_run, make_tuner, search_run,
+                           tiny_space)
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
 
@@ -244,7 +245,7 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
     calls: list[TrialConfig] = []  # finalist runs only (their windows are twice as long; not the confirmation's)
 
     def fake(workload, config, measure, **kw):  # a 10 s trial, faster with the larger batch and channels_last
-        if measure.window_s > QUICK.window_s and "confirm-" not in str(kw.get("log_path", "")):
+        if finalist_run(measure, kw):
             calls.append(config)
         # channels_last's gain is beyond the noise (5%): one trial decides it (within it, the planned search
         # would measure both again)

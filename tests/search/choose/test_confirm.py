@@ -19,7 +19,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.recommendation import Recommendation
 from autotune.search.choose.confirm import Confirmation, confirm
 
-from tests.helpers import QUICK, make_tuner
+from tests.helpers import QUICK, make_tuner, search_run
 
 SPREAD = (0.99, 1.0, 1.01)
 
@@ -32,7 +32,7 @@ def _lucky(speed: dict, luck: dict):
     def run(workload, c, measure, **kw):
         k = (c.batch_size, c.channels_last)
         kind = ("confirm" if "confirm-" in str(kw.get("log_path", "")) else
-                "search" if measure.window_s == QUICK.window_s else "finalist")
+                "search" if search_run(measure, kw) else "finalist")
         seen[kind].append(k)
         v = speed[k] * (1.0 if kind == "confirm" else luck.get(k, 1.0))
         return TrialResult(status="ok", samples_per_s=tuple(v * x for x in SPREAD), wall_s=1.0, peak_host_mb=200.0,
@@ -72,14 +72,16 @@ def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_
 
 def test_a_runner_up_the_selection_measured_above_the_confirmed_claim_is_said(tmp_path):
     """channels_last at bs 16 truly runs 90/s but chose itself at 117/s; the runner-up, bs 16 alone, ran its true
-    100/s (x2.00 over the baseline's 50) in the selection: above the winner's confirmed x1.80, and the notes say so."""
-    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 100.0, (16, True): 90.0}
+    105/s (x2.10 over the baseline's 50) in the selection: above the winner's confirmed x1.80, and the notes say so.
+    (105 is within the 12% two fresh processes differ by of the winner's lucky 117 in the search, so it is a
+    finalist: ``finalists.contenders``.)"""
+    speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 105.0, (16, True): 90.0}
     rec = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_lucky(speed, {(16, True): 1.3}),
                      parity_steps=0).run(trials=6)
     assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
     assert rec.speedup_vs_baseline == pytest.approx(1.8, rel=0.01)
     said = [n for n in rec.notes if n.startswith("the runner-up ")]
-    assert said and "measured x2.00 over the baseline in the selection, above the confirmed interval" in said[0]
+    assert said and "measured x2.10 over the baseline in the selection, above the confirmed interval" in said[0]
 
 
 def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_recommended(tmp_path):

@@ -13,7 +13,7 @@ from autotune.config import TrialConfig, TrialResult, Workload
 from autotune.errors import ConfigError
 from autotune.search.choose.payback import DEFAULT_RUN_S, Priced, RunLength, break_even, effective_samples_per_s, price
 from autotune.trial.runner import child_env
-from tests.helpers import QUICK, hardware, make_tuner, tiny_space
+from tests.helpers import QUICK, hardware, make_tuner, search_run, tiny_space
 
 
 def test_the_module_examples_hold():
@@ -106,7 +106,7 @@ def _compile_10pct_faster(workload, config, measure, **kw):
     """Eager at 100 samples/s, compiled 10% faster steady-state after a measured 90 s compile."""
     compiled = config.compile_mode != "none"
     v = 110.0 if compiled else 100.0
-    spread = (0.99, 1.0, 1.01) if measure.window_s == QUICK.window_s else tuple(0.99 + 0.001 * i for i in range(20))
+    spread = (0.99, 1.0, 1.01) if search_run(measure, kw) else tuple(0.99 + 0.001 * i for i in range(20))
     return TrialResult(status="ok", samples_per_s=tuple(v * f for f in spread), wall_s=1.0, peak_host_mb=100.0,
                        compile_s=COMPILE_S if compiled else None, batch_size=config.batch_size)
 

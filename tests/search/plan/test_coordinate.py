@@ -24,6 +24,7 @@ from autotune.machine.hardware import detect
 from autotune.search.space.search_space import Param, space_from_dict
 from autotune.search.record.trials import role
 from autotune.search.tuner import Tuner
+from tests.helpers import search_run
 
 # every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler and Python.h,
 # malloc glibc)
@@ -31,10 +32,6 @@ HW = dataclasses.replace(detect(with_torch=False), compiler="g++", python_header
                          cpu_flags=tuple(detect(with_torch=False).cpu_flags) + ("avx512_bf16",))
 QUICK = MeasureSpec(windows=3, window_s=0.2, timeout_s=120, memory_cap_mb=4096.0)
 
-
-def search_run(measure, kw: dict) -> bool:
-    """A search trial: the search's windows, and not a confirmation run (its windows are as long, its log confirm-*)."""
-    return measure.window_s == QUICK.window_s and "confirm-" not in str(kw.get("log_path", ""))
 BATCH = {8: 0.7, 16: 0.9, 32: 1.0, 64: 0.95}
 
 
