@@ -1,8 +1,9 @@
 """The numerics guard: does a config's reduced-precision / channels_last / compiled arithmetic still train like
 fp32 eager?
 
-bf16/fp16 autocast, channels_last and ``torch.compile`` change the arithmetic, so a config that differs from fp32
-eager in those knobs (``needs_parity(config)``) is checked before it is recommended: ``parity_check`` trains the
+bf16/fp16 autocast and ``torch.compile`` change the arithmetic, so a config that differs from fp32 eager in those
+knobs (``needs_parity(config)``; channels_last alone only reorders sums, ``LAYOUT_ONLY``) is checked before it is
+recommended: ``parity_check`` trains the
 workload's model for ``steps`` steps twice in one fresh child process (``autotune.trial.parity_child``), from the same
 initial weights on the same seeded batches: once as the *reference* (amp off, no channels_last, no compile) and
 once as the *candidate* (the config's numerics knobs). Both use the batch size and threads of the config and
@@ -54,6 +55,8 @@ logits are biased only under a process group of 2: 1249%, failed at step 1.
 >>> from autotune.config import TrialConfig
 >>> needs_parity(TrialConfig(amp="bf16")), needs_parity(TrialConfig(num_workers=4))
 (True, False)
+>>> needs_parity(TrialConfig(channels_last=True)), needs_parity(TrialConfig(channels_last=True, amp="bf16"))
+(False, True)
 >>> needs_parity(TrialConfig(), world_size=2)
 True
 """
@@ -79,9 +82,9 @@ from autotune.config import DDP_KNOBS, TrialConfig, Workload
 from autotune.trial.runner import child_env
 from autotune.trial.triallog import CappedLog
 
-__all__ = ["ParityResult", "parity_check", "needs_parity", "control_needed", "first_passing", "reference_config",
-           "divergence", "check_seconds", "compared_with", "DEFAULT_STEPS", "DEFAULT_TOLERANCE", "SMOOTH_STEPS",
-           "LOSS_FLOOR", "FLOOR_FACTOR", "world_of"]
+__all__ = ["ParityResult", "parity_check", "needs_parity", "LAYOUT_ONLY", "control_needed", "first_passing",
+           "reference_config", "divergence", "check_seconds", "compared_with", "DEFAULT_STEPS", "DEFAULT_TOLERANCE",
+           "SMOOTH_STEPS", "LOSS_FLOOR", "FLOOR_FACTOR", "world_of"]
 
 DEFAULT_STEPS = 30
 DEFAULT_TOLERANCE = 0.05
@@ -93,11 +96,20 @@ DEFAULT_TIMEOUT_S = 600.0
 _DDP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig) if f.name in DDP_KNOBS}
 
 
+# Why channels_last alone is not checked (issue 50): it changes the memory layout, not the dtype or the graph; its
+# convolutions sum in another order, as another thread count does. benchmarks/layout_numerics.py measured its loss
+# drift from fp32 eager against the check's own control (fp32 eager from weights nudged by 1e-6): within the
+# control's drift times FLOOR_FACTOR on every workload and batch measured (docs/measurement.md, "channels_last and
+# the numerics check"), i.e. what the check would pass whatever it saw.
+LAYOUT_ONLY = ("channels_last alone changes the memory layout, not the dtype or the graph: its loss drifts from fp32 "
+               "eager as a rounding-sized nudge does (benchmarks/layout_numerics.py), so it is not checked")
+
+
 def needs_parity(config: TrialConfig, *, world_size: int = 1) -> bool:
-    """True when ``config`` changes the arithmetic against fp32 eager in one process: autocast, channels_last,
-    compile, or training as ``world_size`` > 1 DDP ranks (per-rank BatchNorm statistics, another order of the
-    gradients' sums)."""
-    return config.amp != "off" or config.channels_last or config.compile_mode != "none" or world_size > 1
+    """True when ``config`` changes the arithmetic against fp32 eager in one process: autocast, compile, or training
+    as ``world_size`` > 1 DDP ranks (per-rank BatchNorm statistics, another order of the gradients' sums).
+    channels_last alone does not (``LAYOUT_ONLY``); with autocast or compile it is checked with them."""
+    return config.amp != "off" or config.compile_mode != "none" or world_size > 1
 
 
 CHECK_STARTUP_S = 10.0  # a check's child: start-up and building the model three times, roughly
@@ -331,7 +343,8 @@ def parity_check(workload: Workload, config: TrialConfig, *, steps: int = DEFAUL
     record = _rank_record(workload, config, world)
     if not needs_parity(config, world_size=world):
         return ParityResult(ok=True, steps=0, tolerance=tolerance,
-                            reason="fp32 eager: the arithmetic is the reference's, nothing to check")
+                            reason=LAYOUT_ONLY if config.channels_last
+                            else "fp32 eager: the arithmetic is the reference's, nothing to check")
     with tempfile.TemporaryDirectory(prefix="autotune-parity-") as tmp:  # 0700: rank 0's initial weights too
         result_path = Path(tmp) / "result.json"
         log = Path(log_path) if log_path is not None else Path(tmp) / "parity.log"

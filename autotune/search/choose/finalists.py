@@ -24,8 +24,8 @@ from autotune.machine.launch_env import inherited_env
 from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
 from autotune.measure import summarize
-from autotune.trial.parity import (CHECK_STARTUP_S, check_seconds, compared_with, first_passing, needs_parity,
-                                   world_of)
+from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, compared_with, first_passing,
+                                   needs_parity, world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
@@ -384,7 +384,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config within noise but
     further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why, gap)`` runs
     one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the numerics guard: a
-    winner with bf16/fp16, channels_last or compile must train like fp32 eager (``parity.parity_check``, in a
+    winner with bf16/fp16 or compile must train like fp32 eager (``parity.parity_check``, in a
     child), else the next best (one fp32 eager process passes)."""
     notes: list[str] = []
     limit = ctx.limit
@@ -408,7 +408,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     elif ctx.numerics_cut and needs_parity(chosen[0], world_size=world_of(ctx.workload)):
         notes.append("numerics not checked against fp32 eager: the budget left no time for the check (a longer "
                      "--timeout checks it)")
-    elif ctx.parity_steps:  # reduced precision, channels_last and compile change the arithmetic: check it
+    elif ctx.parity_steps:  # reduced precision and compile change the arithmetic: check it
         index, ranked, parity, n_checked = _numerics_pass(ctx, study, chosen, scored, base_trial, ev, notes)
         failed = ranked[:n_checked - 1] if index is not None else ranked
         scored = [x for x in scored if x not in failed]
@@ -417,6 +417,8 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
             return None
         chosen = ranked[index]
         tied = tied and index == 0
+    if chosen[0].channels_last and not needs_parity(chosen[0], world_size=world_of(ctx.workload)):
+        notes.append(f"numerics not checked: {LAYOUT_ONLY.split(': ', 1)[1]}")  # the shortcut, said (issue 50)
     if tied:
         apart, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
         between = (f"95% interval {100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%" if math.isfinite(hi)
