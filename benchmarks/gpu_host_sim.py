@@ -33,20 +33,41 @@ model's: ``time.monotonic`` is advanced by each simulated child's wall, so 10 si
 ``membw`` (the data path saturates at a third of the cores, softly, then loses as more workers fight for memory
 bandwidth: 35% by the last core), ``busy`` (other jobs hold half the cores: past them every thread of ours shares
 what is left),
-``shm64`` (64 cores; ``/dev/shm`` holds 4 batches of 64: a loader holding more while the loop pauses, ``workers x
-prefetch + 1`` batches as ``benchmarks/paused_loader.py`` measured, dies as a worker out of shared memory does; no
-margin here: the tuner's rule keeps its own, ``autotune.machine.loader_memory``) and ``model``
-(pre-decoded tensors: the model binds once a few workers feed it, and its best config compiles).
+``shm64`` (64 cores; ``/dev/shm`` holds 4 batches of 64: a loader holding more while the loop pauses dies as a
+worker out of shared memory does) and ``model`` (pre-decoded tensors: the model binds once a few workers feed it, and
+its best config compiles).
+
+**What the tuner reads is measured, so noisy** (issue 52, item 12): ``cpu_cores_used`` (the climb's starved-host
+rule reads it) is the process tree's CPU seconds over the windows' wall, so its workers count only while busy (in
+a trial the model binds, they idle once the queue is full), times a level of its own per child (``CORES_SIGMA``);
+the data wait's share of a step moves with the windows' spread. Neither is calibrated (the H200 logs kept no CPU
+figures): they are the least a measurement has, not a fit.
+
+**Not modelled, and why: threads and the allocator.** ``intra_op_threads`` and ``malloc`` change nothing here. On a
+GPU host the training process's intra-op pool has little to run (the model is on the GPU; each DataLoader worker
+runs ``torch.set_num_threads(1)``; PIL's decode is single-threaded), and the data path's allocations are the
+workers' per-sample tensors, which glibc's dynamic mmap threshold serves from the heap after the first. The one
+measurement of ``malloc=retain`` (x1.105, ``autotune.machine.malloc``) is a CPU training step's, not a loader's. So
+a trial of either measures only noise, and a recommendation that keeps one loses nothing here: what the simulation
+cannot show is the cost of a kept no-op on a host where they do matter.
+
+**shm64's physics is its own, not the tuner's rule.** A loader dies when what it holds in ``/dev/shm`` while the loop
+pauses exceeds the host's: ``workers x prefetch + 1`` batches (``benchmarks/paused_loader.py`` measured 5 for 2 x 2),
+each batch its collated tensors, each tensor a shared-memory file of whole 4 KiB pages (tmpfs allocates pages), with
+no margin. The goal is judged against the best config that physics lets run, not the best inside the tuner's own
+10% margin (``autotune.machine.loader_memory.MARGIN``), which the table shows beside it only as the margin's price.
 
 For each host and budget it prints the recommendation's rate over the model's best (both noise-free, over an
 hour's run with compile priced in, over the whole space), the search trials run, the trial at which the search
 first had a config within 95% of the best, what the ceilings measured and whether they changed the answer (the
-same cell run again with the ceilings off). Goal (issue 42): >= 0.95 within 3 minutes on every cell whose best
-needs no compile; where compile is the best (``model``), the 10-minute cell says what a longer budget buys (and
-each such cell, what it gives of the best eager config).
+same cell run again with the ceilings off). Goal (issue 42): >= 0.95 of the best within 3 minutes on every cell
+whose best needs no compile; the script exits 1 when a cell misses it. Where compile is the best (``model``), the
+10-minute cell says what a longer budget buys (and each such cell, what it gives of the best eager config). With
+``--seeds``, the seeds the rules were tuned on (``IN_SAMPLE``: 0-19) are reported apart from fresh ones.
 
     python benchmarks/gpu_host_sim.py --counterfactual 3  # the table of docs/gpu.md (~1 hour on a busy 2-core VM)
     python benchmarks/gpu_host_sim.py --hosts membw16 --minutes 3 --counterfactual --log  # one cell, its log
+    python benchmarks/gpu_host_sim.py --minutes 3 --seeds 20 --seed 20 --counterfactual  # fresh seeds, ~5 minutes
 """
 
 from __future__ import annotations
@@ -89,7 +110,9 @@ PREFETCH = {1: 0.94, 2: 0.97, 4: 0.99, 8: 0.995}
 # what a worker hands over through /dev/shm for each sample: a float32 224 px image and its int64 label (the
 # workload's probe measures the same, 602120 bytes)
 SAMPLE_BYTES = 3 * 224 * 224 * 4 + 8
+PAGE_BYTES = 4096        # tmpfs (/dev/shm) allocates whole pages to each shared tensor's file
 MAIN_BUSY = 1.0          # cores the training process keeps busy on a GPU host (launching, the pinning thread)
+CORES_SIGMA = 0.08       # a child's cpu_cores_used: its own level, log-normal (not calibrated: module docstring)
 THRASH = 0.03            # each thread past the cores we get costs every one of ours 3% (switches, caches)
 BANDWIDTH_LOSS = 0.35    # past the memory bandwidth's knee the data path loses this much by the last core
 KNEE_SOFTNESS = 4        # the rise meets the bandwidth softly (queueing): (rise^-p + bandwidth^-p)^(-1/p)
@@ -115,6 +138,9 @@ WINDOW_IQR_BATCHES = 12
 # defaults; a process's own level has sigma = rms(log ratio) / sqrt(2)
 PROCESS_PAIRS = ((339.8, 389.3), (386.8, 402.4), (441.2, 431.7), (436.9, 443.7))
 PROCESS_SIGMA = math.sqrt(sum(math.log(b / a) ** 2 for a, b in PROCESS_PAIRS) / len(PROCESS_PAIRS)) / math.sqrt(2)
+# the seeds the climb's and the choice's rules were worked out against (docs/gpu.md, 2026-11-28): a table over them
+# is in sample; seeds from 20 on are fresh
+IN_SAMPLE = range(0, 20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +175,9 @@ class Host:
     def shm_over(self, c, *, margin: float = 0.0) -> bool:
         """Whether the loader's batches in flight while the loop pauses overflow ``/dev/shm`` (less ``margin``): the
         measured ``workers x prefetch + 1`` batches (``benchmarks/paused_loader.py``: 2 workers x prefetch 2 peaked
-        at 5 batches; the loop holds one, or the pin thread copies it)."""
-        held = (c.num_workers * (c.prefetch_factor or 2) + 1) * c.batch_size * SAMPLE_BYTES
+        at 5 batches; the loop holds one, or the pin thread copies it), each its images' tensor and its labels', each
+        a shared file of whole pages (``shm_batch_bytes``)."""
+        held = (c.num_workers * (c.prefetch_factor or 2) + 1) * shm_batch_bytes(c.batch_size)
         return bool(self.shm_batches and c.num_workers
                     and held > self.shm_batches * 64 * SAMPLE_BYTES * (1 - margin))
 
@@ -189,6 +216,15 @@ class Host:
         if self.shm_over(c, margin=margin):
             return 0.0
         return self.end_to_end(c)[0] * RUN_S / (RUN_S + COMPILE[c.compile_mode][1])
+
+
+def shm_batch_bytes(batch_size: int) -> int:
+    """What one collated batch takes of ``/dev/shm``: the images' float32 tensor and the labels' int64 one, each a
+    file of whole pages (what tmpfs charges, not the bytes the tensors hold)."""
+    def pages(n: int) -> int:
+        return -(-n // PAGE_BYTES) * PAGE_BYTES
+
+    return pages(batch_size * (SAMPLE_BYTES - 8)) + pages(batch_size * 8)
 
 
 # Each host: (label, Host, what it stands for). The H200-calibrated JPEG data path at 8, 16 and 64 cores, then the
@@ -285,6 +321,7 @@ class SimRunner:
             rate, wait = host.end_to_end(c)
         self.batch = c.batch_size
         windows, unsettled = self.windows(rate, measure)
+        wait, cores = self.reads(c, part, rate, wait, windows)
         compile_s = COMPILE[c.compile_mode][1] if part != "data" else 0.0
         if compile_s and c.key() in self.compiled:
             compile_s *= CACHED_COMPILE  # the study's inductor cache (Tuner.compile_cache_dir)
@@ -293,14 +330,26 @@ class SimRunner:
         wall = startup + FIRST_STEPS_S + compile_s + workers_s + (len(windows) + unsettled) * measure.window_s
         self.clock.offset += wall
         step = c.batch_size / rate
-        share, _ = host.share(c)
         return TrialResult(status="ok", samples_per_s=tuple(windows), window_steps=tuple(
             max(1, int(measure.window_s / step)) for _ in windows), wall_s=wall, startup_s=startup,
             warmup_s=FIRST_STEPS_S + compile_s, compile_s=compile_s or None, batch_size=c.batch_size,
             peak_host_mb=2000.0 + 300.0 * c.num_workers, peak_device_mb=1500.0 * c.batch_size / 64,
             peak_device_allocated_mb=1200.0 * c.batch_size / 64, data_wait_s_per_step=wait * step,
             compute_s_per_step=(1 - wait) * step, samples_per_step=float(c.batch_size),
-            cpu_cores_used=float(min(host.cores, (MAIN_BUSY + c.num_workers) * share)), final_loss=2.0)
+            cpu_cores_used=cores, final_loss=2.0)
+
+    def reads(self, c, part: str, rate: float, wait: float, windows: list[float]) -> tuple[float, float]:
+        """``(data wait's share of a step, cpu_cores_used)`` as a child measures them (module docstring): the workers
+        busy only for the batches taken (a trial whose model binds idles them), each figure with noise of its own;
+        the wait moves with the windows' spread."""
+        share, _ = self.host.share(c)
+        taken = 1.0 if part == "data" or not c.num_workers else min(1.0, rate / self.host.data_rate(c))
+        busy = (MAIN_BUSY + c.num_workers * taken) * share
+        cores = min(float(self.host.cores), busy * math.exp(self.rng.gauss(0.0, CORES_SIGMA)))
+        spread = (max(windows) - min(windows)) / max(statistics.median(windows), 1e-9) if len(windows) > 1 else 0.0
+        if 0.0 < wait < 1.0:
+            wait = min(1.0, max(0.0, wait * math.exp(self.rng.gauss(0.0, spread))))
+        return wait, cores
 
 
 def _hardware(host: Host):
@@ -451,28 +500,64 @@ def _row(cell: dict, without: dict | None) -> str:
         f"yes ({without['rec_over_best']:.2f} without)" if abs(without["rec_over_best"] - cell["rec_over_best"]) > 0.05
         else f"no ({without['rec_over_best']:.2f} without)")
     eager = f" ({cell['rec_over_eager']:.3f} of eager)" if cell["compile_best"] else ""
-    if cell["margin_best"] != cell["best"]:  # shared memory binds: what the tuner's own 10% margin allows it
-        eager += f" ({cell['rec_over_margin_best']:.3f} of the best within the tuner's margin, {cell['margin_best']})"
+    if cell["margin_best"] != cell["best"]:  # shared memory binds: beside it, not judged, the margin's price
+        eager += f" ({cell['rec_over_margin_best']:.3f} of the best inside the tuner's margin, {cell['margin_best']})"
     return (f"| {cell['host']} | {cell['minutes']:g} min | {cell['rec_over_best']:.3f}{eager} | {cell['trials']} | "
             f"{to95} | {climb} | {changed} | {cell['rec']} ({cell['rec_rate']:.0f}/s) | {cell['best']} "
             f"({cell['best_rate']:.0f}/s) |")
 
 
-def _summary(cells: list[dict], n: int) -> None:
-    """Per host and budget over ``n`` seeds: rec / best reachable (on shm64 the best within the tuner's /dev/shm
-    margin; where compile is the best, the eager best too) as median, worst, and the seeds at 0.95 or more."""
-    print(f"\n| host | budget | rec / best reachable, median of {n} seeds | worst | seeds >= 0.95 | "
-          "workers recommended |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for (host, minutes), group in itertools.groupby(sorted(cells, key=lambda c: (c["host"], c["minutes"])),
-                                                    key=lambda c: (c["host"], c["minutes"])):
-        group = list(group)
-        r = sorted(c["rec_over_margin_best"] for c in group)
-        eager = (f" (of eager: {statistics.median(c['rec_over_eager'] for c in group):.3f})"
-                 if group[0]["compile_best"] else "")
-        workers = ", ".join(str(c.get("rec_workers", "-")) for c in group)
-        print(f"| {host} | {minutes:g} min | {statistics.median(r):.3f}{eager} | {r[0]:.3f} | "
-              f"{sum(x >= 0.95 for x in r)} of {len(r)} | {workers} |")
+def seed_groups(cells: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The cells split by seed: those the rules were tuned on (``IN_SAMPLE``) and fresh ones, each group with its
+    label; a group without cells is left out."""
+    inside = [c for c in cells if c.get("seed", 0) in IN_SAMPLE]
+    fresh = [c for c in cells if c.get("seed", 0) not in IN_SAMPLE]
+    groups = [(f"in-sample seeds (the rules were tuned on {IN_SAMPLE.start}-{IN_SAMPLE.stop - 1})", inside),
+              ("fresh seeds (none of them tuned on)", fresh)]
+    return [(label, group) for label, group in groups if group]
+
+
+def _seeds(group: list[dict]) -> str:
+    seeds = sorted({c.get("seed", 0) for c in group})
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+
+
+def _summary(cells: list[dict]) -> None:
+    """Per seed group (``seed_groups``), host and budget: rec / the best that runs (where compile is the best, the
+    eager best too) as median, worst, and the seeds at 0.95 or more; where shared memory binds, the median of rec /
+    the best inside the tuner's own margin, shown beside it, not judged."""
+    for label, group in seed_groups(cells):
+        print(f"\n{label}, {_seeds(group)}:")
+        print("| host | budget | rec / best, median | worst | seeds >= 0.95 | workers recommended |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        key = lambda c: (c["host"], c["minutes"])  # noqa: E731 - the sort's and the grouping's
+        for (host, minutes), cell_group in itertools.groupby(sorted(group, key=key), key=key):
+            cell_group = list(cell_group)
+            r = sorted(c["rec_over_best"] for c in cell_group)
+            aside = (f" (of eager: {statistics.median(c['rec_over_eager'] for c in cell_group):.3f})"
+                     if cell_group[0]["compile_best"] else "")
+            if cell_group[0]["margin_best"] != cell_group[0]["best"]:
+                aside += (f" (of the best inside the tuner's margin: "
+                          f"{statistics.median(c['rec_over_margin_best'] for c in cell_group):.3f})")
+            workers = ", ".join(str(c.get("rec_workers", "-")) for c in cell_group)
+            print(f"| {host} | {minutes:g} min | {statistics.median(r):.3f}{aside} | {r[0]:.3f} | "
+                  f"{sum(x >= 0.95 for x in r)} of {len(r)} | {workers} |")
+
+
+def goal(cells: list[dict]) -> tuple[list[str], bool]:
+    """``(lines, missed)``: the goal (>= 0.95 of the best that runs within 3 minutes, on each cell whose best needs no
+    compile) per seed group (``seed_groups``), and whether any cell missed it. The best is the physics' (the whole
+    space, ``/dev/shm`` as the host has it), never the best inside the tuner's own margin."""
+    lines, missed = [], False
+    for label, group in seed_groups([c for c in cells if c["minutes"] == 3.0 and not c["compile_best"]]):
+        short = [c for c in group if c["rec_over_best"] < 0.95]
+        missed |= bool(short)
+        worst = ", ".join(f"{c['host']} seed {c.get('seed', 0)} {c['rec_over_best']:.3f}"
+                          for c in sorted(short, key=lambda c: c["rec_over_best"]))
+        lines.append(f"goal (>= 0.95 of the best within 3 minutes, where the best needs no compile), {label}, "
+                     f"{_seeds(group)}: " + (f"met in all {len(group)} cells" if not short else
+                                             f"NOT met in {len(short)} of {len(group)} cells: {worst}"))
+    return lines, missed
 
 
 def main(argv=None) -> int:
@@ -494,6 +579,8 @@ def main(argv=None) -> int:
     collect_env_stamp()  # once, before any simulated clock: the recommendation keeps it
     print(f"# a MODEL of a GPU host (benchmarks/gpu_host_sim.py at {_commit()}), calibrated on one H200 run: "
           "not a measurement")
+    print("#   the tuner reads noisy cpu_cores_used and data waits; threads and the allocator have no effect here "
+          "(module docstring); exit 1 when a 3-minute cell misses 0.95 of the best")
     for name in a.hosts:
         print(f"#   {name}: {HOSTS[name][1]}")
     print("| host | budget | rec / best | search trials | first within 95% | ceilings' climb -> workers | "
@@ -508,16 +595,9 @@ def main(argv=None) -> int:
         cells.append(cell)
         print(_row(cell, without) + (f" seed {seed}" if a.seeds > 1 else ""), flush=True)
     if a.seeds > 1:
-        _summary(cells, a.seeds)
-    # the goal, against the best the tuner may reach: within its own /dev/shm margin where shared memory binds
-    goal = [c for c in cells if c["minutes"] == 3.0 and not c["compile_best"]]
-    if goal:
-        short = sorted({c["host"] for c in goal if c["rec_over_margin_best"] < 0.95})
-        misses = sum(c["rec_over_margin_best"] < 0.95 for c in goal)
-        print("goal (>= 0.95 of the best within 3 minutes, where the best needs no compile; on shm64 the best within "
-              "the tuner's 10% /dev/shm margin): " + ("met on every host" if not short else
-                                                      f"NOT met on {', '.join(short)} ({misses} of {len(goal)} cells)")
-              + (f", over seeds {a.seed}-{a.seed + a.seeds - 1}" if a.seeds > 1 else ""))
+        _summary(cells)
+    lines, missed = goal(cells)
+    print("\n".join(lines))
     for c in cells:  # where compile is the best, what the longest budget gives
         if c["compile_best"] and c["minutes"] == max(a.minutes):
             print(f"{c['host']}: the best compiles; {c['minutes']:g} minutes give {c['rec_over_best']:.3f} of it "
@@ -526,7 +606,7 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps({"cells": cells, "commit": _commit(), "model": "benchmarks/gpu_host_sim.py"},
                                            indent=1))
     print("rates are the model's, noise-free, over an hour's run (compile priced in); a model, not a measurement")
-    return 0
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from autotune.config import TrialConfig, TrialResult
 from autotune.machine.hardware import detect
 from autotune.search.plan import ceiling_runs
 from autotune.search.record import ceilings
-from autotune.search.plan.climb import climb
+from autotune.search.plan.climb import MAX_POINTS, climb
 from autotune.search.record.ceilings import Ceilings, Point
 from autotune.search.space.search_space import space_from_dict
 from autotune.search.record.trials import role as role_of
@@ -647,7 +647,9 @@ def test_on_a_gpu_likely_winners_their_loader_already_feeds_skip_the_climb(tmp_p
 def test_on_a_peak_the_climb_measures_and_gives_the_centre_of_the_points_within_the_noise_not_the_noisy_fastest():
     """A data path that peaks at 23 workers (memory bandwidth: gpu_host_sim's membw64 shape) with the point at 32
     measured 10% high, as a process's own level does (5% sigma on the H200): the fastest point measured is 32, 0.97
-    of the best; the top within ``PLATEAU`` of it runs from 22 to 32, and the climb measures its centre and gives it."""
+    of the best; the climb gives a count it measured on the top (within ``PLATEAU`` of the fastest), not at either
+    end, and it runs within 1% of the best. (Which counts it measures on the way is the climb's to choose: the
+    properties over random curves are in test_climb.py.)"""
     def true(w: int) -> float:
         rise, bandwidth = 330.0 * w / (1 + 0.02 * w), 21 * 330.0 / 1.42
         return (rise ** -4 + bandwidth ** -4) ** -0.25 / (1 + 0.0125 * max(0, w - 21))
@@ -657,36 +659,35 @@ def test_on_a_peak_the_climb_measures_and_gives_the_centre_of_the_points_within_
     c = climb({}, {}, list(range(1, 64)),
               _runner(asked, lambda part, w: 9000.0 if part == "model" else true(w) * (1.10 if w == 32 else 1.0)))
     assert max(c.measured(), key=lambda p: p.samples_per_s).workers == 32 and true(32) / best < 0.97
-    assert asked == [("model", 0), ("data", 1), ("data", 32), ("data", 63), ("data", 16), ("data", 22), ("data", 27)]
-    assert c.workers_to_feed() == 27 and true(27) / best > 0.99
+    top = ceilings.plateau(c.measured())
+    feed = c.workers_to_feed()
+    assert feed in [p.workers for p in top] and top[0].workers < feed < top[-1].workers, (asked, feed)
+    assert true(feed) / best > 0.99 and len(asked) - 1 <= MAX_POINTS
     # flat to the most workers measured (no fall): the fastest, the fewest among equals, as before
     flat = _c(9000.0, (1, 300.0), (3, 650.0), (20, 650.0), (64, 650.0))
     assert flat.workers_to_feed() == 3
 
 
-def test_a_climb_the_budget_cuts_before_the_centre_of_a_wide_top_gives_that_centre_not_either_noisy_end(tmp_path):
-    """gpu_host_sim's membw64 (seed 1): the data path peaks at 24 workers; the climb measured 1, 36, 63, 16 and 22
-    and the budget ended it before the centre of the top (22 and 36 within the noise of each other, 4091 and 4096).
-    Either end is a coin toss on noise (36 is 0.94 of the best, 29 0.985); the rate is unimodal, so the count between
-    them runs at least as fast as the slower end: the ceilings give the count the climb was about to measure, say it
-    was not measured alone, and the feed gives the fed trials (which measure it end to end) that count with the
-    loader knobs and threads both ends ran with. Only a cut climb does this: the same points measured to the end
-    (a climb that chose to stop) give the measured point nearest the centre."""
+def test_a_climb_the_budget_cut_before_the_centre_of_a_wide_top_gives_that_centre_not_either_noisy_end(tmp_path):
+    """Hand-made points on a data path that peaks (membw64's shape): 1, 16, 22, 36 and 63 workers measured, 22 and 36
+    within the noise of each other, and the budget ended the climb before the count it was about to measure, 29
+    (``Ceilings.cut``). The rate is unimodal, so the count between them runs at least as fast as the slower end: the
+    ceilings give 29, say it was not measured alone, and the feed gives the fed trials (which measure it end to end)
+    that count with the loader knobs and threads both ends ran with. Only a cut climb does this: the same points
+    measured to the end (a climb that chose to stop) give the measured point nearest the centre. (That a cut climb
+    keeps the count it would have measured next is held over random curves in test_climb.py.)"""
     import optuna
 
     from autotune.search.record import trials as keys
     from tests.helpers import make_rec
 
-    measured = {1: 335.9, 36: 4096.0, 63: 2814.1, 16: 3570.0, 22: 4091.1}  # as the simulation drew them
-    asked: list[tuple[str, int]] = []
-    points = iter(range(99))
-    c = climb({}, {"pin_memory": True, "intra_op_threads": 1}, list(range(1, 64)),
-              _runner(asked, lambda part, w: 10326.0 if part == "model" else measured[w]),
-              fits=lambda: next(points) < 5)
-    assert asked == [("model", 0), ("data", 1), ("data", 36), ("data", 63), ("data", 16), ("data", 22)]
-    assert "ended the climb after 5 data point(s) (next: 29 workers)" in " ".join(c.notes) and c.cut == 29
+    loader = {"pin_memory": True, "intra_op_threads": 1}
+    c = Ceilings(model=Point("model", {}, 10000.0), cut=29, notes=(
+        "the budget's share of the search ended the climb after 5 data point(s) (next: 29 workers)",),
+        data=tuple(Point("data", {**loader, "num_workers": w}, r)
+                   for w, r in ((1, 340.0), (36, 4100.0), (63, 2800.0), (16, 3570.0), (22, 4090.0))))
     best = c.best_data()
-    assert c.workers_to_feed() == 29 and "unmeasured alone" in best.reason and 4091.1 < best.samples_per_s < 4096.0
+    assert c.workers_to_feed() == 29 and "unmeasured alone" in best.reason and 4090.0 < best.samples_per_s < 4100.0
     # what the study keeps reads back the same, and every place a person reads says it was not measured alone
     again = Ceilings.from_dict(c.to_dict())
     assert again.workers_to_feed() == 29 and "between 22 and 36 workers on the top" in " ".join(again.lines())
@@ -714,17 +715,17 @@ def test_a_climb_the_budget_cuts_before_the_centre_of_a_wide_top_gives_that_cent
 
 
 def test_on_a_host_whose_other_jobs_hold_half_the_cores_the_climb_stops_at_the_cores_it_got_less_one():
-    """gpu_host_sim's busy16, seed 19: 16 cores, other jobs hold 8. 15 workers kept 8 cores busy, so the climb
-    measured 7 (the cores less the training process's one), the fastest so far. The knee's lines through the
-    one-worker point (a straight rise; the real one is concave) met the fall from 7 to 15 at 5.7, so the climb
-    measured 6, which drew 8% high, and gave it (0.87 of the best). The cores say the count: done at 7."""
-    rates = {1: (314.3, 2.0), 15: (1539.8, 8.0), 7: (1754.3, 8.0), 6: (1887.3, 7.0)}  # as the simulation drew them
+    """Hand-made points of a 16-core host whose other jobs hold 8: 15 workers kept 8 cores busy, so the climb
+    measures 7 (the cores less the training process's one), and 7 measures the fastest: the cores say the count,
+    and the climb is done (``refine_workers``' documented rule). The knee's lines through the one-worker point (a
+    straight rise; the real one is concave) would have sent it on to 6, whose single point could draw high and win."""
+    rates = {1: (300.0, 2.0), 15: (1500.0, 8.0), 7: (1750.0, 8.0), 6: (1900.0, 7.0)}
     asked: list[tuple[str, int]] = []
 
     def run(config, part):
         w = config.get("num_workers", 0)
         asked.append((part, w))
-        rate, cores = (10112.9, 1.0) if part == "model" else rates[w]
+        rate, cores = (10000.0, 1.0) if part == "model" else rates[w]
         return Point(part, config, rate, windows=(1.0, 1.0, 1.0), cpu_cores_used=cores)
 
     c = climb({}, {}, list(range(1, 16)), run)
