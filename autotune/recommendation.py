@@ -127,6 +127,9 @@ class Recommendation:
     # where the run's time went (``search.record.run_phase.RunPhases.split``): seconds and shares per phase, from
     # start-up to the confirmation; a resumed run's says its own part; None in older exports
     budget_split: dict | None = None
+    # the knob values no trial of the study ran (``search.record.untried``), the YAML's ``try``: what a longer run
+    # would measure; None when every value was, or in older exports
+    untried: dict | None = None
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -192,6 +195,7 @@ class Recommendation:
             "parity": self.parity,
             "compile": self.compile,
             "budget_split": self.budget_split,
+            "try": self.untried,
             "notes": list(self.notes),
             # derived from config (not read back): what to export before launching the training process
             "environment": self.launch_env(),
@@ -245,7 +249,7 @@ class Recommendation:
                 worst_case=d.get("worst_case"),
                 ceilings=d.get("ceilings"), selection=d.get("selection"), confirmation=d.get("confirmation"),
                 loader_memory=d.get("loader_memory"),
-                shell_env=p.get("shell_environment"), budget_split=d.get("budget_split"),
+                shell_env=p.get("shell_environment"), budget_split=d.get("budget_split"), untried=d.get("try"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source}: missing key {exc.args[0]!r} in 'measured'") from None

@@ -44,6 +44,7 @@ from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
 from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
+from autotune.search.record.untried import untried, untried_line
 from autotune._redact import redact
 
 if TYPE_CHECKING:
@@ -389,6 +390,17 @@ class Tuner:
                                   check_numerics=runner is None)
         return rec, saved
 
+    def _with_untried(self, study: Study, rec):
+        """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note."""
+        ran = [t.user_attrs[keys.CONFIG] for t in study.get_trials(deepcopy=False)
+               if t.state.is_finished() and t.user_attrs.get(keys.CONFIG)]
+        knobs = untried(self.space, ran, rec.config.to_dict())
+        if not knobs:
+            return rec
+        line = untried_line(knobs, budget_ended=self.budget.deadline is not None
+                            and self.stop_reason.startswith("out of time"))
+        return dataclasses.replace(rec, untried=knobs, notes=rec.notes + (line,))
+
     def _record(self, study: Study, rec, saved: SavedRounds | None):
         """Keep ``rec`` in the study (a provisional one too, with its confirmation), with its ceilings and why the
         search stopped: an earlier run's must not outlive this one's verdict. ``saved``: None without finalists."""
@@ -398,6 +410,7 @@ class Tuner:
             # where this run's time went, up to the recommendation (a resumed run's: this run's part alone)
             rec = dataclasses.replace(rec, notes=stopped + rec.notes,
                                       budget_split=self.phases.split(budget_s=self.budget.budget_s))
+            rec = self._with_untried(study, rec)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)
         if saved is not None:

@@ -111,10 +111,25 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
         assert any("numerics not checked against fp32 eager: the budget left no time" in n for n in rec.notes), \
             rec.notes
     _split_holds(rec, budget_s=10.0, took=took)
+    _untried_holds(rec, tuner_trials(tmp_path))
     c = rec.confirmation
     assert (c["status"] in ("confirmed", "unconfirmed") and c["rounds"]) or c["status"] == "baseline" or (
         c["status"] == "failed" and c["why"].startswith("no time was left in the budget for the 2 confirmation rounds")
         and "--timeout" in c["why"]), c
+
+
+def _untried_holds(rec, trials) -> None:
+    """The YAML's ``try`` (issue 50) lists exactly the values of the space's knobs that no finished trial ran (the
+    batch size aside), and a note says them; none listed, no note."""
+    import yaml
+
+    ran = {(k, v) for t in trials if t.state.is_finished() for k, v in t.user_attrs["config"].items()}
+    offered = {"amp": ("off", "bf16"), "channels_last": (False, True)}
+    expected = {k: [v for v in vs if (k, v) not in ran] for k, vs in offered.items()}
+    expected = {k: vs for k, vs in expected.items() if vs}
+    assert (rec.untried or {}) == expected, (rec.untried, sorted(ran))
+    assert yaml.safe_load(rec.to_yaml())["try"] == (expected or None)
+    assert any(n.startswith("never measured") for n in rec.notes) == bool(expected), rec.notes
 
 
 def _split_holds(rec, *, budget_s: float, took: float) -> None:

@@ -1,0 +1,73 @@
+"""What the search never measured: the values of the space's knobs that no finished trial ran, where they apply to
+the recommended config. A budget that ends before the plan's coordinate step reached a knob (the allocator, the
+inter-op threads) leaves them unmeasured; the recommendation says so in its YAML (``try``) and notes, as it says an
+unmeasured worker count (``ceilings``), so a user with a night to spare knows what a longer run would add.
+
+A value counts as tried when any finished trial (ok, pruned, failed, or over the memory limit) ran it: it was
+measured somewhere in the study, if not beside the recommendation's other knobs. The batch size (walked) and
+knobs fixed by the space are left out; so is a knob whose condition the recommendation does not meet (prefetch
+with no workers).
+
+>>> from types import SimpleNamespace as P
+>>> space = P(params=[P(name="malloc", choices=("default", "retain", "tcmalloc"), when=None),
+...                   P(name="prefetch_factor", choices=(2, 4), when=("num_workers", ">", 0)),
+...                   P(name="batch_size", choices=(16, 32), when=None)])
+>>> untried(space, [{"malloc": "default"}, {"malloc": "retain", "num_workers": 0}], {"malloc": "retain",
+...         "num_workers": 0, "batch_size": 32})
+{'malloc': ['tcmalloc']}
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable
+
+__all__ = ["untried", "untried_line", "NOT_LISTED"]
+
+# walked by its own plan (batch_walk) and so never "untried" in the coordinate step's sense
+NOT_LISTED = ("batch_size",)
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
+        "!=": operator.ne}
+
+
+def untried(space: Any, ran: Iterable[dict[str, Any]], recommended: dict[str, Any]) -> dict[str, list]:
+    """``{knob: [values no finished trial ran]}`` over ``space.params`` (each with ``name``, ``choices``,
+    ``when``), given the configs the study ``ran`` (dicts of knob values) and the ``recommended`` config's; empty
+    when every value was measured."""
+    seen: dict[str, set] = {}
+    for config in ran:
+        for k, v in config.items():
+            seen.setdefault(k, set()).add(_hashable(v))
+    out: dict[str, list] = {}
+    for p in space.params:
+        if p.name in NOT_LISTED or len(p.choices) < 2:
+            continue
+        if p.when is not None:
+            ref, op, value = p.when
+            if ref not in recommended or not _OPS[op](recommended[ref], value):
+                continue
+        missing = [c for c in p.choices if _hashable(c) not in seen.get(p.name, set())]
+        if missing:
+            out[p.name] = missing
+    return out
+
+
+def untried_line(knobs: dict[str, list], *, budget_ended: bool) -> str:
+    """The note that says what was never measured; "" for none.
+
+    >>> line = untried_line({"malloc": ["tcmalloc", "hugepages"], "inter_op_threads": [1]}, budget_ended=True)
+    >>> line.split("; ")[0]
+    'never measured before the budget ended: malloc=tcmalloc/hugepages, inter_op_threads=1'
+    """
+    if not knobs:
+        return ""
+    what = ", ".join(f"{k}={'/'.join(str(v) for v in vs)}" for k, vs in knobs.items())
+    when = "before the budget ended" if budget_ended else "by the search"
+    return (f"never measured {when}: {what}; "
+            + ("a longer --timeout (or the same command again: it resumes) measures them" if budget_ended
+               else "try them by hand if they matter to you"))
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
