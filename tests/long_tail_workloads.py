@@ -57,3 +57,9 @@ def short_first():
 def short_first_unsized():
     """The same data without ``length``: nothing before a trial says how long its items are."""
     return _workload([SHORT] * 4 + [LONG] * 1000, with_length=False)
+
+
+def short_batch_first():
+    """``[10] * 64 + [512] * 1000`` without ``length``: a full batch of the first items is short too, so only a
+    batch the trial's shuffled loader draws overflows /dev/shm; the parent sees it in the trial's log."""
+    return _workload([SHORT] * 64 + [LONG] * 1000, with_length=False)
