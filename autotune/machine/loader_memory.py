@@ -163,10 +163,11 @@ class LoaderLimits:
         budget = self.shm_budget_bytes
         if need and budget is not None and need > budget:
             flag = shm_size_flag(need)
+            fix = (f"a /dev/shm of {flag.split('=')[1][:-1]} GiB (docker run {flag})"
+                   if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
             out.append((f"needs ~{format_bytes(need)} of shared memory in flight, over the {format_bytes(budget)} "
                         f"{self.shm_binding} leaves ({format_bytes(self.shm_free_bytes)} free, less {MARGIN:.0%})",
-                        f"a /dev/shm of {flag.split('=')[1][:-1]} GiB (docker run {flag})"
-                        if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)"))
+                        fix))
         fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
         if num_workers and self.fd_budget is not None and fds > self.fd_budget:
             out.append((f"holds ~{fds} open descriptors (one per shared tensor), over the open-file limit "

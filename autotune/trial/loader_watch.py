@@ -11,6 +11,12 @@ workload's own message::
     2 worker(s) x prefetch_factor 2 + 1 batches of 36.8 MiB): RuntimeError: unable to allocate shared memory(shm) ...
 
 The search treats it as a memory failure (infeasible, not proposed again, larger batches of it not run).
+
+Two failures no exception carries (issue 52). Where nothing before the trial sized the batches (a ``collate_fn`` of
+the workload's own, no ``length``), ``check_full_batch`` collates a full batch before the workers start and refuses
+a loader that would not fit. And a worker whose queue could not move a batch into /dev/shm prints the error from its
+feeder thread and drops the batch, so the child would wait for it until the time limit: the parent reads the log
+for it (``LostBatchWatch``, through ``CappedLog``'s ``scan``) and ends the trial ``shm`` within seconds.
 """
 
 from __future__ import annotations

@@ -163,10 +163,9 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
 
     kw = loader_kwargs(built, config, spec.seed)
     loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
-    # the first batch's bytes; a loader out of shared memory or descriptors is named (trial.loader_watch)
+    # the first batch's bytes; a loader out of memory named; a batch no probe sized, collated before the workers
     watch = LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built)
-    if not spec.worst_case:
-        watch.check_full_batch(loader)  # before its workers multiply a batch no probe sized
+    watch.check_full_batch(None if spec.worst_case else loader)
     loader, train_step, latency, worst = _measured_step(built, config, spec, dev, train, train_step, loader)
     if spec.part != "full":  # one ceiling alone: the model on a batch on the device, or the data path alone
         from autotune.trial.parts import alone
