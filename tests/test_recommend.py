@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 import torch
+
+from autotune.machine.loader_memory import LOADER_TIMEOUT_S
 import yaml
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -213,10 +215,12 @@ def test_dataloader_kwargs_without_workers():
 def test_dataloader_kwargs_with_workers_match_the_config():
     cfg = TrialConfig(batch_size=8, num_workers=2, prefetch_factor=3, persistent_workers=True)
     kw = make_rec(config=cfg).dataloader_kwargs()
+    # with workers, a timeout: a batch lost in a full /dev/shm ends the loop instead of hanging it (issue 52)
     assert kw == {"batch_size": 8, "num_workers": 2, "pin_memory": False, "prefetch_factor": 3,
-                  "persistent_workers": True}
+                  "persistent_workers": True, "timeout": LOADER_TIMEOUT_S}
     kw = make_rec(config=TrialConfig(batch_size=8, num_workers=1)).dataloader_kwargs()
-    assert kw == {"batch_size": 8, "num_workers": 1, "pin_memory": False, "persistent_workers": False}
+    assert kw == {"batch_size": 8, "num_workers": 1, "pin_memory": False, "persistent_workers": False,
+                  "timeout": LOADER_TIMEOUT_S}
 
 
 def test_dataloader_kwargs_are_accepted_by_dataloader():

@@ -14,25 +14,34 @@ trial sees; while the loop pauses (a checkpoint, an evaluation), the workers fil
 ``in_flight_batches(2, 2)``. With N ranks on one host each rank's loader holds as much, in the one ``/dev/shm``.
 
 **Pinned pages.** With ``pin_memory`` the pin thread copies each batch into page-locked host memory: up to as many
-batches again, which the kernel cannot swap. They are charged to host RAM (a share of what is available,
+batches again, which the kernel cannot swap. CUDA's host allocator (``CachingHostAllocator``) rounds each block up
+to a power of two and keeps it cached after use, so a batch's tensors pin up to twice their bytes and the pool stays
+at its peak (``pinned_bytes`` counts that bound). They are charged to host RAM (a share of what is available,
 ``LOADER_RAM_SHARE``). The locked-memory limit (``RLIMIT_MEMLOCK``, 64 KiB to 8 MiB in containers) is read and
 shown but not applied: CUDA's pinned allocations (``cudaHostAlloc``, what ``pin_memory`` uses) are pinned by the
 NVIDIA driver, which by every report we found does not charge them to it (containers with the default limit pin
 gigabytes); what does charge it is RDMA's memory registration (InfiniBand, NCCL's GPUDirect), hence ``--ulimit
 memlock=-1`` for several nodes. Not yet checked on a GPU here:
-``tests/machine/test_gpu.py::test_pinned_memory_is_not_charged_to_the_locked_memory_limit`` does, where one is.
+``tests/machine/test_gpu.py::test_pinned_memory_is_not_charged_to_the_locked_memory_limit`` does, where one is,
+and ``test_pinned_batches_stay_within_the_counted_bound`` measures the rounding and the cache.
 
-The rule is pure arithmetic on numbers (``in_flight_bytes``, ``fits_shared_memory``, ``largest_loader``,
-``LoaderLimits.problems``); ``detect_limits`` reads the machine. Every figure here is per host: a loader's batch
-bytes come from the workload (``autotune.workloads.probe.batch_footprint``), measured on its first batch.
+**Outside the rule: NCCL's shared memory.** DDP ranks on one host without a direct GPU path (P2P off, or
+containers that cannot see each other's GPUs) move tensors through NCCL's shared-memory transport, segments in
+``/dev/shm`` whose size NCCL decides (its buffer size, channels and peers), not the loader. They are not counted
+here: ``MARGIN`` is all that is left for them, and on a 64 MB ``/dev/shm`` that is too little; NCCL's own error
+(``failed to extend /dev/shm/nccl-...``) names the size it wanted. ``tests/machine/test_gpu.py::
+test_nccl_shared_memory_of_two_ranks_is_measured`` measures it where two GPUs are (``docs/loader-memory.md``).
+
+The rule is pure arithmetic on numbers (``in_flight_bytes``, ``pinned_bytes``, ``LoaderLimits.problems``,
+``LoaderLimits.largest``); ``detect_limits`` reads the machine. Every figure here is per host: a loader's batch
+bytes come from the workload (``autotune.workloads.probe.batch_footprint``), the probe's worst case or measured.
 
 >>> batch = 64 * 3 * 224 * 224 * 4                     # a batch of 64 crops at 224 px: 38.5 MB
 >>> in_flight_batches(2, 2), in_flight_bytes(batch, 2, 2) / 1e6
 (5, 192.67584)
->>> fits_shared_memory(batch, 2, 2, free_bytes=64 * 2**20)
-False
->>> largest_loader(batch // 2, 2, 2, budget_bytes=int(64 * 2**20 * 0.9))  # batch 32: prefetch 1 before workers
-(2, 1)
+>>> small = LoaderLimits(shm_free_bytes=64 * 2**20)   # a default container's /dev/shm
+>>> bool(small.problems(batch, 2, 2, 2)), small.largest(batch // 2, 2, 2, 2)  # batch 32: prefetch 1 first
+(True, (2, 1))
 """
 
 from __future__ import annotations
@@ -42,9 +51,9 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-__all__ = ["SHM_PATH", "MARGIN", "FD_RESERVE", "LOADER_RAM_SHARE", "DEFAULT_PREFETCH", "in_flight_batches",
-           "in_flight_bytes", "fits_shared_memory", "largest_loader", "LoaderLimits", "detect_limits",
-           "failure_kind", "shm_size_flag", "format_bytes", "check_loader"]
+__all__ = ["SHM_PATH", "MARGIN", "FD_RESERVE", "LOADER_RAM_SHARE", "DEFAULT_PREFETCH", "PINNED_ROUNDING",
+           "in_flight_batches", "in_flight_bytes", "pinned_bytes", "LoaderLimits", "detect_limits", "failure_kind",
+           "shm_size_flag", "format_bytes", "check_loader", "LOADER_TIMEOUT_S"]
 
 SHM_PATH = "/dev/shm"
 # The share of the free shared memory a loader leaves to everything else there: other processes' segments, NCCL's
@@ -56,6 +65,14 @@ FD_RESERVE = 256
 # the optimizer's and the page cache's (pinned pages cannot be swapped or reclaimed).
 LOADER_RAM_SHARE = 0.25
 DEFAULT_PREFETCH = 2  # torch's prefetch_factor with workers, when none is given
+# The DataLoader ``timeout`` (seconds to wait for one batch) that ``Recommendation.dataloader_kwargs`` gives a loader
+# with workers: a worker whose queue could not move a batch into /dev/shm prints the error and drops the batch, and
+# without a timeout the loop waits for it for ever (issue 52). No batch the trials measured came near it; a loop that
+# waits this long ends with torch's "DataLoader timed out after 300 seconds" and the worker's error above it.
+LOADER_TIMEOUT_S = 300
+# CUDA's host allocator rounds each pinned block up to a power of two (``PowerOf2Ceil`` in ATen's
+# CachingHostAllocator) and caches it: a tensor of n bytes pins less than 2n, so a batch is counted at twice its bytes
+PINNED_ROUNDING = 2.0
 
 
 def in_flight_batches(num_workers: int, prefetch_factor: int | None) -> int:
@@ -68,30 +85,16 @@ def in_flight_batches(num_workers: int, prefetch_factor: int | None) -> int:
 
 def in_flight_bytes(batch_bytes: float, num_workers: int, prefetch_factor: int | None, ranks: int = 1) -> int:
     """Bytes a loader (one per rank, ``ranks`` on the host) holds in shared memory at most, for batches of
-    ``batch_bytes``. The GPU-host simulation calls it too (``benchmarks/gpu_host_sim.py``)."""
+    ``batch_bytes``."""
     return int(math.ceil(batch_bytes * in_flight_batches(num_workers, prefetch_factor) * max(1, ranks)))
 
 
-def fits_shared_memory(batch_bytes: float, num_workers: int, prefetch_factor: int | None, *, free_bytes: float,
-                       ranks: int = 1, margin: float = MARGIN) -> bool:
-    """Whether the loader's batches in flight fit ``free_bytes`` of shared memory with ``margin`` to spare."""
-    return in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks) <= free_bytes * (1 - margin)
-
-
-def largest_loader(batch_bytes: float, num_workers: int, prefetch_factor: int | None, *, budget_bytes: float,
-                   ranks: int = 1) -> tuple[int, int | None]:
-    """``(num_workers, prefetch_factor)`` within ``budget_bytes``: as asked where it fits; else a smaller prefetch
-    (down to 1, keeping the workers, which are the loader's speed), then fewer workers at prefetch 1, down to 0
-    (the training process loads; nothing is shared)."""
-    if num_workers <= 0 or in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks) <= budget_bytes:
-        return num_workers, prefetch_factor
-    for p in range((prefetch_factor or DEFAULT_PREFETCH) - 1, 0, -1):
-        if in_flight_bytes(batch_bytes, num_workers, p, ranks) <= budget_bytes:
-            return num_workers, p
-    for w in range(num_workers - 1, 0, -1):
-        if in_flight_bytes(batch_bytes, w, 1, ranks) <= budget_bytes:
-            return w, 1
-    return 0, None
+def pinned_bytes(batch_bytes: float, num_workers: int, prefetch_factor: int | None, ranks: int = 1) -> int:
+    """Page-locked host bytes a ``pin_memory`` loader holds at most: its batches in flight (at least the one in hand,
+    without workers), each block rounded up to a power of two by CUDA's host allocator (``PINNED_ROUNDING``, the
+    bound) and kept in its cache at the peak."""
+    batches = max(1, in_flight_batches(num_workers, prefetch_factor))
+    return int(math.ceil(batch_bytes * PINNED_ROUNDING * batches * max(1, ranks)))
 
 
 def format_bytes(n: float | None) -> str:
@@ -151,49 +154,50 @@ class LoaderLimits:
     def pinned_budget_bytes(self) -> float | None:
         return None if self.ram_available_bytes is None else self.ram_available_bytes * LOADER_RAM_SHARE
 
-    def problems(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
-                 pin_memory: bool = False, ranks: int = 1) -> list[str]:
-        """What a loader would overrun here, one phrase each (empty: it fits): shared memory, descriptors, pinned
-        host memory."""
-        out = []
-        need = in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks)
-        budget = self.shm_budget_bytes
-        if need and budget is not None and need > budget:
-            out.append(f"needs ~{format_bytes(need)} of shared memory in flight, over the {format_bytes(budget)} "
-                       f"{self.shm_binding} leaves ({format_bytes(self.shm_free_bytes)} free, less "
-                       f"{MARGIN:.0%})")
-        fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
-        if num_workers and self.fd_budget is not None and fds > self.fd_budget:
-            out.append(f"holds ~{fds} open descriptors (one per shared tensor), over the open-file limit "
-                       f"{self.nofile_soft} less {FD_RESERVE}")
-        pinned = batch_bytes * max(1, in_flight_batches(num_workers, prefetch_factor)) * max(1, ranks)
-        if pin_memory and self.pinned_budget_bytes is not None and pinned > self.pinned_budget_bytes:
-            out.append(f"pins ~{format_bytes(pinned)} of host memory in flight, over {LOADER_RAM_SHARE:.0%} of the "
-                       f"{format_bytes(self.ram_available_bytes)} available")
-        return out
-
-    def fixes(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
-              pin_memory: bool = False, ranks: int = 1) -> list[str]:
-        """What would let the loader fit, one option per limit it overruns (``problems``), never applied here."""
+    def overruns(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
+                 pin_memory: bool = False, ranks: int = 1) -> list[tuple[str, str]]:
+        """What a loader would overrun here, as ``(problem, fix)`` phrases, one pair per limit (empty: it fits):
+        shared memory, descriptors, pinned host memory. The fixes are named, never applied."""
         out = []
         need = in_flight_bytes(batch_bytes, num_workers, prefetch_factor, ranks)
         budget = self.shm_budget_bytes
         if need and budget is not None and need > budget:
             flag = shm_size_flag(need)
-            out.append(f"a /dev/shm of {flag.split('=')[1][:-1]} GiB (docker run {flag})"
-                       if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
+            fix = (f"a /dev/shm of {flag.split('=')[1][:-1]} GiB (docker run {flag})"
+                   if self.shm_binding == self.shm_path else "more memory for the container (docker run --memory)")
+            out.append((f"needs ~{format_bytes(need)} of shared memory in flight, over the {format_bytes(budget)} "
+                        f"{self.shm_binding} leaves ({format_bytes(self.shm_free_bytes)} free, less {MARGIN:.0%})",
+                        fix))
         fds = in_flight_batches(num_workers, prefetch_factor) * max(1, tensors)
         if num_workers and self.fd_budget is not None and fds > self.fd_budget:
-            out.append(f"an open-file limit of {fds + FD_RESERVE} (ulimit -n {fds + FD_RESERVE}) or "
-                       "torch.multiprocessing.set_sharing_strategy(\"file_system\")")
-        pinned = batch_bytes * max(1, in_flight_batches(num_workers, prefetch_factor)) * max(1, ranks)
+            out.append((f"holds ~{fds} open descriptors (one per shared tensor), over the open-file limit "
+                        f"{self.nofile_soft} less {FD_RESERVE}",
+                        f"an open-file limit of {fds + FD_RESERVE} (ulimit -n {fds + FD_RESERVE}) or "
+                        "torch.multiprocessing.set_sharing_strategy(\"file_system\")"))
+        pinned = pinned_bytes(batch_bytes, num_workers, prefetch_factor, ranks)
         if pin_memory and self.pinned_budget_bytes is not None and pinned > self.pinned_budget_bytes:
-            out.append("pin_memory=False, or more host memory")
+            out.append((f"pins up to ~{format_bytes(pinned)} of host memory in flight (blocks rounded up to a power of "
+                        f"two), over {LOADER_RAM_SHARE:.0%} of the {format_bytes(self.ram_available_bytes)} available",
+                        "pin_memory=False, or more host memory"))
         return out
+
+    def problems(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
+                 pin_memory: bool = False, ranks: int = 1) -> list[str]:
+        """What a loader would overrun here, one phrase each (``overruns``; empty: it fits)."""
+        return [p for p, _ in self.overruns(batch_bytes, tensors, num_workers, prefetch_factor, pin_memory=pin_memory,
+                                            ranks=ranks)]
+
+    def fixes(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
+              pin_memory: bool = False, ranks: int = 1) -> list[str]:
+        """What would let the loader fit, one option per limit it overruns (``overruns``), never applied here."""
+        return [f for _, f in self.overruns(batch_bytes, tensors, num_workers, prefetch_factor, pin_memory=pin_memory,
+                                            ranks=ranks)]
 
     def largest(self, batch_bytes: float, tensors: int, num_workers: int, prefetch_factor: int | None, *,
                 pin_memory: bool = False, ranks: int = 1) -> tuple[int, int | None]:
-        """The largest loader (``largest_loader``'s order: prefetch first, then workers) with no ``problems``."""
+        """The largest loader with no ``problems``: as asked where it fits; else a smaller prefetch (down to 1,
+        keeping the workers, which are the loader's speed), then fewer workers at prefetch 1, down to ``(0, None)``
+        (the training process loads; nothing is shared)."""
         w, p = num_workers, prefetch_factor
         while w > 0 and self.problems(batch_bytes, tensors, w, p, pin_memory=pin_memory, ranks=ranks):
             if (p or DEFAULT_PREFETCH) > 1:
@@ -305,13 +309,13 @@ def check_loader(batch_size: int, num_workers: int, prefetch_factor: int | None,
     if batch is None or num_workers <= 0:
         return None
     size, tensors = batch
-    problems = limits.problems(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
-    if not problems:
+    over = limits.overruns(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
+    if not over:
         return None
     w, p = limits.largest(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
     if fit:
         return w, p
-    fixes = limits.fixes(size, tensors, num_workers, prefetch_factor, pin_memory=pin_memory, ranks=ranks)
+    problems, fixes = [why for why, _ in over], [fix for _, fix in over]
     here = f"{w} worker(s) x prefetch_factor {p}" if w else "0 workers"
     raise ConfigError(
         f"the recommended loader (batch {batch_size}, {num_workers} worker(s) x prefetch_factor "

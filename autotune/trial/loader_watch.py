@@ -11,18 +11,29 @@ workload's own message::
     2 worker(s) x prefetch_factor 2 + 1 batches of 36.8 MiB): RuntimeError: unable to allocate shared memory(shm) ...
 
 The search treats it as a memory failure (infeasible, not proposed again, larger batches of it not run).
+
+Two failures no exception carries (issue 52). Where nothing before the trial sized the batches (a ``collate_fn`` of
+the workload's own, no ``length``), ``check_full_batch`` collates a full batch before the workers start and refuses
+a loader that would not fit. And a worker whose queue could not move a batch into /dev/shm prints the error from its
+feeder thread and drops the batch, so the child would wait for it until the time limit: the parent reads the log
+for it (``LostBatchWatch``, through ``CappedLog``'s ``scan``) and ends the trial ``shm`` within seconds.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from autotune.machine.loader_memory import (FD_RESERVE, detect_limits, failure_kind, format_bytes, in_flight_batches,
                                             in_flight_bytes)
 from autotune.workloads.probe import batch_footprint, footprint_at
 
-__all__ = ["LoaderWatch", "LoaderMemoryFailure"]
+__all__ = ["LoaderWatch", "LoaderMemoryFailure", "LostBatchWatch", "loader_line", "LOST_BATCH_GRACE_S"]
+
+# How long the parent lets a trial child whose log shows a loader-memory error end on its own: a worker's failed
+# collate reaches the child as an exception within milliseconds; a batch lost in a worker's queue never does
+LOST_BATCH_GRACE_S = 2.0
 
 
 class LoaderMemoryFailure(Exception):
@@ -39,6 +50,8 @@ class LoaderWatch:
         self.config, self.ranks, self.built = config, ranks, built
         self.limits = detect_limits()  # before the loader fills it: what was free for it
         self.estimate = footprint_at(data, config.batch_size)  # the probe's, until a batch is seen
+        self.estimate_first = self.estimate  # the probe's, kept when a full batch replaces it (check_full_batch)
+        self.probed = (data or {}).get("items")
         self.first: tuple[int, int] | None = None
 
     def _batch(self) -> tuple[float, int] | None:
@@ -73,19 +86,94 @@ class LoaderWatch:
 
     def message(self, kind: str, exc: BaseException) -> str:
         """The one line: what ran out, the limit, what this loader holds in flight, the workload's own message."""
-        w, p = self.config.num_workers, self.config.prefetch_factor
         size, tensors = self._batch() or (None, None)
-        n = in_flight_batches(w, p)
-        shape = f"{w} worker(s) x prefetch_factor {p or 2} + 1 batches" + (f" of {format_bytes(size)}" if size else "")
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        own = lines[-1] if lines and "DataLoader worker process" in lines[0] else (lines[0] if lines else "")
-        own = (own if re.match(r"^[A-Za-z_.]*(Error|Exception): ", own) else f"{type(exc).__name__}: {own}")[:400]
-        ranks = f", in each of {self.ranks} ranks" if self.ranks > 1 else ""
-        if kind == "shm":
-            need = f"~{format_bytes(in_flight_bytes(size, w, p, self.ranks))}" if size else "more"
-            return (f"DataLoader worker ran out of shared memory ({self.limits.shm_path} "
-                    f"{format_bytes(self.limits.shm_free_bytes)} free; this loader needs {need} in flight: "
-                    f"{shape}{ranks}): {own}")
-        limit = self.limits.nofile_soft
-        return (f"DataLoader ran out of file descriptors (open-file limit {limit or 'unknown'}, {FD_RESERVE} kept for "
-                f"the rest; this loader holds ~{n * (tensors or 1)} in flight, one per shared tensor: {shape}): {own}")
+        return loader_line(kind, self.config, self.limits, (size, tensors), self.ranks, own_message(exc))
+
+    def check_full_batch(self, loader: Any) -> None:
+        """Before ``loader``'s workers start, where nothing before the trial sized its batches (a ``collate_fn`` of
+        the workload's own, no ``length``, no ``worst_case_batch``: ``probe.sized_before``): collate one full batch
+        of its first items here and refuse (``LoaderMemoryFailure``, status ``shm``) a loader whose batches in flight
+        would overrun the limits, instead of letting its workers fill /dev/shm. The batch is kept as the footprint."""
+        from autotune.workloads.probe import sized_before
+        from autotune.workloads.worst_case import make_batch
+
+        if (self.built is None or getattr(loader, "num_workers", 0) <= 0 or sized_before(self.built)
+                or self.limits.shm_budget_bytes is None):
+            return
+        size, tensors = batch_footprint(make_batch(self.built, self.config.batch_size)[0])
+        w, p = self.config.num_workers, self.config.prefetch_factor
+        over = self.limits.problems(size, tensors, w, p, pin_memory=self.config.pin_memory, ranks=self.ranks)
+        self.estimate = (size, tensors)
+        if over:
+            first = (f"; the first {self.probed} items gave {format_bytes(self.estimate_first[0])}"
+                     if self.estimate_first else "")
+            raise LoaderMemoryFailure(loader_line(
+                "shm" if over[0].startswith("needs") else "fds", self.config, self.limits, (size, tensors), self.ranks,
+                f"a full batch of {self.config.batch_size} measured before the workers started{first}: "
+                f"not started (it {over[0]})"))
+
+
+class LostBatchWatch:
+    """The parent's eyes on a DataLoader worker's error that no event carries (issue 52): a worker whose queue could
+    not move a batch into /dev/shm prints it from its feeder thread (``multiprocessing.queues._feed``), drops the
+    batch and lives on, so the trial child waits at 0% CPU for a batch that never comes, until the time limit.
+
+    ``feed`` reads the trial's log as it is written (``CappedLog(scan=...)``) for the texts of
+    ``machine.loader_memory.failure_kind``; ``verdict`` then gives the child ``LOST_BATCH_GRACE_S`` to end on its
+    own (a worker's collate that fails is raised in the child, which names it better), after which the parent ends
+    the trial as ``shm``. A trial that finished anyway lost a batch on the way: ``shm`` too (the user's loop would
+    wait for it)."""
+
+    def __init__(self, config: Any, data: dict | None, *, ranks: int = 1) -> None:
+        self.config, self.ranks = config, ranks
+        self.limits = detect_limits()  # before the trial's loader fills /dev/shm
+        self.estimate = footprint_at(data, config.batch_size)
+        self.kind: str | None = None
+        self.line = ""
+        self.at: float | None = None
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if self.kind is not None:
+            return
+        *lines, self._carry = (self._carry + chunk).split(b"\n")
+        self._carry = self._carry[-4096:]  # a line without an end (a progress bar) is read in part
+        for raw in lines:
+            line = raw.decode(errors="replace").strip()
+            kind = failure_kind(line)
+            if kind is not None:
+                self.kind, self.line, self.at = kind, line[:400], time.monotonic()
+                return
+
+    def verdict(self, now: float, batch: tuple[float, int] | None = None, *, ended: bool = False) -> str | None:
+        """The ``shm`` reason once the grace has passed (or the child ``ended`` without naming it), else None.
+        ``batch``: the trial's first batch when the child measured one, else the probe's estimate is said."""
+        if self.at is None or (not ended and now - self.at < LOST_BATCH_GRACE_S):
+            return None
+        waited = "" if ended else f"; ended {now - self.at:.0f} s after it, the loader waiting for it for ever"
+        return loader_line(self.kind or "shm", self.config, self.limits, batch or self.estimate or (None, None),
+                           self.ranks, f"a worker's queue lost a batch{waited}: {self.line}")
+
+
+def own_message(exc: BaseException) -> str:
+    """The workload's (torch's) own message in one line: a worker's error's last line, else the first."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    own = lines[-1] if lines and "DataLoader worker process" in lines[0] else (lines[0] if lines else "")
+    return (own if re.match(r"^[A-Za-z_.]*(Error|Exception): ", own) else f"{type(exc).__name__}: {own}")[:400]
+
+
+def loader_line(kind: str, config: Any, limits: Any, batch: tuple[float | None, int | None], ranks: int,
+                own: str) -> str:
+    """What ran out (``kind``: shm, fds), the limit, what the loader holds in flight (``batch``: bytes and tensors,
+    None where unknown), and ``own``: the workload's message or what was seen."""
+    w, p = config.num_workers, config.prefetch_factor
+    size, tensors = batch
+    shape = f"{w} worker(s) x prefetch_factor {p or 2} + 1 batches" + (f" of {format_bytes(size)}" if size else "")
+    on = f", in each of {ranks} ranks" if ranks > 1 else ""
+    if kind == "shm":
+        need = f"~{format_bytes(in_flight_bytes(size, w, p, ranks))}" if size else "more"
+        return (f"DataLoader worker ran out of shared memory ({limits.shm_path} {format_bytes(limits.shm_free_bytes)} "
+                f"free; this loader needs {need} in flight: {shape}{on}): {own}")
+    return (f"DataLoader ran out of file descriptors (open-file limit {limits.nofile_soft or 'unknown'}, {FD_RESERVE} "
+            f"kept for the rest; this loader holds ~{in_flight_batches(w, p) * (tensors or 1)} in flight, one per "
+            f"shared tensor: {shape}): {own}")

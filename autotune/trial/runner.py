@@ -32,6 +32,7 @@ from autotune.trial.events import Built, Done, Event, Failed, Ranks, Warmup, Win
 from autotune.trial.forkserver import ForkServers, default_servers, forkable
 from autotune.machine.limits import MIN_MEMORY_CAP_MB, check_min_cap
 from autotune.measure import median_or_none
+from autotune.trial.loader_watch import LostBatchWatch
 from autotune.trial.memwatch import MemoryWatch
 from autotune.trial.triallog import CappedLog
 
@@ -109,11 +110,11 @@ def _tail(path: Path, limit: int = 4000) -> str:
         return ""
 
 
-def _open_log(path: Path):
-    """The trial's log, appended to under a size cap (``CappedLog``): a link planted at its path is refused (one
-    line), not written through."""
+def _open_log(path: Path, scan: Callable[[bytes], None] | None = None):
+    """The trial's log, appended to under a size cap (``CappedLog``), read by ``scan`` as it comes: a link planted at
+    its path is refused (one line), not written through."""
     try:
-        return CappedLog(path)
+        return CappedLog(path, scan=scan)
     except OSError as exc:
         raise ConfigError(f"cannot write the trial log {path}: "
                           f"{'it is a symbolic link' if exc.errno == errno.ELOOP else exc.strerror}") from None
@@ -158,7 +159,9 @@ def run_trial(
         os.close(fd)
         log_path = Path(tmp)
     log_path = Path(log_path)
-    log = _open_log(log_path)
+    # a batch a DataLoader worker's queue lost in /dev/shm is seen only in the log (trial.loader_watch)
+    lost = LostBatchWatch(config, workload.data, ranks=workload.nproc_per_node)
+    log = _open_log(log_path, lost.feed)
 
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
                "spawned_at": time.time()}
@@ -180,12 +183,14 @@ def run_trial(
     memory = MemoryWatch(proc.pid, lender=getattr(proc, "server_pid", None))
     channel = _Channel(on_window, on_event)
     try:
-        _watch(proc, rfd, channel, memory, measure, t0)
+        _watch(proc, rfd, channel, memory, measure, t0, lost)
     finally:
         os.close(rfd)
         log.join()  # the tree is gone: the log is complete
     wall_s = time.monotonic() - t0
     status, reason, sig, user_error, traceback_text = _verdict(channel, proc, log_path)
+    if status in ("ok", "crashed", "timeout") and lost.kind is not None:  # the child did not name it: the log did
+        status, reason = "shm", lost.verdict(time.monotonic(), _first_batch(channel), ended=True) or reason
     if own_log:
         if status != "ok" and not traceback_text:
             traceback_text = _tail(log_path) or None
@@ -249,9 +254,11 @@ class _Channel:
         return next((e for e in reversed(self.events) if isinstance(e, kind)), None)
 
 
-def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: MeasureSpec, t0: float) -> None:
+def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: MeasureSpec, t0: float,
+           lost: LostBatchWatch) -> None:
     """Read the child's events, sample its memory and the clock until it ends or the parent ends it (over the
-    cap, past the time limit, pruned); then kill whatever is left of its tree and drain the channel."""
+    cap, past the time limit, pruned, a batch lost in /dev/shm: ``lost``); then kill whatever is left of its tree and
+    drain the channel."""
     last_mem = 0.0
     try:
         while channel.stop is None:
@@ -268,6 +275,8 @@ def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: Meas
                 if over is not None:
                     channel.stop = ("over_memory",
                                     f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
+            if channel.stop is None and (why := lost.verdict(now, _first_batch(channel))) is not None:
+                channel.stop = ("shm", why)
             if channel.stop is None and now - t0 > measure.timeout_s:
                 channel.stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
             if channel.stop is None and not ready and proc.poll() is not None:
@@ -284,6 +293,12 @@ def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: Meas
         _kill_tree(proc, memory)
         raise
     channel.flush()
+
+
+def _first_batch(channel: _Channel) -> tuple[float, int] | None:
+    """The first batch's bytes and tensors as the child measured them (its ``Warmup``), else None."""
+    warm = channel.last(Warmup)
+    return (warm.batch_bytes, warm.batch_tensors or 1) if warm is not None and warm.batch_bytes else None
 
 
 def _verdict(channel: _Channel, proc, log_path: Path) -> tuple[str, str, str | None, bool, str | None]:

@@ -1,6 +1,8 @@
 """A trial's log with a size cap: the child's stdout and stderr reach their file through a pipe, and the file keeps
 the first ``LOG_HEAD_BYTES`` of what a trial printed and about the last ``LOG_TAIL_BYTES``, with one line between
 them saying how much was left out. A workload that prints every step for hours fills a log, not the disk.
+``scan`` reads every chunk as it passes (the parent watches the log for a DataLoader worker's error that no event
+carries: ``loader_watch.LostBatchWatch``).
 
 The cap holds on disk at every moment (at most head + tail x 2 + one line per trial run), so a tuner killed
 mid-trial leaves a log within it: the bytes past the head are written as they come, and each time they reach
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 __all__ = ["CappedLog", "LOG_HEAD_BYTES", "LOG_TAIL_BYTES"]
 
@@ -30,8 +33,10 @@ class CappedLog:
     ``join()`` waits until every writer is gone and the file is complete. A write that fails (a full disk) loses
     that part of the log, never the trial: the pipe keeps being read, so the child never blocks on it."""
 
-    def __init__(self, path: str | os.PathLike, *, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES) -> None:
+    def __init__(self, path: str | os.PathLike, *, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES,
+                 scan: Callable[[bytes], None] | None = None) -> None:
         self.path = Path(path)
+        self._scan = scan  # reads each chunk as it comes (``loader_watch.LostBatchWatch``); never stops the copy
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # read: the tail moves up; never through a link planted at the path (docs/security.md)
         self._fd = os.open(self.path,
@@ -68,6 +73,11 @@ class CappedLog:
     def _copy(self) -> None:
         try:
             while chunk := os.read(self._r, 65536):
+                if self._scan is not None:
+                    try:
+                        self._scan(chunk)
+                    except Exception:  # noqa: BLE001 - a reader's bug must not cost the trial its log
+                        pass
                 try:
                     self._write(chunk)
                 except OSError:  # a full disk: this part of the log is lost; the trial goes on

@@ -159,8 +159,13 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
 
     from autotune.workloads.contract import loader_kwargs, steps_per_epoch
 
+    from autotune.trial.loader_watch import LoaderWatch
+
     kw = loader_kwargs(built, config, spec.seed)
     loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
+    # the first batch's bytes; a loader out of memory named; a batch no probe sized, collated before the workers
+    watch = LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built)
+    watch.check_full_batch(None if spec.worst_case else loader)
     loader, train_step, latency, worst = _measured_step(built, config, spec, dev, train, train_step, loader)
     if spec.part != "full":  # one ceiling alone: the model on a batch on the device, or the data path alone
         from autotune.trial.parts import alone
@@ -174,11 +179,9 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
                device_memory_cap_mb=getattr(dev, "memory_cap_mb", None),
                worst_case=worst))  # said now: a kill over the cap still names the worst-case batch
 
-    from autotune.trial.loader_watch import LoaderWatch
     from autotune.trial.parts import tree_cpu_s
 
-    # the first batch's bytes; a loader out of shared memory or descriptors is named (trial.loader_watch)
-    with LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built) as watch:
+    with watch:
         stepper = _Stepper(loader, train_step, accumulation, dev.step_timer(), config.amp, watch=watch)
         if ranks is not None:  # the followers take rank 0's steps; rank 0 measures them all
             if ranks.rank != 0:

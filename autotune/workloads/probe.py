@@ -11,11 +11,16 @@ the recommendation's YAML::
      "takes": ["image_size"],                      # the keyword arguments a module:callable took
      "sampler": False,                             # the workload brings its own sampler
      "worst_case_batch": False,                    # it returns worst_case_batch (workloads.worst_case)
-     "footprint": {"items": [2, 4], "bytes": [1234, 2468], "tensors": [2, 2]}}  # batches of 2 and 4 items
+     "footprint": {"items": [2, 4], "bytes": [1234, 2468], "tensors": [2, 2], "source": "longest"}}
 
 ``footprint`` is what a DataLoader worker would put in shared memory for batches of 2 and of 4 items (their tensors'
-storages, ``batch_footprint``): ``footprint_at`` extrapolates it to any batch size, which the search's loader
-memory rule reads before a trial runs (``search.space.loader_fit``); each trial then measures its first batch.
+storages, ``batch_footprint``) of the largest batches the workload says it makes (``source``): its
+``worst_case_batch``; else, where it gives ``length``, its 4 longest items (a padding collate pads a batch to its
+longest item: the first 4 items of ``[10] * 4 + [512] * 1000`` would size a batch of 64 at 1/50 of what it is);
+else its first items, exact with PyTorch's default collate (``stacked``: one shape or an error), and with a collate
+of its own (``first``) a floor only: each trial then collates a full batch before its workers start
+(``trial.loader_watch``). ``footprint_at`` extrapolates it to any batch size, which the search's loader memory rule
+reads before a trial runs (``search.space.loader_fit``); each trial then measures its first batch.
 
 The search space reads it (``search.space.search_space.fit_workload``): ``channels_last`` only where a batch holds a 4-D
 floating-point tensor, ``bucket_by_length`` only where the workload gives ``length`` and no sampler of its own.
@@ -33,7 +38,7 @@ from typing import Any
 from autotune.errors import WorkloadError
 
 __all__ = ["PROBE_ITEMS", "probe", "describe_batch", "batch_footprint", "footprint_at", "item_length", "lengths_of",
-           "length_sampler", "check_knobs",
+           "length_sampler", "check_knobs", "sized_before",
            "searches_channels_last", "searches_bucketing"]
 
 PROBE_ITEMS = 4  # enough for a padding collate to show its variable lengths; cheap for any dataset
@@ -111,11 +116,45 @@ def footprint_at(data: dict[str, Any] | None, batch_size: int) -> tuple[float, i
     return max(0.0, at(sizes[0], slope)), max(1, round(at(counts[0], tslope)))
 
 
-def _footprint(collate: Any, items: list[Any]) -> dict[str, list[int]]:
-    """The ``footprint`` of the probe: batches of the first 2 (when there are more than 2) and all the items."""
+_SOURCES = {"worst_case_batch": "the workload's worst_case_batch", "longest": "its longest items by length",
+            "stacked": "its first items (PyTorch's default collate: every item the same shape)",
+            "first": "its first items (its own collate_fn: a full batch is measured in each trial before its workers "
+                     "start)"}
+
+
+def sized_before(built: Any) -> bool:
+    """Whether the probe's footprint bounds every batch of ``built``: it returns ``worst_case_batch``, or ``length``
+    over a map-style dataset (its longest items), or it keeps PyTorch's default collate (which stacks items of one
+    shape or raises). Else, with a ``collate_fn`` of its own, a batch of its first items says nothing of a padded
+    batch of long ones, and each trial measures a full batch first (``trial.loader_watch.check_full_batch``)."""
+    import torch
+
+    if built.collate_fn is None or getattr(built, "worst_case_batch", None) is not None:
+        return True
+    return built.length is not None and not isinstance(built.dataset, torch.utils.data.IterableDataset)
+
+
+def _footprint(built: Any, collate: Any, items: list[Any]) -> dict[str, Any]:
+    """The ``footprint`` of the probe: batches of 2 (when there are more than 2) and ``len(items)`` items of the
+    largest batches the workload says it makes (``source``): its ``worst_case_batch``, else its longest items by
+    ``length`` (every item's length read, as the worst case and bucketing read them), else its first items."""
+    import numpy as np
+
     sizes = [n for n in (2, len(items)) if n <= len(items)] if len(items) > 2 else [len(items)]
-    prints = [batch_footprint(collate(items[:n])) for n in sizes]
-    return {"items": sizes, "bytes": [b for b, _ in prints], "tensors": [t for _, t in prints]}
+    if getattr(built, "worst_case_batch", None) is not None:
+        source, make = "worst_case_batch", built.worst_case_batch
+    elif sized_before(built) and built.collate_fn is not None:
+        lengths = lengths_of(built)
+        longest = [built.dataset[int(i)] for i in np.argsort(-lengths, kind="stable")[:len(items)]]
+        source, make = "longest", lambda n: collate(longest[:n])
+    else:
+        source, make = ("first" if built.collate_fn is not None else "stacked"), lambda n: collate(items[:n])
+    try:
+        prints = [batch_footprint(make(n)) for n in sizes]
+    except Exception as exc:
+        raise WorkloadError(f"the workload could not make a batch of {_SOURCES[source]}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    return {"items": sizes, "bytes": [b for b, _ in prints], "tensors": [t for _, t in prints], "source": source}
 
 
 def _is_image(leaf: dict[str, Any]) -> bool:
@@ -176,7 +215,7 @@ def probe(built: Any, *, takes: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"items": len(items), "batch": leaves, "image": any(_is_image(leaf) for leaf in leaves),
             "lengths": lengths, "takes": list(takes), "sampler": built.sampler is not None,
             "worst_case_batch": getattr(built, "worst_case_batch", None) is not None,
-            "footprint": _footprint(collate, items)}
+            "footprint": _footprint(built, collate, items)}
 
 
 def lengths_of(built: Any) -> Any:

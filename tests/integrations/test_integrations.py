@@ -34,7 +34,7 @@ def test_lightning_settings_map_precision_accumulation_and_loaders():
                                  "accumulate_grad_batches": 1}
     assert lt.dataloader_kwargs == rec.dataloader_kwargs() == {"batch_size": 16, "num_workers": 2,
                                                                "pin_memory": False, "persistent_workers": False,
-                                                               "prefetch_factor": 4}
+                                                               "prefetch_factor": 4, "timeout": 300}
     gpu = make_rec(config=TrialConfig(amp="fp16"), workload=Workload(device="cuda:1")).lightning()
     assert gpu.trainer_kwargs["precision"] == "16-mixed"
     assert (gpu.trainer_kwargs["accelerator"], gpu.trainer_kwargs["devices"]) == ("gpu", [1])

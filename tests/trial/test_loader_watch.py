@@ -114,3 +114,92 @@ def test_a_loader_out_of_shared_memory_is_named_with_its_own_message():
                              "~184 MiB in flight: 2 worker(s) x prefetch_factor 2 + 1 batches of 36.8 MiB): "
                              "RuntimeError: "), reason
     assert "No space left on device" in reason and "RuntimeError: RuntimeError" not in reason
+
+
+# --- issue 52: variable lengths whose first items are short (items 1 and 13) ---------------------------------------
+
+TAIL = "tests.long_tail_workloads"
+
+
+def test_the_probe_sizes_a_padded_batch_by_its_longest_items_not_its_first():
+    """Item 1: lengths ``[10] * 4 + [512] * 1000`` with a padding collate. The first 4 items made a batch of 64 look
+    1/50 of its size; the probe now sizes it on the longest items, which bound every real batch of 64."""
+    import torch
+
+    from autotune.workloads.build import build
+    from autotune.workloads.probe import probe
+    from tests.long_tail_workloads import pad
+
+    built = build(Workload(model=f"{TAIL}:short_first"))
+    data = probe(built)
+    estimate, tensors = footprint_at(data, 64)
+    real = next(iter(torch.utils.data.DataLoader(built.dataset, batch_size=64, shuffle=True, collate_fn=pad,
+                                                 generator=torch.Generator().manual_seed(0))))
+    assert batch_footprint(real) == (64 * 512 * 256 * 4 + 64 * 8, 2)  # 32 MiB: padded to 512
+    assert (estimate, tensors) == batch_footprint(real)
+    assert data["footprint"]["source"] == "longest" and data["lengths"] == {"min": 10, "max": 10}
+    unsized = probe(build(Workload(model=f"{TAIL}:short_first_unsized")))
+    assert unsized["footprint"]["source"] == "first"  # no length: a floor only, the trial measures a full batch
+
+
+_TAIL_TRIALS = f"""
+import json, time
+from autotune import MeasureSpec, Workload
+from autotune.config import TrialConfig
+from autotune.trial.runner import run_trial
+out = []
+for name in ("short_first_unsized", "short_batch_first"):
+    t = time.monotonic()
+    r = run_trial(Workload(model="{TAIL}:" + name), TrialConfig(batch_size=64, num_workers=2, prefetch_factor=2),
+                  MeasureSpec(windows=2, window_s=0.3, timeout_s=120))
+    out.append([r.status, r.reason, r.wall_s])
+print(json.dumps(out))
+"""
+
+
+def test_a_loader_that_overflows_dev_shm_ends_the_trial_as_shm_within_seconds():
+    """Item 13, under a real 64 MiB /dev/shm: 2 workers x prefetch 2 of padded batches of 32 MiB.
+
+    * no ``length``, the first items short: the trial collates a full batch of 64 before its workers start and
+      ends ``shm`` there (was: its workers filled /dev/shm and the trial hung until its time limit);
+    * a full batch of the first items short as well (``[10] * 64 + [512] * 1000``): only a batch the shuffled loader
+      draws overflows; its worker's queue prints the error and drops the batch, and the parent, reading the log,
+      ends the trial ``shm`` 2 s later (was: 0% CPU until the 120 s limit, status timeout)."""
+    import json
+
+    out = under_small_shm(f"{sys.executable} -c '{_TAIL_TRIALS}'")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (pre, pre_reason, pre_s), (lost, lost_reason, lost_s) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pre == "shm" and pre_reason.startswith(
+        "DataLoader worker ran out of shared memory (/dev/shm 64.0 MiB free; this loader needs ~160 MiB in flight: "
+        "2 worker(s) x prefetch_factor 2 + 1 batches of 32.0 MiB): a full batch of 64"), pre_reason
+    assert lost == "shm" and "a worker's queue lost a batch" in lost_reason, lost_reason
+    assert "unable to allocate shared memory(shm)" in lost_reason and "No space left on device" in lost_reason
+    assert max(pre_s, lost_s) < 60, (pre_s, lost_s)  # the child's start and torch's import, then seconds
+
+
+_USER_LOOP = f"""
+import time, torch
+import autotune.machine.loader_memory as rule
+from autotune.config import TrialConfig
+from tests.helpers import make_rec
+from {TAIL} import pad, short_batch_first
+rule.LOADER_TIMEOUT_S = 5  # patience for a test; the product waits 300 s
+kw = make_rec(config=TrialConfig(batch_size=64, num_workers=2, prefetch_factor=2)).dataloader_kwargs()
+loader = torch.utils.data.DataLoader(short_batch_first()["dataset"], shuffle=True, collate_fn=pad, **kw)
+t = time.monotonic()
+try:
+    for batch in loader:
+        pass
+    print("FINISHED")
+except RuntimeError as exc:
+    print(f"RAISED after {{time.monotonic() - t:.0f}} s: {{exc}}")
+"""
+
+
+def test_the_users_loop_with_dataloader_kwargs_ends_instead_of_hanging_on_a_lost_batch():
+    """Item 13, the user's side: the same overflow in a plain loop over ``rec.dataloader_kwargs()`` (whose estimate
+    the first items made too small to refuse it) raises torch's "DataLoader timed out" (was: waited for ever)."""
+    out = under_small_shm(f"{sys.executable} -c '{_USER_LOOP}'", timeout=120)
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    assert last.startswith("RAISED after") and "DataLoader timed out after 5 seconds" in last, last

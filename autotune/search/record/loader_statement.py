@@ -61,7 +61,7 @@ def statement(config: Any, batch: tuple[float, int] | None, *, measured: bool, l
 
 def _line(s: dict[str, Any], config: Any, limits: LoaderLimits | None) -> str:
     w, p = config.num_workers, config.prefetch_factor
-    est = "" if s["batch_measured"] else " (estimated from the first items)"
+    est = "" if s["batch_measured"] else " (estimated before the trials, by the workload's probe)"
     ranks = f", x{s['ranks']} ranks" if s["ranks"] > 1 else ""
     if w:
         head = (f"loader memory: {loader_shape(w, p)} + 1 = {s['in_flight_batches']} batches of "
@@ -131,7 +131,8 @@ def applied_kwargs(rec: Any, *, fit: bool = False) -> dict[str, Any]:
     limit and the pinned-memory share read here and now (``hardware.loader_limits_now``); one that does not is
     refused with a one-line ``ConfigError`` naming the options, or with ``fit`` the largest loader that fits here
     is given (a smaller prefetch, then fewer workers), with a warning: it is not the one measured. A batch's bytes
-    are the recommended trial's first batch's, else the probe's estimate; unknown, nothing is judged."""
+    are the recommended trial's first batch's, else the probe's estimate; unknown, nothing is judged. With workers,
+    ``timeout`` (``_timed``) ends a loop whose batch was lost instead of hanging it."""
     import warnings
 
     from autotune.config import TrialConfig
@@ -142,12 +143,21 @@ def applied_kwargs(rec: Any, *, fit: bool = False) -> dict[str, Any]:
     batch = ((float(lm["batch_bytes"]), int(lm.get("batch_tensors") or 1)) if lm.get("batch_bytes")
              else footprint_at(rec.workload.data, c.batch_size))
     if batch is None or not c.num_workers:  # nothing in shared memory, or nothing known of it: nothing to judge
-        return c.dataloader_kwargs()
+        return _timed(c.dataloader_kwargs())
     fitted = check_loader(c.batch_size, c.num_workers, c.prefetch_factor, batch, limits=loader_limits_now(),
                           pin_memory=c.pin_memory, ranks=rec.world_size, fit=fit)
     if fitted is None:
-        return c.dataloader_kwargs()
+        return _timed(c.dataloader_kwargs())
     w, p = fitted
     warnings.warn(f"dataloader_kwargs(fit=True): {w} worker(s) x prefetch_factor {p} instead of the measured "
                   f"{c.num_workers} x {c.prefetch_factor or 2}, to fit this machine's shared memory", stacklevel=3)
-    return TrialConfig.from_dict({**c.to_dict(), "num_workers": w, "prefetch_factor": p}).dataloader_kwargs()
+    return _timed(TrialConfig.from_dict({**c.to_dict(), "num_workers": w, "prefetch_factor": p}).dataloader_kwargs())
+
+
+def _timed(kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with DataLoader's ``timeout`` where workers run (``LOADER_TIMEOUT_S``): a batch a worker's queue lost
+    in a full /dev/shm (it prints the error and lives on) ends the user's loop with torch's "DataLoader timed out"
+    instead of a wait for ever."""
+    from autotune.machine.loader_memory import LOADER_TIMEOUT_S
+
+    return {**kw, "timeout": LOADER_TIMEOUT_S} if kw.get("num_workers") else kw

@@ -140,7 +140,8 @@ def test_the_search_never_runs_a_loader_over_the_shared_memory_and_says_what_mor
         assert "with a /dev/shm of 1 GiB (docker run --shm-size=1g) it could try them" in lm["line"]
     back = Recommendation.from_dict(yaml.safe_load(rec.to_yaml()))
     assert back.loader_memory == lm
-    assert back.dataloader_kwargs() == rec.config.dataloader_kwargs()  # this machine's /dev/shm holds it
+    kw = back.dataloader_kwargs()  # this machine's /dev/shm holds it; a timeout where workers run (issue 52)
+    assert kw == {**rec.config.dataloader_kwargs(), **({"timeout": 300} if rec.config.num_workers else {})}
 
 
 def test_a_statement_of_a_loader_that_no_longer_fits_says_so():
