@@ -27,6 +27,7 @@ from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks
 from autotune.search.choose import finalists as fin
+from autotune.search.choose.contenders import contenders, lost_gap, window_noise
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
@@ -333,8 +334,8 @@ class Tuner:
             return None
         ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
-        top, left_out = fin.contenders(ranked, k=self.finalists, gap=fin.lost_gap(study.get_trials(deepcopy=False)))
-        budget = dataclasses.replace(budget, window_noise=fin.window_noise(top))
+        top, left_out = contenders(ranked, k=self.finalists, gap=lost_gap(study.get_trials(deepcopy=False)))
+        budget = dataclasses.replace(budget, window_noise=window_noise(top))
         planned = self._plan_finalists(study, top, budget, here=runner is None)
         here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         with here:  # no finalist round fits: the best search trial, provisional, its claim confirmed
