@@ -146,6 +146,17 @@ class Hardware:
         """The CPU computes bf16 natively (AVX512-BF16, AMX or Arm's BF16): bf16 autocast is worth trying."""
         return any(f in self.cpu_flags for f in ("avx512_bf16", "amx_bf16", "bf16"))
 
+    @property
+    def cpu_kind(self) -> str:
+        """Which kind of CPU this is for what wins on it (``search_spaces/likely.yaml``): ``amx`` (AMX-BF16),
+        ``avx512_bf16``, ``avx2``, ``arm`` (Arm's SIMD) or ``other``. What won on one kind lost on another
+        (bf16 on a Xeon with AMX and on an EPYC with AVX-512 bf16), so the kind is detected, never assumed."""
+        flags = set(self.cpu_flags)
+        for kind, flag in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"), ("avx2", "avx2"), ("arm", "asimd")):
+            if flag in flags:
+                return kind
+        return "other"
+
     def gpus_for(self, device: str = "cuda") -> tuple[dict, ...]:
         """The GPU a trial on ``device`` (``cuda``, ``cuda:N``) runs on, after CUDA_VISIBLE_DEVICES and
         CUDA_DEVICE_ORDER renumbered them: one, or every GPU it could be when NVML cannot tell, or none when

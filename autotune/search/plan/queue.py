@@ -10,6 +10,7 @@ import statistics
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.record import trials as keys
+from autotune.search.space.likely import measured_on
 from autotune.search.plan.batch_walk import evidence, next_steps
 from autotune.search.record import ceilings
 from autotune.search.plan.coordinate import Plan, plan
@@ -68,8 +69,9 @@ def queue_first_trials(study: Study, space, *, storage, single_run: bool, log: C
         likely = space.likely_params()
         if likely is not None and not any(t.user_attrs.get(keys.LIKELY_WINNER) for t in trials):
             enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
-            log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()}); "
-                "then each of them apart, the batch walk from the best config so far, and the other knobs one at "
+            where = measured_on(getattr(space, "cpu_kind", None)) or "the default's: no runs on this CPU kind yet"
+            log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()}; "
+                f"{getattr(space, 'cpu_kind', None) or 'this device'}'s, {where}); then each of them apart, the batch walk from the best config so far, and the other knobs one at "
                 "a time before the sampler takes over (compile last)")
         if warm_start is not None:  # itself skips what is queued already
             warm_start()

@@ -2,26 +2,61 @@
 taken apart by the planned search (``coordinate``). A guess measured like any trial, never a rule: where one of them
 hurts, the separation finds it.
 
+Which values, per CPU kind, is data: ``search_spaces/likely.yaml`` (``winners_for``), each kind's entry measured by
+the project's benchmark runs on that kind of machine (``benchmarks/likely_winners.py``), with the machine and the
+date; a kind without one takes the file's ``default``. Issue 50: on one CPU the allocator that won (tcmalloc) was
+not in the bundle, and a 10-minute budget ended before the search reached it.
+
 ``SearchSpace.likely_params`` and ``SearchSpace.LIKELY_WINNERS`` are these.
 """
 
 from __future__ import annotations
 
+import functools
+from importlib import resources
 from typing import Any
 
-__all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers"]
+__all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers", "winners_for", "measured_on"]
 
-# Knob values that usually win where the (trimmed) space still offers them: bf16 is only left in where the
-# hardware has native bf16, where autocast roughly doubles conv/matmul throughput; channels_last is oneDNN's
-# and cuDNN's preferred layout for convolutions; retain stops the page-fault churn of freed activation
-# buffers (hugepages was as fast with more memory, so it is left to the search; autotune/machine/malloc.py).
-# On CUDA, cudnn.benchmark picks the fastest convolution algorithms for fixed shapes (off in the baseline:
-# PyTorch's default). Length bucketing (where the workload gives lengths) cut padding from ~65% to ~4% of the
-# tokens. Measured like any trial. In order of preference per knob: the first one the trimmed space offers is
-# taken.
-# With ranks, gradients as views into DDP's buckets save a copy of every gradient and its memory.
-LIKELY_WINNERS = {"amp": ("bf16",), "channels_last": (True,), "malloc": ("retain", "hugepages"),
-                  "cudnn_benchmark": (True,), "bucket_by_length": (True,), "gradient_as_bucket_view": (True,)}
+
+@functools.lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    """``search_spaces/likely.yaml``, read once."""
+    import yaml
+
+    return yaml.safe_load(resources.files("autotune.search_spaces").joinpath("likely.yaml").read_text())
+
+
+def _knobs(entry: dict[str, Any]) -> dict[str, tuple]:
+    return {k: tuple(v) for k, v in (entry.get("knobs") or {}).items()}
+
+
+def winners_for(kind: str | None) -> dict[str, tuple]:
+    """Each knob's likely winners in order of preference for a CPU of ``kind`` (``Hardware.cpu_kind``; None: a
+    GPU's or an unknown machine's): the kind's measured entry, the default's knobs it does not name kept.
+
+    >>> winners_for("avx512_bf16")["malloc"][0], winners_for(None)["malloc"][0]
+    ('tcmalloc', 'retain')
+    """
+    data = _data()
+    default = _knobs(data["default"])
+    entry = (data.get("kinds") or {}).get(kind) if kind else None
+    return {**default, **_knobs(entry)} if entry else default
+
+
+def measured_on(kind: str | None) -> str:
+    """Where the likely winners of ``kind`` were measured, in a few words ("" for the default's).
+
+    >>> measured_on("avx2")
+    'measured on AMD EPYC (2 usable cores, AVX2, no bf16), 24 GiB, 2026-11-26'
+    """
+    entry = (_data().get("kinds") or {}).get(kind) if kind else None
+    runs = (entry or {}).get("measured") or []
+    return f"measured on {runs[-1]['machine']}, {runs[-1]['date']}" if runs else ""
+
+
+# The default's (a GPU's, or a CPU kind with no runs of its own): ``winners_for(None)``
+LIKELY_WINNERS = winners_for(None)
 # Where the loader's memory caps the likely winners' workers, their batch may shrink to this fraction of the
 # baseline's at most (``_batch_for_workers``): below it the model's step loses more to launch overhead than a few
 # more workers give back.
@@ -30,12 +65,13 @@ TRADE_DOWN = 4
 
 def likely_params(space: Any) -> dict[str, Any] | None:
     """``space``'s baseline with the usual winners it offers switched on (Optuna params), or None when that is the
-    baseline itself. In order of preference per knob: the first one the trimmed space offers is taken. On a GPU the
-    loader too (``_gpu_loader``)."""
+    baseline itself. In order of preference per knob (``winners_for`` the space's CPU kind): the first one the
+    trimmed space offers is taken. On a GPU the loader too (``_gpu_loader``)."""
     base = space.baseline_params()
     params = dict(base)
     choices = {p.name: p.choices for p in space.params}
-    for name, preferred in LIKELY_WINNERS.items():
+    kind = getattr(space, "cpu_kind", None) if space.device == "cpu" else None
+    for name, preferred in winners_for(kind).items():
         value = next((v for v in preferred if v in choices.get(name, ())), None)
         if value is not None:
             params[name] = value

@@ -58,6 +58,9 @@ class SearchSpace:
     ranks: int = 1  # DDP ranks per trial sharing the usable cores (``for_ranks``)
     # the loader's memory held to this machine's limits (``search.space.loader_fit.LoaderFit``); None: not checked
     loader: Any = None
+    # the CPU's kind (``Hardware.cpu_kind``) the likely winners are read for (``search.space.likely``); None: a GPU
+    # space or an unknown machine (the default's)
+    cpu_kind: str | None = None
 
     @property
     def rank_cores(self) -> int:
@@ -267,7 +270,7 @@ def space_from_dict(doc: Any, *, hardware, source: str = "<memory>", device: str
         raise SpaceError(f"{src}: oversubscribe must be true or false")
     space = SearchSpace(name=str(doc.get("name", Path(src).stem)), device=space_device, params=params,
                         fixed=fixed, baseline=baseline, oversubscribe=oversubscribe, usable_cores=cores,
-                        source=src, notes=notes)
+                        source=src, notes=notes, cpu_kind=getattr(hardware, "cpu_kind", None) if is_cpu else None)
     try:
         space.baseline_config()
     except Exception as exc:

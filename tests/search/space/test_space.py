@@ -634,7 +634,9 @@ def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
     bf16 = load_space(CPU_YAML, hardware=dataclasses.replace(fake_hw(flags=("avx512_bf16",)), libc="glibc 2.36",
                                                              thp="always"))
     likely = bf16.likely_params()
-    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": "retain"}
+    # on this CPU kind tcmalloc won where installed (search_spaces/likely.yaml), else retain
+    first = "tcmalloc" if "tcmalloc" in choices(bf16, "malloc") else "retain"
+    assert likely == {**bf16.baseline_params(), "amp": "bf16", "channels_last": True, "malloc": first}
     only_huge = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]},
                                                 "malloc": {"type": "categorical", "choices": ["default", "hugepages"]}},
                                  "baseline": {"batch_size": 8, "malloc": "default"}},
@@ -645,6 +647,33 @@ def test_likely_winners_switch_on_only_what_the_trimmed_space_offers():
     only_batch = space_from_dict({"parameters": {"batch_size": {"type": "int", "choices": [8, 16]}},
                                   "baseline": {"batch_size": 8}}, hardware=fake_hw())
     assert only_batch.likely_params() is None  # nothing to switch on: no extra trial
+
+
+def test_the_likely_winners_are_read_per_cpu_kind_from_measured_data():
+    """Issue 50: the bundle is data per CPU kind (search_spaces/likely.yaml), each kind's entry naming the machine,
+    the date and the benchmark result it came from (a file in the repository); a kind without one takes the
+    default's. The kind is detected from the CPU's flags."""
+    from pathlib import Path
+
+    from autotune.search.space.likely import _data, winners_for
+
+    root = Path(__file__).resolve().parents[3]
+    for kind, entry in _data()["kinds"].items():
+        assert kind in ("amx", "avx512_bf16", "avx2", "arm", "other"), kind
+        for run in entry["measured"]:
+            assert run["machine"] and str(run["date"]).startswith("2026-") and run["what"], run
+            assert (root / run["source"]).is_file(), run["source"]
+    kinds = {flags: dataclasses.replace(fake_hw(flags=flags), libc="glibc 2.36", thp="always").cpu_kind
+             for flags in (("amx_bf16", "avx512_bf16", "avx2"), ("avx512_bf16", "avx2"), ("avx2",), ())}
+    assert list(kinds.values()) == ["amx", "avx512_bf16", "avx2", "other"]
+    for flags, kind in kinds.items():
+        hw = dataclasses.replace(fake_hw(flags=flags), libc="glibc 2.36", thp="always")
+        space = load_space(CPU_YAML, hardware=hw)
+        assert space.cpu_kind == kind
+        offered = choices(space, "malloc")
+        want = next(v for v in winners_for(kind)["malloc"] if v in offered)
+        assert space.likely_params()["malloc"] == want, (kind, offered)
+    assert winners_for("no such kind") == winners_for(None)
 
 
 def test_on_a_gpu_the_likely_winners_feed_the_loader_as_every_recipe_does():
