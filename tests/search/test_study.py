@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -19,7 +20,8 @@ from autotune.search.budget import Budget
 from autotune.search.plan.pruning import NoHopePruner
 from autotune.search.record.trials import outcome
 
-from tests.helpers import (QUICK, assert_queued_are_walk_steps_or_reruns, finalist_run, make_tuner, search_run,
+from tests.helpers import (QUICK, assert_queued_are_walk_steps_or_reruns, finalist_run, hardware, make_tuner,
+                           search_run,
                            tiny_space)
 
 # --- the outcome mapping: decided once -------------------------------------------------------------
@@ -652,16 +654,23 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
         assert kw["memory_cap_mb"] == tuner.measure.memory_cap_mb  # the check is watched as the trials were
         return ParityResult(ok=True, steps=kw["steps"], reason="fake: within tolerance")
 
-    def fake(workload, config, measure, **kw):  # channels_last 1.5x: the walk goes on from the likely winner
-        v = {8: 10.0, 16: 20.0, 32: 30.0}[config.batch_size] * (1.5 if config.channels_last else 1.0)
+    def fake(workload, config, measure, **kw):  # bf16 1.5x: the walk goes on from the likely winner
+        v = {8: 10.0, 16: 20.0, 32: 30.0}[config.batch_size] * (1.5 if config.amp == "bf16" else 1.0)
         return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
                            batch_size=config.batch_size)
 
-    tuner = make_tuner(tmp_path, space=_batch_space([8, 16, 32], 8), finalists=1, log=logs.append, parity=passing,
-                       runner=fake)
-    tuner.run(trials=3)  # baseline (8) 10/s, likely winner (8, channels_last) 15/s, batch 16 + channels_last 30/s
+    # bf16 changes the arithmetic (channels_last alone does not: parity.LAYOUT_ONLY)
+    from autotune.search.space.search_space import space_from_dict
+
+    bf16_hw = dataclasses.replace(hardware(), cpu_flags=tuple(hardware().cpu_flags) + ("avx512_bf16",))
+    space = space_from_dict({"name": "tiny", "device": "cpu",
+                             "parameters": {"batch_size": {"type": "int", "choices": [8, 16, 32]},
+                                            "amp": {"type": "categorical", "choices": ["off", "bf16"]}},
+                             "baseline": {"batch_size": 8, "amp": "off"}}, hardware=bf16_hw)
+    tuner = make_tuner(tmp_path, space=space, finalists=1, log=logs.append, parity=passing, runner=fake)
+    tuner.run(trials=3)  # baseline (8) 10/s, likely winner (8, bf16) 15/s, batch 16 + bf16 30/s
     study = tuner.study()
-    # best: batch 16 + channels_last at 30/s; 5 steps of it, 10 of fp32 at the baseline's 10/s, and start-up
+    # best: batch 16 + bf16 at 30/s; 5 steps of it, 10 of fp32 at the baseline's 10/s, and start-up
     assert tuner.numerics_check_s(study) == pytest.approx(10.0 + 5 * 16 / 30.0 + 2 * 5 * 16 / 10.0)
     assert check_seconds(TrialConfig(batch_size=16), samples_per_s=20.0, fp32_samples_per_s=10.0) == 0.0
     assert checked and any(m.startswith("checking the numerics of") and "s expected" in m for m in logs), logs
