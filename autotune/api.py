@@ -17,6 +17,7 @@ from autotune.config import MeasureSpec, Workload
 from autotune.errors import AutotuneError, WorkloadError
 from autotune.recommendation import Recommendation, VersionMismatchWarning, stored_recommendation
 from autotune.search.record.storage import open_storage, study_name_for
+from autotune.search.budget import SEARCH_WINDOWS
 
 __all__ = ["recommend", "tune"]
 
@@ -81,7 +82,7 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
                         global_batch=global_batch, nproc_per_node=nproc_per_node)
     cap = parse_memory_mb(memory_cap, what="memory_cap") if memory_cap is not None else None
     check_cap_against_machine(cap, hw, device)
-    measure = (measure or MeasureSpec()).replace(memory_cap_mb=cap) if cap else (measure or MeasureSpec())
+    measure = (measure or MeasureSpec(windows=SEARCH_WINDOWS)).replace(**({"memory_cap_mb": cap} if cap else {}))
     if latency_p99 is not None:
         from autotune.trial.latency import check_bound
 

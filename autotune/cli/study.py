@@ -14,6 +14,7 @@ from autotune._redact import redact
 from autotune.errors import AutotuneError
 from autotune.search.record import trials as keys
 from autotune.search.record.ceilings import ceiling_lines
+from autotune.search.budget import SEARCH_WINDOWS
 
 if TYPE_CHECKING:
     from autotune.search.tuner import Tuner
@@ -366,7 +367,7 @@ def add_study_commands(sub) -> None:
                         "the YAML's `compile` section says so and records the break-even)")
     r.add_argument("--planned-steps", type=int, default=None, metavar="N",
                    help="the same as a number of training steps (each config's own batch size)")
-    add_measure_args(p)
+    add_measure_args(p, windows=SEARCH_WINDOWS)  # the search's (search.budget.SEARCH_WINDOWS)
     add_study_args(p, creates=True)
     p.add_argument("--space", default=None, metavar="FILE", help="search space YAML (default: the shipped one "
                    "for the device, trimmed to this machine)")

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
-           "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "PROCESS_SPREAD",
+           "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
            "CONFIRM_WINDOWS", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -77,6 +77,12 @@ CONFIRM_MAX_RESERVED = 6
 # ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
 # (0.99 -> 0.75) when the two rounds came on top of the finalists' share
 CONFIRM_MAX_SHARE = 0.35
+# A search trial's windows (``autotune run``'s and ``recommend()``'s default; ``autotune trial`` keeps 5): configs
+# are compared across fresh processes, whose levels differ far more than one process's windows do (on these VMs
+# 17-36% sd of log between processes against 4-11% between 0.3 s windows of one, benchmarks/results/coverage-windows
+# -2026-11-28-*.json; less within 3 s windows), so the median of 3 windows is as good a figure of its process as
+# that of 5, and a trial costs 6 s less of a 20 s one: 40% more trials in a budget (issue 50 item 4)
+SEARCH_WINDOWS = 3
 # A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
 CONFIRM_WINDOWS = 3
 # The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move

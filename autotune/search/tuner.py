@@ -24,7 +24,7 @@ from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
-from autotune.search.budget import Budget, confirm_measure, finalist_measure
+from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap, window_noise
@@ -100,7 +100,7 @@ class Tuner:
         # more ranks than GPUs, or than usable cores unless the space oversubscribes: one line, before any trial
         check_ranks(workload, usable_cores=self.hardware.usable_cores, gpus=len(self.hardware.visible_gpus()),
                     oversubscribe=self.space.oversubscribe)
-        measure = measure or MeasureSpec()
+        measure = measure or MeasureSpec(windows=SEARCH_WINDOWS)
         # a cap the user chose binds everywhere; the default (a share of this machine's free memory) is this
         # machine's, and a backend measuring elsewhere replaces it with its nodes' (RayBackend.connect)
         self.cap_given = measure.memory_cap_mb is not None if cap_given is None else cap_given
