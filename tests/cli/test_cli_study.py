@@ -107,6 +107,9 @@ def test_run_show_export_round_trip(tmp_path, space_file):
     shown = run_cli("show", "--storage", storage, "--csv", str(csv_path))
     assert shown.returncode == 0, shown.stderr
     assert "samples/s" in shown.stdout and "bs=8" in shown.stdout
+    # where the run's time went (issue 50): in its closing lines and in `show`, the same figures
+    said = next(ln.strip() for ln in out.stdout.splitlines() if "the run's time went to: start-up" in ln)
+    assert said in shown.stdout and " search " in said, (said, shown.stdout)
     rows = list(csv.DictReader(csv_path.open()))
     measured = [r for r in rows if not r["status"].startswith("copy of")]  # copies do not use up --trials
     assert len(measured) == 2 and {r["config"] for r in measured} == {"bs=8 w=0", "bs=16 w=0"}
@@ -123,6 +126,7 @@ def test_run_show_export_round_trip(tmp_path, space_file):
     assert rec.median_samples_per_s > 0 and rec.config.batch_size in (8, 16)
     assert rec.reproduce.startswith("autotune trial --model tests.workloads_fixtures:tiny")
     assert rec.fingerprint and rec.versions["torch"]
+    assert rec.budget_split["of"] == "run" and rec.budget_split["phases"][0]["phase"] == "start-up"
 
 
 def test_the_export_hint_names_the_storage_without_its_password():
