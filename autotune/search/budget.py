@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from autotune.config import MeasureSpec
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
-           "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
+           "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
            "CONFIRM_WINDOWS", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -85,8 +85,10 @@ CONFIRM_MAX_SHARE = 0.35
 SEARCH_WINDOWS = 3
 # A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
 CONFIRM_WINDOWS = 3
-# The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move
+# The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move;
+# at most FINALIST_MAX_WINDOWS (or the search's, if more), however noisy the windows
 FINALIST_WINDOWS = 3
+FINALIST_MAX_WINDOWS = 9
 # The smallest spread (sd of log) between fresh processes of one config on these VMs: 5-20% (docs/measurement.md).
 # The smallest makes ``finalist_windows`` ask for the most windows.
 PROCESS_SPREAD = 0.05
@@ -95,19 +97,20 @@ PROCESS_SPREAD = 0.05
 def finalist_windows(search: MeasureSpec, rel_iqr: float | None = None) -> int:
     """How many windows a finalist run needs: enough that the windows' own noise in its median (about 1.25 sd /
     sqrt(n), sd = the windows' relative IQR / 1.349) stays within half the spread between fresh processes
-    (``PROCESS_SPREAD``), which only more rounds narrow; at least ``FINALIST_WINDOWS``, at most the search's.
+    (``PROCESS_SPREAD``), which only more rounds narrow; at least ``FINALIST_WINDOWS``, at most
+    ``FINALIST_MAX_WINDOWS`` (or the search's count, if more).
     ``rel_iqr``: the finalists' search trials' windows' median relative IQR (None: unknown, the fewest).
 
     >>> from autotune.config import MeasureSpec
     >>> m = MeasureSpec(windows=5, window_s=3.0)
     >>> finalist_windows(m), finalist_windows(m, 0.02), finalist_windows(m, 0.05), finalist_windows(m, 0.10)
-    (3, 3, 4, 5)
+    (3, 3, 4, 9)
     """
     least = min(FINALIST_WINDOWS, search.windows)
     if not rel_iqr or rel_iqr <= 0:
         return least
     need = math.ceil((1.25 * rel_iqr / 1.349 / (PROCESS_SPREAD / 2)) ** 2)
-    return max(least, min(search.windows, need))
+    return max(least, min(max(search.windows, FINALIST_MAX_WINDOWS), need))
 
 
 def finalist_measure(search: MeasureSpec, rel_iqr: float | None = None) -> MeasureSpec:

@@ -206,8 +206,8 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     top, base = trials[:2], trials[2]
     # a finalist's run: 3 windows as long as the search's (not 5), as many as the noise asks for (issue 50)
     assert b.run_s(20.0) == 18.0
-    noisy = dataclasses.replace(b, window_noise=0.10)  # windows 10% apart: all 5 of the search's
-    assert noisy.run_s(20.0) == 20.0 and finalist_windows(b.measure, 0.10) == 5
+    noisy = dataclasses.replace(b, window_noise=0.10)  # windows 10% apart: 9 (FINALIST_MAX_WINDOWS), not 3
+    assert noisy.run_s(20.0) == 24.0 and finalist_windows(b.measure, 0.10) == 9
     # the confirmation's runs: 3 windows as long as the search's (not 5): 18 s each, two a round
     assert b.run_s(20.0, confirm_measure(b.measure)) == 18.0 and expected_round_s([top[0], base], b) == 36.0
     reserve = b.finalists_reserve_s([20.0] * 3)
