@@ -165,6 +165,8 @@ class Recommendation:
                 "samples_per_s": list(self.samples_per_s), "noisy": self.noisy,
                 "baseline_samples_per_s": self.baseline_samples_per_s,
                 "speedup_vs_baseline": self.speedup_vs_baseline,
+                # derived (not read back): the claim in one line beside its figure, and why it is empty where it is
+                "claim": self.claim(),
                 "margin_vs_runner_up": self.margin_vs_runner_up,
                 "margin_interval": None if self.margin_interval is None else list(self.margin_interval),
                 "peak_host_mb": self.peak_host_mb, "memory_cap_mb": self.memory_cap_mb,

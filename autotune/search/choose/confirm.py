@@ -25,7 +25,9 @@ says so and no gain is reported that the confirmation did not see; a winner the 
 the baseline beyond the noise (and not noisy itself) is not recommended: the baseline is (``apply``). When it
 fails (a run out of memory, crashed or timed out, or no round fitted), the claim's figures (samples/s, baseline,
 speedup) are left empty, the selection's kept apart in ``selection``: the recommendation states no figure that
-the confirmation did not measure.
+the confirmation did not measure. One round (the budget ended before the second) is no claim either: its ratio has
+no interval, so the figures are left empty the same way, the round's ratio is kept in the confirmation record as
+``one_round_ratio``, and the claim line says so (``unconfirmed: one round only, x1.20 in it and no interval``).
 
 >>> c = Confirmation(rounds=({"winner": [150.0, 152.0], "baseline": [100.0, 101.0]},
 ...                          {"winner": [149.0, 151.0], "baseline": [99.0, 100.0]}), ratio=1.5, low=1.47, high=1.53)
@@ -58,7 +60,8 @@ LEVEL = 0.95        # the claim's interval
 class Confirmation:
     """The confirmation rounds (each ``{"winner": windows, "baseline": windows}``, in the order run) and the claim
     from them alone: the ratio of the winner's median to the baseline's and its 95% interval; ``status`` is
-    ``confirmed`` (>= 2 rounds), ``unconfirmed`` (fewer: the budget) or ``failed`` (a run did not finish: ``why``)."""
+    ``confirmed`` (>= 2 rounds), ``unconfirmed`` (one: the budget; its ratio is said, never as a claim) or
+    ``failed`` (a run did not finish: ``why``)."""
 
     rounds: tuple[dict, ...]
     ratio: float | None = None
@@ -103,8 +106,9 @@ class Confirmation:
         interval = (f" (95% interval x{self.low:.2f} to x{self.high:.2f})"
                     if self.low is not None and self.high is not None and n > 1 else "")
         head = f"x{self.ratio:.2f}{interval}"
-        if self.status == "unconfirmed":
-            return f"{head}, unconfirmed: one round only ({self.why})"
+        if self.status == "unconfirmed":  # a figure with no interval: said, never as the claim
+            return f"unconfirmed: one round only, x{self.ratio:.2f} in it and no interval: one round is no claim " \
+                   f"({self.why})"
         head += f", confirmed over {n} interleaved rounds"
         if self.noisy:
             head += f", noisy (+/-{100 * self.half_width:.0f}%)"
@@ -118,8 +122,11 @@ class Confirmation:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 4)
 
+        # one round's ratio is kept under its own name: a reader of ``speedup_vs_baseline`` finds no claim there
+        one = self.status == "unconfirmed"
         return {"status": self.status, "why": self.why, "rule": self.rule, "notes": list(self.notes),
-                "speedup_vs_baseline": r(self.ratio), "interval": [r(self.low), r(self.high)],
+                "speedup_vs_baseline": None if one else r(self.ratio), "interval": [r(self.low), r(self.high)],
+                **({"one_round_ratio": r(self.ratio)} if one else {}),
                 "median_samples_per_s": r(self.winner_median), "baseline_samples_per_s": r(self.baseline_median),
                 "rounds": [{k: [round(x, 3) for x in v] for k, v in rd.items()} for rd in self.rounds],
                 "headline": self.headline()}
@@ -129,7 +136,9 @@ class Confirmation:
         if not d:
             return None
         low, high = (d.get("interval") or [None, None])[:2]
-        return cls(rounds=tuple(d.get("rounds") or ()), ratio=d.get("speedup_vs_baseline"), low=low, high=high,
+        ratio = d.get("speedup_vs_baseline", d.get("one_round_ratio"))
+        ratio = d.get("one_round_ratio") if ratio is None else ratio
+        return cls(rounds=tuple(d.get("rounds") or ()), ratio=ratio, low=low, high=high,
                    status=str(d.get("status", "confirmed")), why=str(d.get("why", "")), rule=str(d.get("rule", "")),
                    notes=tuple(d.get("notes") or ()))
 
@@ -264,7 +273,9 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
     selection = selection_record(rec)
     notes = list(rec.notes)
     record = {**conf.to_dict(), "baseline_config": baseline.to_dict()}  # what the claim is against
-    if conf.ratio is None:  # no figure the confirmation did not measure: the selection's stay in ``selection``
+    # no figure the confirmation did not measure, nor one round's (no interval: no claim); the selection's stay in
+    # ``selection``, the round's ratio in the confirmation record (``one_round_ratio``), the claim line says why
+    if conf.ratio is None or conf.status == "unconfirmed":
         return dataclasses.replace(rec, median_samples_per_s=None, iqr_samples_per_s=None, samples_per_s=(),
                                    baseline_samples_per_s=None, speedup_vs_baseline=None, noisy=False,
                                    selection=selection, confirmation=record,

@@ -143,7 +143,43 @@ def test_a_second_round_that_would_overrun_leaves_one_round_said_unconfirmed():
                    workload=Workload(model="tests.workloads_fixtures:tiny"), measure=QUICK, log_dir=None,
                    log=lambda m: None, budget=_budget(0.5), round_s=0.2)
     assert conf.status == "unconfirmed" and len(conf.rounds) == 1 and conf.low is None
-    assert conf.headline().startswith("x1.20, unconfirmed: one round only (the second round would have run past")
+    assert conf.headline().startswith("unconfirmed: one round only, x1.20 in it and no interval: one round is no "
+                                      "claim (the second round would have run past")
+
+
+def test_one_rounds_ratio_is_exported_as_no_speedup_and_the_yaml_says_why_where_it_would_stand(tmp_path):
+    """A confirmation cut to one round by the budget: its ratio is no claim, so the recommendation states no
+    speedup, samples/s or baseline figure (as a failed one); the YAML's ``measured`` says why beside the empty
+    speedup, the confirmation record keeps the round's ratio under its own name, the headline reads back the same,
+    and benchmarks/claims.py refuses to check it as a claim (it checked x1.20 before)."""
+    import dataclasses
+    import types
+
+    from autotune.search.choose.confirm import apply
+    from tests.helpers import make_rec
+    from tests.test_benchmarks import _benchmark
+
+    rec = make_rec()
+    base = TrialConfig(batch_size=16)
+    conf = Confirmation(rounds=({"winner": [120.0, 121.0], "baseline": [100.0, 101.0]},), ratio=1.2,
+                        status="unconfirmed", why="the second round would have run past the budget; a longer "
+                        "--timeout confirms it")
+    out = apply(rec, conf, base)
+    assert (out.speedup_vs_baseline, out.median_samples_per_s, out.baseline_samples_per_s, out.samples_per_s) == (
+        None, None, None, ())
+    assert out.selection["speedup_vs_baseline"] == rec.speedup_vs_baseline  # the selection's, kept apart
+    doc = yaml.safe_load(out.to_yaml())
+    m = doc["measured"]
+    assert m["speedup_vs_baseline"] is None and m["claim"] == out.claim() == conf.headline()
+    assert m["claim"].startswith("unconfirmed: one round only, x1.20 in it and no interval: one round is no claim")
+    c = doc["confirmation"]
+    assert c["speedup_vs_baseline"] is None and c["one_round_ratio"] == 1.2 and c["interval"] == [None, None]
+    assert Confirmation.from_dict(c).headline() == conf.headline()
+    assert Recommendation.from_dict(doc).speedup_vs_baseline is None
+    claims = _benchmark("claims")
+    row = claims._row("w", dataclasses.replace(out, workload=Workload(model="resnet18")).to_dict(),
+                      types.SimpleNamespace())
+    assert row["claim"] is None and row["refused"].startswith("no confirmed claim (the second round would have")
 
 
 def test_the_rounds_are_fixed_before_the_first_from_the_finalists_noise_never_from_their_own():
