@@ -2,13 +2,16 @@
 measured, so a run killed during the finalists resumes them instead of losing them all; and their numerics checks
 (``record_parity``), kept where `show` finds them.
 
-Each finalist run's result is stored (``trials.FINALIST_ROUNDS``: the plan's digest and every run's result) the
-moment it returns. A later ``finalize`` with the same plan (the same finalists in the same order, rounds and
-measurement: windows, time limit) takes every *complete* round from the store and measures the rest. A round stopped
-part-way is measured again whole: a round's configs run back to back, at one moment of the machine, and the
-ratio interval (``settle.ratio_interval``) resamples rounds on that premise; the runs of a stopped round, hours
-before the resume, would be compared with runs of another moment. A finished ``finalize`` empties the store, so
-a later run measures its finalists afresh.
+Each finalist run's result is stored (``trials.FINALIST_ROUNDS``: the measurement's digest and every run's result,
+by round and config) the moment it returns. A later ``finalize`` measured the same way (windows, time limit) takes
+from the store every round of its own plan that is *complete* there: each of its finalists has that round's run,
+whatever else the earlier plan held. So a resumed run whose fresh budget plans other finalists or other rounds
+(``--timeout``: the plan is priced from the time left) keeps the rounds the two plans share, and says which
+(``SavedRounds.said``); before, any change of plan dropped them all while the resume line said they were kept. A
+round stopped part-way, or lacking one of this plan's finalists, is measured again whole: a round's configs run back
+to back, at one moment of the machine, and the ratio interval (``settle.ratio_interval``) resamples rounds on that
+premise; the runs of a stopped round, hours before the resume, would be compared with runs of another moment. A
+finished ``finalize`` empties the store, so a later run measures its finalists afresh.
 
 What follows the rounds is kept the same way, under the same plan, each under a tag of its own (``kept``, ``keep``):
 an extra round of two finalists in dispute (``settle.ExtraRounds``: whole pairs only, as rounds), a config's
@@ -50,13 +53,35 @@ class SavedRounds:
 
     def __init__(self, study: Study | None, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec) -> None:
         self.study = study
-        self.configs = list(configs)
+        self.configs, self.rounds = list(configs), rounds
         # not the cap: by default a share of the memory free at start, so it moves between runs; ``choose``
-        # judges every stored peak against the cap of the run that resumes anyway
+        # judges every stored peak against the cap of the run that resumes anyway. Not the finalists nor the
+        # rounds either: a run is kept by its round and config, and a round counts only where it is complete
         how = {k: v for k, v in measure.to_dict().items() if k != "memory_cap_mb"}
-        self.plan = _digest({"configs": [c.to_dict() for c in configs], "rounds": rounds, "measure": how})
+        self.plan = _digest({"measure": how})
         stored = (study.user_attrs.get(keys.FINALIST_ROUNDS) if study is not None else None) or {}
         self.runs: dict[str, dict] = dict(stored.get("runs") or {}) if stored.get("plan") == self.plan else {}
+
+    def said(self) -> str | None:
+        """What this plan takes from an interrupted run's store, in one line (None when it holds no round's run):
+        the complete rounds kept, and the stored runs measured again (their round lacks one of this plan's
+        finalists, or was cut short) or not used (not this plan's finalists or rounds)."""
+        mine = {_digest(c.to_dict()) for c in self.configs}
+        stored = [(int(tag), d) for tag, d in (k.split(":", 1) for k in self.runs) if tag.isdigit()]
+        if not stored:
+            return None  # only later phases' runs (extra rounds, checks): their own lines say what is kept
+        kept = [r for r in range(self.rounds) if self.round(r) is not None]
+        again = sum(1 for r, d in stored if r < self.rounds and r not in kept and d in mine)
+        unused = sum(1 for r, d in stored if d not in mine or r >= self.rounds)
+        line = (f"  from the interrupted run: round(s) {', '.join(str(r + 1) for r in kept)} of {self.rounds} kept "
+                f"whole ({len(self.configs)} finalist(s) each)" if kept else
+                f"  from the interrupted run: none of the {self.rounds} round(s) of these {len(self.configs)} "
+                "finalist(s) kept")
+        if again:
+            line += f"; {again} of its run(s) measured again (a round is kept whole or not at all)"
+        if unused:
+            line += f"; {unused} of its run(s) not used (not this plan's finalists or rounds)"
+        return line
 
     @staticmethod
     def _key(tag: int | str, config: TrialConfig) -> str:
@@ -211,6 +236,9 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
         f"{measure.windows} windows of >= {measure.window_s:g} s each")
+    said = saved.said()
+    if said:
+        log(said)
     last_s = 0.0
     for r in range(rounds):
         if deadline is not None and r > 0 and time.monotonic() + last_s > deadline:

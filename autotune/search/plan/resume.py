@@ -5,9 +5,11 @@ The same command run again goes on from the phase the earlier run was in, and sa
 - in the search or the ceilings' climb: the search goes on (its finished trials are kept, the one in flight is
   retried, the climb is measured again);
 - in the finalists' rounds, their extra rounds, the numerics check, the worst-case check or the confirmation: the
-  search is done and kept, no trial is run; the finalists are taken up where they were (what they finished is kept
-  in the study: ``finalist_rounds.SavedRounds``), and the phase that was cut short runs again (a confirmation
-  whole: its rounds pair runs of one moment, and one cut short has no pair);
+  search is done and kept, no trial is run; the finalists are planned again (with ``--timeout`` from this run's own
+  budget, so they may be other finalists or other rounds) and take from the study what the killed run finished and
+  the new plan shares (``finalist_rounds.SavedRounds``: whole rounds of this plan's finalists, a config's check); the
+  finalists' log says exactly which, so this line promises no more; the phase that was cut short runs again (a
+  confirmation whole: its rounds pair runs of one moment, and one cut short has no pair);
 - once the recommendation was stored: it stands; what follows it (its YAML, the dashboard note) is done again.
 
 Another command (another ``--trials`` or ``--timeout``, another backend) is another run: it starts with the search,
@@ -49,12 +51,14 @@ class Resume:
 
 # what happens to the phase a run was stopped in (the phases before it are kept whole)
 _GOES_ON = {
-    "finalists": "the finalists' rounds go on (each finished round is kept)",
-    "extra rounds": "the extra finalist rounds go on (each finished pair is kept)",
-    "numerics": "the numerics check runs again (a config's finished check is kept)",
+    "finalists": "the finalists' rounds go on",
+    "extra rounds": "the extra finalist rounds go on",
+    "numerics": "the numerics check runs again",
     "worst case": "the worst-case check runs again",
     "confirmation": "the confirmation runs again, whole",
 }
+# what the finalists keep: only what this run's plan shares with the killed run's (said as they start)
+_KEPT = "the finalists' runs it finished are kept where this run's plan shares them (the finalists say which)"
 
 
 def _ago(since: Any, now: float) -> str:
@@ -82,7 +86,7 @@ def resume(stored: dict[str, Any] | None, *, ask: dict[str, Any], now: float | N
         stopped = stored.get("stop_reason")
         kept = f"its search is kept (it stopped: {stopped})" if stopped else "its search is kept"
         return Resume(search=False, stop_reason=stopped or "",
-                      line=f"resuming {who}: {kept} and what its finalists finished; {_GOES_ON[phase]}")
+                      line=f"resuming {who}: {kept}; {_KEPT}; {_GOES_ON[phase]}")
     return Resume(line=f"resuming {who}: the search goes on (finished trials are kept, the one in flight is retried)")
 
 

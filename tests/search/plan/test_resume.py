@@ -122,3 +122,30 @@ def test_the_decision_for_each_phase():
     assert unknown.search and unknown.line.startswith("not resuming")
     other = resume({"phase": "confirmation", "ask": {"trials": 5}, "pid": 9}, ask=ask)  # another command
     assert other.search and other.finalize and "another budget was asked" in other.line
+
+
+def test_a_resumed_run_that_plans_other_finalists_keeps_the_rounds_they_share_and_says_which(tmp_path):
+    """Killed in the finalists' second round; the same command resumes but plans other finalists (as a fresh
+    --timeout budget does: here 2 finalists instead of 3). Round 1 holds every finalist of the new plan, so it is kept
+    whole and not run again, and the log says exactly that; before, any change of plan dropped every finished run
+    while the resume line said they were kept."""
+    logs: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        make_tuner(tmp_path, finalists=3, finalist_rounds=2, runner=Script("finalist-1"), parity=Script().check,
+                   log=logs.append).run(trials=TRIALS)
+    first_plan = [m for m in logs if m.startswith("re-measuring")]
+    script, said = Script(), []
+    make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=script, parity=script.check,
+               log=said.append).run(trials=TRIALS)
+    plan_line = [m for m in said if m.startswith("re-measuring")]
+    assert first_plan != plan_line, (first_plan, plan_line)  # another plan
+    n = int(plan_line[0].split()[1])
+    assert not [c for c in script.calls if c.startswith("finalist-0")], script.calls  # round 1: kept, not run
+    assert [c for c in script.calls if c.startswith("finalist-1")] and len(
+        [m for m in said if m.startswith("  round 1/2") and m.endswith("(kept)")]) == n
+    kept = [m for m in said if m.startswith("  from the interrupted run:")]
+    assert len(kept) == 1 and kept[0].startswith(f"  from the interrupted run: round(s) 1 of 2 kept whole ({n} "
+                                                 "finalist(s) each)"), said
+    resuming = [m for m in said if m.startswith("resuming")]
+    assert len(resuming) == 1 and "the finalists' runs it finished are kept where this run's plan shares them" \
+        in resuming[0], resuming

@@ -78,8 +78,18 @@ def test_what_the_finalists_finished_is_taken_back_by_the_next_run_of_the_plan(s
     assert again.checking(check)(None, configs[1], steps=10).ok and checked == [16]
     again.checking(check)(None, configs[1], steps=20)  # another check's length is another check
     assert checked == [16, 16]
-    other = SavedRounds(_reloaded(study), configs, rounds=3, measure=spec)  # another plan keeps nothing
-    assert other.kept("extra-1", configs[:1]) is None
+    # another plan (a resumed --timeout run plans from its own budget) keeps what it shares: a run is kept by its
+    # round and config; another measurement keeps nothing
+    other = SavedRounds(_reloaded(study), configs, rounds=3, measure=spec)
+    assert other.kept("extra-1", configs[:1])[configs[0].key()].samples_per_s == (1.0, 2.0)
+    for c in configs:
+        other.put(0, c, runner(None, c, spec))
+    fewer = SavedRounds(_reloaded(study), configs[1:], rounds=2, measure=spec)
+    assert fewer.round(0) is not None and fewer.round(1) is None
+    assert fewer.said() == ("  from the interrupted run: round(s) 1 of 2 kept whole (1 finalist(s) each); 1 of its "
+                            "run(s) not used (not this plan's finalists or rounds)")
+    longer = SavedRounds(_reloaded(study), configs, rounds=2, measure=MeasureSpec(windows=3, window_s=0.2))
+    assert longer.kept("extra-1", configs[:1]) is None and longer.round(0) is None and longer.said() is None
 
 
 def test_each_machine_keeps_its_own_runs_phase(study):
