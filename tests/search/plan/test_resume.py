@@ -126,17 +126,18 @@ def test_the_decision_for_each_phase():
 
 def test_a_resumed_run_that_plans_other_finalists_keeps_the_rounds_they_share_and_says_which(tmp_path):
     """Killed in the finalists' second round; the same command resumes but plans other finalists (as a fresh
-    --timeout budget does: here 2 finalists instead of 3). Round 1 holds every finalist of the new plan, so it is kept
+    --timeout budget does: here 1 finalist and the baseline instead of 2 and the baseline; the bundle, 48% behind, gets
+    no round: ``choose.contenders``). Round 1 holds every finalist of the new plan, so it is kept
     whole and not run again, and the log says exactly that; before, any change of plan dropped every finished run
     while the resume line said they were kept."""
     logs: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         make_tuner(tmp_path, finalists=3, finalist_rounds=2, runner=Script("finalist-1"), parity=Script().check,
-                   log=logs.append).run(trials=TRIALS)
+                   log=logs.append).run(trials=4)
     first_plan = [m for m in logs if m.startswith("re-measuring")]
     script, said = Script(), []
-    make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=script, parity=script.check,
-               log=said.append).run(trials=TRIALS)
+    make_tuner(tmp_path, finalists=1, finalist_rounds=2, runner=script, parity=script.check,
+               log=said.append).run(trials=4)
     plan_line = [m for m in said if m.startswith("re-measuring")]
     assert first_plan != plan_line, (first_plan, plan_line)  # another plan
     n = int(plan_line[0].split()[1])
