@@ -15,7 +15,8 @@ Why a parent-death signal, and the rules it comes with (Linux's ``PR_SET_PDEATHS
   anything (``autotune.machine.launch``), and a forked one right after the fork: a parent killed while its child
   still imports torch takes the child with it;
 - it fires when the parent *thread* that started the child ends, not only its process: a child must be started
-  by a thread that outlives it (fork servers are keyed by thread; a trial is waited for where it started);
+  by a thread that outlives it (a pool's fork servers are started by the pool's own thread, not a trial's; a
+  trial is waited for where it started);
 - a parent that dies before the child set it leaves the child orphaned already: the child then checks its
   parent is still the one that started it (``getppid``) and goes if not;
 - fork clears it: a process's own children set their own (``children_die_with_me`` does it for every fork of
