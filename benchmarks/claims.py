@@ -58,7 +58,9 @@ APPLIED = {"batch_size", "num_workers", "prefetch_factor", "pin_memory", "persis
            "bucket_by_length"}
 INERT = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False}  # DDP's, one process here
 
-# What autotune's trials clear from the shell (its clean room), as this benchmark reads the claim: its own list.
+# What autotune's trials clear from the shell (its clean room), as this benchmark reads the claim: its own list,
+# since it imports nothing of autotune; tests/test_benchmarks.py (test_claims_clean_room_is_the_trials_clean_room)
+# fails when it and ``launch_env.INHERITED_VARS``/``INHERITED_PREFIXES`` clear different names.
 SHELL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
               "NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY",
               "OMP_DYNAMIC", "OMP_MAX_ACTIVE_LEVELS", "OMP_THREAD_LIMIT", "GOMP_CPU_AFFINITY", "GOMP_SPINCOUNT",

@@ -335,3 +335,25 @@ def test_gpu_host_sim_exits_1_when_a_cell_misses_the_goal(tmp_path):
     met = cell["rec_over_best"] >= 0.95
     assert proc.returncode == (0 if met else 1), proc.stdout[-2000:]
     assert ("met in all 1 cells" if met else "NOT met in 1 of 1 cells") in proc.stdout
+
+
+def test_claims_clean_room_is_the_trials_clean_room():
+    """benchmarks/claims.py keeps its own copy of the variables autotune's trials clear from the shell (it imports
+    nothing of autotune), so this ties the copy to the product: a shell that exports every name and prefix either
+    list knows is cleared by claims.py exactly as a trial child's environment (``runner.child_env`` for PyTorch's
+    defaults, the claim's baseline) clears it. A name added on one side only fails here."""
+    from autotune.config import TrialConfig
+    from autotune.machine.launch_env import INHERITED_PREFIXES, INHERITED_VARS, launch_env
+    from autotune.trial.runner import child_env
+
+    claims = _benchmark("claims")
+    names = set(INHERITED_VARS) | set(claims.SHELL_VARS)
+    names |= {p + "PROBE" for p in (*INHERITED_PREFIXES, *claims.SHELL_PREFIXES)}
+    shell = {**{n: "1" for n in names}, "PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    baseline = TrialConfig(batch_size=64)
+    assert launch_env(baseline) == {}  # the baseline's child adds none of them back: what is missing was cleared
+    cleared_by_trials = set(shell) - set(child_env(baseline, base=shell))
+    cleared_by_claims = set(shell) - set(claims.clean(shell))
+    assert cleared_by_claims == cleared_by_trials, {"claims.py only": sorted(cleared_by_claims - cleared_by_trials),
+                                                    "trials only": sorted(cleared_by_trials - cleared_by_claims)}
+    assert {"PATH", "HOME", "LANG"}.isdisjoint(cleared_by_trials)

@@ -593,3 +593,40 @@ def threads_probe(image_size: int = 16):
     """The tiny workload, its model saying what each trial's process ran with (``_ThreadsProbe``)."""
     torch.manual_seed(0)
     return _ThreadsProbe(), _images(image_size, n=64), nn.CrossEntropyLoss()
+
+
+class _HangInWorkers(torch.utils.data.Dataset):
+    """Images whose every item, fetched in a DataLoader worker, writes the worker's pid to ``$AUTOTUNE_TEST_MARKS``
+    and hangs (a user's ``__getitem__`` stuck on a network read: the worker never gets back to torch's own check of
+    its parent); in the main process (a probe) an item is an item."""
+
+    def __init__(self, image_size: int) -> None:
+        self.images = _images(image_size, n=64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            marks = os.environ.get("AUTOTUNE_TEST_MARKS")
+            if marks:
+                open(os.path.join(marks, str(os.getpid())), "w").close()
+            time.sleep(3600)
+        return self.images[i]
+
+
+def _hang_in_workers(method: str, image_size: int):
+    # the start method the trial's DataLoader takes by default (torch.multiprocessing's): Python 3.14 makes it
+    # forkserver on Linux; a user may set spawn
+    import multiprocessing
+
+    multiprocessing.set_start_method(method, force=True)
+    return tiny(image_size)[0], _HangInWorkers(image_size), nn.CrossEntropyLoss()
+
+
+def hang_in_spawn_workers(image_size: int = 32):
+    return _hang_in_workers("spawn", image_size)
+
+
+def hang_in_forkserver_workers(image_size: int = 32):
+    return _hang_in_workers("forkserver", image_size)

@@ -15,11 +15,14 @@ Why a parent-death signal, and the rules it comes with (Linux's ``PR_SET_PDEATHS
   anything (``autotune.machine.launch``), and a forked one right after the fork: a parent killed while its child
   still imports torch takes the child with it;
 - it fires when the parent *thread* that started the child ends, not only its process: a child must be started
-  by a thread that outlives it (fork servers are keyed by thread; a trial is waited for where it started);
+  by a thread that outlives it (a pool's fork servers are started by the pool's own thread, not a trial's; a
+  trial is waited for where it started);
 - a parent that dies before the child set it leaves the child orphaned already: the child then checks its
   parent is still the one that started it (``getppid``) and goes if not;
 - fork clears it: a process's own children set their own (``children_die_with_me`` does it for every fork of
-  its main thread, which is how DataLoader workers start);
+  its main thread, which is how DataLoader workers start under the ``fork`` start method); workers started by
+  ``spawn`` or ``forkserver`` (Python 3.14's default on Linux) run no fork hook, so the trial's loader sets it
+  in each worker as its first act (``loader_workers_die_with_me``, a ``worker_init_fn``);
 - a process that only supervises others (a fork server, the supervisor of DDP ranks) is asked for a catchable
   signal instead, and takes its whole tree down before it goes (``take_down_with_parent``): a DataLoader worker
   or a rank still importing torch has set nothing yet, and would outlive it;
@@ -36,14 +39,16 @@ next find their parent gone (a fork server at EOF on its socket).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import select
 import signal
 import sys
 import threading
 from typing import Callable
 
 __all__ = ["die_with_parent", "adopt_orphans", "kill_descendants", "children_die_with_me", "take_down_with_parent",
-           "supervised", "kill_group"]
+           "supervised", "kill_group", "loader_workers_die_with_me"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -97,6 +102,62 @@ def children_die_with_me() -> None:
         return
     _fork["registered"] = os.getpid()
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+
+def loader_workers_die_with_me(then: Callable[[int], None] | None = None) -> Callable[[int], None]:
+    """A DataLoader ``worker_init_fn`` under which every worker dies with this process, whatever started it.
+
+    - ``fork``: the worker is this process's child (``children_die_with_me`` did it already; done again, harmless);
+    - ``spawn``: the worker is this process's child, but no Python ran in it between fork and exec: it sets its
+      parent-death signal here;
+    - ``forkserver`` (Python 3.14's default on Linux): the worker's parent is multiprocessing's fork server, which
+      would not go with this process: it exits when every holder of its "alive" pipe has, and each worker it forked
+      holds one. So the worker also watches this process itself (a pidfd, one blocked thread, nothing polls) and
+      goes when it ends. That thread needs the GIL: a worker stuck in C code that holds it is ended only by the
+      trial's own kill of its group.
+
+    Either way the worker first checks that this process is its parent or its parent's parent; if not, this process
+    died before the worker got here, and it goes at once. ``then``: a workload's own ``worker_init_fn``, called
+    after. Picklable (spawn and forkserver send it to the worker)."""
+    return functools.partial(_worker_dies_with, os.getpid(), then)
+
+
+def _worker_dies_with(manager: int, then: Callable[[int], None] | None, worker_id: int) -> None:
+    if sys.platform.startswith("linux"):
+        die_with_parent()
+        parent = os.getppid()
+        if parent != manager:
+            if _parent_of(parent) != manager:
+                os.kill(os.getpid(), signal.SIGKILL)
+            _watch_process(manager)
+    if then is not None:
+        then(worker_id)
+
+
+def _watch_process(pid: int) -> None:
+    """SIGKILL this process when ``pid`` ends (at once if it has: a zombie's pidfd is readable). Without pidfds
+    (Linux before 5.3) it does nothing."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="autotune: die with the trial", daemon=True).start()
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])  # after the name, which may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def take_down_with_parent(parent: int | None = None, *, groups: Callable[[], list[int]] = list) -> bool:

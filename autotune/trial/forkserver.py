@@ -27,9 +27,11 @@ tuner's run closes the default pool), and by itself after 15 idle minutes.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import os
+import queue
 import select
 import signal
 import socket
@@ -37,8 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
-from typing import Iterator
+from typing import Callable, Iterator
 
 from autotune.machine.launch import python_command
 
@@ -196,12 +197,48 @@ class ForkServer:
             self.proc.wait()
 
 
+class _Keeper:
+    """The one thread that starts a pool's servers. A server's parent-death signal fires when the *thread* that
+    started it ends (``machine.proctree``), so a server started by a trial's thread (Ray runs each trial in a
+    thread of its own) went with that thread: no later trial could use it, and a thread that got the ended one's
+    recycled id could still find it "alive" while it died. This thread lives as long as the pool: until ``stop``
+    (the pool's ``close``) or the process's end."""
+
+    def __init__(self) -> None:
+        self._calls: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Callable[[], "ForkServer"]) -> "ForkServer":
+        """``fn()`` run in the keeper's thread (started on first use); its result or its exception."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="autotune fork servers", daemon=True)
+            self._thread.start()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((fn, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, done = item
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - the caller's to handle, in its own thread
+                done.set_exception(exc)
+
+    def stop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._calls.put(None)
+            self._thread.join(timeout=5)
+        self._thread = None
+
+
 class ForkServers:
-    """Fork servers keyed by (calling thread, interpreter, exact environment); at most ``max_servers`` live.
+    """Fork servers keyed by (interpreter, exact environment); at most ``max_servers`` live.
 
     Each idle server holds torch's imported state (~0.4 GiB private, ~0.7 GiB resident here), so the least
-    recently used idle one is closed to make room. Keyed by thread too: a server's parent-death signal fires
-    when the thread that started it ends.
+    recently used idle one is closed to make room. Any thread may launch trials: the servers are started by the
+    pool's own thread (``_Keeper``), so they outlive the threads whose trials they serve. A server runs one trial at
+    a time; a trial whose environment's servers are all busy (a concurrent one) gets another server.
 
     >>> with ForkServers() as servers:                                         # doctest: +SKIP
     ...     run_trial(workload, config, spec, servers=servers)
@@ -211,8 +248,10 @@ class ForkServers:
         self.enabled = enabled
         self.max_servers = max(1, max_servers)
         self._start = start
-        self._servers: OrderedDict[tuple, ForkServer] = OrderedDict()
+        self._servers: list[tuple[tuple, ForkServer]] = []  # least recently used first
         self._failed: set[tuple] = set()
+        self._launching: set[int] = set()  # ids of servers handed to a launch not yet returned
+        self._keeper = _Keeper()
         self._lock = threading.Lock()
 
     def launch(self, env: dict[str, str], python: str, payload: dict, log_fd: int,
@@ -221,48 +260,68 @@ class ForkServers:
         to the trial: the cold path measures the same thing, only slower to start)."""
         if not self.enabled:
             return None
-        key = (threading.get_ident(), python, tuple(sorted(env.items())))
-        with self._lock:
-            if key in self._failed:
-                return None
-            server = self._servers.get(key)
-            if server is not None and not server.alive():
-                self._drop(key)
-                server = None
-            if server is not None and server.busy:  # a concurrent trial in this thread's environment: cold
-                return None
-            if server is None:
-                idle = [k for k, s in self._servers.items() if not s.busy]
-                while len(self._servers) >= self.max_servers and idle:
-                    self._drop(idle.pop(0))
-                try:
-                    server = self._servers[key] = self._start(python, env)
-                except (ForkServerError, OSError):
-                    self._failed.add(key)
-                    return None
-            self._servers.move_to_end(key)
+        key = (python, tuple(sorted(env.items())))
+        server = self._take(key)
+        if server is None:
+            return None
         try:
             return server.launch(payload, log_fd, chan_fd)
         except ForkServerError:
             with self._lock:
-                self._drop(key)
+                self._drop(server)
             return None
+        finally:
+            with self._lock:
+                self._launching.discard(id(server))
+
+    def _take(self, key: tuple) -> ForkServer | None:
+        """An idle server of ``key``'s environment, started if none is, and held for this launch (``_launching``)
+        until it returns; None: the cold path. The lock is never held while a server starts (seconds): another
+        thread's trial would wait on it meanwhile, unwatched."""
+        with self._lock:
+            if key in self._failed:
+                return None
+            for _, dead in [(k, s) for k, s in self._servers if not s.alive()]:
+                self._drop(dead)
+            free = [s for k, s in self._servers if k == key and not self._busy(s)]
+            if free:
+                return self._hold(key, free[-1])
+            idle = [s for _, s in self._servers if not self._busy(s)]
+            while len(self._servers) >= self.max_servers and idle:
+                self._drop(idle.pop(0))
+        try:
+            server = self._keeper.call(lambda: self._start(key[0], dict(key[1])))
+        except (ForkServerError, OSError):
+            with self._lock:
+                self._failed.add(key)
+            return None
+        with self._lock:
+            return self._hold(key, server)
+
+    def _hold(self, key: tuple, server: ForkServer) -> ForkServer:
+        """``server``, marked most recently used and taken by a launch (under the lock)."""
+        self._servers = [(k, s) for k, s in self._servers if s is not server] + [(key, server)]
+        self._launching.add(id(server))
+        return server
+
+    def _busy(self, server: ForkServer) -> bool:
+        return server.busy or id(server) in self._launching
 
     def pids(self) -> list[int]:
         """The live servers' pids (tests and diagnostics)."""
-        return [s.pid for s in self._servers.values() if s.alive()]
+        return [s.pid for _, s in self._servers if s.alive()]
 
-    def _drop(self, key: tuple) -> None:
-        server = self._servers.pop(key, None)
-        if server is not None:
-            server.close()
+    def _drop(self, server: ForkServer) -> None:
+        self._servers = [(k, s) for k, s in self._servers if s is not server]
+        server.close()
 
     def close(self) -> None:
         with self._lock:
-            for server in self._servers.values():  # all at once: each exits as soon as it reads the EOF
+            for _, server in self._servers:  # all at once: each exits as soon as it reads the EOF
                 server.hang_up()
-            for key in list(self._servers):
-                self._drop(key)
+            for _, server in list(self._servers):
+                self._drop(server)
+            self._keeper.stop()  # after its servers: its end would signal them
 
     def __enter__(self) -> "ForkServers":
         return self

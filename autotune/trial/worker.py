@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from autotune.trial.events import Built, Done, Event, Failed, Profiled, Started, Warmup, Window, encode
 from autotune.workloads.contract import StepOut, split_batch
-from autotune.machine.proctree import adopt_orphans, children_die_with_me, die_with_parent, kill_descendants
+from autotune.machine.proctree import (adopt_orphans, children_die_with_me, die_with_parent, kill_descendants,
+                                      loader_workers_die_with_me)
 
 __all__ = ["die_with_parent", "apply_threads", "make_step", "compile_seconds", "run", "main"]
 
@@ -162,6 +163,8 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     from autotune.trial.loader_watch import LoaderWatch
 
     kw = loader_kwargs(built, config, spec.seed)
+    if config.num_workers:  # whatever the start method (spawn, forkserver: no fork hook runs in the worker)
+        kw["worker_init_fn"] = loader_workers_die_with_me(kw.get("worker_init_fn"))
     loader = torch.utils.data.DataLoader(built.dataset, **(kw if ranks is None else ranks.shard(kw, built.dataset)))
     # the first batch's bytes; a loader out of memory named; a batch no probe sized, collated before the workers
     watch = LoaderWatch(config, workload.data, ranks=workload.nproc_per_node, built=built)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -86,6 +87,56 @@ def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
                                                                                         after.peak_host_mb)
     print(f"before: {before.median_samples_per_s:.0f}/s {before.peak_host_mb:.0f} MiB; "
           f"after: {after.median_samples_per_s:.0f}/s {after.peak_host_mb:.0f} MiB")
+
+
+
+def test_trials_from_threads_that_come_and_go_share_one_server():
+    """Ray runs each trial in a thread of its own, and so may any caller: trials from sequential threads, each of
+    which ends after its trial, are all forked by one server, which outlives the threads. When the pool started a
+    server from the calling thread, its parent-death signal took it down with that thread: every trial paid a
+    server's start (torch's import), and a thread that got a recycled id could find the dying server "alive"."""
+    seen, log = _Seen(), []
+    with ForkServers() as servers:
+        def trial() -> None:
+            r = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers, on_event=seen)
+            log.append({"thread": threading.get_ident(), "servers": servers.pids(), "status": r.status,
+                        "reason": r.reason, "startup_s": r.startup_s})
+
+        for _ in range(3):
+            t = threading.Thread(target=trial)
+            t.start()
+            t.join()
+        time.sleep(0.5)  # a server signalled at its thread's end would be gone by now
+        for entry, child in zip(log, seen.trials):
+            print({**entry, "trial_parent": child["ppid"]})
+        [server] = servers.pids()
+        trial()  # and this thread's trial too
+    assert [e["status"] for e in log] == ["ok"] * 4, log
+    assert [t["ppid"] for t in seen.trials] == [server] * 4, (server, seen.trials)
+    assert all(e["servers"] == [server] for e in log), log
+
+
+
+@pytest.mark.slow  # two fork servers' torch imports (~30 s on 2 cores); the default suite shares one server apart
+def test_concurrent_trials_in_one_environment_are_each_forked_by_a_server_of_their_own():
+    """Two threads launch at once with the same environment: the first's server is taken from the moment it is
+    chosen (before its child exists), so the second gets a server of its own, never a second child of a busy one."""
+    seen, statuses = _Seen(), []
+    go = threading.Barrier(2)
+    with ForkServers() as servers:
+        def trial() -> None:
+            go.wait()
+            statuses.append(run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers,
+                                      on_event=seen).status)
+
+        threads = [threading.Thread(target=trial) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pids = sorted(servers.pids())
+    assert statuses == ["ok", "ok"]
+    assert len(pids) == 2 and sorted(t["ppid"] for t in seen.trials) == pids, (pids, seen.trials)
 
 
 @pytest.mark.slow

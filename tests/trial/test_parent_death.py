@@ -9,6 +9,7 @@ the 1 s the rule is about, which a loaded 2-core VM meets with room (the kernel 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -138,6 +139,43 @@ def test_a_forked_trial_and_its_dataloader_workers_die_with_the_tuner(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+# forked: the fork server's own handler takes the trial's group down (it did before the workers set anything), so
+# that case is a slow guard; cold: the workers' own signal is all there is
+@pytest.mark.parametrize("forked", [pytest.param(True, marks=pytest.mark.slow), False], ids=["forked", "cold"])
+def test_dataloader_workers_started_by_spawn_or_forkserver_die_with_the_tuner(method, forked, tmp_path):
+    """As above, with workers started by ``spawn`` or ``forkserver`` (Python 3.14's default on Linux) and hung in
+    the dataset's ``__getitem__``: no ``os.fork`` hook runs in them, and torch's own check of their parent runs
+    only between items. The trial runs forked by a fork server or cold (a fresh interpreter)."""
+    marks = tmp_path / "workers"
+    marks.mkdir()
+    parent = _parent(f"""
+        import os
+        os.environ["AUTOTUNE_TEST_MARKS"] = {str(marks)!r}
+        from autotune.config import MeasureSpec, TrialConfig, Workload
+        from autotune.trial.forkserver import ForkServers
+        from autotune.trial.runner import run_trial
+        run_trial(Workload(model="tests.workloads_fixtures:hang_in_{method}_workers", image_size=16),
+                  TrialConfig(batch_size=4, num_workers=2), MeasureSpec(warmup_min_s=0.0, timeout_s=300),
+                  servers=ForkServers(enabled={forked}))
+    """, tmp_path)
+    tree: list[psutil.Process] = []
+    try:
+        pids = _wait_for(lambda: len(list(marks.iterdir())) >= 2 and [int(p.name) for p in marks.iterdir()], 120,
+                         "the trial's DataLoader workers' start")
+        workers = [psutil.Process(p) for p in pids]
+        tree = _kill(parent)
+        assert set(workers) <= set(tree), (pids, [p.pid for p in tree])
+        assert not _alive_after(tree, GONE_WITHIN_S)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for p in tree:  # what a failure leaves (re-parented to init), not to leak it into the next test
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def test_a_program_a_child_started_with_subprocess_dies_with_the_tuner(tmp_path):

@@ -58,3 +58,27 @@ def test_a_setsid_grandchild_does_not_outlive_its_trial(path, name, status, tmp_
     finally:
         if pidfile.exists() and not _gone(int(pidfile.read_text())):  # a failure leaves no sleeper behind
             os.kill(int(pidfile.read_text()), 9)
+
+
+def test_a_loader_worker_whose_trial_is_already_gone_goes_at_once():
+    """``proctree.loader_workers_die_with_me``: a worker that starts after its trial died (it is then neither the
+    trial's child nor its grandchild) SIGKILLs itself before the workload's own ``worker_init_fn``; one under its
+    trial goes on to it. Real processes: the init function is made in one and called in its child."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from autotune.machine.proctree import loader_workers_die_with_me\n"
+            "init = loader_workers_die_with_me(lambda i: print('then', i, flush=True))\n"
+            "if sys.argv[1] == 'gone':  # as if made by a process that is not an ancestor (pid 1)\n"
+            "    import functools; init = functools.partial(init.func, 1, *init.args[1:])\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    init(3)\n"
+            "    os._exit(0)\n"
+            "print('rc', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)\n")
+    out = {case: subprocess.run([sys.executable, "-c", code, case], capture_output=True, text=True, timeout=60)
+           for case in ("gone", "here")}
+    assert out["here"].stdout.split("\n")[:2] == ["then 3", "rc 0"], out["here"]
+    assert out["gone"].stdout.strip() == f"rc {-signal.SIGKILL}", out["gone"]

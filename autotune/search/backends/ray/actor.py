@@ -67,7 +67,10 @@ def make_trainable(tune):
                     if isinstance(ev, events.Window):
                         self._events.put(("window", ev))
 
-                # a CPU trial holds the node, whoever started it; GPU trials share it, one per GPU (Ray's job)
+                # The trial's fork server is started by its pool's own thread (``trial.forkserver``), not this one,
+                # so it does not die when this thread ends; but an actor runs one trial (``reuse_actors=False``), so
+                # on Ray a server still serves one trial and goes with the actor's process.
+                # A CPU trial holds the node, whoever started it; GPU trials share it, one per GPU (Ray's job)
                 here = (machine_lock(f"a Ray trial ({log.name})") if workload.device == "cpu"
                         else contextlib.nullcontext())
                 with here:
