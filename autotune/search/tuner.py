@@ -25,7 +25,7 @@ from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
-from autotune.search.choose import confirm, final_checks
+from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap, window_noise
 from autotune.search.choose.finalist_rounds import SavedRounds
@@ -358,8 +358,8 @@ class Tuner:
                                                  log=self.log)
         checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=check_steps))
                     if budget.deadline is not None and here else 0.0)
-        end, chosen = confirm.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
-                                             checks_s=checks_s, log=self.log)
+        end, chosen = time_plan.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
+                                               checks_s=checks_s, log=self.log)
         return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
                                                                                         budget.window_noise))
 
