@@ -139,7 +139,7 @@ class Recommendation:
         or, for a recommendation without one, the selection's figure said unconfirmed."""
         if self.confirmation and self.confirmation.get("headline"):
             return self.confirmation["headline"]
-        from autotune.search.choose.confirm import unconfirmed_line
+        from autotune.search.choose.confirmation import unconfirmed_line
 
         return ((f"x{self.speedup_vs_baseline:.2f}, " if self.speedup_vs_baseline else "")
                 + unconfirmed_line(provisional=self.provisional))

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 
 from autotune.search.record import trials as keys  # noqa: E402
-from autotune.search.record.run_phase import AFTER_SEARCH, HOLD_ENV, PHASES, STORED, describe  # noqa: E402
+from autotune.search.record.run_phase import AFTER_SEARCH, PHASES, STORED, describe  # noqa: E402
 from autotune.search.record.run_phase import key as run_phase_key  # noqa: E402
 from autotune.search.record.storage import folder_name, sqlite_path  # noqa: E402
 
@@ -88,8 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the moments drawn (default: %(default)s)")
     p.add_argument("--trials", type=int, default=5, help="--trials of each run (default: %(default)s)")
     p.add_argument("--hold", type=float, default=1.5,
-                   help=f"{HOLD_ENV}: seconds each phase lasts at least, so the recommendation and the dashboard "
-                        "note (milliseconds) can be killed in (default: %(default)s)")
+                   help="seconds each phase lasts at least once recorded (kill_launch.py holds it), so the "
+                        "recommendation and the dashboard note (milliseconds) can be killed in (default: %(default)s)")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="the study's storage (default: SQLite in the work folder); integrity is checked on SQLite")
     p.add_argument("--workdir", type=Path, default=None, help="where the runs run (default: a fresh temp folder)")
@@ -361,14 +361,15 @@ class Bench:
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = str(ROOT) + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self.env["AUTOTUNE_MACHINE_LOCK"] = str(self.workdir / "machine.lock")  # not another engineer's runs'
-        self.env[HOLD_ENV] = str(args.hold)
         self.lengths: dict[str, list[float]] = {}
         self.kills: list[dict] = []
         self.cycles: list[dict] = []
         self.missed: dict[str, int] = {p: 0 for p in TARGETS}
 
     def cmd(self, c: int) -> list[str]:
-        return [sys.executable, "-m", "autotune.cli", "run", "--model", "kill_workload:build", "--image-size", "16",
+        # autotune's own CLI, its phases held --hold s each (kill_launch.py: the benchmark's, not the product's)
+        return [sys.executable, "-m", "benchmarks.kill_launch", "--hold", str(self.args.hold),
+                "run", "--model", "kill_workload:build", "--image-size", "16",
                 "--device", "cpu", "--space", "space.yaml", "--storage", self.url, "--study-name", f"kill-{c}",
                 "--windows", "2", "--window-seconds", "0.5", "--parity-steps", "10", "--trials",
                 str(self.args.trials), "--no-progress", "--no-warm-start", "-o", f"run-{c}.yaml"]

@@ -5,13 +5,50 @@ a run meets it, each time resumed with the same command; every check of ``benchm
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
+import optuna
 import pytest
 
-from autotune.search.record.run_phase import PHASES
+from autotune.search.record.run_phase import PHASES, RunPhases, read
+from benchmarks.kill_launch import held_phases
 from tests.helpers import REPO_ROOT
+
+
+def test_the_launcher_holds_each_phase_once_it_is_recorded_and_autotune_alone_does_not(tmp_path):
+    """The hold is the benchmark's (``benchmarks/kill_launch.py``, issue 52 item 11): inside ``held_phases`` a new
+    phase is written to the real SQLite study first, then held; a phase entered again is not; outside, nothing
+    holds."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=url, study_name="s")
+    phases = RunPhases(lambda: study)
+    phases.begin({})
+    with held_phases(0.3):
+        t0 = time.monotonic()
+        phases.enter(PHASES[-1])
+        held, done = time.monotonic() - t0, time.time()
+        assert held >= 0.3
+        assert read(optuna.load_study(study_name="s", storage=url))["since"] <= done - 0.25  # written, then held
+        t0 = time.monotonic()
+        phases.enter(PHASES[-1])  # already in it: nothing recorded, nothing held
+        assert time.monotonic() - t0 < 0.2
+    t0 = time.monotonic()
+    phases.enter(PHASES[0])
+    assert time.monotonic() - t0 < 0.2 and read(optuna.load_study(study_name="s", storage=url))["phase"] == PHASES[0]
+
+
+def test_the_launcher_runs_autotunes_own_cli_with_its_arguments_and_exit_code(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.kill_launch", "--hold", "0.1", "run", "--bogus"],
+                         cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.startswith("autotune run: error: unrecognized argument: --bogus"), run
+    bare = subprocess.run([sys.executable, "-m", "benchmarks.kill_launch", "run"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 2 and "--hold SECONDS" in bare.stderr, bare
 
 
 @pytest.mark.slow

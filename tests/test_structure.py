@@ -253,3 +253,48 @@ def test_ruff_is_clean():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "autotune", "tests", "benchmarks", "examples"],
                          cwd=PKG.parent, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- rooms doing one job each (issue 52 item 11) -----------------------------------------------------------------
+
+def _defined(path: Path) -> set[str]:
+    """The names a module defines at its top: functions, classes and assigned names."""
+    body = ast.parse(path.read_text()).body
+    return ({n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+            | {t.id for n in body if isinstance(n, (ast.Assign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)})
+
+
+# what the confirmation does, a module each: its rounds, the record they leave, the recommendation rewritten with
+# it, and the finalists' time plan (which keeps the confirmation's time back) beside the finalists
+CONFIRM_JOBS = {"confirm": {"confirm", "confirmed", "planned_rounds", "MIN_ROUNDS", "MAX_ROUNDS"},
+                "confirmation": {"Confirmation", "unconfirmed_line", "NOISY"},
+                "rewrite": {"apply", "selection_record"},
+                "time_plan": {"plan_finalists", "expected_round_s"}}
+
+
+def test_the_confirmation_keeps_each_of_its_jobs_in_a_module_of_its_own():
+    choose = sorted((PKG / "search" / "choose").glob("*.py"))
+    found = {name: [p.stem for p in choose if name in _defined(p)] for names in CONFIRM_JOBS.values() for name in names}
+    assert found == {name: [mod] for mod, names in CONFIRM_JOBS.items() for name in names}
+
+
+def _bools_entered(path: Path) -> list[str]:
+    """Names that a function of ``path`` takes as a ``bool`` and a ``with`` enters: one name, two things."""
+    tree = ast.parse(path.read_text())
+    bools = {a.arg for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+             for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs
+             if isinstance(a.annotation, ast.Name) and a.annotation.id == "bool"
+             or isinstance(a.annotation, ast.Constant) and a.annotation.value == "bool"}
+    entered = {item.context_expr.id for n in ast.walk(tree) if isinstance(n, (ast.With, ast.AsyncWith))
+               for item in n.items if isinstance(item.context_expr, ast.Name)}
+    return sorted(bools & entered)
+
+
+def test_no_name_is_a_bool_in_one_function_and_a_context_manager_in_another():
+    assert {m: names for m, p in MODS.items() if (names := _bools_entered(p))} == {}
+
+
+def test_no_module_of_the_product_reads_the_kill_benchmarks_hold():
+    """How long a phase holds once recorded is the kill benchmark's (benchmarks/kill_launch.py), not autotune's."""
+    assert [m for m, p in MODS.items() if "AUTOTUNE_PHASE_HOLD_S" in p.read_text()] == []

@@ -259,7 +259,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     rec = study.user_attrs.get(keys.STUDY_RECOMMENDATION)
     if rec:
         m = rec["measured"]
-        from autotune.search.choose.confirm import unconfirmed_line
+        from autotune.search.choose.confirmation import unconfirmed_line
 
         claim = (rec.get("confirmation") or {}).get("headline") or \
             f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, " \

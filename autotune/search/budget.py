@@ -198,7 +198,7 @@ class Budget:
         """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
         search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget; when the confirmation's two rounds fit
         only beyond their own share (``confirm_rounds_s``: a short budget), what is left of it after them (often
-        nothing: the best search trial is then recommended and its claim confirmed, ``confirm.plan_finalists``)."""
+        nothing: the best search trial is then recommended and its claim confirmed, ``time_plan.plan_finalists``)."""
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds

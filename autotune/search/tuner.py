@@ -25,7 +25,7 @@ from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
-from autotune.search.choose import confirm, final_checks
+from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap, window_noise
 from autotune.search.choose.finalist_rounds import SavedRounds
@@ -336,9 +336,10 @@ class Tuner:
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
         top, left_out = contenders(ranked, k=self.finalists, gap=lost_gap(study.get_trials(deepcopy=False)))
         budget = dataclasses.replace(budget, window_noise=window_noise(top))
-        planned = self._plan_finalists(study, top, budget, here=runner is None)
-        here = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
-        with here:  # no finalist round fits: the best search trial, provisional, its claim confirmed
+        planned = self._plan_finalists(study, top, budget, local=runner is None)
+        # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
+        local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
+        with local_lock:  # no finalist round fits: the best search trial, provisional, its claim confirmed
             rec, saved = (self._choose(study, planned, runner) if planned is not None
                           else (fin.provisional(study, storage=self.storage_url), None))
             run = self.phases.around("confirmation", runner or self.runner)
@@ -349,17 +350,19 @@ class Tuner:
             rec = dataclasses.replace(rec, notes=rec.notes + left_out)
         return self._record(study, rec, saved)
 
-    def _plan_finalists(self, study: Study, top: list, budget: Budget, *, here: bool):
+    def _plan_finalists(self, study: Study, top: list, budget: Budget, *, local: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks
-        after them (numerics, worst case) and the confirmation's rounds inside it; None when not one round fits."""
+        after them (numerics, worst case) and the confirmation's rounds inside it; None when not one round fits.
+        ``local``: the finalists run on this machine (no runner from a backend elsewhere); only then are the checks
+        after them priced and the numerics check cut to fit."""
         check_steps = self.parity_steps  # the numerics check's steps in this run: fewer where the budget is short
-        if budget.deadline is not None and here and self.parity_steps:
+        if budget.deadline is not None and local and self.parity_steps:
             check_steps = fin.check_steps_within(self.numerics_check_s(study), self.parity_steps, budget=budget,
                                                  log=self.log)
         checks_s = (final_checks.expected_s(study, self.workload, self.numerics_check_s(study, steps=check_steps))
-                    if budget.deadline is not None and here else 0.0)
-        end, chosen = confirm.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
-                                             checks_s=checks_s, log=self.log)
+                    if budget.deadline is not None and local else 0.0)
+        end, chosen = time_plan.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
+                                               checks_s=checks_s, log=self.log)
         return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
                                                                                         budget.window_noise))
 

@@ -197,7 +197,7 @@ def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate
     from autotune.search import budget as budget_module
     from autotune.search.budget import Budget, confirm_measure, finalist_windows
     from autotune.search.choose import finalists as fin
-    from autotune.search.choose.confirm import expected_round_s
+    from autotune.search.choose.time_plan import expected_round_s
 
     assert doctest.testmod(budget_module).failed == 0
     b = Budget.of(None, measure=MeasureSpec(windows=5, window_s=1.0), finalists=2, rounds=2)

@@ -12,10 +12,11 @@ measured is ``finalist_rounds.Evidence``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, Workload
@@ -167,8 +168,10 @@ class FinalistContext:
     numerics_cut: bool = False
 
 
-class Scored(NamedTuple):
-    """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak."""
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A finalist that qualified: its config, its search trial, the summary of its rounds, its host peak. Read by
+    field name only: a record, not a tuple, so a position is an error rather than another field."""
 
     config: TrialConfig
     trial: Any
@@ -193,8 +196,8 @@ def _memory_out(limit, c: TrialConfig, ev: Evidence) -> list[str]:
 
 def _lightness(x: Scored, ev: Evidence) -> tuple:
     """What wins a tie, least first: device memory, host memory (64 MB steps), threads, knobs changed."""
-    return (round((ev.device_peaks[x[0].key()] or 0.0) / 64), round(x[3] / 64),
-            (x[0].intra_op_threads or 99) + x[0].num_workers, departures(x[0]))
+    return (round((ev.device_peaks[x.config.key()] or 0.0) / 64), round(x.peak_mb / 64),
+            (x.config.intra_op_threads or 99) + x.config.num_workers, departures(x.config))
 
 
 def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
@@ -254,9 +257,9 @@ def _speedup(chosen: Scored, base_trial, ev: Evidence, base_med: float | None) -
     base_key = keys.config_of(base_trial).key() if base_trial is not None else None
     # paired only when the baseline finished every round (a round it lost would pair the others by position wrongly)
     if base_key is not None and ev.rounds.get(base_key) and not ev.failures.get(base_key) and ev.rounds.get(
-            chosen[0].key()):
-        return round(ratio_interval(ev.rounds[chosen[0].key()], ev.rounds[base_key])[0], 3)
-    return None if not base_med else round(chosen[2].median / base_med, 3)
+            chosen.config.key()):
+        return round(ratio_interval(ev.rounds[chosen.config.key()], ev.rounds[base_key])[0], 3)
+    return None if not base_med else round(chosen.summary.median / base_med, 3)
 
 
 def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: list, ev: Evidence, notes: list[str],
@@ -267,37 +270,41 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
     extra = 0
     while True:
         # each config's speed from its rounds paired with the others' (``settle.paired_speeds``), not pooled windows
-        raw = paired_speeds({c.key(): ev.rounds[c.key()] for c, *_ in scored})
-        pricing = price([Priced(c.key(), c.short(), raw[c.key()], c.batch_size, *_compile_times(study, c, t, ev))
-                         for c, t, *_ in scored], ctx.run_length)
-        speed = {x[0].key(): raw[x[0].key()] * pricing.factor[x[0].key()] for x in scored}
-        scored.sort(key=lambda x: -speed[x[0].key()])
+        raw = paired_speeds({x.config.key(): ev.rounds[x.config.key()] for x in scored})
+        pricing = price([Priced(x.config.key(), x.config.short(), raw[x.config.key()], x.config.batch_size,
+                                *_compile_times(study, x.config, x.trial, ev)) for x in scored], ctx.run_length)
+        speed = {x.config.key(): raw[x.config.key()] * pricing.factor[x.config.key()] for x in scored}
+        scored.sort(key=lambda x: -speed[x.config.key()])
         best = scored[0]
-        rounds = {c.key(): [[v * pricing.factor[c.key()] for v in r] for r in ev.rounds[c.key()]] for c, *_ in scored}
+        rounds = {k: [[v * pricing.factor[k] for v in r] for r in ev.rounds[k]]
+                  for k in (x.config.key() for x in scored)}
         # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
-        close = [best] + [x for x in scored[1:] if ratio_interval(rounds[best[0].key()], rounds[x[0].key()])[1] <= 1.0]
+        close = [best] + [x for x in scored[1:]
+                          if ratio_interval(rounds[best.config.key()], rounds[x.config.key()])[1] <= 1.0]
         chosen = min(close, key=lambda x: _lightness(x, ev))
-        gap = speed[best[0].key()] / speed[chosen[0].key()] - 1
+        gap = speed[best.config.key()] / speed[chosen.config.key()] - 1
         if chosen is best or gap <= TIE_TOLERANCE:
             break
-        why = f"{best[0].short()} measures {100 * gap:.1f}% ahead of the lighter {chosen[0].short()}, within noise"
-        if more is None or not more(ev, best[0], chosen[0], why, gap):
+        why = (f"{best.config.short()} measures {100 * gap:.1f}% ahead of the lighter {chosen.config.short()}, "
+               "within noise")
+        if more is None or not more(ev, best.config, chosen.config, why, gap):
             # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
-            notes.append(f"{best[0].short()} kept over the lighter {chosen[0].short()}: {100 * gap:.1f}% ahead, "
-                         f"paired over {len(rounds[best[0].key()])} rounds, within noise; a lighter config wins a "
-                         f"tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
-            chosen = min((x for x in close if speed[best[0].key()] / speed[x[0].key()] - 1 <= TIE_TOLERANCE),
+            notes.append(f"{best.config.short()} kept over the lighter {chosen.config.short()}: {100 * gap:.1f}% "
+                         f"ahead, paired over {len(rounds[best.config.key()])} rounds, within noise; a lighter "
+                         f"config wins a tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
+            chosen = min((x for x in close if speed[best.config.key()] / speed[x.config.key()] - 1 <= TIE_TOLERANCE),
                          key=lambda x: _lightness(x, ev))
             break
         extra += 1
         for x in (best, chosen):  # an extra round can put either out, as any round can
-            ev.failures[x[0].key()] += _memory_out(ctx.limit, x[0], ev)
-            if ev.failures[x[0].key()]:
+            ev.failures[x.config.key()] += _memory_out(ctx.limit, x.config, ev)
+            if ev.failures[x.config.key()]:
                 scored.remove(x)
-                out.append((x[0], x[1]))
-                notes.append(f"{x[0].short()} (trial {x[1].number}) is out: {'; '.join(ev.failures[x[0].key()])}")
-        scored[:] = [x._replace(summary=summarize(ev.samples(x[0].key())), peak_mb=ev.peaks[x[0].key()])
-                     for x in scored]
+                out.append((x.config, x.trial))
+                notes.append(f"{x.config.short()} (trial {x.trial.number}) is out: "
+                             f"{'; '.join(ev.failures[x.config.key()])}")
+        scored[:] = [dataclasses.replace(x, summary=summarize(ev.samples(x.config.key())),
+                                         peak_mb=ev.peaks[x.config.key()]) for x in scored]
         if not scored:
             return None
     notes += pricing.notes
@@ -341,7 +348,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     parity = None
     if ctx.parity_steps and not check_numerics:
         notes.append("numerics not checked against fp32 eager: the trials ran on machines unlike this one")
-    elif ctx.numerics_cut and needs_parity(chosen[0], world_size=world_of(ctx.workload)):
+    elif ctx.numerics_cut and needs_parity(chosen.config, world_size=world_of(ctx.workload)):
         notes.append("numerics not checked against fp32 eager: the budget left no time for the check (a longer "
                      "--timeout checks it)")
     elif ctx.parity_steps:  # reduced precision and compile change the arithmetic: check it
@@ -353,50 +360,51 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
             return None
         chosen = ranked[index]
         tied = tied and index == 0
-    if chosen[0].channels_last and not needs_parity(chosen[0], world_size=world_of(ctx.workload)):
+    if chosen.config.channels_last and not needs_parity(chosen.config, world_size=world_of(ctx.workload)):
         notes.append(f"numerics not checked: {LAYOUT_ONLY.split(': ', 1)[1]}")  # the shortcut, said (issue 50)
     if tied:
-        apart, lo, hi = ratio_interval(rounds[best[0].key()], rounds[chosen[0].key()])
+        apart, lo, hi = ratio_interval(rounds[best.config.key()], rounds[chosen.config.key()])
         between = (f"95% interval {100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%" if math.isfinite(hi)
                    else "one round: no interval")
-        notes.append(f"{chosen[0].short()} chosen over {best[0].short()}: within noise "
+        notes.append(f"{chosen.config.short()} chosen over {best.config.short()}: within noise "
                      f"({100 * (apart - 1):.1f}% apart, {between}) and lighter on memory/threads or knobs")
     others = [x for x in scored if x is not chosen]
     margin = interval = None
     if others:
-        ratio, lo, hi = ratio_interval(rounds[chosen[0].key()], rounds[others[0][0].key()])
+        ratio, lo, hi = ratio_interval(rounds[chosen.config.key()], rounds[others[0].config.key()])
         margin = ratio - 1
         interval = (round(lo - 1, 4), round(hi - 1, 4)) if math.isfinite(hi) else None  # one round: none
     base_med = _baseline_median(base_trial, ev, notes)
     speedup = _speedup(chosen, base_trial, ev, base_med)
-    s = chosen[2]
+    s = chosen.summary
     if s.noisy:
         notes.append(f"noisy: IQR {100 * s.rel_iqr:.1f}% of the median")
     hw = ctx.hardware
     return Recommendation(
-        config=chosen[0], workload=ctx.workload,
+        config=chosen.config, workload=ctx.workload,
         median_samples_per_s=round(s.median, 3), iqr_samples_per_s=round(s.iqr, 3),
-        samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen[0].key())),
+        samples_per_s=tuple(round(x, 3) for x in ev.samples(chosen.config.key())),
         baseline_samples_per_s=None if base_med is None else round(base_med, 3),
         speedup_vs_baseline=speedup,
-        peak_host_mb=round(chosen[3], 1) or None, memory_cap_mb=ctx.measure.memory_cap_mb,
-        memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen[0].key()],
-        peak_device_allocated_mb=ev.device_allocated.get(chosen[0].key()), device_memory_cap_mb=limit.device_mb,
+        peak_host_mb=round(chosen.peak_mb, 1) or None, memory_cap_mb=ctx.measure.memory_cap_mb,
+        memory_margin=limit.margin, peak_device_mb=ev.device_peaks[chosen.config.key()],
+        peak_device_allocated_mb=ev.device_allocated.get(chosen.config.key()), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None if margin is None else round(margin, 4), margin_interval=interval, noisy=s.noisy,
         hardware={"summary": hw.summary_line(), "cpu": hw.cpu_model, "usable_cores": hw.usable_cores,
                   "ram_total_mb": round(hw.ram_total_mb), "gpus": list(hw.gpus)},
         fingerprint=hw.fingerprint, versions=versions_of(hw), env_stamp=collect_env_stamp(), shell_env=inherited_env(),
         study_name=ctx.study_name,
-        storage=ctx.storage_url, trial_number=chosen[1].number,
-        runners_up=tuple([{"config": x[0].to_dict(), "short": x[0].short(),
-                           "median_samples_per_s": round(x[2].median, 3), "iqr_samples_per_s": round(x[2].iqr, 3),
-                           "trial": x[1].number} for x in others]
+        storage=ctx.storage_url, trial_number=chosen.trial.number,
+        runners_up=tuple([{"config": x.config.to_dict(), "short": x.config.short(),
+                           "median_samples_per_s": round(x.summary.median, 3),
+                           "iqr_samples_per_s": round(x.summary.iqr, 3),
+                           "trial": x.trial.number} for x in others]
                          + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
                              "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
-        notes=tuple(notes), reproduce=reproduce_command(ctx.workload, chosen[0], ctx.measure.memory_cap_mb),
+        notes=tuple(notes), reproduce=reproduce_command(ctx.workload, chosen.config, ctx.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,
-        user_parts=tuple(chosen[1].user_attrs.get(keys.USER_PARTS) or ()),
+        user_parts=tuple(chosen.trial.user_attrs.get(keys.USER_PARTS) or ()),
         compile={**pricing.record, "cache_dir": str(ctx.compile_cache_dir)}, selection=_spread(configs, ev),
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in trials if t is not None)),
     )
@@ -404,11 +412,12 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
 
 def _check_numerics(ctx: FinalistContext, ranked: list, base_trial) -> tuple[int | None, list]:
     """``parity.first_passing`` over ``ranked`` (best first), announced; its child runs under the trials' cap."""
-    expect = expected_check_s(ranked[0][1], base_trial, steps=ctx.parity_steps, workload=ctx.workload)
+    expect = expected_check_s(ranked[0].trial, base_trial, steps=ctx.parity_steps, workload=ctx.workload)
     if expect:
-        ctx.log(f"checking the numerics of {ranked[0][0].short()} {compared_with(ctx.workload)} ({ctx.parity_steps} "
-                f"steps each of it, the reference and a control, in a child): ~{expect:.0f} s expected")
-    return first_passing([x[0] for x in ranked], ctx.workload, check=ctx.parity, steps=ctx.parity_steps,
+        ctx.log(f"checking the numerics of {ranked[0].config.short()} {compared_with(ctx.workload)} "
+                f"({ctx.parity_steps} steps each of it, the reference and a control, in a child): ~{expect:.0f} s "
+                "expected")
+    return first_passing([x.config for x in ranked], ctx.workload, check=ctx.parity, steps=ctx.parity_steps,
                          log_path=ctx.artifacts_dir / "parity.log", memory_cap_mb=ctx.measure.memory_cap_mb)
 
 

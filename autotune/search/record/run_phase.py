@@ -20,10 +20,6 @@ start-up before the first phase: the CLI's checks, the workload's probe, opening
 each as a share of the budget (``--timeout``) or, without one, of the run: the closing lines, the YAML's
 ``budget_split`` and ``autotune show`` say where the time went (issue 50).
 
-``AUTOTUNE_PHASE_HOLD_S``: seconds each phase waits once it is recorded, before its work (default 0). For the kill
-benchmark (``benchmarks/kill_anywhere.py``): the recommendation and the dashboard note take milliseconds, and a
-kill can land in them only if they last.
-
 >>> PHASES[0], PHASES[-1]
 ('search', 'dashboard note')
 >>> describe("numerics")
@@ -42,7 +38,7 @@ from autotune.search.record import trials as keys
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "HOLD_ENV", "RunPhases", "describe", "read", "key", "split_line"]
+__all__ = ["PHASES", "AFTER_SEARCH", "STORED", "RunPhases", "describe", "read", "key", "split_line"]
 
 # each phase and how a log line names it
 _NAMES = {
@@ -54,7 +50,6 @@ _NAMES = {
 PHASES = tuple(_NAMES)
 AFTER_SEARCH = PHASES[2:]  # the finalists' phases and after: the search was done
 STORED = ("recommendation", "dashboard note")  # the recommendation is stored in the study: it stands
-HOLD_ENV = "AUTOTUNE_PHASE_HOLD_S"
 
 
 def describe(phase: str) -> str:
@@ -84,9 +79,8 @@ class RunPhases:
     >>> run = phases.around("finalists", runner)                   # doctest: +SKIP
     """
 
-    def __init__(self, study: Callable[[], Study], *, hold_s: float | None = None) -> None:
+    def __init__(self, study: Callable[[], Study]) -> None:
         self._study = study
-        self.hold_s = float(os.environ.get(HOLD_ENV) or 0.0) if hold_s is None else hold_s
         self.current: str | None = None
         self.extra: dict[str, Any] = {}  # kept with every record (the ask; the search's stop reason)
         # the run's clock (``split``): when it began (time.monotonic()), seconds per phase, when the current began
@@ -128,7 +122,7 @@ class RunPhases:
             self._write(self.current)
 
     def enter(self, phase: str) -> None:
-        """Record that the run is in ``phase`` now (nothing when it already is), then hold ``hold_s``."""
+        """Record that the run is in ``phase`` now (nothing when it already is)."""
         if phase == self.current:
             return
         if self._started is not None:  # the phase left ends now (``split``)
@@ -137,8 +131,6 @@ class RunPhases:
             self._since = now
         self.current = phase
         self._write(phase)
-        if self.hold_s > 0:
-            time.sleep(self.hold_s)
 
     def around(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` (a runner, a check) entering ``phase`` each time it is called, before it runs."""

@@ -17,7 +17,8 @@ import yaml
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.recommendation import Recommendation
-from autotune.search.choose.confirm import Confirmation, confirm
+from autotune.search.choose.confirm import confirm
+from autotune.search.choose.confirmation import Confirmation
 
 from tests.helpers import QUICK, make_tuner, search_run
 
@@ -155,7 +156,7 @@ def test_one_rounds_ratio_is_exported_as_no_speedup_and_the_yaml_says_why_where_
     import dataclasses
     import types
 
-    from autotune.search.choose.confirm import apply
+    from autotune.search.choose.rewrite import apply
     from tests.helpers import make_rec
     from tests.test_benchmarks import _benchmark
 
@@ -310,7 +311,7 @@ def test_the_confirmation_comes_first_when_beside_it_not_one_finalist_round_fits
     nothing back (a 100 s budget: two 40 s rounds are over 35% of it), the finalists get all the time."""
     from autotune.search.budget import Budget
     from autotune.search.choose import finalists as fin
-    from autotune.search.choose.confirm import expected_round_s, plan_finalists
+    from autotune.search.choose.time_plan import expected_round_s, plan_finalists
 
     top = [_trial(1, TrialConfig(batch_size=32), 10.0), _trial(2, TrialConfig(batch_size=16), 10.0)]
     base = _trial(0, TrialConfig(), 10.0)
@@ -395,7 +396,7 @@ def test_a_baseline_the_selection_did_not_re_measure_is_the_confirmations_in_the
     is the confirmation's own rounds, where it ran: the note must not read as if the claim's figure were unmeasured."""
     import dataclasses
 
-    from autotune.search.choose.confirm import apply
+    from autotune.search.choose.rewrite import apply
     from tests.helpers import make_rec
 
     stand_in = "baseline figure from its search trial #0 (not re-measured: the time budget was short), so the " \

@@ -35,6 +35,21 @@ def _runner(speed: dict[tuple[int, bool], float], peak: dict[tuple[int, bool], f
     return run
 
 
+def test_a_scored_finalist_is_read_by_its_field_names_only():
+    """A finalist's ``Scored`` has no positions (issue 52 item 11): ``x[0]`` was its config and ``x[3]`` its peak,
+    read right only while no field moves; now reading one by position is an error, not another field."""
+    from autotune.config import TrialConfig
+    from autotune.measure import summarize
+    from autotune.search.choose.finalists import Scored
+
+    s = Scored(config=TrialConfig(batch_size=8), trial=None, summary=summarize([1.0, 2.0]), peak_mb=100.0)
+    assert s.config.batch_size == 8 and s.summary.median == 1.5 and s.peak_mb == 100.0
+    with pytest.raises(TypeError):
+        s[0]  # noqa: B018
+    with pytest.raises(TypeError):
+        config, *_ = s
+
+
 def test_ratio_interval_is_tight_for_a_steady_gap_and_wide_for_noise():
     """Paired rounds: the same 5% gap in each round, whatever the windows' spread, is shown; rounds that disagree
     (+40%, -30%) are not (the interval's own tests: test_settle.py)."""

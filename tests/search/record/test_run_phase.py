@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import time
-
 import optuna
 import pytest
 
@@ -12,7 +10,7 @@ from autotune.config import MeasureSpec, TrialConfig, TrialResult
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.record import trials as keys
 from autotune.search.record.optuna_compat import storage_of
-from autotune.search.record.run_phase import PHASES, RunPhases, read
+from autotune.search.record.run_phase import RunPhases, read
 from autotune.trial.parity import ParityResult
 
 
@@ -27,7 +25,7 @@ def _reloaded(study):
 
 
 def test_a_phase_is_written_when_it_changes_and_the_end_removes_it(study):
-    phases = RunPhases(lambda: study, hold_s=0.0)
+    phases = RunPhases(lambda: study)
     assert phases.begin({"trials": 3}) is None
     phases.enter("search")
     first = read(_reloaded(study))
@@ -43,14 +41,6 @@ def test_a_phase_is_written_when_it_changes_and_the_end_removes_it(study):
     after = _reloaded(study)
     assert read(after) is None and after.user_attrs.get(keys.FINALIST_ROUNDS) is None
     assert RunPhases(lambda: after).begin({"trials": 3}) is None
-
-
-def test_a_phase_holds_as_long_as_asked_once_recorded(study):
-    phases = RunPhases(lambda: study, hold_s=0.3)
-    phases.begin({})
-    t0 = time.monotonic()
-    phases.enter(PHASES[-1])
-    assert time.monotonic() - t0 >= 0.3 and read(_reloaded(study))["phase"] == PHASES[-1]
 
 
 def test_what_the_finalists_finished_is_taken_back_by_the_next_run_of_the_plan(study):
@@ -97,13 +87,13 @@ def test_each_machine_keeps_its_own_runs_phase(study):
     machine's to resume."""
     study.set_user_attr(f"{keys.RUN_PHASE}:another-host", {"phase": "confirmation", "pid": 1})
     assert read(_reloaded(study)) is None
-    RunPhases(lambda: study, hold_s=0.0).enter("search")
+    RunPhases(lambda: study).enter("search")
     assert read(_reloaded(study))["phase"] == "search"
     assert _reloaded(study).user_attrs[f"{keys.RUN_PHASE}:another-host"]["phase"] == "confirmation"
 
 
 def test_the_searchs_runner_tells_a_trial_from_a_ceilings_child(study):
-    phases = RunPhases(lambda: study, hold_s=0.0)
+    phases = RunPhases(lambda: study)
     run = phases.searching(lambda workload, config, measure, **kw: measure.part)
     assert run(None, None, MeasureSpec()) == "full" and phases.current == "search"
     assert run(None, None, MeasureSpec(part="data")) == "data" and phases.current == "ceilings"
