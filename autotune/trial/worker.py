@@ -1,11 +1,10 @@
 """The child side of one trial. Run as ``python -m autotune.trial.worker FD PAYLOAD_JSON`` by ``runner.py``.
 
-It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the
-trial log), the events of ``autotune.trial.events``: ``Started``, ``Built``, ``Warmup``, one ``Window`` per measured
-window, then ``Done`` or ``Failed``.
-Step times come from the device's step timer; the device is synchronised once per measured window, never per
-step (warm-up steps are synchronised one by one, to see when they settle).
-Thread settings are applied before torch is imported; everything else happens in ``run``.
+It speaks JSON lines on file descriptor FD (stdout and stderr stay free for the user's code and go to the trial
+log), the events of ``autotune.trial.events``: ``Started``, ``Built``, ``Warmup``, one ``Window`` per measured window,
+then ``Done`` or ``Failed``. Step times come from the device's step timer; the device is synchronised once per
+measured window, never per step (warm-up steps are synchronised one by one, to see when they settle). Thread
+settings are applied before torch is imported; everything else happens in ``run``.
 """
 
 from __future__ import annotations
@@ -157,10 +156,8 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
     train_step = make_step(built.model, built.loss_fn, config, dev, train=train, parts=built,
                            accumulation_steps=accumulation,
                            wrap=ranks.wrapper(config) if ranks is not None and train else None)
-
-    from autotune.workloads.contract import loader_kwargs, steps_per_epoch
-
     from autotune.trial.loader_watch import LoaderWatch
+    from autotune.workloads.contract import loader_kwargs, steps_per_epoch
 
     kw = loader_kwargs(built, config, spec.seed)
     if config.num_workers:  # whatever the start method (spawn, forkserver: no fork hook runs in the worker)
