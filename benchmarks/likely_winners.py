@@ -12,7 +12,7 @@ drop it again).
 It prints the table and the YAML entry for this CPU kind (``Hardware.cpu_kind``); ``--write`` puts the entry into
 ``search_spaces/likely.yaml`` with the machine, the date and the raw results' file, and keeps the others.
 
-    python benchmarks/likely_winners.py                                  # 4 workloads, 32 px, batch 16/32, 2 rounds
+    python benchmarks/likely_winners.py                                  # 4 workloads, 32 px, batch 16/32, 3 rounds
     python benchmarks/likely_winners.py --workloads resnet18,mobilenet_v3_small --write
 """
 
@@ -73,6 +73,8 @@ def knob_table(grids: dict[str, dict]) -> dict[str, dict]:
             wins, logs = 0, []
             for g in grids.values():
                 ok = [r for r in g.values() if r["figure"]]
+                if len({getattr(r["config"], knob) for r in ok}) < 2:  # not varied there (channels_last on text)
+                    continue
                 best = max(ok, key=lambda r: r["figure"])
                 wins += getattr(best["config"], knob) == v
                 with_v = max((r["figure"] for r in ok if getattr(r["config"], knob) == v), default=0.0)
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--batches", default="16,32")
-    p.add_argument("--rounds", type=int, default=2, help="fresh processes per config (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per config (default: %(default)s)")
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-seconds", type=float, default=0.5)
     p.add_argument("--dataset-size", type=int, default=1024)
