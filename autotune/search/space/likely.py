@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 __all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers", "winners_for", "measured_on"]
@@ -24,7 +25,11 @@ def _data() -> dict[str, Any]:
     """``search_spaces/likely.yaml``, read once."""
     import yaml
 
-    return yaml.safe_load(resources.files("autotune.search_spaces").joinpath("likely.yaml").read_text())
+    try:
+        text = resources.files("autotune.search_spaces").joinpath("likely.yaml").read_text()
+    except ModuleNotFoundError:  # a source checkout never installed (as ``search_space.default_space_path``)
+        text = (Path(__file__).resolve().parents[3] / "search_spaces" / "likely.yaml").read_text()
+    return yaml.safe_load(text)
 
 
 def _knobs(entry: dict[str, Any]) -> dict[str, tuple]:

@@ -9,7 +9,7 @@ from autotune.search.backends import SearchBackend, load_backend
 from autotune.search.plan.context import SearchOutcome
 from autotune.config import TrialResult
 from autotune.errors import AutotuneError
-from tests.helpers import make_tuner
+from tests.helpers import make_tuner, search_run
 
 
 def test_a_backend_must_implement_search():
@@ -50,8 +50,7 @@ def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monk
     ran = []
 
     def fake(workload, config, measure, **kw):
-        confirming = "confirm-" in str(kw.get("log_path", ""))  # the claim's runs: the search's window length
-        ran.append((-1.0 if confirming else measure.window_s, config.batch_size))
+        ran.append((search_run(measure, kw), config.batch_size))  # after the search: a finalist's, the claim's
         v = 10.0 * config.batch_size
         return TrialResult(status="ok", samples_per_s=(v, v), wall_s=1.0, peak_host_mb=10.0,
                            batch_size=config.batch_size)
@@ -61,7 +60,7 @@ def test_tuner_runs_any_backend_between_seeding_and_the_finalists(tmp_path, monk
     tuner = make_tuner(tmp_path, runner=fake, finalists=1)
     rec = tuner.run(trials=3)
     assert backend.seen_queued >= 2  # the baseline and the likely winner were queued before the search
-    search = [b for w, b in ran if w == tuner.measure.window_s]
+    search = [b for searching, b in ran if searching]
     assert search[:2] == [8, 8] and len(search) == 3
     assert len(ran) > 3 and rec is not None and rec.config.batch_size == 16  # finalists re-measured by the tuner
 
