@@ -10,6 +10,7 @@ import warnings
 from typing import Any, Iterator
 
 from autotune.config import TrialConfig
+from autotune.field import FieldRun
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 
@@ -19,7 +20,8 @@ __all__ = ["Applied", "applying"]
 class Applied:
     """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
 
-    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1, world_size: int = 1) -> None:
+    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1, world_size: int = 1,
+                 field_run: FieldRun | None = None) -> None:
         from autotune.machine.device import CPUDevice, CUDADevice
 
         self.config = config
@@ -28,6 +30,11 @@ class Applied:
         self.accumulation_steps = accumulation_steps
         self.world_size = world_size  # DDP ranks measured; > 1: prepare_model wraps the model in DDP
         self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
+        self._field = field_run  # measures the run (autotune.field); None: off
+
+    def field(self) -> str:
+        """How the run stands against what the trials measured for this config, in one line (``autotune.field``)."""
+        return self._field.line() if self._field is not None else "autotune field: off (rec.apply(field=False))"
 
     def prepare_model(self, model):
         """The model on the device, channels_last, in DDP with the recommended arguments (with several ranks:
@@ -46,6 +53,8 @@ class Applied:
         return model
 
     def prepare_input(self, x, *, non_blocking: bool | None = None):
+        if self._field is not None:  # the batch reached the loop: the end of its data wait
+            self._field.batch(x)
         nb = self.config.pin_memory if non_blocking is None else non_blocking
         return self._dev.to_device(x, non_blocking=nb, channels_last=self.config.channels_last)
 
@@ -81,8 +90,9 @@ class Applied:
 
 
 @contextlib.contextmanager
-def applying(rec: Any) -> Iterator[Applied]:
-    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit. ``rec``: a
+def applying(rec: Any, field_run: FieldRun | None = None) -> Iterator[Applied]:
+    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit. ``field_run``: the
+    run's measurement (``autotune.field``), started here and stopped, with its line, at the end. ``rec``: a
     ``Recommendation`` (not imported here, even for the type: ``recommendation`` imports this module)."""
     import torch
 
@@ -105,10 +115,14 @@ def applying(rec: Any) -> Iterator[Applied]:
             warnings.warn(f"{knob}={getattr(rec.config, knob)} not fully applied: {why or 'read at start'}; "
                           f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
                           "its environment (`autotune export` lists it)", stacklevel=3)
+    if field_run is not None:
+        field_run.start()
     try:
         yield Applied(rec.config, _rank_device(rec), accumulation_steps=rec.accumulation_steps,
-                      world_size=rec.world_size)
+                      world_size=rec.world_size, field_run=field_run)
     finally:
+        if field_run is not None:
+            field_run.stop()  # the one line; never raises
         torch.set_num_threads(old_threads)
         torch.backends.cudnn.benchmark = old_bench
 

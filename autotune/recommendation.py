@@ -29,6 +29,7 @@ from autotune.config import TrialConfig, Workload, knob_summary
 from autotune.distributed import backend_for, check_section, distributed_section, launch_command
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
+from autotune.field import Claim, FieldRun, FieldSpec
 from autotune.provenance import versions_of
 from autotune.search.record import trials as keys
 from autotune.search.record.ceilings import ceiling_lines
@@ -325,7 +326,7 @@ class Recommendation:
 
         return applied_kwargs(self, fit=fit)
 
-    def apply(self) -> contextlib.AbstractContextManager[Applied]:
+    def apply(self, *, field: "bool | FieldSpec" = True) -> contextlib.AbstractContextManager[Applied]:
         """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
         ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life;
         ``malloc: hugepages`` also needs ``THP_MEM_ALLOC_ENABLE=1`` from the launch environment (warned if absent).
@@ -338,10 +339,49 @@ class Recommendation:
         LOCAL_RANK), ``no_sync(model, micro_batch)`` skips the all-reduce on accumulation micro-batches.
         The inter-op thread count can only be set before torch's first parallel work; if that moment has passed it
         is left as is, with a note.
+
+        ``field`` (on by default; a ``FieldSpec`` to set its windows, False: off): the run is measured as it
+        trains (``autotune.field``): optimizer steps, the batches ``prepare_input`` sees, the data wait; a sustained
+        slow-down is logged once with what changed; ``run.field()`` and the block's end say in one line how the run
+        stands against what the trials measured for this config; the record is kept in the study (``autotune
+        show`` lists it).
         """
         from autotune.applied import applying
 
-        return applying(self)
+        return applying(self, self.field_run(spec=None if field is True else field) if field else None)
+
+    def field_claim(self) -> Claim:
+        """What the trials measured for this config, as a field run compares with it (``autotune.field.judge``):
+        the confirmation rounds' medians (one fresh process each) and Student's t for their count."""
+        import statistics
+
+        from autotune.search.choose.settle import t_quantile
+
+        rounds = tuple(statistics.median(r["winner"]) for r in (self.confirmation or {}).get("rounds") or ()
+                       if r.get("winner"))
+        return Claim(median_samples_per_s=self.median_samples_per_s, round_medians=rounds,
+                     t975=t_quantile(0.975, len(rounds) - 1) if len(rounds) >= 2 else None,
+                     peak_host_mb=self.peak_host_mb,
+                     samples_per_step=self.config.batch_size * self.accumulation_steps,
+                     fingerprint=self.fingerprint, headline=self.claim(), task=self.workload.task)
+
+    def field_run(self, *, spec: FieldSpec | None = None, source: str = "apply", steps: str = "optimizer",
+                  accumulation: int | None = None) -> FieldRun:
+        """A measurement of the user's run against this recommendation, not started (``FieldRun.start()``); its
+        record kept in this recommendation's study where the study can be opened. ``steps``: ``optimizer``
+        (torch's step hook) or ``callback`` (a framework's batch hooks call ``batch_start``/``step_end``)."""
+        import os
+
+        from autotune.search.record.field_runs import study_sink, trial_data_wait
+
+        sink = wait = None
+        if self.storage and self.study_name:
+            sink = study_sink(self.storage, self.study_name)
+            wait = lambda: trial_data_wait(self.storage, self.study_name, self.trial_number)  # noqa: E731
+        return FieldRun(self.field_claim(), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
+                        rank=int(os.environ.get("RANK", "0") or 0),
+                        world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+                        accumulation=self.accumulation_steps if accumulation is None else accumulation)
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none):
