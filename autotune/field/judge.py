@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = ["Claim", "process_range", "verdict", "reasons", "REASON_WAIT", "REASON_OUTSIDE", "REASON_CORES",
-           "REASON_MEMORY"]
+           "REASON_MEMORY", "stored_line"]
 
 # What changed, named in a reason only past these (absolute shares of a step, cores, share of memory): below
 # them the figures move as much between two processes of one config
@@ -111,3 +111,12 @@ def reasons(ws, *, ref_wait: float | None, ref_rss_mb: float | None = None, ref_
     elif avail is not None and avail < 0.10:
         out.append(f"the machine is short of memory: {100 * avail:.0f}% free")
     return out
+
+
+def stored_line(record: dict) -> str:
+    """One line for a kept field run (``autotune show``, the report): when, where, state, and its own line."""
+    where = f"{record.get('source', '?')}, rank {record.get('rank', 0)} of {record.get('world_size', 1)}"
+    state = record.get("state", "?")
+    state = {"running": "running or killed (last kept " + str(record.get("updated", "?")) + ")"}.get(state, state)
+    line = str(record.get("line", "")).removeprefix("autotune field: ")
+    return f"{record.get('started', '?')} {record.get('host', '?')} ({where}; {state}): {line}"
