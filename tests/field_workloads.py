@@ -1,4 +1,4 @@
-"""A data-bound workload for the field-run tests (``tests.field_workloads:sleepy``): each sample waits 8 ms, as a
+"""A data-bound workload for the field-run tests (``tests.field_workloads:sleepy``): each sample waits 30 ms, as a
 read from a slow disk does, so loading in the training process makes the step wait, and DataLoader workers (which
 overlap the waits, whatever the cores) feed it about twice as fast. Imported by trial children: no pytest."""
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-SAMPLE_WAIT_S = 0.008
+SAMPLE_WAIT_S = 0.03
 
 
 class SleepyImages(Dataset):
@@ -29,7 +29,7 @@ class SleepyImages(Dataset):
 
 
 def sleepy(image_size: int = 16, task: str = "train"):
-    """A tiny conv net fed by a dataset that waits 8 ms a sample."""
+    """A tiny conv net fed by a dataset that waits 30 ms a sample."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
     return model, SleepyImages(image_size), nn.CrossEntropyLoss()

@@ -94,7 +94,8 @@ class FieldRun:
         self.watch = DriftWatch(sustained=self.spec.sustained, started_wall=time.time()) if self.spec.watch else None
         self.off: str | None = None   # why the field run stopped measuring, if it did
         self.kept: str | None = None  # why the record is not kept, if it is not
-        self.steps = 0
+        self.steps = 0        # optimizer steps (or a framework's training batches)
+        self.infer_steps = 0  # inference batches (autograd off)
         self.state = "new"
         self.run_id = (f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}"
                        f"-{os.getpid()}-r{rank}")
@@ -139,6 +140,7 @@ class FieldRun:
             return
         if self._last_end is not None and self._arrived is None and self._eval_from is None:
             self._eval_from = now  # evaluation between two training steps: the loop's own work
+        self.infer_steps += 1
         if self._infer_last is not None:
             self.infer.add(period_s=now - self._infer_last, samples=self._infer_samples, wait_s=0.0, outside_s=0.0,
                            now_s=now - self._t0, host=self._host)
@@ -290,7 +292,8 @@ class FieldRun:
         s, c = ws.summary(), self.claim
         off = f" (measuring stopped: {self.off})" if self.off else ""
         if s is None or s.n < MIN_JUDGED_WINDOWS:
-            return (f"autotune field: too short to judge{off}: {self.steps} steps, {len(ws.closed)} windows of "
+            steps = self.infer_steps if ws is self.infer else self.steps
+            return (f"autotune field: too short to judge{off}: {steps} steps, {len(ws.closed)} windows of "
                     f"{self.spec.window_s:g} s ({MIN_JUDGED_WINDOWS} settled windows needed after up to "
                     "2 of warm-up)")
         settled = ws.settled()

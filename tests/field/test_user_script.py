@@ -20,7 +20,7 @@ from tests.helpers import REPO_ROOT, make_rec, run_cli
 
 WORKLOAD = Workload(model="tests.field_workloads:sleepy", image_size=16, device="cpu")
 CONFIG = TrialConfig(batch_size=16, num_workers=2, prefetch_factor=2)
-ROUNDS = 3
+ROUNDS = 4
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("field-study")
     storage, name = f"sqlite:///{root / 'study.db'}", "field-sleepy"
     s = optuna.create_study(study_name=name, storage=storage, direction="maximize")
-    measure = MeasureSpec(windows=3, window_s=0.5, timeout_s=120)
+    measure = MeasureSpec(windows=3, window_s=1.0, timeout_s=120)
     rounds = []
     for _ in range(ROUNDS):
         r = run_trial(WORKLOAD, CONFIG, measure)
@@ -59,7 +59,7 @@ def _user_script(storage: str, name: str, *extra: str) -> subprocess.CompletedPr
 
 def test_a_script_under_apply_ends_with_the_line_and_show_and_export_list_it(study):
     storage, name = study
-    p = _user_script(storage, name, "--seconds", "4")
+    p = _user_script(storage, name, "--seconds", "4", "--window-s", "0.5")
     assert p.returncode == 0, p.stderr[-2000:]
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("autotune field: your run ") and "samples/s (median of" in last, p.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_a_script_under_apply_ends_with_the_line_and_show_and_export_list_it(stu
 @pytest.mark.slow
 def test_a_loop_that_loads_in_the_training_process_is_below_the_trials_with_the_data_wait_named(study):
     storage, name = study
-    p = _user_script(storage, name, "--seconds", "8", "--ignore-loader")
+    p = _user_script(storage, name, "--seconds", "10", "--ignore-loader", "--window-s", "1.0")
     assert p.returncode == 0, p.stderr[-2000:]
     last = p.stderr.strip().splitlines()[-1]
     assert "below the trials' 95% range" in last and "likely: the data wait grew" in last, last
