@@ -425,13 +425,14 @@ class Recommendation:
 
         return training_arguments(self, strict=strict, callback=callback)
 
-    def hf_callback(self):
+    def hf_callback(self, *, field: "bool | FieldSpec" = True):
         """A ``transformers.TrainerCallback`` that applies what ``TrainingArguments`` has no field for (threads,
         channels_last, cudnn.benchmark, the allocator: ``apply()``) in ``on_train_begin`` and restores it in
-        ``on_train_end`` (``restore()`` by hand when training raises). Needs ``pip install "autotune[hf]"``."""
+        ``on_train_end`` (``restore()`` by hand when training raises), and measures the training (``field``, as
+        ``apply``'s: its ``field()`` gives the line). Needs ``pip install "autotune[hf]"``."""
         from autotune.integrations.hf import trainer_callback
 
-        return trainer_callback(self)
+        return trainer_callback(self, field=field)
 
     def summary(self) -> str:
         figures = ("no samples/s stated (the confirmation measured none)" if self.median_samples_per_s is None else

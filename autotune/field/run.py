@@ -171,9 +171,19 @@ class FieldRun:
             self._fail(exc)
 
     def batch_start(self, batch: Any = None) -> None:
-        """A framework's batch-start hook: the batch arrived (with autograd on: a training batch)."""
-        if self.off is None and self._arrived is None:
-            self._arrived, self._samples = time.perf_counter(), batch_samples(batch) if batch is not None else None
+        """A framework's batch-start hook: a training batch arrived (``batch``: None where the framework shows none:
+        its samples are then the recommendation's)."""
+        if self.off is not None or self._arrived is not None:
+            return
+        try:
+            self._arrived, self._samples = time.perf_counter(), None if batch is None else batch_samples(batch)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def evaluating(self) -> None:
+        """A framework's evaluation batch: between two training steps it is the loop's own work, not the data wait."""
+        if self.off is None and self._last_end is not None and self._arrived is None and self._eval_from is None:
+            self._eval_from = time.perf_counter()
 
     def _accumulation(self) -> int:
         return self._accum
