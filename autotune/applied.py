@@ -10,11 +10,11 @@ import warnings
 from typing import Any, Iterator
 
 from autotune.config import TrialConfig
-from autotune.field import FieldRun
+from autotune.field import Claim, FieldRun, FieldSpec
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 
-__all__ = ["Applied", "applying"]
+__all__ = ["Applied", "applying", "field_claim", "field_run"]
 
 
 class Applied:
@@ -140,3 +140,37 @@ def _rank_device(rec) -> str:
     if rec.workload.device == "cpu":
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def field_claim(rec: Any) -> Claim:
+    """``Recommendation.field_claim``: what the trials measured for the config (``autotune.field.judge.Claim``): the
+    confirmation rounds' medians (one fresh process each) and Student's t for their count."""
+    import statistics
+
+    from autotune.search.choose.settle import t_quantile
+
+    rounds = tuple(statistics.median(r["winner"]) for r in (rec.confirmation or {}).get("rounds") or ()
+                   if r.get("winner"))
+    return Claim(median_samples_per_s=rec.median_samples_per_s, round_medians=rounds,
+                 t975=t_quantile(0.975, len(rounds) - 1) if len(rounds) >= 2 else None,
+                 peak_host_mb=rec.peak_host_mb, samples_per_step=rec.config.batch_size * rec.accumulation_steps,
+                 fingerprint=rec.fingerprint, headline=rec.claim(), task=rec.workload.task)
+
+
+def field_run(rec: Any, *, spec: FieldSpec | None = None, source: str = "apply", steps: str = "optimizer",
+              accumulation: int | None = None) -> FieldRun:
+    """``Recommendation.field_run``: a ``FieldRun`` against ``rec``, its record written to the recommendation's
+    study (``search.record.field_runs``) where the study can be opened, the trials' data wait read from it; the
+    rank and world size from torchrun's environment."""
+    from autotune.search.record.field_runs import study_sink, trial_data_wait
+
+    sink = wait = None
+    if rec.storage and rec.study_name:
+        sink = study_sink(rec.storage, rec.study_name)
+
+        def wait() -> float | None:
+            return trial_data_wait(rec.storage, rec.study_name, rec.trial_number)
+
+    return FieldRun(field_claim(rec), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
+                    rank=int(os.environ.get("RANK", "0") or 0), world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+                    accumulation=rec.accumulation_steps if accumulation is None else accumulation)

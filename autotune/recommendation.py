@@ -351,37 +351,19 @@ class Recommendation:
         return applying(self, self.field_run(spec=None if field is True else field) if field else None)
 
     def field_claim(self) -> Claim:
-        """What the trials measured for this config, as a field run compares with it (``autotune.field.judge``):
-        the confirmation rounds' medians (one fresh process each) and Student's t for their count."""
-        import statistics
+        """What the trials measured for this config, as a field run compares with it (``applied.field_claim``)."""
+        from autotune.applied import field_claim
 
-        from autotune.search.choose.settle import t_quantile
-
-        rounds = tuple(statistics.median(r["winner"]) for r in (self.confirmation or {}).get("rounds") or ()
-                       if r.get("winner"))
-        return Claim(median_samples_per_s=self.median_samples_per_s, round_medians=rounds,
-                     t975=t_quantile(0.975, len(rounds) - 1) if len(rounds) >= 2 else None,
-                     peak_host_mb=self.peak_host_mb,
-                     samples_per_step=self.config.batch_size * self.accumulation_steps,
-                     fingerprint=self.fingerprint, headline=self.claim(), task=self.workload.task)
+        return field_claim(self)
 
     def field_run(self, *, spec: FieldSpec | None = None, source: str = "apply", steps: str = "optimizer",
                   accumulation: int | None = None) -> FieldRun:
-        """A measurement of the user's run against this recommendation, not started (``FieldRun.start()``); its
-        record kept in this recommendation's study where the study can be opened. ``steps``: ``optimizer``
-        (torch's step hook) or ``callback`` (a framework's batch hooks call ``batch_start``/``step_end``)."""
-        import os
+        """A measurement of the user's run against this recommendation, not started (``FieldRun.start()``), its
+        record kept in this recommendation's study (``applied.field_run``). ``steps``: ``optimizer`` (torch's step
+        hook) or ``callback`` (a framework's batch hooks call ``batch_start``/``step_end``)."""
+        from autotune.applied import field_run
 
-        from autotune.search.record.field_runs import study_sink, trial_data_wait
-
-        sink = wait = None
-        if self.storage and self.study_name:
-            sink = study_sink(self.storage, self.study_name)
-            wait = lambda: trial_data_wait(self.storage, self.study_name, self.trial_number)  # noqa: E731
-        return FieldRun(self.field_claim(), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
-                        rank=int(os.environ.get("RANK", "0") or 0),
-                        world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
-                        accumulation=self.accumulation_steps if accumulation is None else accumulation)
+        return field_run(self, spec=spec, source=source, steps=steps, accumulation=accumulation)
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none):

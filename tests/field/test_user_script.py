@@ -77,6 +77,12 @@ def test_a_script_under_apply_ends_with_the_line_and_show_and_export_list_it(stu
 
     doc = yaml.safe_load(export.stdout)
     assert doc["field_runs"][0]["line"] == last and "window_list" not in doc["field_runs"][0]
+    import html
+
+    from autotune.view.report import build_report
+
+    page = build_report(optuna.load_study(study_name=name, storage=storage), storage_url=storage)
+    assert "<dt>your run</dt>" in page and html.escape(last.removeprefix("autotune field: ")) in page
 
 
 @pytest.mark.slow
