@@ -14,7 +14,7 @@ from autotune.field import Claim, FieldRun, FieldSpec
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 
-__all__ = ["Applied", "applying", "field_claim", "field_run"]
+__all__ = ["Applied", "applying", "field_claim", "field_run", "mlflow_log"]
 
 
 class Applied:
@@ -172,5 +172,22 @@ def field_run(rec: Any, *, spec: FieldSpec | None = None, source: str = "apply",
             return trial_data_wait(rec.storage, rec.study_name, rec.trial_number)
 
     return FieldRun(field_claim(rec), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
+                    on_end=mlflow_log,
                     rank=int(os.environ.get("RANK", "0") or 0), world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
                     accumulation=rec.accumulation_steps if accumulation is None else accumulation)
+
+
+def mlflow_log(record: dict) -> None:
+    """Where the user runs under MLflow (an active run in this thread, mlflow already imported by them), the field
+    run's figures as metrics, its verdict as a tag and its record as an artifact; nothing otherwise."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
+        return
+    metrics = {f"autotune_field_{k}": record[k] for k in ("median_samples_per_s", "iqr_samples_per_s",
+                                                          "data_wait_share", "steps", "settled_windows")
+               if isinstance(record.get(k), (int, float))}
+    mlflow.log_metrics(metrics)
+    mlflow.set_tag("autotune_field_verdict", str(record.get("verdict")))
+    mlflow.log_dict(record, f"autotune_field/{record['run_id']}.json")

@@ -81,12 +81,14 @@ class FieldRun:
     def __init__(self, claim: Claim, *, spec: FieldSpec | None = None, sink: Callable[[dict], None] | None = None,
                  log: Callable[[str], None] = _stderr, source: str = "apply", steps: str = "optimizer",
                  rank: int = 0, world_size: int = 1, accumulation: int = 1, fingerprint: str | None = None,
-                 trial_wait: Callable[[], float | None] | None = None) -> None:
+                 trial_wait: Callable[[], float | None] | None = None,
+                 on_end: Callable[[dict], None] | None = None) -> None:
         if steps not in ("optimizer", "callback"):
             raise ConfigError(f"FieldRun steps={steps!r}: 'optimizer' (torch's step hook) or 'callback'")
         self.claim, self.spec = claim, spec or FieldSpec()
         self.source, self.steps_from, self.rank, self.world_size = source, steps, rank, world_size
         self._sink, self._log, self._fingerprint = sink, log, fingerprint
+        self._on_end = on_end  # given the last record in the thread that ends the run (MLflow's active run)
         self._trial_wait = trial_wait  # reads the trials' data wait (the study), in the run's own thread
         self._accum = max(1, int(accumulation))  # micro-batches per step: a batch seen is one micro-batch
         self.train = Windows(self.spec.window_s, self.spec.min_steps)
@@ -276,6 +278,8 @@ class FieldRun:
                 self._log("autotune field: the last write of this run's figures is still waiting for the study "
                           "after 10 s; left to finish as the process exits")
             line = self.line()
+            if self._on_end is not None:
+                self._on_end(self.to_dict())
         except Exception as exc:  # noqa: BLE001
             line = f"autotune field: could not end the measurement ({type(exc).__name__}: {exc})"
         if log and self.rank == 0:

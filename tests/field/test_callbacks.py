@@ -108,3 +108,13 @@ def test_the_hugging_face_callback_keeps_the_same_record(rec, tmp_path):
     (r,) = _records(rec)
     _same_shape(r, "hf")
     assert cb.field() == r["line"]
+
+
+def test_under_an_active_mlflow_run_the_field_run_is_logged(rec, tmp_path):
+    mlflow = pytest.importorskip("mlflow", reason='pip install "autotune[mlflow]"')
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run() as active:
+        test_a_loop_under_apply_keeps_the_record(rec)
+    run = mlflow.get_run(active.info.run_id)
+    assert run.data.metrics["autotune_field_steps"] == STEPS
+    assert run.data.tags["autotune_field_verdict"] == str(_records(rec)[0]["verdict"])
