@@ -16,7 +16,7 @@ notice a slow-down and stay quiet when nothing changes?
    ``--steady-s`` seconds (the issue asks for 10 minutes: ``--steady-s 600``; the default is 120 s, to keep this
    short on a shared machine): how many false alarms.
 
-    python benchmarks/field.py                      # ~6 min on 2 busy cores, the tuning of the two workloads apart
+    python benchmarks/field.py                      # ~8 min, and the tuning of the two workloads the first time
     python benchmarks/field.py --steady-s 600 --out benchmarks/results/field-YYYY-MM-DD.json
 
 Raw windows and rounds go to ``--out`` (JSON); the table to stdout (and ``--out`` with ``.txt``).
@@ -44,9 +44,10 @@ from autotune.field import Claim, FieldRun, FieldSpec  # noqa: E402
 from autotune.search.choose.settle import ratio_interval  # noqa: E402
 
 
-def readme_loop(rec, model_name: str, image_size: int, steps: int, field) -> dict:
+def readme_loop(rec, model_name: str, image_size: int, seconds: float, field, steps: int = 10**5) -> dict:
     """examples/train_with_recommend.py's training loop (no accumulation), with the loop's own clock at each step's
-    end; ``field``: ``rec.apply``'s argument. Returns the clock, the batch and the field run's record."""
+    end, for ``seconds`` (the example's loader is ``steps`` batches long; this one ends on time, at a step's end);
+    ``field``: ``rec.apply``'s argument. Returns the clock, the batch and the field run's record."""
     import torchvision
     from torchvision import transforms
 
@@ -72,6 +73,8 @@ def readme_loop(rec, model_name: str, image_size: int, steps: int, field) -> dic
             optimizer.step()
             ends.append(time.perf_counter())  # the independent timer
             optimizer.zero_grad(set_to_none=True)
+            if ends[-1] - ends[0] > seconds:
+                break
         field_run = getattr(run, "_field", None)
     if field_run is not None:
         record = field_run.to_dict()
@@ -92,13 +95,13 @@ def field_vs_timer(out: dict) -> dict:
             "gap": field_agg / timer - 1, "line": rec["line"]}
 
 
-def overhead(rec, model_name: str, image_size: int, steps: int, rounds: int) -> dict:
+def overhead(rec, model_name: str, image_size: int, seconds: float, rounds: int) -> dict:
     """Paired rounds, on/off and off/on alternately; each round's rate by the loop's clock past its first 3 steps."""
     on, off = [], []
     spec = FieldSpec(window_s=1.0)
     for r in range(rounds):
         for with_field in ((True, False) if r % 2 == 0 else (False, True)):
-            ends = readme_loop(rec, model_name, image_size, steps, spec if with_field else False)["ends"]
+            ends = readme_loop(rec, model_name, image_size, seconds, spec if with_field else False)["ends"]
             rate = (len(ends) - 4) / (ends[-1] - ends[3])
             (on if with_field else off).append(rate)
     ratio, lo, hi = ratio_interval([[x] for x in on], [[x] for x in off])
@@ -141,7 +144,7 @@ class Slowing(Dataset):
 
 def watched(seconds: float, after_s: float | None, window_s: float) -> dict:
     """A data-bound loop (in-process loading) under a field run for ``seconds``; its windows and the watch's lines."""
-    ds = Slowing(0.002, after_s)
+    ds = Slowing(0.01, after_s)
     lines: list[str] = []
     run = FieldRun(Claim(median_samples_per_s=None), spec=FieldSpec(window_s=window_s), log=lines.append).start()
     model = torch.nn.Linear(16, 2)
@@ -176,9 +179,10 @@ def machine_line() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workloads", default="resnet18,mobilenet_v3_small")
+    p.add_argument("--workloads", default="mobilenet_v3_small,shufflenet_v2_x0_5")
     p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=120, help="steps of the README loop per run")
+    p.add_argument("--seconds", type=float, default=60.0, help="the README loop's length, for the field figure")
+    p.add_argument("--round-s", type=float, default=15.0, help="each overhead round's length")
     p.add_argument("--rounds", type=int, default=4, help="paired overhead rounds")
     p.add_argument("--storage", default="sqlite:///trials/bench-field.db")
     p.add_argument("--tune-trials", type=int, default=3)
@@ -193,7 +197,7 @@ def main() -> None:
     for name in args.workloads.split(","):
         rec = autotune.recommend(name, image_size=args.image_size, trials=args.tune_trials, budget=None,
                                  storage=args.storage, measure=quick, progress=False)
-        out = readme_loop(rec, name, args.image_size, args.steps, FieldSpec(window_s=2.0))
+        out = readme_loop(rec, name, args.image_size, args.seconds, FieldSpec(window_s=2.0))
         cmp = field_vs_timer(out)
         results["workloads"][name] = {"recommended": rec.config.short(), "claim": rec.claim(), **cmp,
                                       "field_record": out["record"], "loop_ends": out["ends"]}
@@ -203,7 +207,7 @@ def main() -> None:
     first = args.workloads.split(",")[0]
     rec = autotune.recommend(first, image_size=args.image_size, trials=args.tune_trials, budget=None,
                              storage=args.storage, measure=quick, progress=False)
-    ov = overhead(rec, first, args.image_size, max(30, args.steps // 2), args.rounds)
+    ov = overhead(rec, first, args.image_size, args.round_s, args.rounds)
     cost = hook_cost(1 / statistics.median(ov["off_steps_per_s"]))
     results["overhead"] = {**ov, **cost}
     print(f"overhead ({first}, {args.rounds} paired rounds): on/off x{ov['ratio']:.4f} (95% interval "

@@ -1,8 +1,8 @@
 """The drift watch: a sustained drop of the run below its own settled level, logged once per episode, with when it
 began, how much it fell and what changed, and its recovery.
 
-A window is low when it is under the lower of the run's own median less ``floor`` and its Tukey far-out fence
-(first quartile less 3 IQR), over the last ``reference`` normal windows: beyond the run's own spread, and never for
+A window is low when it is under the lower of the run's own median less ``floor`` and its Tukey fence
+(first quartile less 1.5 IQR), over the last ``reference`` normal windows: beyond the run's own spread, and never for
 a few percent. ``sustained`` low windows in a row start an episode (one line); as many normal ones in a row end
 it (one line). Windows of an episode are not added to the reference, so a long slow-down does not become the norm.
 """
@@ -35,7 +35,7 @@ class DriftWatch:
 
     def _fence(self) -> float:
         s = summarize([w.rate for w in self._ref])
-        return min(s.median * (1 - self.floor), s.q1 - 3 * s.iqr)
+        return min(s.median * (1 - self.floor), s.q1 - 1.5 * s.iqr)
 
     def on_window(self, w, index: int) -> str | None:
         if len(self._ref) < self.min_reference:
