@@ -164,13 +164,22 @@ class FieldRun:
                                    wait_s=max(0.0, cut - self._last_end), outside_s=arrived - cut,
                                    now_s=now - self._t0, host=self._host)
                 if w is not None and self.watch is not None:
-                    line = self.watch.on_window(w, len(self.train.closed) - 1)
-                    if line and self.rank == 0:
-                        self._log(line)
+                    self._watch(w)
             self._last_end = now
             self._reset_step()
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
+
+    def _watch(self, w) -> None:
+        """The drift watch on a closed window; a failure in it turns the watch off alone, with one line."""
+        try:
+            line = self.watch.on_window(w, len(self.train.closed) - 1)
+        except Exception as exc:  # noqa: BLE001
+            self.watch = None
+            self._log(f"autotune field: the watch stopped ({type(exc).__name__}: {exc}); the run is still measured")
+            return
+        if line and self.rank == 0:
+            self._log(line)
 
     def batch_start(self, batch: Any = None) -> None:
         """A framework's batch-start hook: a training batch arrived (``batch``: None where the framework shows none:

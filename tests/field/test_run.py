@@ -138,3 +138,17 @@ def test_a_run_on_other_hardware_is_not_counted_as_evidence():
     line = run.stop(log=False)
     assert "on other hardware than the trials (this machine bbbb, the trials' aaaa): not counted as evidence" in line
     assert run.verdict() is None and run.to_dict()["other_hardware"] is True
+
+
+def test_a_failure_in_the_watch_turns_the_watch_off_alone():
+    lines = []
+    run = FieldRun(Claim(median_samples_per_s=100.0), spec=SPEC, log=lines.append).start()
+
+    def broken(w, index):
+        raise ValueError("bad window")
+
+    run.watch.on_window = broken
+    _loop(_Seen(run), 40, wait_s=0.003)
+    run.stop(log=False)
+    assert run.watch is None and run.off is None and run.steps == 40
+    assert lines == ["autotune field: the watch stopped (ValueError: bad window); the run is still measured"]

@@ -92,3 +92,27 @@ def test_a_loop_that_loads_in_the_training_process_is_below_the_trials_with_the_
     assert p.returncode == 0, p.stderr[-2000:]
     last = p.stderr.strip().splitlines()[-1]
     assert "below the trials' 95% range" in last and "likely: the data wait grew" in last, last
+
+
+@pytest.mark.slow
+def test_a_killed_run_keeps_what_it_measured_up_to_its_last_write(study):
+    import signal
+    import time
+
+    storage, name = study
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "tests.field.user_loop", storage, name, "--seconds", "300",
+                              "--window-s", "0.5"], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, kept = time.monotonic() + 120, []
+        while time.monotonic() < deadline and not any(r.get("windows", 0) >= 2 for r in kept):
+            time.sleep(1)
+            kept = [v for k, v in optuna.load_study(study_name=name, storage=storage).user_attrs.items()
+                    if k.startswith(PREFIX) and v["pid"] == child.pid]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    (r,) = kept
+    assert r["state"] == "running" and r["steps"] > 0 and r["windows"] >= 2, r
+    show = run_cli("show", "--storage", storage, "--study-name", name)
+    assert "running or killed (last kept " in show.stdout, show.stdout[-2000:]
