@@ -88,6 +88,9 @@ def field_vs_timer(out: dict) -> dict:
     # the field's windows are whole steps from the second step's end on: window k ends at step sum(steps[:k+1])
     first_step = sum(w["steps"] for w in rec["window_list"][:len(rec["window_list"]) - len(ws)])
     n = sum(w["steps"] for w in ws)
+    if not n:  # too short to settle: nothing to compare
+        return {"timer_samples_per_s": None, "field_samples_per_s": None, "field_median_samples_per_s": None,
+                "windows": 0, "steps": 0, "gap": None, "line": rec["line"]}
     timer = batch * n / (ends[first_step + n] - ends[first_step])
     field_agg = sum(w["samples_per_s"] * w["s"] for w in ws) / sum(w["s"] for w in ws)
     return {"timer_samples_per_s": timer, "field_samples_per_s": field_agg,
@@ -201,6 +204,9 @@ def main() -> None:
         cmp = field_vs_timer(out)
         results["workloads"][name] = {"recommended": rec.config.short(), "claim": rec.claim(), **cmp,
                                       "field_record": out["record"], "loop_ends": out["ends"]}
+        if cmp["gap"] is None:
+            print(f"{name}: {cmp['line']}", flush=True)
+            continue
         print(f"{name}: field {cmp['field_samples_per_s']:.1f} samples/s (median window "
               f"{cmp['field_median_samples_per_s']:.1f}) vs the loop's own timer {cmp['timer_samples_per_s']:.1f} "
               f"over the same {cmp['steps']} steps: {100 * cmp['gap']:+.2f}%\n  {cmp['line']}", flush=True)
