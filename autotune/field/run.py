@@ -102,6 +102,7 @@ class FieldRun:
         self.run_id = (f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}"
                        f"-{os.getpid()}-r{rank}")
         self._host: dict = {}
+        self._t0, self._wall0 = time.perf_counter(), time.time()  # set again by start()
         self._hook = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
