@@ -24,7 +24,8 @@ __all__ = ["Claim", "process_range", "verdict", "reasons", "REASON_WAIT", "REASO
 
 # What changed, named in a reason only past these (absolute shares of a step, cores, share of memory): below
 # them the figures move as much between two processes of one config
-REASON_WAIT = 0.05      # the data wait's share of a step grew by 5 points or more
+REASON_WAIT = 0.05      # the data wait's share of a step grew by 5 points or more ...
+REASON_WAIT_PART = 0.5  # ... or its seconds per sample grew by half the slow-down's or more
 REASON_OUTSIDE = 0.05   # the loop's own work outside the step (evaluation) took 5% of the time or more
 REASON_CORES = 0.5      # other processes took half a core or more
 REASON_MEMORY = 0.20    # the process's memory grew 20% or more (or the machine's free memory fell under 10%)
@@ -85,15 +86,29 @@ def _median(ws, key) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def reasons(ws, *, ref_wait: float | None, ref_rss_mb: float | None = None, ref_cores: float | None = None,
-            against: str = "the trials") -> list[str]:
+def _wait_explains(ws, ref_wait: float, ref_rate: float | None) -> bool:
+    """Whether the data wait grew by half or more of the slow-down, per sample: when the wait is most of a step
+    already, its share hardly moves (90% -> 95%) while its seconds triple."""
+    rate, wait = _median(ws, lambda w: w.rate), _median(ws, lambda w: w.wait_share)
+    if not (rate and ref_rate) or rate >= ref_rate:
+        return False
+    return (wait / rate - ref_wait / ref_rate) >= REASON_WAIT_PART * (1 / rate - 1 / ref_rate)
+
+
+def reasons(ws, *, ref_wait: float | None, ref_rate: float | None = None, ref_rss_mb: float | None = None,
+            ref_cores: float | None = None, against: str = "the trials") -> list[str]:
     """What changed, from what was measured in windows ``ws`` against a reference (the trials', or the run's own
-    before a slow-down): the data wait, the loop's own work outside the step, other processes' cores, memory."""
+    before a slow-down, at ``ref_rate`` samples/s): the data wait, the loop's own work outside the step, other
+    processes' cores, memory."""
     out = []
     wait = _median(ws, lambda w: w.wait_share)
-    if wait is not None and ref_wait is not None and wait - ref_wait >= REASON_WAIT:
-        out.append(f"the data wait grew to {100 * wait:.0f}% of a step ({against}: {100 * ref_wait:.0f}%): the loader "
-                   "(the time from a step's end to its next batch)")
+    if wait is not None and ref_wait is not None and (wait - ref_wait >= REASON_WAIT
+                                                      or _wait_explains(ws, ref_wait, ref_rate)):
+        rate = _median(ws, lambda w: w.rate)
+        per = (f", {1e3 * wait / rate:.1f} ms a sample ({against}: {1e3 * ref_wait / ref_rate:.1f})"
+               if rate and ref_rate else "")
+        out.append(f"the data wait grew to {100 * wait:.0f}% of a step ({against}: {100 * ref_wait:.0f}%){per}: the "
+                   "loader (the time from a step's end to its next batch)")
     elif wait is not None and ref_wait is None and wait >= 0.2:
         out.append(f"the data wait is {100 * wait:.0f}% of a step ({against}' not known): the loader")
     outside = _median(ws, lambda w: w.outside_share)

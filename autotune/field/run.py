@@ -342,7 +342,7 @@ class FieldRun:
         out = (f"{head} vs the trials' {c.median_samples_per_s:.1f} ({gap}): {judged}; data wait "
                f"{100 * wait:.0f}% of a step (the trials: {'not known' if tw is None else f'{100 * tw:.0f}%'})")
         if v == "below":
-            why = reasons(settled, ref_wait=tw, ref_rss_mb=c.peak_host_mb)
+            why = reasons(settled, ref_wait=tw, ref_rate=c.median_samples_per_s, ref_rss_mb=c.peak_host_mb)
             out += "; likely: " + "; ".join(why) if why else "; no cause measured (data wait, memory and the cores " \
                 "other processes took are as in the trials)"
         return out

@@ -65,7 +65,7 @@ class DriftWatch:
         first, ref = self._pending[0], summarize([w.rate for w in self._ref]).median
         now = summarize([w.rate for w in self._pending]).median
         ref_ws = list(self._ref)
-        why = reasons(self._pending, ref_wait=summarize([w.wait_share for w in ref_ws]).median,
+        why = reasons(self._pending, ref_wait=summarize([w.wait_share for w in ref_ws]).median, ref_rate=ref,
                       ref_rss_mb=_med(ref_ws, "rss_mb"), ref_cores=_med(ref_ws, "others_cores"),
                       against="before")
         self.episode = {"began_s": round(first.end_s - first.seconds, 1),

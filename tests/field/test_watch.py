@@ -36,3 +36,15 @@ def test_a_3x_slower_dataset_is_noticed_within_5_windows_once_with_the_data_wait
     assert "the data wait grew to 70% of a step (before: 5%)" in began, began
     assert back >= 40 and recovered.startswith("autotune field: recovered at"), recovered
     assert watch.episodes[0]["first_window"] == 20 and watch.episodes[0]["recovered_window"] == back
+
+
+def test_a_slow_down_of_a_loop_already_waiting_for_data_names_the_data_wait():
+    # 90% of a step waiting already: 3x slower data moves the share to 94% only, but its seconds a sample triple
+    watch, lines = DriftWatch(), []
+    for i in range(30):
+        slow = i >= 20
+        rate, share = (100 / 2.8, 0.94) if slow else (100.0, 0.90)
+        line = watch.on_window(_window(i, rate, share), i)
+        lines += [line] if line else []
+    assert len(lines) == 1 and "the data wait grew to 94% of a step (before: 90%), 26.3 ms a sample (before: 9.0)" \
+        in lines[0], lines
