@@ -152,3 +152,22 @@ def test_a_failure_in_the_watch_turns_the_watch_off_alone():
     run.stop(log=False)
     assert run.watch is None and run.off is None and run.steps == 40
     assert lines == ["autotune field: the watch stopped (ValueError: bad window); the run is still measured"]
+
+
+def test_an_evaluation_between_training_steps_is_the_loops_own_work_not_the_data_wait():
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    run = FieldRun(rec.field_claim(), spec=FieldSpec(window_s=0.005), log=lambda s: None)
+    seen, model = _Seen(run), torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.start()
+    for _ in range(3):
+        _loop(seen, 10, model=model, optimizer=opt)
+        with torch.inference_mode():  # an evaluation of 5 batches, 10 ms each, between two training steps
+            for _ in range(5):
+                model(seen.prepare_input(torch.randn(8, 16)))
+                time.sleep(0.01)
+    _loop(seen, 10, model=model, optimizer=opt)
+    run.stop(log=False)
+    ws = run.train.closed
+    outside, wait = sum(w.outside_s for w in ws), sum(w.wait_s for w in ws)
+    assert outside >= 3 * 4 * 0.01 and wait < outside / 2, (outside, wait)  # 4 of each 5 sleeps at least
