@@ -4,6 +4,8 @@ with the steps each framework ran and the samples of each window."""
 
 from __future__ import annotations
 
+import time
+
 import optuna
 import pytest
 import torch
@@ -15,7 +17,7 @@ from autotune.field import FieldSpec
 from autotune.search.record.field_runs import stored
 from tests.helpers import make_rec
 
-SPEC = FieldSpec(window_s=0.05, keep_every_s=0.2, host_every_s=0.05)
+SPEC = FieldSpec(window_s=0.01, keep_every_s=0.2, host_every_s=0.05)
 STEPS = 30
 
 
@@ -48,6 +50,7 @@ def test_a_loop_under_apply_keeps_the_record(rec):
     with rec.apply(field=SPEC) as run:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(STEPS):
+            time.sleep(0.002)  # the loader: 30 steps span a few windows however fast the machine is
             x, y = run.prepare_input(torch.randn(4, 8)), run.prepare_input(torch.randint(0, 2, (4,)))
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()

@@ -66,9 +66,9 @@ def test_accumulation_counts_the_micro_batches_of_a_step():
     run = FieldRun(rec.field_claim(), spec=SPEC, log=lambda s: None, accumulation=3)
     with rec.apply(field=False) as applied:
         applied._field = run.start()
-        _loop(applied, 20, batch=4)
+        _loop(applied, 20, batch=4, wait_s=0.005)
         run.stop()
-    assert all(w.samples == 12 * w.steps for w in run.train.closed)
+    assert run.train.closed and all(w.samples == 12 * w.steps for w in run.train.closed)
 
 
 def test_inference_batches_are_windows_of_their_own_and_evaluation_is_the_loops_own_work():
