@@ -10,16 +10,18 @@ import warnings
 from typing import Any, Iterator
 
 from autotune.config import TrialConfig
+from autotune.field import Claim, FieldRun, FieldSpec
 from autotune.machine.affinity import env_for as affinity_env
 from autotune.machine.malloc import apply_in_process, env_for
 
-__all__ = ["Applied", "applying"]
+__all__ = ["Applied", "applying", "field_claim", "field_run", "mlflow_log"]
 
 
 class Applied:
     """Per-call helpers of an applied recommendation (see ``Recommendation.apply``)."""
 
-    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1, world_size: int = 1) -> None:
+    def __init__(self, config: TrialConfig, device: str, *, accumulation_steps: int = 1, world_size: int = 1,
+                 field_run: FieldRun | None = None) -> None:
         from autotune.machine.device import CPUDevice, CUDADevice
 
         self.config = config
@@ -28,6 +30,11 @@ class Applied:
         self.accumulation_steps = accumulation_steps
         self.world_size = world_size  # DDP ranks measured; > 1: prepare_model wraps the model in DDP
         self._dev = CPUDevice() if device == "cpu" else CUDADevice(device)
+        self._field = field_run  # measures the run (autotune.field); None: off
+
+    def field(self) -> str:
+        """How the run stands against what the trials measured for this config, in one line (``autotune.field``)."""
+        return self._field.line() if self._field is not None else "autotune field: off (rec.apply(field=False))"
 
     def prepare_model(self, model):
         """The model on the device, channels_last, in DDP with the recommended arguments (with several ranks:
@@ -46,6 +53,8 @@ class Applied:
         return model
 
     def prepare_input(self, x, *, non_blocking: bool | None = None):
+        if self._field is not None:  # the batch reached the loop: the end of its data wait
+            self._field.batch(x)
         nb = self.config.pin_memory if non_blocking is None else non_blocking
         return self._dev.to_device(x, non_blocking=nb, channels_last=self.config.channels_last)
 
@@ -81,8 +90,9 @@ class Applied:
 
 
 @contextlib.contextmanager
-def applying(rec: Any) -> Iterator[Applied]:
-    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit. ``rec``: a
+def applying(rec: Any, field_run: FieldRun | None = None) -> Iterator[Applied]:
+    """``Recommendation.apply``: the config's process-wide torch state set, restored on exit. ``field_run``: the
+    run's measurement (``autotune.field``), started here and stopped, with its line, at the end. ``rec``: a
     ``Recommendation`` (not imported here, even for the type: ``recommendation`` imports this module)."""
     import torch
 
@@ -105,10 +115,14 @@ def applying(rec: Any) -> Iterator[Applied]:
             warnings.warn(f"{knob}={getattr(rec.config, knob)} not fully applied: {why or 'read at start'}; "
                           f"start the training process with {' '.join(f'{k}={v}' for k, v in env.items())} in "
                           "its environment (`autotune export` lists it)", stacklevel=3)
+    if field_run is not None:
+        field_run.start()
     try:
         yield Applied(rec.config, _rank_device(rec), accumulation_steps=rec.accumulation_steps,
-                      world_size=rec.world_size)
+                      world_size=rec.world_size, field_run=field_run)
     finally:
+        if field_run is not None:
+            field_run.stop()  # the one line; never raises
         torch.set_num_threads(old_threads)
         torch.backends.cudnn.benchmark = old_bench
 
@@ -126,3 +140,54 @@ def _rank_device(rec) -> str:
     if rec.workload.device == "cpu":
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def field_claim(rec: Any) -> Claim:
+    """``Recommendation.field_claim``: what the trials measured for the config (``autotune.field.judge.Claim``): the
+    confirmation rounds' medians (one fresh process each) and Student's t for their count."""
+    import statistics
+
+    from autotune.search.choose.settle import t_quantile
+
+    rounds = tuple(statistics.median(r["winner"]) for r in (rec.confirmation or {}).get("rounds") or ()
+                   if r.get("winner"))
+    return Claim(median_samples_per_s=rec.median_samples_per_s, round_medians=rounds,
+                 t975=t_quantile(0.975, len(rounds) - 1) if len(rounds) >= 2 else None,
+                 peak_host_mb=rec.peak_host_mb, samples_per_step=rec.config.batch_size * rec.accumulation_steps,
+                 fingerprint=rec.fingerprint, headline=rec.claim(), task=rec.workload.task)
+
+
+def field_run(rec: Any, *, spec: FieldSpec | None = None, source: str = "apply", steps: str = "optimizer",
+              accumulation: int | None = None) -> FieldRun:
+    """``Recommendation.field_run``: a ``FieldRun`` against ``rec``, its record written to the recommendation's
+    study (``search.record.field_runs``) where the study can be opened, the trials' data wait read from it; the
+    rank and world size from torchrun's environment."""
+    from autotune.search.record.field_runs import study_sink, trial_data_wait
+
+    sink = wait = None
+    if rec.storage and rec.study_name:
+        sink = study_sink(rec.storage, rec.study_name)
+
+        def wait() -> float | None:
+            return trial_data_wait(rec.storage, rec.study_name, rec.trial_number)
+
+    return FieldRun(field_claim(rec), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
+                    on_end=mlflow_log,
+                    rank=int(os.environ.get("RANK", "0") or 0), world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+                    accumulation=rec.accumulation_steps if accumulation is None else accumulation)
+
+
+def mlflow_log(record: dict) -> None:
+    """Where the user runs under MLflow (an active run in this thread, mlflow already imported by them), the field
+    run's figures as metrics, its verdict as a tag and its record as an artifact; nothing otherwise."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
+        return
+    metrics = {f"autotune_field_{k}": record[k] for k in ("median_samples_per_s", "iqr_samples_per_s",
+                                                          "data_wait_share", "steps", "settled_windows")
+               if isinstance(record.get(k), (int, float))}
+    mlflow.log_metrics(metrics)
+    mlflow.set_tag("autotune_field_verdict", str(record.get("verdict")))
+    mlflow.log_dict(record, f"autotune_field/{record['run_id']}.json")

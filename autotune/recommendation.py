@@ -29,6 +29,7 @@ from autotune.config import TrialConfig, Workload, knob_summary
 from autotune.distributed import backend_for, check_section, distributed_section, launch_command
 from autotune.machine.launch_env import launch_env
 from autotune.errors import ConfigError
+from autotune.field import Claim, FieldRun, FieldSpec
 from autotune.provenance import versions_of
 from autotune.search.record import trials as keys
 from autotune.search.record.ceilings import ceiling_lines
@@ -336,7 +337,7 @@ class Recommendation:
 
         return applied_kwargs(self, fit=fit)
 
-    def apply(self) -> contextlib.AbstractContextManager[Applied]:
+    def apply(self, *, field: "bool | FieldSpec" = True) -> contextlib.AbstractContextManager[Applied]:
         """Set this config's process-wide torch state (threads, cudnn.benchmark) and restore it on exit.
         ``malloc: retain`` is applied through glibc's ``mallopt`` and stays for the process's life;
         ``malloc: hugepages`` also needs ``THP_MEM_ALLOC_ENABLE=1`` from the launch environment (warned if absent).
@@ -349,10 +350,31 @@ class Recommendation:
         LOCAL_RANK), ``no_sync(model, micro_batch)`` skips the all-reduce on accumulation micro-batches.
         The inter-op thread count can only be set before torch's first parallel work; if that moment has passed it
         is left as is, with a note.
+
+        ``field`` (on by default; a ``FieldSpec`` to set its windows, False: off): the run is measured as it
+        trains (``autotune.field``): optimizer steps, the batches ``prepare_input`` sees, the data wait; a sustained
+        slow-down is logged once with what changed; ``run.field()`` and the block's end say in one line how the run
+        stands against what the trials measured for this config; the record is kept in the study (``autotune
+        show`` lists it).
         """
         from autotune.applied import applying
 
-        return applying(self)
+        return applying(self, self.field_run(spec=None if field is True else field) if field else None)
+
+    def field_claim(self) -> Claim:
+        """What the trials measured for this config, as a field run compares with it (``applied.field_claim``)."""
+        from autotune.applied import field_claim
+
+        return field_claim(self)
+
+    def field_run(self, *, spec: FieldSpec | None = None, source: str = "apply", steps: str = "optimizer",
+                  accumulation: int | None = None) -> FieldRun:
+        """A measurement of the user's run against this recommendation, not started (``FieldRun.start()``), its
+        record kept in this recommendation's study (``applied.field_run``). ``steps``: ``optimizer`` (torch's step
+        hook) or ``callback`` (a framework's batch hooks call ``batch_start``/``step_end``)."""
+        from autotune.applied import field_run
+
+        return field_run(self, spec=spec, source=source, steps=steps, accumulation=accumulation)
 
     def check_versions(self) -> list[str]:
         """Differences between the versions this was measured with and the running ones (empty if none):
@@ -396,13 +418,14 @@ class Recommendation:
 
         return training_arguments(self, strict=strict, callback=callback)
 
-    def hf_callback(self):
+    def hf_callback(self, *, field: "bool | FieldSpec" = True):
         """A ``transformers.TrainerCallback`` that applies what ``TrainingArguments`` has no field for (threads,
         channels_last, cudnn.benchmark, the allocator: ``apply()``) in ``on_train_begin`` and restores it in
-        ``on_train_end`` (``restore()`` by hand when training raises). Needs ``pip install "autotune[hf]"``."""
+        ``on_train_end`` (``restore()`` by hand when training raises), and measures the training (``field``, as
+        ``apply``'s: its ``field()`` gives the line). Needs ``pip install "autotune[hf]"``."""
         from autotune.integrations.hf import trainer_callback
 
-        return trainer_callback(self)
+        return trainer_callback(self, field=field)
 
     def summary(self) -> str:
         figures = ("no samples/s stated (the confirmation measured none)" if self.median_samples_per_s is None else

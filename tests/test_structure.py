@@ -143,12 +143,13 @@ RECORDS = {"config", "result", "measure", "errors", "_records", "_units", "_atom
 DOOR = {"", "api", "recommendation", "applied", "provenance", "distributed"}
 ALLOWED = {
     "machine": set(),
+    "field": {"machine"},  # the user's run, measured: called by the door (recommendation, applied)
     "workloads": {"machine"},
     "trial": {"workloads", "machine"},
     "search": {"trial", "workloads", "machine"},
-    "view": {"search", "trial", "workloads", "machine"},
-    "integrations": {"search", "trial", "workloads", "machine"},
-    "cli": {"view", "search", "trial", "workloads", "machine", "integrations"},
+    "view": {"search", "trial", "workloads", "machine", "field"},
+    "integrations": {"search", "trial", "workloads", "machine", "field"},
+    "cli": {"view", "search", "trial", "workloads", "machine", "integrations", "field"},
 }
 
 

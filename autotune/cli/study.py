@@ -277,6 +277,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 print(line)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))
+    _field_lines(study)
     if args.explain:  # what limited each trial, one line each, in the table's order
         from autotune.search.record import ceilings
         from autotune.search.record.diagnose import explain_study
@@ -288,6 +289,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("\nwhat limited each trial (thresholds: docs/diagnosis.md):")
         print("\n".join(explain_study(study, view["trial"].tolist())))
     return 0
+
+
+def _field_lines(study) -> None:
+    """The user's runs measured under the recommendation (``autotune.field``), kept beside the trials."""
+    from autotune.field.judge import stored_line
+    from autotune.search.record.field_runs import stored
+
+    runs = stored(study)
+    if runs:
+        print(f"\nyour runs, measured ({len(runs)}; kept beside the trials, never read by the sampler):")
+        for r in runs:
+            print(f"  {stored_line(r)}")
 
 
 def _limits_lines(rec: dict) -> list[str]:
@@ -321,7 +334,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if rec.provisional:
         print("autotune export: note: the run was stopped before its finalists were re-measured; this is the "
               "best search trial (marked provisional)", file=sys.stderr)
-    text = rec.to_yaml() if args.format == "yaml" else json.dumps(rec.to_dict(), indent=2) + "\n"
+    text = _exported(rec, study, args.format)
     if args.output and args.output != "-":
         _a_file(args.output, "-o", "best.yaml")
         atomic_write(Path(args.output), text)
@@ -329,6 +342,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _exported(rec, study, fmt: str) -> str:
+    """The recommendation's YAML (or JSON), with the user's runs measured under it (``field_runs``: each run's
+    figures and line, not its windows; read back by nothing: a record of what happened)."""
+    import yaml
+
+    from autotune.search.record.field_runs import stored
+
+    runs = [{k: v for k, v in r.items() if k != "window_list"} for r in stored(study)]
+    if fmt != "yaml":
+        return json.dumps({**rec.to_dict(), **({"field_runs": runs} if runs else {})}, indent=2) + "\n"
+    text = rec.to_yaml()
+    if runs:
+        text += yaml.safe_dump({"field_runs": runs}, sort_keys=False, default_flow_style=False, width=10**6)
+    return text
 
 
 def _a_file(path: str, flag: str, example: str) -> None:

@@ -144,9 +144,11 @@ def _callback_class():
         layout in convolutions). ``restore()`` undoes it by hand: ``Trainer`` calls no callback when training raises.
         """
 
-        def __init__(self, rec) -> None:
+        def __init__(self, rec, *, field=True) -> None:
             self.rec = rec
             self._undo: contextlib.ExitStack | None = None
+            self._field_spec = field  # True, a FieldSpec, or False: measure the training (autotune.field)
+            self.field_run = None
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             import torch
@@ -155,11 +157,33 @@ def _callback_class():
 
             self.restore()  # a second train() on the same Trainer: apply afresh
             undo = contextlib.ExitStack()
-            undo.enter_context(self.rec.apply())
+            undo.enter_context(self.rec.apply(field=False))  # measured here, through the Trainer's step hooks
+            if self._field_spec:
+                # a step per optimizer step (on_step_begin comes once the step's batches are fetched); its samples
+                # the recommendation's batch x accumulation: the Trainer shows no batch to a callback
+                self.field_run = self.rec.field_run(spec=None if self._field_spec is True else self._field_spec,
+                                                    source="hf", steps="callback").start()
+                undo.callback(self.field_run.stop)
             if self.rec.config.channels_last and model is not None:
                 channels_last_model(model)  # a lazy module (LazyLinear) converts at its first forward
                 undo.callback(channels_last_model, model, torch.contiguous_format)
             self._undo = undo
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.field_run is not None:
+                self.field_run.batch_start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.field_run is not None:
+                self.field_run.step_end()
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            if self.field_run is not None:  # evaluation inside train(): the loop's own work, not the data wait
+                self.field_run.evaluating()
+
+        def field(self) -> str:
+            """How the training stands against what the trials measured, in one line (``autotune.field``)."""
+            return self.field_run.line() if self.field_run is not None else "autotune field: off"
 
         def on_train_end(self, args, state, control, **kwargs):
             self.restore()
@@ -172,7 +196,7 @@ def _callback_class():
     return AutotuneTrainerCallback
 
 
-def trainer_callback(rec):
+def trainer_callback(rec, *, field=True):
     """``Trainer(..., callbacks=[trainer_callback(rec)])``: an ``AutotuneTrainerCallback``
-    (``Recommendation.hf_callback()``)."""
-    return _callback_class()(rec)
+    (``Recommendation.hf_callback()``); ``field``: measure the training (``autotune.field``)."""
+    return _callback_class()(rec, field=field)

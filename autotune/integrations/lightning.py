@@ -74,11 +74,15 @@ class AutotuneCallback(pl.Callback):
     Inputs stay as the DataLoader gives them: convolutions follow the weights' channels_last layout.
     Thread counts the OpenMP runtime read at start-up are set by the launch environment, not here
     (``rec.launch_env()``).
+    The fit is measured (``field``, on by default): a step per training batch through Lightning's batch hooks,
+    validation as the loop's own work; ``field()`` gives the line, which the fit's end logs too.
     """
 
-    def __init__(self, rec) -> None:
+    def __init__(self, rec, *, field=True) -> None:
         self.rec = rec
         self._undo: contextlib.ExitStack | None = None
+        self._field_spec = field  # True, a FieldSpec, or False: measure the fit (autotune.field)
+        self.field_run = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         import torch
@@ -86,7 +90,12 @@ class AutotuneCallback(pl.Callback):
         from autotune.machine.device import channels_last_model
 
         undo = contextlib.ExitStack()
-        undo.enter_context(self.rec.apply())
+        undo.enter_context(self.rec.apply(field=False))  # measured here, through Lightning's batch hooks
+        if self._field_spec:
+            # one step per training batch (accumulation's micro-batches each), its samples the batch's own
+            self.field_run = self.rec.field_run(spec=None if self._field_spec is True else self._field_spec,
+                                                source="lightning", steps="callback", accumulation=1).start()
+            undo.callback(self.field_run.stop)
         config = self.rec.config
         if config.channels_last:
             channels_last_model(pl_module)  # a lazy module (LazyLinear) converts at its first forward
@@ -95,6 +104,22 @@ class AutotuneCallback(pl.Callback):
             pl_module.compile(mode=config.compile_mode)
             undo.callback(_uncompile, pl_module)
         self._undo = undo
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.field_run is not None:
+            self.field_run.batch_start(batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.field_run is not None:
+            self.field_run.step_end()
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.field_run is not None:  # validation inside the fit: the loop's own work, not the data wait
+            self.field_run.evaluating()
+
+    def field(self) -> str:
+        """How the fit stands against what the trials measured, in one line (``autotune.field``)."""
+        return self.field_run.line() if self.field_run is not None else "autotune field: off"
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._undo is not None:

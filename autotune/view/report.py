@@ -309,6 +309,14 @@ def _rate(rec: Any) -> str:
     return f"{rec.median_samples_per_s:.1f} samples/s median"
 
 
+def _field_summary(study: Study) -> list[tuple[str, str]]:
+    """The user's runs measured under the recommendation (``autotune.field``), one line each."""
+    from autotune.field.judge import stored_line
+    from autotune.search.record.field_runs import stored
+
+    return [("your run", stored_line(r)) for r in stored(study)]
+
+
 def build_report(study: Study, *, storage_url: str = "", profile=None, profile_note: str = "",
                  report_path: str | Path | None = None) -> str:
     """The report of an Optuna study made by autotune, as one HTML string (no network needed to open it).
@@ -372,7 +380,7 @@ def build_report(study: Study, *, storage_url: str = "", profile=None, profile_n
                         + (" (provisional: finalists not re-measured)" if rec.provisional else "")))
     else:
         summary.append(("recommended", "none yet (no measured feasible trial)"))
-    summary += ceilings_summary(rec)
+    summary += ceilings_summary(rec) + _field_summary(study)
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in summary)
 
     limits = []

@@ -1,0 +1,373 @@
+"""``FieldRun``: the hooks that time the user's run, thin enough to leave it as it was.
+
+Steps end at torch's global optimizer step post hook (``steps="optimizer"``: ``rec.apply()``) or where a
+framework's batch hook says (``steps="callback"``: Lightning, Hugging Face). A batch arrives when the loop hands it
+to ``prepare_input`` (or a framework's batch-start hook); its samples are its leading dimension, else the
+recommendation's batch x accumulation steps. The data wait is the time from a step's end to the next batch's
+arrival. With autograd off (``torch.inference_mode()``, ``no_grad``) batches are inference: their own windows,
+and, inside a training run, the loop's own work outside the step (evaluation), not the data wait.
+
+What a hook does in the training thread is a clock read and a few additions (a window's close adds the watch's
+arithmetic); the host's state is sampled and the record written in the run's own daemon thread. Anything that
+raises inside turns the field run off with one line and leaves the training alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from autotune.errors import ConfigError
+from autotune.field.judge import Claim, reasons, verdict
+from autotune.field.watch import DriftWatch
+from autotune.field.windows import Windows
+
+__all__ = ["FieldSpec", "FieldRun", "batch_samples", "MIN_JUDGED_WINDOWS", "KEPT_WINDOWS"]
+
+MIN_JUDGED_WINDOWS = 3  # settled windows before the run is compared with the trials
+KEPT_WINDOWS = 240      # the record keeps the first and the last windows, at most this many in all
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """How the user's run is measured: windows of ``window_s`` seconds (and ``min_steps`` steps), the record kept
+    every ``keep_every_s`` seconds, the host sampled every ``host_every_s``, the drift watch on or off."""
+
+    window_s: float = 10.0
+    min_steps: int = 2
+    keep_every_s: float = 60.0
+    host_every_s: float = 2.0
+    watch: bool = True
+    sustained: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "keep_every_s", "host_every_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"FieldSpec {name}={v!r}: a positive number of seconds")
+        for name in ("min_steps", "sustained"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"FieldSpec {name}={v!r}: a whole number >= 1")
+
+
+def batch_samples(x: Any) -> int | None:
+    """The leading dimension of the first tensor in a batch of any structure; None when it has none."""
+    if hasattr(x, "shape"):
+        return int(x.shape[0]) if len(x.shape) else None
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            n = batch_samples(item)
+            if n is not None:
+                return n
+    return None
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class FieldRun:
+    """One measured run of the user's training. ``start()``, then the hooks; ``line()`` at any time; ``stop()``."""
+
+    def __init__(self, claim: Claim, *, spec: FieldSpec | None = None, sink: Callable[[dict], None] | None = None,
+                 log: Callable[[str], None] = _stderr, source: str = "apply", steps: str = "optimizer",
+                 rank: int = 0, world_size: int = 1, accumulation: int = 1, fingerprint: str | None = None,
+                 trial_wait: Callable[[], float | None] | None = None,
+                 on_end: Callable[[dict], None] | None = None) -> None:
+        if steps not in ("optimizer", "callback"):
+            raise ConfigError(f"FieldRun steps={steps!r}: 'optimizer' (torch's step hook) or 'callback'")
+        self.claim, self.spec = claim, spec or FieldSpec()
+        self.source, self.steps_from, self.rank, self.world_size = source, steps, rank, world_size
+        self._sink, self._log, self._fingerprint = sink, log, fingerprint
+        self._on_end = on_end  # given the last record in the thread that ends the run (MLflow's active run)
+        self._trial_wait = trial_wait  # reads the trials' data wait (the study), in the run's own thread
+        self._accum = max(1, int(accumulation))  # micro-batches per step: a batch seen is one micro-batch
+        self.train = Windows(self.spec.window_s, self.spec.min_steps)
+        self.infer = Windows(self.spec.window_s, self.spec.min_steps)
+        self.watch = DriftWatch(sustained=self.spec.sustained, started_wall=time.time()) if self.spec.watch else None
+        self.off: str | None = None   # why the field run stopped measuring, if it did
+        self.kept: str | None = None  # why the record is not kept, if it is not
+        self.steps = 0        # optimizer steps (or a framework's training batches)
+        self.infer_steps = 0  # inference batches (autograd off)
+        self.state = "new"
+        self.run_id = (f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}"
+                       f"-{os.getpid()}-r{rank}")
+        self._host: dict = {}
+        self._t0, self._wall0 = time.perf_counter(), time.time()  # set again by start()
+        self._hook = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._reset_step()
+        self._last_end: float | None = None
+        self._infer_sig: tuple | None = None
+        self._infer_last: float | None = None
+        self._infer_samples = 0
+
+    # --- the hooks (training thread) -------------------------------------------------------------------------
+    def _reset_step(self) -> None:
+        self._arrived: float | None = None
+        self._samples: int | None = None
+        self._eval_from: float | None = None
+
+    def batch(self, x: Any) -> None:
+        """A batch reached the loop (``prepare_input``): its arrival and samples; under no autograd, inference."""
+        if self.off is not None:
+            return
+        try:
+            import torch
+
+            now = time.perf_counter()
+            if not torch.is_grad_enabled():
+                self._infer_batch(x, now)
+            elif self._arrived is None:
+                self._arrived, self._samples = now, batch_samples(x)
+        except Exception as exc:  # noqa: BLE001 - nothing in the field run may stop the training
+            self._fail(exc)
+
+    def _infer_batch(self, x: Any, now: float) -> None:
+        # an inference step starts at each batch shaped as the first one (the inputs, not the targets after them)
+        first = x[0] if isinstance(x, (list, tuple)) and x else x
+        sig = (type(first).__name__, len(getattr(first, "shape", ())))
+        if self._infer_sig is None:
+            self._infer_sig = sig
+        if sig != self._infer_sig:
+            return
+        if self._last_end is not None and self._arrived is None and self._eval_from is None:
+            self._eval_from = now  # evaluation between two training steps: the loop's own work
+        self.infer_steps += 1
+        if self._infer_last is not None:
+            self.infer.add(period_s=now - self._infer_last, samples=self._infer_samples, wait_s=0.0, outside_s=0.0,
+                           now_s=now - self._t0, host=self._host)
+        self._infer_last, self._infer_samples = now, batch_samples(x) or self.claim.samples_per_step
+
+    def step_end(self, *_: Any) -> None:
+        """An optimizer step (or a framework's batch) ended."""
+        if self.off is not None:
+            return
+        try:
+            now = time.perf_counter()
+            self.steps += 1
+            self._infer_last = None  # an inference step does not span a training step
+            if self._last_end is not None:
+                arrived = self._arrived if self._arrived is not None else self._last_end
+                cut = self._eval_from if self._eval_from is not None else arrived
+                samples = (self._samples * self._accumulation() if self._samples else self.claim.samples_per_step)
+                w = self.train.add(period_s=now - self._last_end, samples=samples,
+                                   wait_s=max(0.0, cut - self._last_end), outside_s=arrived - cut,
+                                   now_s=now - self._t0, host=self._host)
+                if w is not None and self.watch is not None:
+                    self._watch(w)
+            self._last_end = now
+            self._reset_step()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def _watch(self, w) -> None:
+        """The drift watch on a closed window; a failure in it turns the watch off alone, with one line."""
+        try:
+            line = self.watch.on_window(w, len(self.train.closed) - 1)
+        except Exception as exc:  # noqa: BLE001
+            self.watch = None
+            self._log(f"autotune field: the watch stopped ({type(exc).__name__}: {exc}); the run is still measured")
+            return
+        if line and self.rank == 0:
+            self._log(line)
+
+    def batch_start(self, batch: Any = None) -> None:
+        """A framework's batch-start hook: a training batch arrived (``batch``: None where the framework shows none:
+        its samples are then the recommendation's)."""
+        if self.off is not None or self._arrived is not None:
+            return
+        try:
+            self._arrived, self._samples = time.perf_counter(), None if batch is None else batch_samples(batch)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
+    def evaluating(self) -> None:
+        """A framework's evaluation batch: between two training steps it is the loop's own work, not the data wait."""
+        if self.off is None and self._last_end is not None and self._arrived is None and self._eval_from is None:
+            self._eval_from = time.perf_counter()
+
+    def _accumulation(self) -> int:
+        return self._accum
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.off is None:
+            self.off = f"{type(exc).__name__}: {exc}"
+            self._remove_hook()
+            self._log(f"autotune field: measuring stopped ({self.off}); your training goes on unmeasured")
+
+    # --- start, stop, the run's own thread ---------------------------------------------------------------------
+    def start(self) -> "FieldRun":
+        """Registers the step hook (``steps="optimizer"``) and starts the run's thread; never raises."""
+        self._t0, self._wall0 = time.perf_counter(), time.time()
+        self.state = "running"
+        try:
+            if self.steps_from == "optimizer":
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                self._hook = register_optimizer_step_post_hook(self.step_end)
+            self._thread = threading.Thread(target=self._loop, name="autotune-field", daemon=True)
+            self._thread.start()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+        return self
+
+    def _remove_hook(self) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _loop(self) -> None:
+        """Samples the host and keeps the record at intervals, until ``stop``; each part turns itself off alone."""
+        sampler = None
+        try:
+            from autotune.field.host import HostSampler
+
+            sampler = HostSampler()
+            if self._fingerprint is None:
+                from autotune.machine.hardware import detect
+
+                self._fingerprint = detect(with_torch=False).fingerprint
+        except Exception as exc:  # noqa: BLE001 - no host figures, the run is still measured
+            self._log(f"autotune field: host figures off ({type(exc).__name__}: {exc})")
+        try:
+            if self._trial_wait is not None and self.claim.data_wait_share is None:
+                import dataclasses
+
+                self.claim = dataclasses.replace(self.claim, data_wait_share=self._trial_wait())
+        except Exception:  # noqa: BLE001, S110 - the study unreadable: the line says the trials' wait is not known
+            pass
+        kept_at = time.monotonic()
+        while not self._stop.is_set() and self.off is None:
+            if sampler is not None:
+                try:
+                    self._host = sampler.sample()
+                except Exception as exc:  # noqa: BLE001
+                    sampler = None
+                    self._log(f"autotune field: host figures off ({type(exc).__name__}: {exc})")
+            if time.monotonic() - kept_at >= self.spec.keep_every_s:
+                self._keep()
+                kept_at = time.monotonic()
+            self._stop.wait(self.spec.host_every_s)
+
+    def _keep(self) -> None:
+        """Writes the record (the sink: the study); a failure stops the writes, with one line, not the run."""
+        if self._sink is None or self.kept is not None:
+            return
+        try:
+            self._sink(self.to_dict())
+        except Exception as exc:  # noqa: BLE001
+            self.kept = f"{type(exc).__name__}: {exc}"
+            self._log(f"autotune field: this run's figures are not kept ({self.kept})")
+
+    def stop(self, *, log: bool = True) -> str:
+        """Ends the run: the hook removed, the record written a last time (waiting 10 s at most), the line logged
+        (rank 0) and returned. Never raises."""
+        if self.state != "running":
+            return self.line()
+        self.state = "ended"
+        try:
+            self._remove_hook()
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            writer = threading.Thread(target=self._keep, name="autotune-field-keep", daemon=True)
+            writer.start()
+            writer.join(timeout=10)
+            if writer.is_alive():
+                self._log("autotune field: the last write of this run's figures is still waiting for the study "
+                          "after 10 s; left to finish as the process exits")
+            line = self.line()
+            if self._on_end is not None:
+                self._on_end(self.to_dict())
+        except Exception as exc:  # noqa: BLE001
+            line = f"autotune field: could not end the measurement ({type(exc).__name__}: {exc})"
+        if log and self.rank == 0:
+            self._log(line)
+        return line
+
+    # --- what it says -------------------------------------------------------------------------------------------
+    def _judged_windows(self) -> Windows:
+        return self.infer if self.claim.task == "infer" else self.train
+
+    def other_hardware(self) -> bool:
+        return bool(self._fingerprint and self.claim.fingerprint and self._fingerprint != self.claim.fingerprint)
+
+    def verdict(self) -> str | None:
+        ws = self._judged_windows()
+        s = ws.summary()
+        if s is None or s.n < MIN_JUDGED_WINDOWS or self.other_hardware():
+            return None
+        return verdict(s.median, self.claim.range())
+
+    def line(self) -> str:
+        """The run against the trials in one line (``run.field()``)."""
+        ws = self._judged_windows()
+        s, c = ws.summary(), self.claim
+        off = f" (measuring stopped: {self.off})" if self.off else ""
+        if s is None or s.n < MIN_JUDGED_WINDOWS:
+            steps = self.infer_steps if ws is self.infer else self.steps
+            return (f"autotune field: too short to judge{off}: {steps} steps, {len(ws.closed)} windows of "
+                    f"{self.spec.window_s:g} s ({MIN_JUDGED_WINDOWS} settled windows needed after up to "
+                    "2 of warm-up)")
+        settled = ws.settled()
+        wait = sorted(w.wait_share for w in settled)[len(settled) // 2]
+        head = (f"autotune field: your run {s.median:.1f} samples/s (median of {s.n} settled {self.spec.window_s:g} s "
+                f"windows, IQR {100 * s.rel_iqr:.1f}%){off}")
+        if self.other_hardware():
+            return (f"{head}; on other hardware than the trials (this machine {self._fingerprint}, the trials' "
+                    f"{c.fingerprint}): not counted as evidence for this recommendation")
+        if c.median_samples_per_s is None:
+            return f"{head}; the trials stated no samples/s for this config (its confirmation failed): not compared"
+        rng = c.range()
+        v = verdict(s.median, rng)
+        gap = f"{100 * (s.median / c.median_samples_per_s - 1):+.0f}%"
+        if v is None:
+            judged = ("not judged: the trials kept no spread of fresh processes (fewer than 2 confirmation rounds)")
+        elif v == "within":
+            judged = f"within the spread of fresh processes of this config (95% range {rng[0]:.1f} to {rng[1]:.1f})"
+        else:
+            judged = f"{v} the trials' 95% range for a fresh process ({rng[0]:.1f} to {rng[1]:.1f})"
+        tw = c.data_wait_share
+        out = (f"{head} vs the trials' {c.median_samples_per_s:.1f} ({gap}): {judged}; data wait "
+               f"{100 * wait:.0f}% of a step (the trials: {'not known' if tw is None else f'{100 * tw:.0f}%'})")
+        if v == "below":
+            why = reasons(settled, ref_wait=tw, ref_rate=c.median_samples_per_s, ref_rss_mb=c.peak_host_mb)
+            out += "; likely: " + "; ".join(why) if why else "; no cause measured (data wait, memory and the cores " \
+                "other processes took are as in the trials)"
+        return out
+
+    def to_dict(self) -> dict:
+        """The record kept in the study: what ran where, the figures, the verdict, the episodes, the windows."""
+        ws = self._judged_windows()
+        s = ws.summary()
+        settled = ws.settled()
+        closed = ws.closed
+        kept = closed if len(closed) <= KEPT_WINDOWS else closed[:KEPT_WINDOWS // 4] + closed[-3 * KEPT_WINDOWS // 4:]
+        return {
+            "run_id": self.run_id, "source": self.source, "rank": self.rank, "world_size": self.world_size,
+            "host": socket.gethostname(), "pid": os.getpid(), "fingerprint": self._fingerprint,
+            "other_hardware": self.other_hardware(),
+            "started": _dt.datetime.fromtimestamp(self._wall0, _dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "updated": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "state": "off" if self.off else self.state, "off": self.off, "task": self.claim.task,
+            "steps": self.steps, "window_s": self.spec.window_s, "windows": len(closed),
+            "settled_windows": len(settled),
+            "median_samples_per_s": None if s is None else round(s.median, 3),
+            "iqr_samples_per_s": None if s is None else round(s.iqr, 3),
+            "data_wait_share": (round(sorted(w.wait_share for w in settled)[len(settled) // 2], 4)
+                                if settled else None),
+            "verdict": self.verdict(), "line": self.line(), "claim": self.claim.to_dict(),
+            "episodes": self.watch.to_dict() if self.watch else [],
+            "window_list": [w.to_dict() for w in kept], "windows_dropped": len(closed) - len(kept),
+        }

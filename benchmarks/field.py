@@ -1,0 +1,253 @@
+"""Your run, measured (``autotune.field``): is the field figure right, what does measuring cost, does the watch
+notice a slow-down and stay quiet when nothing changes?
+
+1. **The field figure against an independent timer.** The README's loop (``examples/train_with_recommend.py``'s
+   training loop, copied here line for line so it can carry a timer of its own) on two built-in workloads with their
+   recommendations (``autotune.recommend``, answered from ``--storage`` once tuned), under ``rec.apply()``. The
+   loop's own ``time.perf_counter`` after each optimizer step is the independent timer; the field figure is the
+   field run's, over its settled windows. Both over the same steps: the field's samples over its windows' seconds,
+   and the loop's samples over the same steps by its own clock; the field's median window beside them.
+2. **The overhead.** The same loop with the field run on and off, in paired rounds in one process (on/off, off/on,
+   ...): the ratio of each round's rates, and Student's t over the rounds' log ratios (``settle.ratio_interval``);
+   and the hooks' own cost, timed alone (a ``prepare_input`` batch and a step end, 20,000 times), as a share of a
+   step.
+3. **The drift watch.** A data-bound loop whose dataset turns 3x slower after ``--drift-after-s`` seconds: how many
+   windows the watch took to say so (counted from the first window wholly slow); then a steady run of
+   ``--steady-s`` seconds (the issue asks for 10 minutes: ``--steady-s 600``; the default is 120 s, to keep this
+   short on a shared machine): how many false alarms.
+
+    python benchmarks/field.py                      # ~8 min, and the tuning of the two workloads the first time
+    python benchmarks/field.py --steady-s 600 --out benchmarks/results/field-YYYY-MM-DD.json
+
+Raw windows and rounds go to ``--out`` (JSON); the table to stdout (and ``--out`` with ``.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import autotune  # noqa: E402
+from autotune.field import Claim, FieldRun, FieldSpec  # noqa: E402
+from autotune.search.choose.settle import ratio_interval  # noqa: E402
+
+
+def readme_loop(rec, model_name: str, image_size: int, seconds: float, field, steps: int = 10**5) -> dict:
+    """examples/train_with_recommend.py's training loop (no accumulation), with the loop's own clock at each step's
+    end, for ``seconds`` (the example's loader is ``steps`` batches long; this one ends on time, at a step's end);
+    ``field``: ``rec.apply``'s argument. Returns the clock, the batch and the field run's record."""
+    import torchvision
+    from torchvision import transforms
+
+    loader_kwargs = rec.dataloader_kwargs()
+    batch_size = loader_kwargs["batch_size"]
+    transform = transforms.Compose([transforms.ToTensor(),
+                                    transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    dataset = torchvision.datasets.FakeData(size=steps * batch_size, image_size=(3, image_size, image_size),
+                                            num_classes=10, transform=transform)
+    loader = DataLoader(dataset, shuffle=True, drop_last=True, **loader_kwargs)
+    model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    ends, record = [], None
+    with rec.apply(field=field) as run:
+        model = run.prepare_model(model.to(rec.workload.device))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model.train()
+        for images, labels in loader:
+            images, labels = run.prepare_input(images), run.prepare_input(labels)
+            with run.autocast():
+                loss = loss_fn(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            ends.append(time.perf_counter())  # the independent timer
+            optimizer.zero_grad(set_to_none=True)
+            if ends[-1] - ends[0] > seconds and len(ends) >= 5:  # at least 4 steps past the first
+                break
+        field_run = getattr(run, "_field", None)
+    if field_run is not None:
+        record = field_run.to_dict()
+    return {"ends": ends, "batch": batch_size, "record": record}
+
+
+def field_vs_timer(out: dict) -> dict:
+    """The field's figures and the loop's own clock over the same steps (the settled windows' span)."""
+    rec, ends, batch = out["record"], out["ends"], out["batch"]
+    ws = rec["window_list"][len(rec["window_list"]) - rec["settled_windows"]:]
+    # the field's windows are whole steps from the second step's end on: window k ends at step sum(steps[:k+1])
+    first_step = sum(w["steps"] for w in rec["window_list"][:len(rec["window_list"]) - len(ws)])
+    n = sum(w["steps"] for w in ws)
+    if not n:  # too short to settle: nothing to compare
+        return {"timer_samples_per_s": None, "field_samples_per_s": None, "field_median_samples_per_s": None,
+                "windows": 0, "steps": 0, "gap": None, "line": rec["line"]}
+    timer = batch * n / (ends[first_step + n] - ends[first_step])
+    field_agg = sum(w["samples_per_s"] * w["s"] for w in ws) / sum(w["s"] for w in ws)
+    return {"timer_samples_per_s": timer, "field_samples_per_s": field_agg,
+            "field_median_samples_per_s": rec["median_samples_per_s"], "windows": len(ws), "steps": n,
+            "gap": field_agg / timer - 1, "line": rec["line"]}
+
+
+def overhead(rec, model_name: str, image_size: int, seconds: float, rounds: int) -> dict:
+    """Paired rounds, on/off and off/on alternately; each round's rate by the loop's clock past its first 3 steps."""
+    on, off = [], []
+    spec = FieldSpec(window_s=1.0)
+    for r in range(rounds):
+        for with_field in ((True, False) if r % 2 == 0 else (False, True)):
+            ends = readme_loop(rec, model_name, image_size, seconds, spec if with_field else False)["ends"]
+            rate = (len(ends) - 4) / (ends[-1] - ends[3])
+            (on if with_field else off).append(rate)
+    ratio, lo, hi = ratio_interval([[x] for x in on], [[x] for x in off])
+    return {"on_steps_per_s": on, "off_steps_per_s": off, "ratio": ratio, "low": lo, "high": hi}
+
+
+def hook_cost(step_s: float, calls: int = 20000) -> dict:
+    """The hooks alone: a batch handed to ``prepare_input`` (two calls: inputs and targets) and a step's end."""
+    run = FieldRun(Claim(median_samples_per_s=None), spec=FieldSpec(window_s=1.0), log=lambda s: None).start()
+    x, y = torch.zeros(32, 3, 8, 8), torch.zeros(32, dtype=torch.long)
+    t = time.perf_counter()
+    for _ in range(calls):
+        run.batch(x)
+        run.batch(y)
+        run.step_end()
+    per_step = (time.perf_counter() - t) / calls
+    run.stop(log=False)
+    return {"hook_s_per_step": per_step, "share_of_step": per_step / step_s}
+
+
+class Slowing(Dataset):
+    """Each sample waits ``wait_s``; from ``after_s`` seconds past the first read, ``factor`` times as long."""
+
+    def __init__(self, wait_s: float, after_s: float | None, factor: float = 3.0) -> None:
+        self.wait_s, self.after_s, self.factor, self.t0 = wait_s, after_s, factor, None
+        self.slow_from: float | None = None
+
+    def __len__(self) -> int:
+        return 10**7
+
+    def __getitem__(self, i: int):
+        now = time.perf_counter()
+        self.t0 = self.t0 or now
+        slow = self.after_s is not None and now - self.t0 >= self.after_s
+        if slow and self.slow_from is None:
+            self.slow_from = now
+        time.sleep(self.wait_s * (self.factor if slow else 1.0))
+        return torch.zeros(16), i % 2
+
+
+def watched(seconds: float, after_s: float | None, window_s: float) -> dict:
+    """A data-bound loop (in-process loading) under a field run for ``seconds``; its windows and the watch's lines."""
+    ds = Slowing(0.01, after_s)
+    lines: list[str] = []
+    run = FieldRun(Claim(median_samples_per_s=None), spec=FieldSpec(window_s=window_s), log=lines.append).start()
+    model = torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    end = time.perf_counter() + seconds
+    for x, y in DataLoader(ds, batch_size=16):
+        run.batch(x)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        run.step_end()
+        opt.zero_grad()
+        if time.perf_counter() > end:
+            break
+    run.stop(log=False)
+    rec = run.to_dict()
+    out = {"windows": rec["window_list"], "episodes": rec["episodes"], "lines": lines}
+    if ds.slow_from is not None:
+        slow_s = ds.slow_from - run._t0
+        first_slow = next(i for i, w in enumerate(rec["window_list"]) if w["end_s"] - w["s"] >= slow_s)
+        ep = rec["episodes"][0] if rec["episodes"] else None
+        out["first_wholly_slow_window"] = first_slow
+        out["windows_to_notice"] = None if ep is None else ep["noticed_window"] - first_slow + 1
+    return out
+
+
+def machine_line() -> str:
+    from autotune.machine.hardware import detect
+
+    h = detect()
+    return f"{h.summary_line()}; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} at the start"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="mobilenet_v3_small,shufflenet_v2_x0_5")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=60.0, help="the README loop's length, for the field figure")
+    p.add_argument("--round-s", type=float, default=15.0, help="each overhead round's length")
+    p.add_argument("--rounds", type=int, default=4, help="paired overhead rounds")
+    p.add_argument("--storage", default="sqlite:///trials/bench-field.db")
+    p.add_argument("--tune-trials", type=int, default=3)
+    p.add_argument("--drift-after-s", type=float, default=30.0)
+    p.add_argument("--steady-s", type=float, default=120.0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--parts", default="field,overhead,drift,steady", help="which parts to run (default: all)")
+    args = p.parse_args()
+    parts = set(args.parts.split(","))
+    started = machine_line()
+    print(f"# field benchmark, {started}; python {platform.python_version()}, torch {torch.__version__}", flush=True)
+    results: dict = {"machine": started, "args": vars(args), "workloads": {}}
+    quick = autotune.MeasureSpec(windows=2, window_s=0.5, warmup_min_steps=2, warmup_min_s=0.0)
+    for name in args.workloads.split(",") if "field" in parts else ():
+        rec = autotune.recommend(name, image_size=args.image_size, trials=args.tune_trials, budget=None,
+                                 storage=args.storage, measure=quick, progress=False)
+        out = readme_loop(rec, name, args.image_size, args.seconds, FieldSpec(window_s=2.0))
+        cmp = field_vs_timer(out)
+        results["workloads"][name] = {"recommended": rec.config.short(), "claim": rec.claim(), **cmp,
+                                      "field_record": out["record"], "loop_ends": out["ends"]}
+        if cmp["gap"] is None:
+            print(f"{name}: {cmp['line']}", flush=True)
+            continue
+        print(f"{name}: field {cmp['field_samples_per_s']:.1f} samples/s (median window "
+              f"{cmp['field_median_samples_per_s']:.1f}) vs the loop's own timer {cmp['timer_samples_per_s']:.1f} "
+              f"over the same {cmp['steps']} steps: {100 * cmp['gap']:+.2f}%\n  {cmp['line']}", flush=True)
+    if "overhead" in parts:
+        _overhead(args, results)
+    if "drift" in parts:
+        _drift(args, results)
+    if "steady" in parts:
+        steady = watched(args.steady_s, None, 5.0)
+        results["steady"] = steady
+        print(f"steady ({args.steady_s:g} s, 5 s windows, {len(steady['windows'])} windows): "
+              f"{len(steady['episodes'])} false alarm(s)" + "".join(f"\n  {x}" for x in steady["lines"]), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+        print(f"raw results: {args.out}")
+
+
+def _overhead(args, results: dict) -> None:
+    quick = autotune.MeasureSpec(windows=2, window_s=0.5, warmup_min_steps=2, warmup_min_s=0.0)
+    first = args.workloads.split(",")[0]
+    rec = autotune.recommend(first, image_size=args.image_size, trials=args.tune_trials, budget=None,
+                             storage=args.storage, measure=quick, progress=False)
+    ov = overhead(rec, first, args.image_size, args.round_s, args.rounds)
+    cost = hook_cost(1 / statistics.median(ov["off_steps_per_s"]))
+    results["overhead"] = {**ov, **cost}
+    print(f"overhead ({first}, {args.rounds} paired rounds): on/off x{ov['ratio']:.4f} (95% interval "
+          f"x{ov['low']:.4f} to x{ov['high']:.4f}); the hooks alone {1e6 * cost['hook_s_per_step']:.1f} us a step, "
+          f"{100 * cost['share_of_step']:.2g}% of a {1e3 / statistics.median(ov['off_steps_per_s']):.0f} ms step "
+          f"({100 * cost['hook_s_per_step'] / 0.01:.2g}% of a 10 ms one)",
+          flush=True)
+
+
+def _drift(args, results: dict) -> None:
+    drift = watched(args.drift_after_s + 30.0, args.drift_after_s, 1.0)
+    results["drift"] = drift
+    print(f"drift (the dataset 3x slower after {args.drift_after_s:g} s, 1 s windows): noticed "
+          f"{drift.get('windows_to_notice')} window(s) after the first wholly slow one; "
+          f"{len(drift['episodes'])} episode(s)\n  " + "\n  ".join(drift["lines"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

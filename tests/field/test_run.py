@@ -1,0 +1,173 @@
+"""``FieldRun`` on real torch loops in this process: steps from torch's optimizer step hook, samples from the
+batches ``prepare_input`` sees, the data wait, inference, and failures that turn it off without touching the loop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from autotune.config import TrialConfig, Workload
+from autotune.field import Claim, FieldRun, FieldSpec
+from tests.helpers import make_rec
+
+SPEC = FieldSpec(window_s=0.05, host_every_s=0.02, keep_every_s=0.05)
+
+
+def _loop(run, steps: int, *, wait_s: float = 0.0, batch: int = 8, optimizer=None, model=None):
+    model = model or torch.nn.Linear(16, 4)
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
+    ends = []  # the loop's own clock at each step's end: the independent timer
+    for _ in range(steps):
+        time.sleep(wait_s)  # the loader
+        x, y = run.prepare_input(torch.randn(batch, 16)), run.prepare_input(torch.randint(0, 4, (batch,)))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+        optimizer.zero_grad()
+    return ends
+
+
+class _Seen:
+    """A loop's ``prepare_input`` that only hands the batch to a field run (or to none)."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def prepare_input(self, x):
+        if self.run is not None:
+            self.run.batch(x)
+        return x
+
+
+def test_steps_samples_and_the_data_wait_come_from_the_step_hook_and_prepare_input():
+    lines, kept = [], []
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    run = FieldRun(rec.field_claim(), spec=SPEC, sink=kept.append, log=lines.append)
+    with rec.apply(field=False) as applied:
+        applied._field = run.start()
+        ends = _loop(applied, 60, wait_s=0.01, batch=6)
+        run.stop()
+    assert run.steps == 60 and run.off is None
+    ws = run.train.closed
+    assert sum(w.steps for w in ws) <= 59 and sum(w.samples for w in ws) == 6 * sum(w.steps for w in ws)
+    for w in ws:  # each step waited 10 ms (and a little more: the sleep's own lateness) for its batch
+        assert 0.01 <= w.wait_s / w.steps <= 0.03, w
+    # the windows against the loop's own timer over the same steps (the first step is warm-up: not in a window)
+    n = sum(w.steps for w in ws)
+    assert sum(w.samples for w in ws) / sum(w.seconds for w in ws) == pytest.approx(6 * n / (ends[n] - ends[0]),
+                                                                                    rel=0.02)
+    assert kept and kept[-1]["steps"] == 60 and kept[-1]["state"] == "ended" and lines[-1] == kept[-1]["line"]
+
+
+def test_accumulation_counts_the_micro_batches_of_a_step():
+    rec = make_rec(config=TrialConfig(batch_size=4), storage="")
+    run = FieldRun(rec.field_claim(), spec=SPEC, log=lambda s: None, accumulation=3)
+    with rec.apply(field=False) as applied:
+        applied._field = run.start()
+        _loop(applied, 20, batch=4, wait_s=0.005)
+        run.stop()
+    assert run.train.closed and all(w.samples == 12 * w.steps for w in run.train.closed)
+
+
+def test_inference_batches_are_windows_of_their_own_and_evaluation_is_the_loops_own_work():
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="", workload=Workload(model="resnet18", task="infer"))
+    run = FieldRun(rec.field_claim(), spec=SPEC, log=lambda s: None)
+    model = torch.nn.Linear(16, 4)
+    with rec.apply(field=False) as applied:
+        applied._field = run.start()
+        with torch.inference_mode():
+            for _ in range(150):
+                model(applied.prepare_input(torch.randn(8, 16)))
+                applied.prepare_input(torch.randint(0, 4, (8,)))  # the targets: not a step of their own
+                time.sleep(0.003)
+        run.stop()
+    assert run.steps == 0 and run.infer_steps == 150 and run.infer.closed
+    assert all(w.samples == 8 * w.steps for w in run.infer.closed)
+    assert "your run" in run.line()  # an inference recommendation is judged on the inference windows
+
+
+def test_a_failure_inside_turns_the_field_run_off_with_one_line_and_the_loop_goes_on():
+    class Odd:  # a batch whose shape raises when read
+        @property
+        def shape(self):
+            raise RuntimeError("no shape today")
+
+    lines = []
+    claim = Claim(median_samples_per_s=100.0)
+    run = FieldRun(claim, spec=SPEC, log=lines.append, sink=lambda r: 1 / 0).start()
+    run.batch(Odd())
+    assert run.off == "RuntimeError: no shape today" and run._hook is None
+    _loop(_Seen(None), 3)  # the user's loop runs on
+    assert run.steps == 0  # nothing counted after it stopped
+    run.stop()
+    assert lines[0] == ("autotune field: measuring stopped (RuntimeError: no shape today); your training goes on "
+                        "unmeasured")
+    assert len([x for x in lines if x.startswith("autotune field: measuring stopped")]) == 1
+
+
+def test_a_sink_that_fails_stops_the_writes_once_and_not_the_measurement():
+    lines = []
+    run = FieldRun(Claim(median_samples_per_s=100.0), spec=SPEC, log=lines.append, sink=lambda r: 1 / 0).start()
+    _loop(_Seen(run), 30, wait_s=0.005)
+    run.stop()
+    assert run.steps == 30 and run.off is None
+    assert [x for x in lines if "not kept" in x] == ["autotune field: this run's figures are not kept "
+                                                     "(ZeroDivisionError: division by zero)"]
+
+
+def test_apply_measures_by_default_and_field_false_registers_no_hook():
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    before = len(_global_optimizer_post_hooks)
+    with rec.apply(field=False) as run:
+        assert len(_global_optimizer_post_hooks) == before and run.field().startswith("autotune field: off")
+    with rec.apply(field=SPEC) as run:
+        assert len(_global_optimizer_post_hooks) == before + 1
+        _loop(run, 5)
+        assert run.field().startswith("autotune field: too short to judge: 5 steps")
+    assert len(_global_optimizer_post_hooks) == before
+
+
+def test_a_run_on_other_hardware_is_not_counted_as_evidence():
+    run = FieldRun(Claim(100.0, (100.0, 101.0, 99.0), 4.3, fingerprint="aaaa"), spec=SPEC, log=lambda s: None,
+                   fingerprint="bbbb").start()
+    _loop(_Seen(run), 60, wait_s=0.003)
+    line = run.stop(log=False)
+    assert "on other hardware than the trials (this machine bbbb, the trials' aaaa): not counted as evidence" in line
+    assert run.verdict() is None and run.to_dict()["other_hardware"] is True
+
+
+def test_a_failure_in_the_watch_turns_the_watch_off_alone():
+    lines = []
+    run = FieldRun(Claim(median_samples_per_s=100.0), spec=SPEC, log=lines.append).start()
+
+    def broken(w, index):
+        raise ValueError("bad window")
+
+    run.watch.on_window = broken
+    _loop(_Seen(run), 40, wait_s=0.003)
+    run.stop(log=False)
+    assert run.watch is None and run.off is None and run.steps == 40
+    assert lines == ["autotune field: the watch stopped (ValueError: bad window); the run is still measured"]
+
+
+def test_an_evaluation_between_training_steps_is_the_loops_own_work_not_the_data_wait():
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    run = FieldRun(rec.field_claim(), spec=FieldSpec(window_s=0.005), log=lambda s: None)
+    seen, model = _Seen(run), torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.start()
+    for _ in range(3):
+        _loop(seen, 10, model=model, optimizer=opt)
+        with torch.inference_mode():  # an evaluation of 5 batches, 10 ms each, between two training steps
+            for _ in range(5):
+                model(seen.prepare_input(torch.randn(8, 16)))
+                time.sleep(0.01)
+    _loop(seen, 10, model=model, optimizer=opt)
+    run.stop(log=False)
+    ws = run.train.closed
+    outside, wait = sum(w.outside_s for w in ws), sum(w.wait_s for w in ws)
+    assert outside >= 3 * 4 * 0.01 and wait < outside / 2, (outside, wait)  # 4 of each 5 sleeps at least
