@@ -125,12 +125,8 @@ class Recommendation:
     # what the shell exported that the trials cleared (``machine.launch_env.inherited_env``: threads, allocator,
     # preloads): every trial ran without it, so the figures are against PyTorch's own defaults; None in older exports
     shell_env: dict | None = None
-    # where the run's time went (``search.record.run_phase.RunPhases.split``): seconds and shares per phase, from
-    # start-up to the confirmation; a resumed run's says its own part; None in older exports
-    budget_split: dict | None = None
-    # the knob values no trial of the study ran (``search.record.untried``), the YAML's ``try``: what a longer run
-    # would measure; None when every value was, or in older exports
-    untried: dict | None = None
+    budget_split: dict | None = None  # where the run's time went, per phase (``run_phase.RunPhases.split``)
+    untried: dict | None = None  # knob values no trial ran, the YAML's ``try`` (``search.record.untried``)
 
     def __post_init__(self) -> None:  # its YAML, the HTML report and MLflow show the storage: never its password
         object.__setattr__(self, "storage", redact(self.storage))
@@ -481,8 +477,7 @@ class Recommendation:
         if self.compile and self.compile.get("configs"):
             lines.append(f"  torch.compile priced over the planned run, {self.compile.get('planned_run_label')}"
                          + (": it did not pay back" if self.compile.get("dropped") else ""))
-        lines += [f"  {line}" for line in (split_line(self.budget_split),) if line]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  {ln}" for ln in (split_line(self.budget_split),) if ln] + [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
