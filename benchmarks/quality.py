@@ -58,6 +58,7 @@ from autotune.measure import summarize  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
 from autotune.search.space.search_space import load_space, space_from_dict  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
+from autotune.search.budget import SEARCH_WINDOWS  # noqa: E402
 from autotune.search.choose.settle import ratio_interval  # noqa: E402
 from autotune.search.record.run_phase import split_line  # noqa: E402
 from autotune._units import parse_duration_s  # noqa: E402
@@ -212,14 +213,16 @@ def one_workload(name: str, a, hw, measure) -> dict:
 
 
 def budgeted_run(workload, hw, a, timeout_s: float, tag: str):
-    """autotune as ``autotune run --timeout`` runs it: the stock CPU space, the CLI's default windows (5 of 3 s) and
+    """autotune as ``autotune run --timeout`` runs it: the stock CPU space, the CLI's default windows (``SEARCH_WINDOWS``
+    of 3 s) and
     memory cap, the budget's clock started before the tuner is made (the CLI's start-up counts); ``(rec, tuner)``."""
     from autotune.machine.limits import default_memory_cap_mb
 
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f"autotune-quality-{tag}-"))
     tuner = Tuner(workload, space=load_space(hardware=hw), storage=f"sqlite:///{tmp}/q.db", hardware=hw,
-                  measure=MeasureSpec(memory_cap_mb=default_memory_cap_mb(hw)), progress=False, seed=a.seed,
+                  measure=MeasureSpec(windows=SEARCH_WINDOWS, memory_cap_mb=default_memory_cap_mb(hw)),
+                  progress=False, seed=a.seed,
                   warm_start=False, log=lambda m: print(f"  autotune {tag}: {m}", flush=True))
     rec = tuner.run(timeout_s=timeout_s, started=started)
     return rec, tuner, time.monotonic() - started
@@ -289,7 +292,7 @@ def judged(workload, tag, budget, rec, tuner, took, contenders, xs, grid) -> dic
 
 def budget_table(rows: list[dict], hw, a, total_s: float) -> str:
     md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {a.image_size} px; autotune as `autotune run "
-          f"--timeout` (stock space, 5 windows of 3 s); the best known: the ground truth's grid (batch sizes "
+          f"--timeout` (stock space, {SEARCH_WINDOWS} windows of 3 s); the best known: the ground truth's grid (batch sizes "
           f"{'/'.join(map(str, a.batches))} x the likely winners' knobs, {a.windows} windows of {a.window_seconds:g} s)"
           f" and the recommendation, re-measured in {max(3, a.rounds)} interleaved rounds; whole benchmark "
           f"{total_s / 60:.1f} min.", "",
