@@ -213,8 +213,8 @@ def one_workload(name: str, a, hw, measure) -> dict:
 
 
 def budgeted_run(workload, hw, a, timeout_s: float, tag: str):
-    """autotune as ``autotune run --timeout`` runs it: the stock CPU space, the CLI's default windows (``SEARCH_WINDOWS``
-    of 3 s) and
+    """autotune as ``autotune run --timeout`` runs it: the stock CPU space, the CLI's default windows
+    (``SEARCH_WINDOWS`` of 3 s) and
     memory cap, the budget's clock started before the tuner is made (the CLI's start-up counts); ``(rec, tuner)``."""
     from autotune.machine.limits import default_memory_cap_mb
 
@@ -292,7 +292,8 @@ def judged(workload, tag, budget, rec, tuner, took, contenders, xs, grid) -> dic
 
 def budget_table(rows: list[dict], hw, a, total_s: float) -> str:
     md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {a.image_size} px; autotune as `autotune run "
-          f"--timeout` (stock space, {SEARCH_WINDOWS} windows of 3 s); the best known: the ground truth's grid (batch sizes "
+          f"--timeout` (stock space, {SEARCH_WINDOWS} windows of 3 s); the best known: the ground truth's grid "
+          f"(batch sizes "
           f"{'/'.join(map(str, a.batches))} x the likely winners' knobs, {a.windows} windows of {a.window_seconds:g} s)"
           f" and the recommendation, re-measured in {max(3, a.rounds)} interleaved rounds; whole benchmark "
           f"{total_s / 60:.1f} min.", "",
