@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    hw = detect(with_torch=False)
+    hw = detect()
     rows = []
     start = time.monotonic()
     for model in a.workloads.split(","):

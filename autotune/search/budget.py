@@ -94,22 +94,33 @@ FINALIST_MAX_WINDOWS = 9
 PROCESS_SPREAD = 0.05
 
 
+# The expected IQR of n normal windows in sds, quartiles interpolated linearly (``measure.summarize``): small samples
+# have narrow IQRs (3: the range's half, E = 1.693 / 2), so the large-sample 1.349 would take the windows for quieter
+# than they are
+_IQR_SDS = {2: 0.564, 3: 0.846, 4: 0.960, 5: 0.990, 6: 1.064}
+
+
 def finalist_windows(search: MeasureSpec, rel_iqr: float | None = None) -> int:
     """How many windows a finalist run needs: enough that the windows' own noise in its median (about 1.25 sd /
-    sqrt(n), sd = the windows' relative IQR / 1.349) stays within half the spread between fresh processes
+    sqrt(n)) stays within half the spread between fresh processes
     (``PROCESS_SPREAD``), which only more rounds narrow; at least ``FINALIST_WINDOWS``, at most
     ``FINALIST_MAX_WINDOWS`` (or the search's count, if more).
-    ``rel_iqr``: the finalists' search trials' windows' median relative IQR (None: unknown, the fewest).
+    ``rel_iqr``: the finalists' search trials' windows' median relative IQR (None: unknown, the fewest), over
+    ``search.windows`` windows each: the sd is that IQR over its expected width in sds for so few windows
+    (``_IQR_SDS``, linear-interpolated quartiles: 0.85 for 3 windows, not the large-sample 1.349).
 
     >>> from autotune.config import MeasureSpec
     >>> m = MeasureSpec(windows=5, window_s=3.0)
     >>> finalist_windows(m), finalist_windows(m, 0.02), finalist_windows(m, 0.05), finalist_windows(m, 0.10)
-    (3, 3, 4, 9)
+    (3, 3, 7, 9)
+    >>> finalist_windows(MeasureSpec(windows=3, window_s=3.0), 0.03)   # 3 windows 3% apart: sd 3.5%, not 2.2%
+    4
     """
     least = min(FINALIST_WINDOWS, search.windows)
     if not rel_iqr or rel_iqr <= 0:
         return least
-    need = math.ceil((1.25 * rel_iqr / 1.349 / (PROCESS_SPREAD / 2)) ** 2)
+    sd = rel_iqr / _IQR_SDS.get(search.windows, 1.349)
+    need = math.ceil((1.25 * sd / (PROCESS_SPREAD / 2)) ** 2)
     return max(least, min(max(search.windows, FINALIST_MAX_WINDOWS), need))
 
 

@@ -121,6 +121,7 @@ class Tuner:
         # the run's time budget (``search.budget``), one frozen record made by ``run``; none until then
         self.budget = Budget.of(None, measure=self.measure, finalists=finalists, rounds=finalist_rounds)
         self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
+        self._asked_s: float | None = None  # the --timeout the user gave (not the ceiling): the split's shares
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
         # where a run stands, kept in its study (a killed one resumes from there); its YAML's file, if asked
@@ -278,6 +279,7 @@ class Tuner:
         from autotune.trial.forkserver import closing_default
 
         started = time.monotonic() if started is None else started
+        self._asked_s = timeout_s  # the budget the user gave, not the ceiling (the split's shares)
         if trials is None and timeout_s is None:
             if self.patience == 0:
                 raise AutotuneError("give a budget (--trials N and/or --timeout DURATION) or leave --patience "
@@ -401,8 +403,7 @@ class Tuner:
         knobs = untried(self.space, ran, rec.config.to_dict())
         if not knobs:
             return rec
-        line = untried_line(knobs, budget_ended=self.budget.deadline is not None
-                            and self.stop_reason.startswith("out of time"))
+        line = untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason)
         return dataclasses.replace(rec, untried=knobs, notes=rec.notes + (line,))
 
     def _record(self, study: Study, rec, saved: SavedRounds | None):
@@ -413,7 +414,7 @@ class Tuner:
             stopped = (f"search stopped: {self.stop_reason}",) if self.stop_reason else ()
             # where this run's time went, up to the recommendation (a resumed run's: this run's part alone)
             rec = dataclasses.replace(rec, notes=stopped + rec.notes,
-                                      budget_split=self.phases.split(budget_s=self.budget.budget_s))
+                                      budget_split=self.phases.split(budget_s=self._asked_s))
             rec = self._with_untried(study, rec)
         study.set_user_attr(keys.STUDY_RECOMMENDATION, None if rec is None else rec.to_dict())
         self.phases.enter("recommendation")  # stored: a run killed from now on keeps it (``plan.resume``)

@@ -99,8 +99,9 @@ _DDP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrialConfig) if f
 # Why channels_last alone is not checked (issue 50): it changes the memory layout, not the dtype or the graph; its
 # convolutions sum in another order, as another thread count does. benchmarks/layout_numerics.py measured its loss
 # drift from fp32 eager against the check's own control (fp32 eager from weights nudged by 1e-6): within the
-# control's drift times FLOOR_FACTOR on every workload and batch measured (docs/measurement.md, "channels_last and
-# the numerics check"), i.e. what the check would pass whatever it saw.
+# control's drift times FLOOR_FACTOR on every workload and batch measured (docs/budget.md, "channels_last and the
+# numerics check": a 2-core Xeon's CPU kernels; a GPU's cuDNN layouts are not measured yet), i.e. what the check
+# would pass whatever it saw.
 LAYOUT_ONLY = ("channels_last alone changes the memory layout, not the dtype or the graph: its loss drifts from fp32 "
                "eager as a rounding-sized nudge does (benchmarks/layout_numerics.py), so it is not checked")
 

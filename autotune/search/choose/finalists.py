@@ -360,8 +360,9 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
             return None
         chosen = ranked[index]
         tied = tied and index == 0
-    if chosen.config.channels_last and not needs_parity(chosen.config, world_size=world_of(ctx.workload)):
-        notes.append(f"numerics not checked: {LAYOUT_ONLY.split(': ', 1)[1]}")  # the shortcut, said (issue 50)
+    if ctx.parity_steps and check_numerics and not ctx.numerics_cut and chosen.config.channels_last and \
+            not needs_parity(chosen.config, world_size=world_of(ctx.workload)):  # the shortcut, said (issue 50)
+        notes.append(f"numerics not checked: {LAYOUT_ONLY.split(': ', 1)[1]}")
     if tied:
         apart, lo, hi = ratio_interval(rounds[best.config.key()], rounds[chosen.config.key()])
         between = (f"95% interval {100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%" if math.isfinite(hi)

@@ -87,6 +87,7 @@ class RunPhases:
         self._started: float | None = None
         self._spent: dict[str, float] = {}
         self._since = 0.0
+        self._resumed: str | None = None
 
     def begin(self, ask: dict[str, Any], *, started: float | None = None) -> dict[str, Any] | None:
         """Start this run's record (nothing is written until a phase is entered); returns the record an earlier run
@@ -95,13 +96,16 @@ class RunPhases:
         self.current, self.extra = None, {"ask": ask}
         self._started = time.monotonic() if started is None else started
         self._spent, self._since = {}, self._started
-        return read(self._study())
+        earlier = read(self._study())
+        self._resumed = earlier.get("phase") if earlier else None  # the split then says it is this run's part
+        return earlier
 
     def split(self, *, budget_s: float | None = None) -> dict[str, Any] | None:
         """Where this run's time went so far: ``{"budget_s", "elapsed_s", "of": "budget" | "run", "phases":
         [{"phase", "s", "share"}, ...]}`` in the order of ``PHASES`` ("start-up" first), each phase's seconds from
         its first child to the next phase's (the parent's work between children counted where it happened), shares
-        of ``budget_s`` where given, else of the run; None before ``begin``."""
+        of ``budget_s`` where given, else of the run (``resumed_from``: the phase an earlier run of the command was
+        stopped in, whose work is not in this split); None before ``begin``."""
         if self._started is None:
             return None
         now = time.monotonic()
@@ -113,7 +117,7 @@ class RunPhases:
         rows = [{"phase": p, "s": round(spent[p], 1), "share": round(spent[p] / whole, 3)}
                 for p in sorted(spent, key=lambda p: order.index(p) if p in order else len(order)) if spent[p] >= 0.05]
         return {"budget_s": budget_s, "elapsed_s": round(elapsed, 1), "of": "budget" if budget_s else "run",
-                "phases": rows}
+                "phases": rows, **({"resumed_from": self._resumed} if self._resumed else {})}
 
     def keep(self, **extra: Any) -> None:
         """Keep ``extra`` (e.g. ``stop_reason``) with this and every later record of the run."""
@@ -190,4 +194,7 @@ def split_line(split: dict[str, Any] | None) -> str:
                       for r in split["phases"])
     head = (f"the {split['budget_s']:.0f} s budget went to" if split.get("of") == "budget"
             else "the run's time went to")
+    if split.get("resumed_from"):  # what the run stopped there spent is not in it
+        head = (f"this run, resumed from {describe(split['resumed_from'])}: "
+                + head.replace("the run's time", "its time").replace(" budget went to", " budget: its part went to"))
     return f"{head}: {parts}; {split['elapsed_s']:.0f} s in all"

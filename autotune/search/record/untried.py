@@ -65,8 +65,8 @@ def untried_line(knobs: dict[str, list], *, budget_ended: bool) -> str:
     what = ", ".join(f"{k}={'/'.join(str(v) for v in vs)}" for k, vs in knobs.items())
     when = "before the budget ended" if budget_ended else "by the search"
     return (f"never measured {when}: {what}; "
-            + ("a longer --timeout (or the same command again: it resumes) measures them" if budget_ended
-               else "try them by hand if they matter to you"))
+            + ("a longer --timeout measures them" if budget_ended
+               else "`autotune trial` measures one by hand if it matters to you"))
 
 
 def _hashable(v: Any) -> Any:

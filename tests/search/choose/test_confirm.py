@@ -74,8 +74,8 @@ def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_
 def test_a_runner_up_the_selection_measured_above_the_confirmed_claim_is_said(tmp_path):
     """channels_last at bs 16 truly runs 90/s but chose itself at 117/s; the runner-up, bs 16 alone, ran its true
     105/s (x2.10 over the baseline's 50) in the selection: above the winner's confirmed x1.80, and the notes say so.
-    (105 is within the 12% two fresh processes differ by of the winner's lucky 117 in the search, so it is a
-    finalist: ``finalists.contenders``.)"""
+    (the winner's lucky 117 in the search is x1.11 of 105, within what two fresh processes differ by, so it is a
+    finalist: ``choose.contenders``.)"""
     speed = {(8, False): 50.0, (8, True): 55.0, (16, False): 105.0, (16, True): 90.0}
     rec = make_tuner(tmp_path, finalists=2, finalist_rounds=2, runner=_lucky(speed, {(16, True): 1.3}),
                      parity_steps=0).run(trials=6)

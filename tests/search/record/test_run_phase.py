@@ -98,3 +98,34 @@ def test_the_searchs_runner_tells_a_trial_from_a_ceilings_child(study):
     assert run(None, None, MeasureSpec()) == "full" and phases.current == "search"
     assert run(None, None, MeasureSpec(part="data")) == "data" and phases.current == "ceilings"
     assert read(_reloaded(study))["phase"] == "ceilings"
+
+
+def test_the_split_times_each_phase_and_a_resumed_run_says_it_is_its_own_part(study):
+    """``RunPhases.split`` (issue 50) on a real study and the real clock: start-up until the first phase, each
+    phase until the next, shares of the budget; a run that finds an earlier run stopped says its split is its own
+    part (what the stopped run spent is not in it)."""
+    import time
+
+    from autotune.search.record.run_phase import split_line
+
+    first = RunPhases(lambda: study)
+    first.begin({"timeout_s": 10.0}, started=time.monotonic() - 0.3)  # 0.3 s of start-up before it
+    first.enter("search")
+    time.sleep(0.2)
+    first.enter("finalists")  # killed here: its record stays
+    split = first.split(budget_s=10.0)
+    names = [r["phase"] for r in split["phases"]]
+    assert names == ["start-up", "search"] or names == ["start-up", "search", "finalists"], split
+    got = {r["phase"]: r["s"] for r in split["phases"]}
+    assert got["start-up"] >= 0.3 and got["search"] >= 0.2 and "resumed_from" not in split
+    assert split_line(split).startswith("the 10 s budget went to: start-up ")
+
+    again = RunPhases(lambda: study)
+    assert again.begin({"timeout_s": 10.0})["phase"] == "finalists"
+    again.enter("finalists")
+    time.sleep(0.1)
+    split = again.split(budget_s=10.0)
+    assert split["resumed_from"] == "finalists"
+    assert split_line(split).startswith("this run, resumed from the finalists' rounds: the 10 s budget: its part went "
+                                        "to: "), split_line(split)
+    assert split_line(RunPhases(lambda: study).split()) == ""  # before begin: nothing to say
