@@ -92,6 +92,7 @@ def test_a_killed_dataloader_worker_is_an_error_and_the_study_goes_on(tmp_path):
     assert not _orphans()
 
 
+@pytest.mark.slow  # ~38 s: a real run stopped and resumed (the default suite keeps it under 5 minutes)
 def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
     space = _space_file(tmp_path)
     storage = f"sqlite:///{tmp_path}/g.db"

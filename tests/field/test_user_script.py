@@ -57,6 +57,7 @@ def _user_script(storage: str, name: str, *extra: str) -> subprocess.CompletedPr
                           env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # ~40 s: a real search for its study, then the script and three CLI calls
 def test_a_script_under_apply_ends_with_the_line_and_show_and_export_list_it(study):
     storage, name = study
     p = _user_script(storage, name, "--seconds", "4", "--window-s", "0.5")

@@ -90,6 +90,7 @@ def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
 
 
 
+@pytest.mark.slow  # a fork server's torch import and three threads' trials (~9 s)
 def test_trials_from_threads_that_come_and_go_share_one_server():
     """Ray runs each trial in a thread of its own, and so may any caller: trials from sequential threads, each of
     which ends after its trial, are all forked by one server, which outlives the threads. When the pool started a

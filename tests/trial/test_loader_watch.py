@@ -157,6 +157,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # two real trials under unshare (~8 s alone, ~30 s loaded)
 def test_a_loader_that_overflows_dev_shm_ends_the_trial_as_shm_within_seconds():
     """Item 13, under a real 64 MiB /dev/shm: 2 workers x prefetch 2 of padded batches of 32 MiB.
 
@@ -197,6 +198,7 @@ except RuntimeError as exc:
 """
 
 
+@pytest.mark.slow  # a loop that waits out a 5 s DataLoader timeout
 def test_the_users_loop_with_dataloader_kwargs_ends_instead_of_hanging_on_a_lost_batch():
     """Item 13, the user's side: the same overflow in a plain loop over ``rec.dataloader_kwargs()`` (whose estimate
     the first items made too small to refuse it) raises torch's "DataLoader timed out" (was: waited for ever)."""

@@ -429,6 +429,7 @@ def test_a_workload_bound_by_its_data_path_gets_its_loader_sized_and_show_report
     assert escape(verdict) in page
 
 
+@pytest.mark.slow  # ~25 s: a real run to its first failing workers
 def test_a_data_path_that_fails_only_with_workers_stops_the_run_in_one_line(tmp_path):
     """The real CLI: a dataset that loads in the training process and fails in any worker (the baseline and the
     likely winners run without workers, the data path's ceiling with one): one line naming the data path with the
