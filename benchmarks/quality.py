@@ -151,6 +151,18 @@ def reached(trials, grid: dict[tuple, dict], bar: float) -> dict | None:
     return None
 
 
+def contenders_of(top: list[TrialConfig], rec, space) -> dict[str, TrialConfig]:
+    """The re-measured: the grid's top configs, the recommendation unless it is one of them, PyTorch's defaults
+    unless they are."""
+    contenders = {f"grid #{i + 1}": c for i, c in enumerate(top)}
+    if rec is not None and rec.config.key() not in {c.key() for c in top}:
+        contenders["recommendation"] = rec.config
+    defaults = space.baseline_config()
+    if defaults.key() not in {c.key() for c in contenders.values()}:
+        contenders["defaults"] = defaults
+    return contenders
+
+
 def one_workload(name: str, a, hw, measure) -> dict:
     workload = Workload(model=name, image_size=a.image_size, num_classes=10, dataset_size=a.dataset_size)
     grid_space = fit_workload(space_from_dict(space_doc(a.batches, a.batches[0]), hardware=hw), workload)
@@ -172,12 +184,7 @@ def one_workload(name: str, a, hw, measure) -> dict:
     trials = tuner.study().trials
     ok = sorted((g for g in grid.values() if g["median"]), key=lambda g: -g["median"])
     top = [TrialConfig.from_dict(g["config"]) for g in ok[:3]]
-    contenders = {f"grid #{i + 1}": c for i, c in enumerate(top)}
-    if rec is not None and rec.config.key() not in {c.key() for c in top}:
-        contenders["recommendation"] = rec.config
-    defaults = tuner.space.baseline_config()
-    if defaults.key() not in {c.key() for c in contenders.values()}:
-        contenders["defaults"] = defaults
+    contenders = contenders_of(top, rec, tuner.space)
     best = top[0]
     for mode in ("jemalloc", "tcmalloc"):  # tcmalloc is in the grid where installed: only if its best is not here
         if preload_path(mode) and best.replace(malloc=mode).key() not in {c.key() for c in contenders.values()}:
@@ -245,12 +252,7 @@ def budget_rows(name: str, a, hw, measure, budgets: list[float]) -> list[dict]:
         tag = f"{budget / 60:g}m"
         print(f"## {workload.label()}: autotune run --timeout {tag}", flush=True)
         rec, tuner, took = budgeted_run(workload, hw, a, budget, tag)
-        contenders = {f"grid #{i + 1}": c for i, c in enumerate(top)}
-        if rec is not None and rec.config.key() not in {c.key() for c in top}:
-            contenders["recommendation"] = rec.config
-        defaults = tuner.space.baseline_config()
-        if defaults.key() not in {c.key() for c in contenders.values()}:
-            contenders["defaults"] = defaults
+        contenders = contenders_of(top, rec, tuner.space)
         rounds = max(3, a.rounds)
         print(f"## {workload.label()} ({tag}): re-measured, {rounds} interleaved rounds", flush=True)
         xs = interleaved(workload, contenders, measure, rounds)
