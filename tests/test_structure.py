@@ -271,7 +271,7 @@ def _defined(path: Path) -> set[str]:
 CONFIRM_JOBS = {"confirm": {"confirm", "confirmed", "planned_rounds", "MIN_ROUNDS", "MAX_ROUNDS"},
                 "confirmation": {"Confirmation", "unconfirmed_line", "NOISY"},
                 "rewrite": {"apply", "selection_record"},
-                "time_plan": {"plan_finalists", "expected_round_s"}}
+                "time_plan": {"plan_finalists", "expected_round_s", "rerun_wall_s", "CACHED_COMPILE_SHARE"}}
 
 
 def test_the_confirmation_keeps_each_of_its_jobs_in_a_module_of_its_own():

@@ -31,6 +31,7 @@ from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
+from autotune.search.choose.time_plan import rerun_wall_s
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
 from autotune.search.record.trials import MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config
@@ -117,8 +118,8 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
             cands.append(base)
         return cands
 
-    def round_s(cands: list) -> float:  # estimated from the search trials' wall times
-        return budget.round_s([t.user_attrs.get(keys.WALL_S) or 0.0 for t in cands])
+    def round_s(cands: list) -> float:  # estimated from the search trials' wall times, a compile cached
+        return budget.round_s([rerun_wall_s(t) for t in cands])
 
     if left_s is None:
         return candidates(len(top)), rounds
@@ -131,7 +132,7 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
         cands = next((c for c in options if round_s(c) <= left_s), options[-1])
     fit = int(left_s // round_s(cands)) if round_s(cands) > 0 else rounds
     if fit < 1:
-        pair = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in (top[0], base) if t is not None]
+        pair = [rerun_wall_s(t) for t in (top[0], base) if t is not None]
         confirm_s = budget.round_s(pair, confirm_measure(budget.measure) if budget.measure is not None else None)
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
             "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it"

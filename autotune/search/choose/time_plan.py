@@ -1,6 +1,8 @@
 """The finalists' time plan: how the time a run has left after its search is split between the finalists' rounds,
 the checks of the winner and the confirmation's rounds (``plan_finalists``), and what one confirmation round is
-expected to take (``expected_round_s``), both priced by the budget's one estimate (``search.budget.Budget``).
+expected to take (``expected_round_s``), both priced by the budget's one estimate (``search.budget.Budget``) from
+what one more run of a trial's config costs (``rerun_wall_s``: its search trial's wall, where that trial compiled,
+with the compile a run that finds the study's inductor cache pays).
 
 Who of the top trials gets a round at all is ``contenders``; which of them fit the time, and for how many rounds,
 ``finalists.plan``, which ``plan_finalists`` asks.
@@ -11,7 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-__all__ = ["plan_finalists", "expected_round_s"]
+__all__ = ["plan_finalists", "expected_round_s", "rerun_wall_s", "CACHED_COMPILE_SHARE"]
+
+# What a run of a compile config pays for compiling once the study's inductor cache holds its graphs
+# (``Tuner.compile_cache_dir``: the finalists and the confirmation run with it), as a share of the first, cold
+# compile: dynamo still traces, inductor loads its FX graphs and kernels. Measured (benchmarks/cached_compile.py,
+# 2-core Xeon with AMX, 2026-11-28, 32 px, batch 64, mode default): resnet18 86.6 s cold, 2.9 s cached (3.4%);
+# mobilenet_v3_small 141.0 s cold, 5.8-6.1 s cached (4.1-4.3%); priced at about twice the most seen. Until then a
+# re-run was priced at the cold trial's wall: a 10-minute run kept 162 s for two confirmation rounds that took ~28 s
+# each, and so no finalist round fitted. A run that misses the cache (another machine's trial, on Ray) costs more.
+CACHED_COMPILE_SHARE = 0.10
 
 
 def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: Any, checks_s: float,
@@ -53,7 +64,27 @@ def expected_round_s(pair: list, budget: Any) -> float:
     baseline's search trials) as the confirmation measures it (``budget.confirm_measure``), priced by the
     ``budget``'s one estimate (``Budget.round_s``)."""
     from autotune.search.budget import confirm_measure
+
+    walls = [rerun_wall_s(t) for t in pair if t is not None]
+    return budget.round_s(walls, confirm_measure(budget.measure) if budget.measure is not None else None)
+
+
+def rerun_wall_s(trial: Any) -> float:
+    """What one more run of ``trial``'s config costs, as ``Budget.run_s`` takes it: the trial's wall (0 where it has
+    none), less what its compile took beyond ``CACHED_COMPILE_SHARE`` of it: the finalists' and the confirmation's
+    runs load the study's inductor cache that this trial (or the first of its graph) filled.
+
+    >>> from types import SimpleNamespace as T
+    >>> rerun_wall_s(T(user_attrs={"wall_s": 20.0}))
+    20.0
+    >>> rerun_wall_s(T(user_attrs={"wall_s": 100.0, "compile_s": 80.0}))   # 20 s of the run, 8 s of cached compile
+    28.0
+    """
     from autotune.search.record import trials as keys
 
-    walls = [t.user_attrs.get(keys.WALL_S) or 0.0 for t in pair if t is not None]
-    return budget.round_s(walls, confirm_measure(budget.measure) if budget.measure is not None else None)
+    ua = trial.user_attrs
+    wall = float(ua.get(keys.WALL_S) or 0.0)
+    compile_s = ua.get(keys.COMPILE_S)
+    if not isinstance(compile_s, (int, float)) or compile_s <= 0:
+        return wall
+    return max(0.0, wall - (1.0 - CACHED_COMPILE_SHARE) * min(float(compile_s), wall))

@@ -341,6 +341,43 @@ def test_the_confirmation_comes_first_when_beside_it_not_one_finalist_round_fits
                                                             for m in said)
 
 
+def test_a_compiled_winner_is_priced_at_a_cached_compile_so_the_finalists_still_fit():
+    """Issue 50's 10-minute run on the Xeon: compile tried last (a ~70 s trial, most of it compiling) won the search.
+    Its re-runs load the study's inductor cache, yet they were priced at the cold trial's wall: two confirmation rounds
+    were kept at 162 s where they took about 28 s each, so no finalist round fitted and the pick stayed provisional.
+    Priced with a cached compile (``rerun_wall_s``), the 250 s left hold the confirmation's rounds and two rounds of
+    both finalists and the baseline (priced cold: one round); a trial that did not compile is priced at its wall."""
+    from types import SimpleNamespace
+
+    from autotune.search.budget import Budget
+    from autotune.search.choose import finalists as fin
+    from autotune.search.choose.time_plan import CACHED_COMPILE_SHARE, expected_round_s, plan_finalists, rerun_wall_s
+
+    def trial(number, config, wall, compile_s=None):
+        attrs = {"config": config.to_dict(), "wall_s": wall}
+        if compile_s is not None:
+            attrs["compile_s"] = compile_s
+        return SimpleNamespace(number=number, value=100.0, user_attrs=attrs)
+
+    compiled = trial(23, TrialConfig(batch_size=256, compile_mode="default"), 70.0, compile_s=55.0)
+    eager = trial(13, TrialConfig(batch_size=256), 12.0)
+    base = trial(0, TrialConfig(), 12.0)
+    assert rerun_wall_s(eager) == 12.0 and rerun_wall_s(base) == 12.0
+    assert rerun_wall_s(compiled) == pytest.approx(15.0 + CACHED_COMPILE_SHARE * 55.0)
+    spec = MeasureSpec(windows=3, window_s=3.0)
+    now = time.monotonic()
+    budget = Budget(started=now + 250.0 - 600.0, deadline=now + 250.0, budget_s=600.0, measure=spec, finalists=2,
+                    rounds=2)
+    one = expected_round_s([compiled, base], budget)
+    assert one == pytest.approx(rerun_wall_s(compiled) + 12.0) and one < 0.7 * (70.0 + 12.0)
+    said: list[str] = []
+    end, chosen = plan_finalists([compiled, eager], base, plan=fin.plan, budget=budget, checks_s=0.0, log=said.append)
+    assert chosen is not None, said
+    cands, rounds = chosen
+    assert compiled in cands and eager in cands and base in cands and rounds == 2
+    assert not any("no finalist round fits" in m for m in said)
+
+
 @pytest.mark.slow  # a real 40 s budget (its planning is test_the_confirmation_comes_first_...)
 def test_a_run_too_short_for_a_finalist_round_recommends_the_best_search_trial_with_a_confirmed_claim(tmp_path):
     """A 40 s run of ~4.5 s trials (2 s start-up, 5 windows of 0.5 s; finalist runs ~7 s, confirmation runs ~3.5 s):
