@@ -256,7 +256,8 @@ def budget_rows(name: str, a, hw, measure, budgets: list[float]) -> list[dict]:
         rounds = max(3, a.rounds)
         print(f"## {workload.label()} ({tag}): re-measured, {rounds} interleaved rounds", flush=True)
         xs = interleaved(workload, contenders, measure, rounds)
-        rows.append(judged(workload, tag, budget, rec, tuner, took, contenders, xs, grid))
+        rows.append({**judged(workload, tag, budget, rec, tuner, took, contenders, xs, grid),
+                     "grid": list(grid.values())})  # each config's figure: likely_winners.py --from reads them
     return rows
 
 
