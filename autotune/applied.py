@@ -161,20 +161,39 @@ def field_run(rec: Any, *, spec: FieldSpec | None = None, source: str = "apply",
               accumulation: int | None = None) -> FieldRun:
     """``Recommendation.field_run``: a ``FieldRun`` against ``rec``, its record written to the recommendation's
     study (``search.record.field_runs``) where the study can be opened, the trials' data wait read from it; the
-    rank and world size from torchrun's environment."""
-    from autotune.search.record.field_runs import study_sink, trial_data_wait
+    rank and world size from torchrun's environment, and the launch's group (``launch_group``): rank 0 reads the
+    other ranks' records of it from the study at the end."""
+    from autotune.search.record.field_runs import study_records, study_sink, trial_data_wait
 
-    sink = wait = None
+    sink = wait = peers = None
     if rec.storage and rec.study_name:
         sink = study_sink(rec.storage, rec.study_name)
+        peers = study_records(rec.storage, rec.study_name)
 
         def wait() -> float | None:
             return trial_data_wait(rec.storage, rec.study_name, rec.trial_number)
 
     return FieldRun(field_claim(rec), spec=spec, sink=sink, source=source, steps=steps, trial_wait=wait,
-                    on_end=mlflow_log,
+                    on_end=mlflow_log, group=launch_group(), peers=peers,
                     rank=int(os.environ.get("RANK", "0") or 0), world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
                     accumulation=rec.accumulation_steps if accumulation is None else accumulation)
+
+
+def launch_group(env: Any = None) -> str | None:
+    """What the ranks of one distributed launch share (torchrun's rendezvous: the master's address and port, the
+    run id, the restart count); None outside a launch of more than one rank.
+
+    >>> launch_group({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    ...               "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"})
+    '127.0.0.1:29500/none/0'
+    >>> launch_group({"WORLD_SIZE": "1"}) is None
+    True
+    """
+    env = os.environ if env is None else env
+    if int(env.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    return (f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}/{env.get('TORCHELASTIC_RUN_ID', '-')}/"
+            f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
 
 
 def mlflow_log(record: dict) -> None:

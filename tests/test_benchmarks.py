@@ -357,3 +357,66 @@ def test_claims_clean_room_is_the_trials_clean_room():
     assert cleared_by_claims == cleared_by_trials, {"claims.py only": sorted(cleared_by_claims - cleared_by_trials),
                                                     "trials only": sorted(cleared_by_trials - cleared_by_claims)}
     assert {"PATH", "HOME", "LANG"}.isdisjoint(cleared_by_trials)
+
+
+def _likely():
+    sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks import likely_winners
+
+    return likely_winners
+
+
+def test_each_measured_likely_winners_entry_is_what_its_raw_results_give():
+    """search_spaces/likely.yaml's entries that name a likely_winners.py result file hold the order that file gives
+    (``order``, read back with ``--from``'s reader): the data and its source agree."""
+    import yaml
+
+    lw = _likely()
+    doc = yaml.safe_load((REPO_ROOT / "search_spaces" / "likely.yaml").read_text())
+    checked = 0
+    for kind, entry in doc["kinds"].items():
+        source = entry["measured"][-1]["source"]
+        if "likely-" not in source:
+            continue  # measured before likely_winners.py (a quality.py table)
+        grids, raw = lw.read_grids(REPO_ROOT / source)
+        baseline = lw.space_doc(tuple(raw["args"]["batches"]), raw["args"]["batches"][0])["baseline"]
+        assert lw.order(grids, baseline) == entry["knobs"], kind
+        checked += 1
+    assert checked >= 1
+
+
+def test_a_fallback_is_judged_without_the_values_before_it():
+    """The first value wins most; the next is judged on the configs without it (where it is not offered, the next is
+    what runs): B loses to A everywhere yet beats the baseline without A, so it follows A; C loses everywhere."""
+    lw = _likely()
+
+    class C:
+        def __init__(self, malloc: str) -> None:
+            self.malloc, self.amp, self.channels_last = malloc, "off", False
+
+    def grid(a: float, b: float, c: float) -> dict:
+        return {m: {"config": C(m), "figure": f} for m, f in (("default", 100.0), ("a", a), ("b", b), ("c", c))}
+
+    grids = {"w1": grid(130.0, 110.0, 90.0), "w2": grid(125.0, 104.0, 95.0), "w3": grid(140.0, 98.0, 80.0)}
+    assert lw.order(grids, {"malloc": "default", "amp": "off", "channels_last": False})["malloc"] == ["a", "b"]
+    grids = {"w1": grid(130.0, 90.0, 90.0), "w2": grid(125.0, 92.0, 95.0)}
+    assert lw.order(grids, {"malloc": "default"})["malloc"] == ["a"]
+
+
+def test_writing_a_kinds_entry_keeps_the_rest_of_the_file_as_it_is(tmp_path):
+    import yaml
+
+    lw = _likely()
+    path = tmp_path / "likely.yaml"
+    original = (REPO_ROOT / "search_spaces" / "likely.yaml").read_text()
+    path.write_text(original)
+    entry = {"knobs": {"amp": [], "malloc": ["tcmalloc", "retain"]},
+             "measured": [{"machine": "m", "date": "2026-11-28", "source": "s.json", "what": "w"}]}
+    lw.write_entry(path, "arm", entry)  # a new kind: appended
+    assert path.read_text().startswith(original) and yaml.safe_load(path.read_text())["kinds"]["arm"] == entry
+    lw.write_entry(path, "avx2", entry)  # an existing kind: replaced in place, the others untouched
+    doc = yaml.safe_load(path.read_text())
+    assert doc["kinds"]["avx2"] == entry and doc["kinds"]["arm"] == entry
+    assert doc["kinds"]["amx"] == yaml.safe_load(original)["kinds"]["amx"]
+    kept = [line for line in original.splitlines() if line.startswith("#")]
+    assert all(line in path.read_text().splitlines() for line in kept)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = ["Claim", "process_range", "verdict", "reasons", "REASON_WAIT", "REASON_OUTSIDE", "REASON_CORES",
-           "REASON_MEMORY", "stored_line"]
+           "REASON_MEMORY", "REASON_CLOCK", "REASON_DEVICE_MEMORY", "stored_line", "ranks_line"]
 
 # What changed, named in a reason only past these (absolute shares of a step, cores, share of memory): below
 # them the figures move as much between two processes of one config
@@ -29,6 +29,9 @@ REASON_WAIT_PART = 0.5  # ... or its seconds per sample grew by half the slow-do
 REASON_OUTSIDE = 0.05   # the loop's own work outside the step (evaluation) took 5% of the time or more
 REASON_CORES = 0.5      # other processes took half a core or more
 REASON_MEMORY = 0.20    # the process's memory grew 20% or more (or the machine's free memory fell under 10%)
+REASON_CLOCK = 0.10     # the GPU's SM clock fell 10% or more (NVML), or NVML named a slow-down in half the windows
+REASON_DEVICE_MEMORY = 0.97  # the GPU's memory in use reached 97% of it (NVML): the caching allocator frees and
+#                              retries before it fails, which stalls the step
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,11 @@ def _wait_explains(ws, ref_wait: float, ref_rate: float | None) -> bool:
 
 
 def reasons(ws, *, ref_wait: float | None, ref_rate: float | None = None, ref_rss_mb: float | None = None,
-            ref_cores: float | None = None, against: str = "the trials") -> list[str]:
+            ref_cores: float | None = None, ref_sm_mhz: float | None = None, against: str = "the trials") -> list[str]:
     """What changed, from what was measured in windows ``ws`` against a reference (the trials', or the run's own
     before a slow-down, at ``ref_rate`` samples/s): the data wait, the loop's own work outside the step, other
-    processes' cores, memory."""
+    processes' cores, memory; on a GPU (``host.DeviceSampler``'s figures), its clock held down or fallen and its
+    memory full."""
     out = []
     wait = _median(ws, lambda w: w.wait_share)
     if wait is not None and ref_wait is not None and (wait - ref_wait >= REASON_WAIT
@@ -125,6 +129,62 @@ def reasons(ws, *, ref_wait: float | None, ref_rate: float | None = None, ref_rs
         out.append(f"host memory grew: {rss:.0f} MiB in this process and its workers ({against}: {ref_rss_mb:.0f})")
     elif avail is not None and avail < 0.10:
         out.append(f"the machine is short of memory: {100 * avail:.0f}% free")
+    return out + _device_reasons(ws, ref_sm_mhz=ref_sm_mhz, against=against)
+
+
+def _device_reasons(ws, *, ref_sm_mhz: float | None, against: str) -> list[str]:
+    """The GPU's part of ``reasons``: NVML's slow-downs active in at least half the windows (by name), else an SM
+    clock ``REASON_CLOCK`` under the reference's; its memory in use at ``REASON_DEVICE_MEMORY`` of it."""
+    out = []
+    sampled = [w for w in ws if "gpu_slowdown" in w.host]
+    sm, top = _median(ws, lambda w: w.host.get("gpu_sm_mhz")), _median(ws, lambda w: w.host.get("gpu_sm_max_mhz"))
+    counts: dict[str, int] = {}
+    for w in sampled:
+        for name in w.host.get("gpu_slowdown") or ():
+            counts[name] = counts.get(name, 0) + 1
+    held = [name for name, k in counts.items() if 2 * k >= len(sampled)]
+    clock = f"SM clock {sm:.0f} MHz" + (f" of {top:.0f}" if top else "") if sm else "SM clock not read"
+    if held:
+        out.append(f"the GPU held its clock down ({', '.join(held)}): {clock} (NVML)")
+    elif sm and ref_sm_mhz and sm < ref_sm_mhz * (1 - REASON_CLOCK):
+        out.append(f"the GPU's SM clock fell to {sm:.0f} MHz ({against}: {ref_sm_mhz:.0f}) (NVML)")
+    used = _median(ws, lambda w: w.host.get("gpu_mem_used_mb"))
+    total = _median(ws, lambda w: w.host.get("gpu_mem_total_mb"))
+    if used and total and used >= REASON_DEVICE_MEMORY * total:
+        out.append(f"the GPU's memory is full: {used:.0f} of {total:.0f} MiB in use (NVML); PyTorch's caching "
+                   "allocator frees its cache and retries before it fails, which stalls steps")
+    return out
+
+
+def ranks_line(records: dict[int, dict], world_size: int, *, waited_s: float) -> str:
+    """Rank 0's account of the ranks under DDP, from each rank's own record (``FieldRun.to_dict``): each rank's
+    samples/s, all together, the slowest against the median rank, the ranks outside the trials' range, and the
+    ranks that did not report within ``waited_s`` seconds.
+
+    >>> r = {0: {"median_samples_per_s": 100.0, "verdict": "within"}, 1: {"median_samples_per_s": 80.0,
+    ...      "verdict": "below", "data_wait_share": 0.3}}
+    >>> ranks_line(r, 3, waited_s=10)  # doctest: +NORMALIZE_WHITESPACE
+    'autotune field: 2 of 3 ranks: rank 0 100.0, rank 1 80.0 samples/s (180.0 together); slowest rank 1 (-11% of the
+     median rank; data wait 30% of a step); below the trials: rank 1; rank 2 did not report within 10 s'
+    """
+    figs = {r: records[r].get("median_samples_per_s") for r in sorted(records)}
+    known = {r: f for r, f in figs.items() if f}
+    parts = ", ".join(f"rank {r} " + (f"{f:.1f}" if f else "too short to judge") for r, f in figs.items())
+    out = f"autotune field: {len(records)} of {world_size} ranks: {parts} samples/s"
+    if known:
+        out += f" ({sum(known.values()):.1f} together)"
+    if len(known) >= 2:
+        med = statistics.median(known.values())
+        slow = min(known, key=lambda r: known[r])
+        wait = records[slow].get("data_wait_share")
+        out += (f"; slowest rank {slow} ({100 * (known[slow] / med - 1):+.0f}% of the median rank"
+                + (f"; data wait {100 * wait:.0f}% of a step" if wait is not None else "") + ")")
+    below = [str(r) for r in sorted(records) if records[r].get("verdict") == "below"]
+    if below:
+        out += f"; below the trials: rank {', '.join(below)}"
+    missing = [str(r) for r in range(world_size) if r not in records]
+    if missing:
+        out += f"; rank {', '.join(missing)} did not report within {waited_s:g} s"
     return out
 
 

@@ -8,8 +8,14 @@ arrival. With autograd off (``torch.inference_mode()``, ``no_grad``) batches are
 and, inside a training run, the loop's own work outside the step (evaluation), not the data wait.
 
 What a hook does in the training thread is a clock read and a few additions (a window's close adds the watch's
-arithmetic); the host's state is sampled and the record written in the run's own daemon thread. Anything that
+arithmetic; the first step notes which CUDA device the loop runs on, once CUDA is initialised); the host's state
+(and the GPU's, through NVML) is sampled and the record written in the run's own daemon thread. Anything that
 raises inside turns the field run off with one line and leaves the training alone.
+
+Under DDP each rank measures itself and keeps its own record, tagged with the launch's ``group``; at the end rank 0
+reads the other ranks' records of its group from the study (``peers``) and logs one line of the ranks' figures
+(``judge.ranks_line``). No collective: a rank that died or never reports is waited for ``FieldSpec.peer_wait_s``
+at most, then named as missing.
 """
 
 from __future__ import annotations
@@ -24,20 +30,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from autotune.errors import ConfigError
-from autotune.field.judge import Claim, reasons, verdict
+from autotune.field.judge import Claim, ranks_line, reasons, verdict
 from autotune.field.watch import DriftWatch
 from autotune.field.windows import Windows
 
-__all__ = ["FieldSpec", "FieldRun", "batch_samples", "MIN_JUDGED_WINDOWS", "KEPT_WINDOWS"]
+__all__ = ["FieldSpec", "FieldRun", "batch_samples", "MIN_JUDGED_WINDOWS", "KEPT_WINDOWS", "PEER_START_S"]
 
 MIN_JUDGED_WINDOWS = 3  # settled windows before the run is compared with the trials
 KEPT_WINDOWS = 240      # the record keeps the first and the last windows, at most this many in all
+PEER_START_S = 600.0    # a rank's record counts for rank 0's line only if it started within this of rank 0's
 
 
 @dataclass(frozen=True)
 class FieldSpec:
     """How the user's run is measured: windows of ``window_s`` seconds (and ``min_steps`` steps), the record kept
-    every ``keep_every_s`` seconds, the host sampled every ``host_every_s``, the drift watch on or off."""
+    every ``keep_every_s`` seconds, the host sampled every ``host_every_s``, the drift watch on or off; under DDP
+    rank 0 waits up to ``peer_wait_s`` at the end for the other ranks' records."""
 
     window_s: float = 10.0
     min_steps: int = 2
@@ -45,9 +53,10 @@ class FieldSpec:
     host_every_s: float = 2.0
     watch: bool = True
     sustained: int = 3
+    peer_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "keep_every_s", "host_every_s"):
+        for name in ("window_s", "keep_every_s", "host_every_s", "peer_wait_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"FieldSpec {name}={v!r}: a positive number of seconds")
@@ -82,7 +91,8 @@ class FieldRun:
                  log: Callable[[str], None] = _stderr, source: str = "apply", steps: str = "optimizer",
                  rank: int = 0, world_size: int = 1, accumulation: int = 1, fingerprint: str | None = None,
                  trial_wait: Callable[[], float | None] | None = None,
-                 on_end: Callable[[dict], None] | None = None) -> None:
+                 on_end: Callable[[dict], None] | None = None, group: str | None = None,
+                 peers: Callable[[], list[dict]] | None = None) -> None:
         if steps not in ("optimizer", "callback"):
             raise ConfigError(f"FieldRun steps={steps!r}: 'optimizer' (torch's step hook) or 'callback'")
         self.claim, self.spec = claim, spec or FieldSpec()
@@ -91,6 +101,8 @@ class FieldRun:
         self._on_end = on_end  # given the last record in the thread that ends the run (MLflow's active run)
         self._trial_wait = trial_wait  # reads the trials' data wait (the study), in the run's own thread
         self._accum = max(1, int(accumulation))  # micro-batches per step: a batch seen is one micro-batch
+        self.group, self._peers = group, peers  # the launch's ranks share a group; peers() reads the kept records
+        self._cuda_index: int | None = None  # the CUDA device the loop runs on, noted at the first step
         self.train = Windows(self.spec.window_s, self.spec.min_steps)
         self.infer = Windows(self.spec.window_s, self.spec.min_steps)
         self.watch = DriftWatch(sustained=self.spec.sustained, started_wall=time.time()) if self.spec.watch else None
@@ -99,6 +111,7 @@ class FieldRun:
         self.steps = 0        # optimizer steps (or a framework's training batches)
         self.infer_steps = 0  # inference batches (autograd off)
         self.state = "new"
+        self.paused = False  # ``pause``d: the hooks do nothing until ``resume``
         self.run_id = (f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}"
                        f"-{os.getpid()}-r{rank}")
         self._host: dict = {}
@@ -120,7 +133,7 @@ class FieldRun:
 
     def batch(self, x: Any) -> None:
         """A batch reached the loop (``prepare_input``): its arrival and samples; under no autograd, inference."""
-        if self.off is not None:
+        if self.off is not None or self.paused:
             return
         try:
             import torch
@@ -151,11 +164,13 @@ class FieldRun:
 
     def step_end(self, *_: Any) -> None:
         """An optimizer step (or a framework's batch) ended."""
-        if self.off is not None:
+        if self.off is not None or self.paused:
             return
         try:
             now = time.perf_counter()
             self.steps += 1
+            if self.steps == 1:
+                self._note_device()
             self._infer_last = None  # an inference step does not span a training step
             if self._last_end is not None:
                 arrived = self._arrived if self._arrived is not None else self._last_end
@@ -171,6 +186,13 @@ class FieldRun:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
+    def _note_device(self) -> None:
+        """The CUDA device this thread runs on (the current device is per thread: the field run's own thread would
+        see device 0), where CUDA is initialised; never initialises it."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            self._cuda_index = torch.cuda.current_device()
+
     def _watch(self, w) -> None:
         """The drift watch on a closed window; a failure in it turns the watch off alone, with one line."""
         try:
@@ -185,7 +207,7 @@ class FieldRun:
     def batch_start(self, batch: Any = None) -> None:
         """A framework's batch-start hook: a training batch arrived (``batch``: None where the framework shows none:
         its samples are then the recommendation's)."""
-        if self.off is not None or self._arrived is not None:
+        if self.off is not None or self.paused or self._arrived is not None:
             return
         try:
             self._arrived, self._samples = time.perf_counter(), None if batch is None else batch_samples(batch)
@@ -222,6 +244,28 @@ class FieldRun:
             self._fail(exc)
         return self
 
+    def pause(self) -> None:
+        """Measures nothing until ``resume``: torch's step hook removed, batches and framework hooks ignored (what
+        ``benchmarks/field.py`` times its 'off' blocks against). Never raises."""
+        self.paused = True
+        self._remove_hook()
+
+    def resume(self) -> None:
+        """Measures again after ``pause``: the pause is no step and no data wait, so the next step only starts the
+        count again (as the first step of the run does). Never raises."""
+        if self.state != "running" or self.off is not None or not self.paused:
+            return
+        self._last_end = None
+        self._reset_step()
+        self.paused = False
+        try:
+            if self.steps_from == "optimizer" and self._hook is None:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                self._hook = register_optimizer_step_post_hook(self.step_end)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+
     def _remove_hook(self) -> None:
         hook, self._hook = self._hook, None
         if hook is not None:
@@ -248,17 +292,39 @@ class FieldRun:
         except Exception:  # noqa: BLE001, S110 - the study unreadable: the line says the trials' wait is not known
             pass
         kept_at = time.monotonic()
+        device: Any = None  # the GPU's sampler, once the first step said which CUDA device; False: off
         while not self._stop.is_set() and self.off is None:
+            host: dict = {}
             if sampler is not None:
                 try:
-                    self._host = sampler.sample()
+                    host = sampler.sample()
                 except Exception as exc:  # noqa: BLE001
                     sampler = None
                     self._log(f"autotune field: host figures off ({type(exc).__name__}: {exc})")
+            if device is None and self._cuda_index is not None:
+                device = self._device_sampler()
+            if device:
+                try:
+                    host.update(device.sample())
+                except Exception as exc:  # noqa: BLE001
+                    device = False
+                    self._log(f"autotune field: GPU figures off ({type(exc).__name__}: {exc})")
+            self._host = host
             if time.monotonic() - kept_at >= self.spec.keep_every_s:
                 self._keep()
                 kept_at = time.monotonic()
             self._stop.wait(self.spec.host_every_s)
+
+    def _device_sampler(self) -> Any:
+        """NVML's view of the loop's CUDA device (``host.DeviceSampler``); False, said in one line, where NVML cannot
+        be read (no driver library in the container, say): the run is still measured."""
+        try:
+            from autotune.field.host import DeviceSampler
+
+            return DeviceSampler.of_cuda(self._cuda_index)
+        except Exception as exc:  # noqa: BLE001
+            self._log(f"autotune field: GPU figures off ({type(exc).__name__}: {exc})")
+            return False
 
     def _keep(self) -> None:
         """Writes the record (the sink: the study); a failure stops the writes, with one line, not the run."""
@@ -294,7 +360,43 @@ class FieldRun:
             line = f"autotune field: could not end the measurement ({type(exc).__name__}: {exc})"
         if log and self.rank == 0:
             self._log(line)
+            if self.world_size > 1:
+                self._log(self.ranks())
         return line
+
+    def ranks(self) -> str:
+        """Rank 0's line of every rank's figures (``judge.ranks_line``), from the records the ranks of this launch
+        (``group``) kept, waiting ``FieldSpec.peer_wait_s`` at most for those not kept yet. Never raises."""
+        if self._peers is None or not self.group:
+            return (f"autotune field: the other {self.world_size - 1} rank(s)' figures are not known here: no study "
+                    "holds their records")
+        deadline = time.monotonic() + self.spec.peer_wait_s
+        mine = self.to_dict()
+        while True:
+            try:
+                others = self._peer_records()
+            except Exception as exc:  # noqa: BLE001
+                return f"autotune field: the other ranks' records could not be read ({type(exc).__name__}: {exc})"
+            if len(others) >= self.world_size - 1 or time.monotonic() >= deadline:
+                return ranks_line({0: mine, **others}, self.world_size, waited_s=self.spec.peer_wait_s)
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def _peer_records(self) -> dict[int, dict]:
+        """The other ranks' ended records of this launch: per rank, the one that started nearest this run (an
+        earlier launch on the same address and port has the same group; it started before this one ended)."""
+        out: dict[int, tuple[float, dict]] = {}
+        for r in self._peers():
+            rank = r.get("rank")
+            if (r.get("group") != self.group or not isinstance(rank, int) or not 0 < rank < self.world_size
+                    or r.get("state") not in ("ended", "off")):
+                continue
+            try:
+                gap = abs(_dt.datetime.fromisoformat(str(r.get("started"))).timestamp() - self._wall0)
+            except ValueError:
+                continue
+            if rank not in out or gap < out[rank][0]:
+                out[rank] = (gap, r)
+        return {rank: r for rank, (gap, r) in out.items() if gap <= PEER_START_S}
 
     # --- what it says -------------------------------------------------------------------------------------------
     def _judged_windows(self) -> Windows:
@@ -356,6 +458,7 @@ class FieldRun:
         kept = closed if len(closed) <= KEPT_WINDOWS else closed[:KEPT_WINDOWS // 4] + closed[-3 * KEPT_WINDOWS // 4:]
         return {
             "run_id": self.run_id, "source": self.source, "rank": self.rank, "world_size": self.world_size,
+            "group": self.group,
             "host": socket.gethostname(), "pid": os.getpid(), "fingerprint": self._fingerprint,
             "other_hardware": self.other_hardware(),
             "started": _dt.datetime.fromtimestamp(self._wall0, _dt.timezone.utc).replace(microsecond=0).isoformat(),

@@ -17,7 +17,7 @@ from autotune.measure import summarize
 
 __all__ = ["DriftWatch"]
 
-_NOTHING = "what changed: nothing measured (memory, cores, data wait as before)"
+_NOTHING = "what changed: nothing measured (memory, cores, data wait and, on a GPU, its clock as before)"
 
 
 class DriftWatch:
@@ -67,7 +67,7 @@ class DriftWatch:
         ref_ws = list(self._ref)
         why = reasons(self._pending, ref_wait=summarize([w.wait_share for w in ref_ws]).median, ref_rate=ref,
                       ref_rss_mb=_med(ref_ws, "rss_mb"), ref_cores=_med(ref_ws, "others_cores"),
-                      against="before")
+                      ref_sm_mhz=_med(ref_ws, "gpu_sm_mhz"), against="before")
         self.episode = {"began_s": round(first.end_s - first.seconds, 1),
                         "first_window": index - len(self._pending) + 1,
                         "noticed_window": index, "reference_samples_per_s": round(ref, 3),

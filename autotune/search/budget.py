@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
            "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
-           "CONFIRM_WINDOWS", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
+           "CONFIRM_WINDOWS", "RUN_MARGIN", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -89,6 +89,12 @@ CONFIRM_WINDOWS = 3
 # at most FINALIST_MAX_WINDOWS (or the search's, if more), however noisy the windows
 FINALIST_WINDOWS = 3
 FINALIST_MAX_WINDOWS = 9
+# How far a run may run over its estimate (``Budget.run_s``: start-up, warm-up and the windows vary from process
+# to process, and a window closes only at a step's end) before it eats the phases after it: the finalists' rounds
+# are planned, and each later round started, only where they end before their deadline priced this much longer.
+# The 4-minute resnet18 run of 2026-11-28 (AMX Xeon) left its confirmation 45 s of the 49 s its two rounds needed
+# after one finalists' round priced to the second, and so lost its claim's confirmation.
+RUN_MARGIN = 1.15
 # The smallest spread (sd of log) between fresh processes of one config on these VMs: 5-20% (docs/measurement.md).
 # The smallest makes ``finalist_windows`` ask for the most windows.
 PROCESS_SPREAD = 0.05

@@ -171,3 +171,72 @@ def test_an_evaluation_between_training_steps_is_the_loops_own_work_not_the_data
     ws = run.train.closed
     outside, wait = sum(w.outside_s for w in ws), sum(w.wait_s for w in ws)
     assert outside >= 3 * 4 * 0.01 and wait < outside / 2, (outside, wait)  # 4 of each 5 sleeps at least
+
+
+def test_rank_0_reports_the_ranks_from_their_records_in_the_study(tmp_path):
+    """Under DDP each rank keeps its own record in the study (a real SQLite one here), tagged with the launch's
+    group; rank 0's ``ranks()`` reads the other ranks' records of its group, waiting for the missing ones
+    ``peer_wait_s`` at most, with no collective that a dead rank could hang: one line of every rank's figures."""
+    import optuna
+
+    from autotune.search.record.field_runs import study_records, study_sink
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="ddp", storage=storage)
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    spec = FieldSpec(window_s=0.02, host_every_s=0.02, keep_every_s=10.0, peer_wait_s=0.5)
+
+    def rank_run(rank: int, group: str, lines: list):
+        run = FieldRun(rec.field_claim(), spec=spec, sink=study_sink(storage, "ddp"), log=lines.append, rank=rank,
+                       world_size=3, group=group, peers=study_records(storage, "ddp"), steps="callback")
+        run.start()
+        for _ in range(100):  # a framework's hooks: a batch of 8 + 4 * rank, then the step's end
+            run.batch_start(torch.zeros(8 + 4 * rank, 2))
+            time.sleep(0.002)
+            run.step_end()
+        return run
+
+    lines: list[str] = []
+    rank_run(1, "127.0.0.1:29500/none/0", []).stop()
+    rank_run(2, "127.0.0.1:29511/none/0", []).stop()  # another launch's rank 2: not this one's
+    zero = rank_run(0, "127.0.0.1:29500/none/0", lines)
+    t0 = time.monotonic()
+    zero.stop()
+    waited = time.monotonic() - t0
+    said = [x for x in lines if "ranks:" in x]
+    assert len(said) == 1, lines
+    assert said[0].startswith("autotune field: 2 of 3 ranks: rank 0 ") and ", rank 1 " in said[0], said
+    assert "slowest rank 0" in said[0] and said[0].endswith("rank 2 did not report within 0.5 s"), said
+    assert 0.4 <= waited < 5.0  # it waited for rank 2, and not past peer_wait_s (plus the last write)
+    kept = optuna.load_study(study_name="ddp", storage=storage).user_attrs.values()
+    records = {(r["rank"], r["group"]) for r in kept}
+    assert records == {(0, "127.0.0.1:29500/none/0"), (1, "127.0.0.1:29500/none/0"), (2, "127.0.0.1:29511/none/0")}
+    # on the CPU no GPU figure is sampled, and none is said to be off
+    assert not any("GPU" in x for x in lines) and all("gpu_sm_mhz" not in w.host for w in zero.train.closed)
+    alone = FieldRun(rec.field_claim(), spec=spec, log=lines.append, rank=0, world_size=2, steps="callback")
+    assert "figures are not known here: no study holds their records" in alone.ranks()
+
+
+def test_a_paused_field_run_measures_nothing_until_it_resumes():
+    """``pause`` takes torch's step hook off and ignores batches (the field benchmark's 'off' blocks); ``resume``
+    puts it back, and the pause counts as no step and no data wait."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    rec = make_rec(config=TrialConfig(batch_size=8), storage="")
+    run = FieldRun(rec.field_claim(), spec=SPEC, log=lambda s: None)
+    with rec.apply(field=False) as applied:
+        applied._field = run.start()
+        hooks = len(_global_optimizer_post_hooks)
+        _loop(applied, 20, wait_s=0.005)
+        run.pause()
+        assert len(_global_optimizer_post_hooks) == hooks - 1
+        _loop(applied, 10, wait_s=0.03)
+        assert run.steps == 20
+        run.resume()
+        assert len(_global_optimizer_post_hooks) == hooks
+        _loop(applied, 20, wait_s=0.005)
+        run.stop()
+    assert run.steps == 40 and run.off is None
+    # no window spans the pause: the paused steps' 0.3 s of waiting is in none of them
+    assert len(run.train.closed) >= 2 and all(w.wait_s / w.steps < 0.015 for w in run.train.closed), \
+        run.train.closed

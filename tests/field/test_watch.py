@@ -48,3 +48,32 @@ def test_a_slow_down_of_a_loop_already_waiting_for_data_names_the_data_wait():
         lines += [line] if line else []
     assert len(lines) == 1 and "the data wait grew to 94% of a step (before: 90%), 26.3 ms a sample (before: 9.0)" \
         in lines[0], lines
+
+
+def _gpu_window(i: int, rate: float, sm_mhz: float, slowdown=(), used_mb: float = 20000.0) -> Window:
+    return Window(end_s=(i + 1) * 5.0, seconds=5.0, steps=10, samples=rate * 5.0, wait_s=0.05 * 5.0,
+                  host={"rss_mb": 800.0, "others_cores": 0.1, "gpu_sm_mhz": sm_mhz, "gpu_sm_max_mhz": 1980.0,
+                        "gpu_slowdown": list(slowdown), "gpu_mem_used_mb": used_mb, "gpu_mem_total_mb": 81559.0})
+
+
+def test_a_gpu_that_throttles_is_named_with_nvmls_reason_and_its_clock():
+    """On a GPU the field run's windows carry NVML's figures (``host.DeviceSampler``): a slow-down while NVML names a
+    thermal slow-down in the low windows is said with the reason and the clock; a clock that fell with no reason named
+    is said against the run's own clock before; nothing GPU is said while the clock stays."""
+    def episode(slow_window):
+        watch, lines = DriftWatch(), []
+        for i in range(30):
+            w = slow_window(i) if i >= 20 else _gpu_window(i, 100.0, 1980.0)
+            line = watch.on_window(w, i)
+            lines += [line] if line else []
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    line = episode(lambda i: _gpu_window(i, 70.0, 1200.0, ("thermal slowdown (hardware)",)))
+    assert "the GPU held its clock down (thermal slowdown (hardware)): SM clock 1200 MHz of 1980 (NVML)" in line, line
+    line = episode(lambda i: _gpu_window(i, 70.0, 1400.0))
+    assert "the GPU's SM clock fell to 1400 MHz (before: 1980) (NVML)" in line, line
+    line = episode(lambda i: _gpu_window(i, 70.0, 1980.0, used_mb=81000.0))
+    assert "the GPU's memory is full: 81000 of 81559 MiB in use (NVML)" in line and "clock" not in line, line
+    line = episode(lambda i: _gpu_window(i, 70.0, 1980.0))
+    assert "NVML" not in line and "nothing measured" in line, line

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, TrialResult
+from autotune.search.budget import RUN_MARGIN
 from autotune.trial.latency import worst_of
 
 if TYPE_CHECKING:
@@ -227,9 +228,9 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
               log: Callable[[str], None], saved=None, deadline: float | None = None) -> Evidence:
     """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
     ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it.
-    With a ``deadline`` (``time.monotonic()``), a round starts only when the round before took less than the time
-    left (the plan's estimate is the search trials' walls; a loaded machine's rounds take longer): the rounds not
-    run are said, and ``rounds_run`` counts those that ran."""
+    With a ``deadline`` (``time.monotonic()``), a round starts only when the round before, ``RUN_MARGIN`` longer,
+    took less than the time left (the plan's estimate is the search trials' walls; a loaded machine's rounds take
+    longer): the rounds not run are said, and ``rounds_run`` counts those that ran."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
     ev.rounds_run = rounds
@@ -241,7 +242,7 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
         log(said)
     last_s = 0.0
     for r in range(rounds):
-        if deadline is not None and r > 0 and time.monotonic() + last_s > deadline:
+        if deadline is not None and r > 0 and time.monotonic() + last_s * RUN_MARGIN > deadline:
             log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, more than the "
                 f"{max(0.0, deadline - time.monotonic()):.0f} s left in the budget")
             ev.rounds_run = r

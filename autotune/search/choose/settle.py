@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from autotune.measure import summarize
+from autotune.search.budget import RUN_MARGIN
 from autotune.search.choose.finalist_rounds import run_line, run_log
 
 __all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "round_ratios", "round_spread", "paired_speeds",
@@ -173,7 +174,8 @@ class ExtraRounds:
     """Runs one more interleaved round of two finalists into their ``finalists.Evidence``, while rounds and time
     are left: ``more(ev, fastest, lighter, why, gap)`` returns whether it ran one.
 
-    A round costs the two configs' last finalist runs again. It runs only if that ends before ``deadline``
+    A round costs the two configs' last finalist runs again. It runs only if that, ``RUN_MARGIN`` longer, ends
+    before ``deadline``
     (``time.monotonic()``; None: no budget) and costs less than the ``gap`` (the fastest's median over the
     lighter's, less 1) could cost over ``run`` (``payback.RunLength``: the user's training run), the same trade
     the search's patience makes (``convergence``): a 3% gap over a 1 h run is worth ~105 s of measuring."""
@@ -199,7 +201,7 @@ class ExtraRounds:
         tag = f"extra-{self.ran + 1}"
         kept = self.saved.kept(tag, pair) if self.saved is not None else None
         need = sum((ev.walls.get(c.key()) or [self.measure.timeout_s])[-1] for c in pair)
-        if kept is None and self.deadline is not None and time.monotonic() + need > self.deadline:
+        if kept is None and self.deadline is not None and time.monotonic() + need * RUN_MARGIN > self.deadline:
             self.log(f"{why}; no time left in the budget for another round of the two (~{need:.0f} s)")
             return False
         run_s = self._run_s(ev, fastest)

@@ -28,15 +28,17 @@ CACHED_COMPILE_SHARE = 0.10
 def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: Any, checks_s: float,
                    log: Callable[[str], None]) -> tuple[Any, Any]:
     """``(the finalists' deadline, plan(...))`` for the top trials ``top`` and the baseline trial ``base``, ``plan``
-    being ``finalists.plan``, within the run's ``budget`` (``search.budget.Budget``): the finalists get the time
-    to its end less ``checks_s`` (numerics, worst case) and the confirmation's rounds (``Budget.confirm_rounds_s``,
-    priced from the likely winner's and the baseline's walls; none without a baseline trial, which leaves nothing
-    to confirm against). When that leaves them not even one round, the confirmation comes first: no finalist round
-    runs, the best search trial is recommended provisionally and its claim confirmed (``(deadline, None)``: a
-    confirmed claim of the likely best says more than one round of the top few would; the issue's 4-minute run
-    left its time unused that way). Only when the confirmation keeps nothing back (its two rounds do not fit) do the
-    finalists get all the time; None when not even then does a round fit."""
+    being ``finalists.plan``, within the run's ``budget`` (``search.budget.Budget``): the finalists get the time to
+    its end less ``checks_s`` (numerics, worst case) and the confirmation's rounds (``Budget.confirm_rounds_s``,
+    priced from the likely winner's and the baseline's walls; none without a baseline trial, which leaves nothing to
+    confirm against), their rounds priced ``RUN_MARGIN`` longer. When that leaves them not even one round, the
+    confirmation comes first: no finalist round runs, the best search trial is recommended provisionally and its
+    claim confirmed (``(deadline, None)``: a confirmed claim of the likely best says more than one round of the top
+    few would; the issue's 4-minute run left its time unused that way). Only when the confirmation keeps nothing
+    back (its two rounds do not fit) do the finalists get all the time; None when not even then does a round fit."""
     import functools
+
+    from autotune.search.budget import RUN_MARGIN
 
     plan = functools.partial(plan, budget=budget, rounds=budget.rounds)
     deadline = budget.deadline
@@ -46,14 +48,17 @@ def plan_finalists(top: list, base: Any, *, plan: Callable[..., Any], budget: An
     keep = budget.confirm_rounds_s(one)
     finalists_end = deadline - checks_s - keep
     said: list[str] = []
-    chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=said.append)
+    # planned to end before their deadline though each run takes RUN_MARGIN longer than priced: the confirmation
+    # after them keeps its rounds
+    chosen = plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()) / RUN_MARGIN, log=said.append)
     if chosen is None and keep > 0 and top[0] is not base:  # the claim first (the docstring)
         log(f"no finalist round fits beside the confirmation's {keep:.0f} s: the best search trial is recommended, "
             "provisional, and its claim confirmed in rounds of its own")
         return finalists_end, None
     if chosen is None:
         finalists_end = deadline - checks_s
-        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()), log=log)
+        return finalists_end, plan(top, base, left_s=max(0.0, finalists_end - time.monotonic()) / RUN_MARGIN,
+                                   log=log)
     for line in said:
         log(line)
     return finalists_end, chosen

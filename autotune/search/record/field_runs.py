@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from optuna import Study
 
-__all__ = ["PREFIX", "stored", "study_sink", "trial_data_wait"]
+__all__ = ["PREFIX", "stored", "study_sink", "study_records", "trial_data_wait"]
 
 PREFIX = "field_run:"
 
@@ -38,6 +38,20 @@ def study_sink(storage_url: str, study_name: str) -> Callable[[dict], None]:
         held["study"].set_user_attr(PREFIX + record["run_id"], record)
 
     return write
+
+
+def study_records(storage_url: str, study_name: str) -> Callable[[], list[dict]]:
+    """A callable that reads the study's field runs afresh (``stored``): rank 0 reads the other ranks' records."""
+
+    def read() -> list[dict]:
+        import optuna
+
+        from autotune.search.record.storage import open_existing_storage
+
+        storage, _ = open_existing_storage(storage_url)
+        return stored(optuna.load_study(study_name=study_name, storage=storage))
+
+    return read
 
 
 def trial_data_wait(storage_url: str, study_name: str, number: int | None) -> float | None:

@@ -341,6 +341,32 @@ def test_the_confirmation_comes_first_when_beside_it_not_one_finalist_round_fits
                                                             for m in said)
 
 
+def test_the_finalists_leave_the_confirmation_room_for_runs_longer_than_priced():
+    """The 4-minute resnet18 run of 2026-11-28 (AMX Xeon): one finalists' round, priced to fit to the second, ran a
+    little over its estimate and left the confirmation 45 s of the 49 s its two rounds needed: the claim went
+    unconfirmed. The finalists' rounds are planned ``RUN_MARGIN`` longer than priced: where two rounds of both
+    finalists and the baseline fit only without that margin, the baseline's search figure stands in."""
+    from autotune.search.budget import RUN_MARGIN, Budget
+    from autotune.search.choose import finalists as fin
+    from autotune.search.choose.time_plan import plan_finalists
+
+    top = [_trial(1, TrialConfig(batch_size=32), 10.0), _trial(2, TrialConfig(batch_size=16), 10.0)]
+    base = _trial(0, TrialConfig(), 10.0)
+    spec = MeasureSpec(windows=3, window_s=0.5)
+
+    def planned(finalists_s: float):
+        now = time.monotonic()
+        budget = Budget(started=now - 100.0, deadline=now + 40.0 + finalists_s, budget_s=200.0, measure=spec,
+                        finalists=2, rounds=2)
+        assert budget.confirm_rounds_s(20.0) == 40.0 and budget.round_s([10.0] * 3) == 30.0
+        return plan_finalists(top, base, plan=fin.plan, budget=budget, checks_s=0.0, log=lambda s: None)[1]
+
+    cands, rounds = planned(2 * 30.0 * 1.05)  # two rounds of the three fit, but not RUN_MARGIN longer
+    assert base not in cands and len(cands) == 2 and rounds == 2
+    cands, rounds = planned(2 * 30.0 * RUN_MARGIN * 1.01)
+    assert base in cands and len(cands) == 3 and rounds == 2
+
+
 def test_a_compiled_winner_is_priced_at_a_cached_compile_so_the_finalists_still_fit():
     """Issue 50's 10-minute run on the Xeon: compile tried last (a ~70 s trial, most of it compiling) won the search.
     Its re-runs load the study's inductor cache, yet they were priced at the cold trial's wall: two confirmation rounds
