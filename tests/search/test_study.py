@@ -591,7 +591,7 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
 def test_no_compile_trial_starts_when_the_time_left_is_shorter_than_one(tmp_path):
     """Compile is tried last, on the best eager config, and only when it fits: the sampler never proposes a
     compile mode (its proposals run with compile_mode none, the parameter says what ran). A 40 s budget is
-    shorter than the 90 s a compile trial is expected to take: once the eager search settles (here its two
+    shorter than the 160 s a compile trial is expected to take: once the eager search settles (here its two
     configs are exhausted), compile is not tried and the stop reason says why. With an hour, compile runs
     once, last, on the best eager config; once measured, its wall time is the expected cost."""
     from autotune.search.plan.compile_gate import COMPILE_PRIOR_S

@@ -36,13 +36,17 @@ from autotune.search.choose.confirmation import LEVEL, Confirmation
 from autotune.search.choose.rewrite import apply, selection_record
 from autotune.search.choose.time_plan import expected_round_s
 
-__all__ = ["confirm", "confirmed", "planned_rounds", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET", "NO_BUDGET_SHARE",
-           "format_timeout"]
+__all__ = ["confirm", "confirmed", "planned_rounds", "planning_spread", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET",
+           "NO_BUDGET_SHARE", "SPREAD_MIN_DF", "format_timeout"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 10     # the most confirmation rounds (20 short runs): the interval then ~0.1x as wide as two rounds'
 TARGET = 0.05       # rounds planned for an expected 95% interval within +/-5%
 NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share of the run so far
+# The fewest degrees of freedom of the finalists' spread (``settle.round_spread``) the rounds are planned by; below
+# it the estimate says nothing: one finalists' round of two configs (and their search trials) gives 1, and on
+# 2026-11-28 (tiny_vit, 10 minutes, AMX Xeon) such an estimate planned 2 rounds whose 95% interval was x0.06-x21.9
+SPREAD_MIN_DF = 3
 
 
 def _interval(rounds: list[dict]) -> tuple[float, float, float]:
@@ -69,6 +73,18 @@ def planned_rounds(spread: float | None) -> int:
     fits = (n for n in range(MIN_ROUNDS, MAX_ROUNDS + 1)
             if t_quantile((1 + LEVEL) / 2, n - 1) * spread / math.sqrt(n) <= TARGET)
     return next(fits, MAX_ROUNDS)
+
+
+def planning_spread(selection: dict | None) -> float | None:
+    """The finalists' round spread the confirmation plans its rounds by (``planned_rounds``): None (the most rounds
+    the time allows) where it rests on fewer than ``SPREAD_MIN_DF`` degrees of freedom, or says none.
+
+    >>> planning_spread({"round_spread": 0.01, "round_spread_df": 1}), planning_spread({"round_spread": 0.01,
+    ...                                                                                "round_spread_df": 4})
+    (None, 0.01)
+    """
+    sel = selection or {}
+    return sel.get("round_spread") if (sel.get("round_spread_df") or 0) >= SPREAD_MIN_DF else None
 
 
 def format_timeout(seconds: float) -> str:
@@ -174,7 +190,7 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
                    budget=budget, round_s=expected_round_s([_trial_of(rec, trials), base_trial], budget),
-                   spread=(rec.selection or {}).get("round_spread"))
+                   spread=planning_spread(rec.selection))
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
                  base_figures=dict(base_trial.user_attrs))
