@@ -84,7 +84,7 @@ def knob_table(grids: dict[str, dict]) -> dict[str, dict]:
                 without = max((r["figure"] for r in ok if getattr(r["config"], knob) != v), default=0.0)
                 if with_v and without:
                     logs.append(math.log(with_v / without))
-            out[knob][str(v).lower() if isinstance(v, bool) else v] = {
+            out[knob][_key(v)] = {
                 "wins": wins, "ratio": math.exp(statistics.fmean(logs)) if logs else None}
     return out
 
