@@ -398,9 +398,10 @@ class Tuner:
 
     def _with_untried(self, study: Study, rec):
         """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note."""
-        ran = [t.user_attrs[keys.CONFIG] for t in study.get_trials(deepcopy=False)
+        # every field as it ran: a stored dict leaves DDP's arguments out at their defaults (``TrialConfig.to_dict``)
+        ran = [dataclasses.asdict(keys.config_of(t)) for t in study.get_trials(deepcopy=False)
                if t.state.is_finished() and t.user_attrs.get(keys.CONFIG)]
-        knobs = untried(self.space, ran, rec.config.to_dict())
+        knobs = untried(self.space, ran, dataclasses.asdict(rec.config))
         if not knobs:
             return rec
         line = untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason)
