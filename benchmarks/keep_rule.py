@@ -1,0 +1,151 @@
+"""How often the planned search keeps a knob that does nothing, and how often it keeps one that helps (issue 52
+item 2): the real ``coordinate.plan`` driven to its end over simulated trials, many times.
+
+Each trial is a fresh process: its rate is the config's true rate times the process's own level (log-normal, sd
+``--spread``, as ``coverage.py`` draws it) times the machine's drift (a random walk between trials, sd ``--drift``
+a step), and its windows spread ~1% around that (so the study's window noise sits at the plan's 5% floor, as on a
+quiet CPU). Every knob's true factor is 1 (A/A) unless ``--gain KNOB=VALUE:FACTOR`` says otherwise.
+
+Prints, per spread: how often the search ended on a config with a no-op knob moved from the baseline (a false
+keep), how often each no-op value was (over all of them), how often each real gain was kept, and the trials it took.
+The 95% intervals are Wilson's over the runs. The likely winners (bf16, channels_last, retain) run as trial 1, so a
+bundle that wins by luck is taken apart by reverting each knob, and a no-op in it stays unless reverting it wins:
+that is the planned search's design (the bundle is this CPU kind's measured winners), and it counts here.
+
+    python benchmarks/keep_rule.py --runs 400
+    python benchmarks/keep_rule.py --runs 400 --gain malloc=tcmalloc:1.07
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import optuna  # noqa: E402
+from optuna.distributions import CategoricalDistribution  # noqa: E402
+from optuna.trial import TrialState, create_trial  # noqa: E402
+
+from autotune.search.plan.coordinate import complete, plan  # noqa: E402
+from autotune.search.space.search_space import space_from_dict  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPREADS = (0.02, 0.05, 0.10)
+WINDOW_NOISE = 0.01
+BASELINE = {"batch_size": 32, "amp": "off", "channels_last": False, "malloc": "default"}
+LIKELY = {"amp": "bf16", "channels_last": True, "malloc": "retain"}
+
+
+def space():
+    import dataclasses
+
+    from autotune.machine.hardware import detect
+
+    # bf16 offered whatever this machine is (its flag), as the planned search's tests do
+    hw = detect(with_torch=False)
+    hw = dataclasses.replace(hw, cpu_flags=tuple(hw.cpu_flags) + ("avx512_bf16",))
+    params = {"batch_size": {"type": "int", "choices": [32]},
+              "amp": {"type": "categorical", "choices": ["off", "bf16"]},
+              "channels_last": {"type": "bool"},
+              "malloc": {"type": "categorical", "choices": ["default", "retain", "tcmalloc"]}}
+    return space_from_dict({"name": "keep-rule", "device": "cpu", "parameters": params, "baseline": BASELINE},
+                           hardware=hw)
+
+
+def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], spread: float, drift: float,
+           *, max_trials: int = 40) -> tuple[dict, int]:
+    """One planned search to its end (or ``max_trials``): the incumbent it ended on and the trials it ran."""
+    study = optuna.create_study(direction="maximize")
+    dists = {p.name: CategoricalDistribution(list(p.choices)) for p in sp.params}
+    level = [1.0]
+
+    def run(params: dict, roles: dict) -> None:
+        params = complete(sp, params)
+        level[0] *= math.exp(rng.gauss(0.0, drift))
+        true = 100.0 * math.prod(f for (k, v), f in gains.items() if params.get(k) == v)
+        own = true * level[0] * math.exp(rng.gauss(0.0, spread))
+        windows = sorted(own * math.exp(rng.gauss(0.0, WINDOW_NOISE)) for _ in range(5))
+        med = windows[2]
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=med, params=params, distributions=dists,
+            user_attrs={"config": sp.effective(params).to_dict(), "status": "ok", "peak_host_mb": 10.0,
+                        "samples_per_s": windows, "rel_iqr": (windows[3] - windows[1]) / med, **roles}))
+
+    run(BASELINE, {"baseline": True})
+    run({**BASELINE, **LIKELY}, {"likely_winner": True})
+    while len(study.trials) < max_trials:
+        p = plan(sp, study.get_trials(deepcopy=False), noise=0.05)
+        if p.done or not p.needs:
+            return dict(p.incumbent or BASELINE), len(study.trials)
+        for need in p.needs:
+            run(need.params, need.roles)
+    return dict(plan(sp, study.get_trials(deepcopy=False), noise=0.05).incumbent or BASELINE), len(study.trials)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def measure(runs: int, spread: float, gains: dict, *, drift: float, seed: int) -> dict:
+    """The rates over ``runs`` searches: a no-op knob moved from the baseline; each real gain kept; trials."""
+    rng, sp = random.Random(seed), space()
+    false_keep, kept, trials = 0, {g: 0 for g in gains}, []
+    noops = [(p.name, c) for p in sp.params if p.name in BASELINE for c in p.choices
+             if c != BASELINE[p.name] and (p.name, c) not in gains]
+    each = 0
+    for _ in range(runs):
+        inc, n = search(rng, sp, gains, spread, drift)
+        trials.append(n)
+        moved = {(k, v) for k, v in inc.items() if k in BASELINE and BASELINE[k] != v}
+        false_keep += any(m not in gains for m in moved)
+        each += sum(m in moved for m in noops)
+        for g in gains:
+            kept[g] += g in moved
+    return {"false_keep": false_keep, "kept": kept, "runs": runs, "trials": sorted(trials),
+            "each": each / (runs * len(noops)) if noops else 0.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=400, help="searches per spread (default 400)")
+    ap.add_argument("--spreads", default=",".join(map(str, SPREADS)),
+                    help="per-process spreads, log sd (default %(default)s)")
+    ap.add_argument("--drift", type=float, default=0.01, help="the machine's drift a trial, log sd (default 0.01)")
+    ap.add_argument("--gain", action="append", default=[], metavar="KNOB=VALUE:FACTOR",
+                    help="a knob value that really helps, e.g. malloc=tcmalloc:1.07 (repeatable)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    gains = {}
+    for g in args.gain:
+        knob, rest = g.split("=", 1)
+        value, factor = rest.rsplit(":", 1)
+        value = {"true": True, "false": False}.get(value.lower(), value)
+        gains[(knob, value)] = float(factor)
+    print(f"{args.runs} planned searches a spread, drift {args.drift:.0%} a trial, gains "
+          f"{', '.join(f'{k}={v} x{f}' for (k, v), f in gains.items()) or 'none (A/A)'}")
+    print("| per-process spread | searches ending with a no-op kept (95% CI) | each no-op value kept | "
+          + "".join(f"{k}={v} kept | " for k, v in gains) + "trials (median, max) |")
+    print("| --- | --- | --- | " + "--- | " * len(gains) + "--- |")
+    for spread in (float(s) for s in args.spreads.split(",")):
+        r = measure(args.runs, spread, gains, drift=args.drift, seed=args.seed)
+        lo, hi = wilson(r["false_keep"], r["runs"])
+        cells = "".join(f"{r['kept'][g] / r['runs']:.0%} | " for g in gains)
+        t = r["trials"]
+        print(f"| {spread:.0%} | {r['false_keep'] / r['runs']:.1%} ({lo:.1%}-{hi:.1%}) | {r['each']:.1%} | {cells}"
+              f"{t[len(t) // 2]}, {t[-1]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
