@@ -245,8 +245,9 @@ class FieldRun:
         return self
 
     def pause(self) -> None:
-        """Measures nothing until ``resume``: torch's step hook removed, batches and framework hooks ignored (what
-        ``benchmarks/field.py`` times its 'off' blocks against). Never raises."""
+        """Measures nothing until ``resume``: torch's step hook removed, batches and framework hooks ignored, the
+        run's thread reading no host figure and keeping nothing (what ``benchmarks/field.py`` times its 'off' blocks
+        against: everything the field run does is in the 'on' blocks alone). Never raises."""
         self.paused = True
         self._remove_hook()
 
@@ -294,6 +295,9 @@ class FieldRun:
         kept_at = time.monotonic()
         device: Any = None  # the GPU's sampler, once the first step said which CUDA device; False: off
         while not self._stop.is_set() and self.off is None:
+            if self.paused:  # measuring nothing: no host figure is read, nothing new to keep
+                self._stop.wait(self.spec.host_every_s)
+                continue
             host: dict = {}
             if sampler is not None:
                 try:

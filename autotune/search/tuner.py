@@ -27,7 +27,7 @@ from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
-from autotune.search.choose.contenders import contenders, lost_gap, window_noise
+from autotune.search.choose.contenders import contenders, lost_gap, window_noise, with_lighter_sibling
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
@@ -336,7 +336,10 @@ class Tuner:
             return None
         ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
-        top, left_out = contenders(ranked, k=self.finalists, gap=lost_gap(study.get_trials(deepcopy=False)))
+        gap = lost_gap(study.get_trials(deepcopy=False))
+        top, left_out = contenders(ranked, k=self.finalists, gap=gap)
+        # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``)
+        top, sibling = with_lighter_sibling(top, ranked, baseline_trial(study), k=self.finalists, gap=gap)
         budget = dataclasses.replace(budget, window_noise=window_noise(top))
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
@@ -350,6 +353,8 @@ class Tuner:
                                     budget=budget)
         if rec is not None and left_out and planned is not None:  # a shortcut says what it skipped and why
             rec = dataclasses.replace(rec, notes=rec.notes + left_out)
+        if rec is not None and sibling and planned is not None and top[1] in planned[1]:  # the sibling had rounds
+            rec = dataclasses.replace(rec, notes=rec.notes + sibling)
         return self._record(study, rec, saved)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, local: bool):

@@ -217,6 +217,35 @@ def test_rank_0_reports_the_ranks_from_their_records_in_the_study(tmp_path):
     assert "figures are not known here: no study holds their records" in alone.ranks()
 
 
+def test_a_paused_field_runs_thread_reads_no_host_figure_and_keeps_nothing(monkeypatch):
+    """While paused the run's own thread samples nothing (the field benchmark's 'off' blocks carry none of the
+    field run's work, so its on/off ratio holds all of it); it samples again on ``resume``."""
+    from autotune.field import host
+
+    calls: list[float] = []
+    real = host.HostSampler.sample
+
+    def counted(self):
+        calls.append(time.monotonic())
+        return real(self)
+
+    monkeypatch.setattr(host.HostSampler, "sample", counted)  # a spy: every call still samples
+    run = FieldRun(Claim(median_samples_per_s=None), spec=SPEC, log=lambda s: None).start()
+    try:
+        time.sleep(0.3)
+        assert len(calls) >= 3  # sampling every 0.02 s
+        run.pause()
+        time.sleep(0.05)  # a sample in flight at the pause ends
+        paused_at = len(calls)
+        time.sleep(0.4)
+        assert len(calls) == paused_at, "the paused run's thread sampled the host"
+        run.resume()
+        time.sleep(0.3)
+        assert len(calls) >= paused_at + 3
+    finally:
+        run.stop()
+
+
 def test_a_paused_field_run_measures_nothing_until_it_resumes():
     """``pause`` takes torch's step hook off and ignores batches (the field benchmark's 'off' blocks); ``resume``
     puts it back, and the pause counts as no step and no data wait."""

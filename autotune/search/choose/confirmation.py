@@ -81,12 +81,14 @@ class Confirmation:
         if self.status == "unconfirmed":  # a figure with no interval: said, never as the claim
             return f"unconfirmed: one round only, x{self.ratio:.2f} in it and no interval: one round is no claim " \
                    f"({self.why})"
-        head += f", confirmed over {n} interleaved rounds"
+        # "confirmed" only where the interval shows the gain: a confirmation that ran and saw none says "measured"
+        shown = self.low is not None and self.low > 1
+        head += f", {'confirmed' if shown else 'measured'} over {n} interleaved rounds"
         if self.noisy:
             head += f", noisy (+/-{100 * self.half_width:.0f}%)"
         if self.high is not None and self.high < 1:
             head += ": slower than the baseline"
-        elif self.low is not None and self.low <= 1:
+        elif not shown:
             head += ": no gain over the baseline shown"
         return head
 

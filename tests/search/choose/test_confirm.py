@@ -505,3 +505,18 @@ def test_a_failed_confirmation_leaves_no_selection_figure_in_the_claims_fields_a
     assert "recommendation: no samples/s stated: unconfirmed: the winner's run crashed" in shown.stdout
     html = build_report(tuner.study(), storage_url=tuner.storage_url)
     assert "no samples/s stated" in html and "x2.7" not in html.split("recommended")[1][:300]
+
+
+@pytest.mark.parametrize("low, high, word, verdict", [
+    (1.38, 1.57, "confirmed over 4", ""),
+    (0.95, 1.30, "measured over 4", ": no gain over the baseline shown"),
+    (0.70, 0.90, "measured over 4", ": slower than the baseline"),
+])
+def test_the_headline_says_confirmed_only_where_the_interval_shows_the_gain(low, high, word, verdict):
+    """A confirmation that ran and whose interval holds 1 (or lies below it) measured the claim: the headline does
+    not call it confirmed (2026-11-29: "x0.88 (95% interval x0.00 to x1963.80), confirmed over 2 interleaved
+    rounds, ... no gain over the baseline shown")."""
+    c = Confirmation(rounds=({"winner": [1.0], "baseline": [1.0]},) * 4, ratio=(low * high) ** 0.5, low=low,
+                     high=high)
+    head = c.headline()
+    assert word in head and (head.endswith(verdict) if verdict else "shown" not in head and "slower" not in head), head

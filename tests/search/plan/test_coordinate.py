@@ -118,6 +118,35 @@ def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
     assert rec.config.amp == "off" and rec.config.channels_last and rec.config.malloc == "retain"
 
 
+def test_a_knob_kept_by_luck_meets_its_absence_in_the_finalists_and_the_lighter_config_wins(tmp_path):
+    """bf16 and retain do nothing and channels_last is worth x1.3, but the search's trial of the bundle at batch 32
+    ran 5% high and its revert probes there 7% low (luck): the bundle wins the search with both no-ops, reverting
+    none of them beating it. The finalists re-measure it beside its lightest measured sibling
+    (``contenders.lighter_sibling``), paired and without the luck: within noise the lighter config wins, so the
+    recommendation carries a knob fewer that does nothing, and says why the sibling was there."""
+    luck = {"bs=32 w=0 bf16 cl malloc=retain": 1.05, "bs=32 w=0 cl malloc=retain": 0.93, "bs=32 w=0 bf16 cl": 0.93,
+            "bs=32 w=0 bf16 malloc=retain": 0.93}
+    model = _model(bf16=1.0, cl=1.3, retain=1.0)
+
+    def runner(workload, c, measure, **kw):
+        r = model(workload, c, measure, **kw)
+        f = luck.get(c.short(), 1.0) if search_run(measure, kw) else 1.0
+        return dataclasses.replace(r, samples_per_s=tuple(f * x for x in r.samples_per_s))
+
+    logs: list[str] = []
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=_space(compile_modes=("none",)),
+                  hardware=HW, measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner,
+                  parity_steps=0, seed=0, finalists=2, finalist_rounds=2, log=logs.append)
+    rec = tuner.run(trials=9)
+    assert any("reverting none of them beat the bundle" in m for m in logs), logs
+    searched = {TrialConfig.from_dict(t.user_attrs["config"]).short() for t in tuner.study().trials}
+    assert set(luck) <= searched
+    # the search's best is the bundle with both no-ops; the recommendation has channels_last and one of them fewer
+    assert rec.config.channels_last and rec.config.batch_size == 32
+    assert (rec.config.amp, rec.config.malloc).count("off") + (rec.config.amp, rec.config.malloc).count("default") == 1
+    assert any(n.startswith("finalist trial ") and "as the baseline has them" in n for n in rec.notes), rec.notes
+
+
 def test_no_compile_trial_runs_before_the_eager_search_has_settled(tmp_path):
     """Every trial the runner starts before the study records the eager search as settled is eager, every one
     after it is compile on the best eager config; the sampler's own trials never compile."""
