@@ -50,10 +50,10 @@ def recommend(model: str | Callable[..., Any] = "resnet18", *, task: str = "trai
     recommendation's ``accumulation_steps`` and ``apply().accumulation_steps`` say how many.
 
     ``nproc_per_node`` > 1 tunes N DistributedDataParallel ranks on this machine, each trial one process group
-    (``autotune.trial.ddp``): batch size, threads and workers are per rank (threads + workers of all ranks within
-    the usable cores), DDP's own arguments are searched, the global batch is micro-batch x accumulation x N, and
-    the recommendation carries a ``distributed`` section and a ``torchrun`` launch line (``launch_command()``).
-    More ranks than usable cores (or GPUs) is a ``ConfigError``.
+    (``autotune.trial.ddp``): batch size, threads and workers are per rank (each rank's workers within its share
+    of the usable cores, its threads what they leave, at least one), DDP's own arguments are searched, the global
+    batch is micro-batch x accumulation x N, and the recommendation carries a ``distributed`` section and a
+    ``torchrun`` launch line (``launch_command()``). More ranks than usable cores (or GPUs) is a ``ConfigError``.
 
     ``device_memory_cap`` (on a GPU, e.g. "10GiB") is the most PyTorch's allocator may hold in a trial, enforced
     while it runs; by default the GPU's free memory when the run starts, less the CUDA context's share.

@@ -19,7 +19,7 @@ notice a slow-down and stay quiet when nothing changes?
    ``--steady-s`` seconds (the issue asks for 10 minutes: ``--steady-s 600``; the default is 120 s, to keep this
    short on a shared machine): how many false alarms.
 
-    python benchmarks/field.py                      # ~20 min (12 of them the overhead), and the tuning of the
+    python benchmarks/field.py                      # ~22 min (14 of them the overhead), and the tuning of the
                                                     # two workloads the first time
     python benchmarks/field.py --steady-s 600 --out benchmarks/results/field-YYYY-MM-DD.json
 
@@ -107,8 +107,8 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
     """The README loop in one process, its field run on and off in blocks of ``block_steps`` steps, paired block by
     block (on/off, then off/on: drift within a pair cancels, and a trend across pairs too): each block's rate by the
     loop's own clock; Student's t over the pairs' log ratios. 'Off' is the field run paused (``FieldRun.pause``:
-    torch's step hook removed, ``prepare_input``'s hand-off one attribute check); its thread samples the host every
-    2 s throughout, so that part of its cost is in both. Rounds of whole loops, each building its model and loader
+    torch's step hook removed, ``prepare_input``'s hand-off one attribute check, the run's thread idle), so the
+    'on' blocks carry all of the field run's work. Rounds of whole loops, each building its model and loader
     (this benchmark's first way), spread 10% between rounds: too wide to tell 1%.
 
     ``data``: ``loader``, the README's DataLoader over FakeData with its transforms (the loop as users run it; its
@@ -160,7 +160,8 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
                 try:
                     return fn(*a)
                 finally:
-                    inside[0] += time.perf_counter() - t
+                    if not field.paused:  # 'on' blocks only (prepare_input hands batches over in both)
+                        inside[0] += time.perf_counter() - t
             return hook
 
         field.pause()  # the next resume registers the timed step hook

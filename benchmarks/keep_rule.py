@@ -7,7 +7,8 @@ a step), and its windows spread ~1% around that (so the study's window noise sit
 quiet CPU). Every knob's true factor is 1 (A/A) unless ``--gain KNOB=VALUE:FACTOR`` says otherwise.
 
 Prints, per spread: how often the search ended on a config with a no-op knob moved from the baseline (a false
-keep), how often each no-op value was (over all of them), how often each real gain was kept, and the trials it took.
+keep), how often each no-op value was (over all of them, and over the searches where the bundle lost, so each of
+its members was tried alone on the baseline), how often each real gain was kept, and the trials it took.
 The 95% intervals are Wilson's over the runs. The likely winners (bf16, channels_last, retain) run as trial 1, so a
 bundle that wins by luck is taken apart by reverting each knob, and a no-op in it stays unless reverting it wins:
 that is the planned search's design (the bundle is this CPU kind's measured winners), and it counts here.
@@ -58,8 +59,9 @@ def space():
 
 
 def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], spread: float, drift: float,
-           *, max_trials: int = 40) -> tuple[dict, int]:
-    """One planned search to its end (or ``max_trials``): the incumbent it ended on and the trials it ran."""
+           *, max_trials: int = 40) -> tuple[dict, int, bool]:
+    """One planned search to its end (or ``max_trials``): the incumbent it ended on, the trials it ran, and whether
+    the bundle's members were each tried alone on the baseline (the bundle did not beat it beyond the noise)."""
     study = optuna.create_study(direction="maximize")
     dists = {p.name: CategoricalDistribution(list(p.choices)) for p in sp.params}
     level = [1.0]
@@ -78,13 +80,13 @@ def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], sprea
 
     run(BASELINE, {"baseline": True})
     run({**BASELINE, **LIKELY}, {"likely_winner": True})
-    while len(study.trials) < max_trials:
+    while True:
         p = plan(sp, study.get_trials(deepcopy=False), noise=0.05)
-        if p.done or not p.needs:
-            return dict(p.incumbent or BASELINE), len(study.trials)
+        if p.done or not p.needs or len(study.trials) >= max_trials:
+            alone = any("each is tried alone on the baseline" in n for n in p.notes)
+            return dict(p.incumbent or BASELINE), len(study.trials), alone
         for need in p.needs:
             run(need.params, need.roles)
-    return dict(plan(sp, study.get_trials(deepcopy=False), noise=0.05).incumbent or BASELINE), len(study.trials)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -102,17 +104,21 @@ def measure(runs: int, spread: float, gains: dict, *, drift: float, seed: int) -
     false_keep, kept, trials = 0, {g: 0 for g in gains}, []
     noops = [(p.name, c) for p in sp.params if p.name in BASELINE for c in p.choices
              if c != BASELINE[p.name] and (p.name, c) not in gains]
-    each = 0
+    each, alone_runs, alone_each = 0, 0, 0
     for _ in range(runs):
-        inc, n = search(rng, sp, gains, spread, drift)
+        inc, n, alone = search(rng, sp, gains, spread, drift)
         trials.append(n)
         moved = {(k, v) for k, v in inc.items() if k in BASELINE and BASELINE[k] != v}
         false_keep += any(m not in gains for m in moved)
         each += sum(m in moved for m in noops)
+        alone_runs += alone
+        alone_each += alone * sum(m in moved for m in noops)
         for g in gains:
             kept[g] += g in moved
     return {"false_keep": false_keep, "kept": kept, "runs": runs, "trials": sorted(trials),
-            "each": each / (runs * len(noops)) if noops else 0.0}
+            "each": each / (runs * len(noops)) if noops else 0.0,
+            "alone_runs": alone_runs,
+            "alone_each": alone_each / (alone_runs * len(noops)) if noops and alone_runs else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,15 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         gains[(knob, value)] = float(factor)
     print(f"{args.runs} planned searches a spread, drift {args.drift:.0%} a trial, gains "
           f"{', '.join(f'{k}={v} x{f}' for (k, v), f in gains.items()) or 'none (A/A)'}")
-    print("| per-process spread | searches ending with a no-op kept (95% CI) | each no-op value kept | "
+    print("| per-process spread | searches ending with a no-op kept (95% CI) | each no-op value kept | the same, "
+          "where the bundle lost and each member was tried alone (searches) | "
           + "".join(f"{k}={v} kept | " for k, v in gains) + "trials (median, max) |")
-    print("| --- | --- | --- | " + "--- | " * len(gains) + "--- |")
+    print("| --- | --- | --- | --- | " + "--- | " * len(gains) + "--- |")
     for spread in (float(s) for s in args.spreads.split(",")):
         r = measure(args.runs, spread, gains, drift=args.drift, seed=args.seed)
         lo, hi = wilson(r["false_keep"], r["runs"])
         cells = "".join(f"{r['kept'][g] / r['runs']:.0%} | " for g in gains)
         t = r["trials"]
-        print(f"| {spread:.0%} | {r['false_keep'] / r['runs']:.1%} ({lo:.1%}-{hi:.1%}) | {r['each']:.1%} | {cells}"
+        alone = "-" if r["alone_each"] is None else f"{r['alone_each']:.1%} ({r['alone_runs']})"
+        print(f"| {spread:.0%} | {r['false_keep'] / r['runs']:.1%} ({lo:.1%}-{hi:.1%}) | {r['each']:.1%} | {alone} | "
+              f"{cells}"
               f"{t[len(t) // 2]}, {t[-1]} |")
     return 0
 

@@ -113,8 +113,9 @@ def test_the_hugging_face_callback_keeps_the_same_record(rec, tmp_path):
     assert cb.field() == r["line"]
 
 
-def test_under_an_active_mlflow_run_the_field_run_is_logged(rec, tmp_path):
+def test_under_an_active_mlflow_run_the_field_run_is_logged(rec, tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow", reason='pip install "autotune[mlflow]"')
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns: the test's, not the checkout's
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with mlflow.start_run() as active:
         test_a_loop_under_apply_keeps_the_record(rec)

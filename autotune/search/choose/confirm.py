@@ -37,7 +37,7 @@ from autotune.search.choose.rewrite import apply, selection_record
 from autotune.search.choose.time_plan import expected_round_s
 
 __all__ = ["confirm", "confirmed", "planned_rounds", "planning_spread", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET",
-           "NO_BUDGET_SHARE", "SPREAD_MIN_DF", "format_timeout"]
+           "NO_BUDGET_SHARE", "SPREAD_MIN_DF", "MIN_WINDOW_SHARE", "fit_windows", "format_timeout"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 10     # the most confirmation rounds (20 short runs): the interval then ~0.1x as wide as two rounds'
@@ -47,6 +47,11 @@ NO_BUDGET_SHARE = 0.10  # with no --timeout, rounds past two may take this share
 # it the estimate says nothing: one finalists' round of two configs (and their search trials) gives 1, and on
 # 2026-11-28 (tiny_vit, 10 minutes, AMX Xeon) such an estimate planned 2 rounds whose 95% interval was x0.06-x21.9
 SPREAD_MIN_DF = 3
+# Two rounds that miss the time left by a little run with shorter windows (as many), never under this share of their
+# length: on 2026-11-29 a 4-minute run's search overran its share by 3 s and its claim went unconfirmed (~73 s of
+# rounds, 70 s left) where windows a few tenths of a second shorter fit. Both configs of a round run the same windows.
+MIN_WINDOW_SHARE = 0.5
+FIT_SLACK = 0.95  # the shortened rounds are planned to end this share of the time left in, not on the deadline
 
 
 def _interval(rounds: list[dict]) -> tuple[float, float, float]:
@@ -94,6 +99,32 @@ def format_timeout(seconds: float) -> str:
     return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (sec, "s")) if v) or "0s"
 
 
+def fit_windows(budget: Any, measure: Any, round_s: float) -> tuple[Any, float]:
+    """``(measure, round_s)`` for the confirmation's ``MIN_ROUNDS`` rounds: as they are when they fit the time the
+    ``budget`` has left (or nothing bounds them); else with each window shortened by what the rounds overrun
+    (``FIT_SLACK`` of the time left their aim), when that keeps it at least ``MIN_WINDOW_SHARE`` of its length; else
+    as they are (``_no_time`` then says what --timeout would confirm it).
+
+    >>> from types import SimpleNamespace as N
+    >>> from autotune.config import MeasureSpec
+    >>> m = MeasureSpec(windows=3, window_s=3.0)
+    >>> budget = lambda left: N(deadline=1.0, left_s=lambda: left)
+    >>> fitted, r = fit_windows(budget(70.0), m, 36.5)                  # 73 s of rounds, 70 s left
+    >>> round(fitted.window_s, 2), round(r, 2)
+    (2.46, 33.25)
+    >>> fit_windows(budget(40.0), m, 36.5)[0] is m                      # windows under half their length: no
+    True
+    """
+    left = budget.left_s() if budget.deadline is not None else None
+    if left is None or round_s <= 0 or MIN_ROUNDS * round_s <= left:
+        return measure, round_s
+    windows = MIN_ROUNDS * 2 * measure.windows  # the winner's and the baseline's in each round
+    cut = (MIN_ROUNDS * round_s - FIT_SLACK * left) / windows
+    if measure.window_s - cut < MIN_WINDOW_SHARE * measure.window_s:
+        return measure, round_s
+    return measure.replace(window_s=measure.window_s - cut), round_s - 2 * measure.windows * cut
+
+
 def _no_time(budget: Any, round_s: float, rule: str, log: Callable[[str], None]) -> Confirmation | None:
     """A failed Confirmation saying what --timeout would confirm the claim, when ``MIN_ROUNDS`` rounds of ``round_s``
     do not fit the time ``budget`` has left; None when they do (or nothing says how long a round takes)."""
@@ -122,7 +153,11 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     planned, deadline, search_s = planned_rounds(spread), budget.deadline, budget.elapsed_s()
     limit = ("the time left in the budget" if deadline is not None else
              f"{NO_BUDGET_SHARE:.0%} of the run so far ({NO_BUDGET_SHARE * search_s:.0f} s) past the first two")
-    rule = (f"{planned} rounds of {measure.windows} windows, fixed before the first "
+    asked = measure
+    measure, round_s = fit_windows(budget, measure, round_s)
+    shorter = (f" of {measure.window_s:.1f} s (not {asked.window_s:g} s: the two rounds fit the time left only so)"
+               if measure is not asked else "")
+    rule = (f"{planned} rounds of {measure.windows} windows{shorter}, fixed before the first "
             + (f"from the finalists' rounds (one round's ratio strays +/-{100 * spread:.1f}%)" if spread is not None
                else "(no estimate of the noise: the most)") + f", cut short only by {limit}")
     log(f"confirming the claim: {winner.short()} against the baseline {baseline.short()}, interleaved, in fresh "

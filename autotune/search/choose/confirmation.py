@@ -88,7 +88,7 @@ class Confirmation:
             head += f", noisy (+/-{100 * self.half_width:.0f}%)"
         if self.high is not None and self.high < 1:
             head += ": slower than the baseline"
-        elif not shown:
+        elif self.low is not None and not shown:
             head += ": no gain over the baseline shown"
         return head
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
 
 __all__ = ["contenders", "lighter_sibling", "with_lighter_sibling", "lost_gap", "window_noise", "LOSER_SPREAD"]
@@ -45,25 +46,28 @@ def contenders(ranked: list, *, k: int, gap: float) -> tuple[list, tuple[str, ..
 
 
 def lighter_sibling(ranked: list, base, *, gap: float):
-    """The lightest measured config (fewest knobs changed from the baseline, then the fastest) that is the best one
-    (``ranked[0]``) with some of its knobs back at the baseline's values (the batch size the same), within ``gap`` of
-    it (``lost_gap``), the baseline itself aside (a finalist already); None when there is none. ``base``: the baseline
-    trial (None: none measured).
+    """The measured config nearest the best one (``ranked[0]``) among those that are it with some of its knobs back
+    at the baseline's values (the batch size the same): the fewest knobs apart from it (one, where the search
+    measured the config before a one-knob step or a bundle's revert probes), then the fastest; within ``gap`` of it
+    (``lost_gap``), the baseline itself aside (a finalist already). None when there is none. ``base``: the baseline
+    trial (None: none measured). Knobs are counted as ``trials.knobs_apart`` counts them (a worker count's
+    dependants folded into it).
 
     Why: the planned search keeps a knob on one trial above the window noise (``coordinate``), and two fresh
-    processes of one config differ by more than that, so a knob that does nothing, tried alone, is kept in 15-19% of
-    searches at per-process spreads of 2-10% (``benchmarks/keep_rule.py``), and a bundle of likely winners that won
-    keeps its members unless reverting one wins. The finalists' rounds are paired, and their rule prefers the
-    config lighter on memory, threads and knobs changed when it is within noise (``finalists.choose``): with this
-    sibling among them, a knob that bought nothing is measured against its absence before it reaches the
+    processes of one config differ by more than that, so a knob that does nothing is sometimes kept on one lucky
+    trial (``benchmarks/keep_rule.py`` counts how often), and a bundle of likely winners that won keeps its members
+    unless reverting one wins. The finalists' rounds are paired, and their rule prefers, within noise, the config
+    lighter on memory, then threads, then knobs changed from PyTorch's defaults (``finalists.choose``): with this
+    sibling among them, the knob the best added last is measured against its absence before it reaches the
     recommendation.
 
     >>> from types import SimpleNamespace as T
     >>> t = lambda n, v, **c: T(number=n, value=v, user_attrs={"config": {"batch_size": 32, **c}})
-    >>> base, best = t(0, 90.0), t(4, 100.0, malloc="retain", channels_last=True)
-    >>> ranked = [best, t(5, 99.0, malloc="tcmalloc"), t(2, 97.0, channels_last=True), base]
-    >>> lighter_sibling(ranked, base, gap=0.26).number                  # channels_last kept, retain back
-    2
+    >>> base, best = t(0, 90.0), t(4, 100.0, malloc="retain", channels_last=True, amp="bf16")
+    >>> ranked = [best, t(5, 99.0, malloc="tcmalloc"), t(2, 97.0, channels_last=True),
+    ...           t(3, 96.0, channels_last=True, amp="bf16"), base]
+    >>> lighter_sibling(ranked, base, gap=0.26).number                  # the best with retain back: one knob apart
+    3
     >>> lighter_sibling([best, t(6, 99.0, channels_last=True, batch_size=64), base], base, gap=0.26) is None
     True
     """
@@ -72,7 +76,7 @@ def lighter_sibling(ranked: list, base, *, gap: float):
     best = ranked[0].user_attrs[keys.CONFIG]
     plain = base.user_attrs[keys.CONFIG]
     names = set(best) | set(plain)
-    found = []  # (knobs it changes from the baseline, rank): the lightest, then the fastest
+    found = []  # (knobs apart from the best, rank): the nearest, then the fastest
     for rank, t in enumerate(ranked[1:]):
         c = t.user_attrs.get(keys.CONFIG) or {}
         if not t.value or ranked[0].value / t.value > 1.0 + gap:
@@ -80,22 +84,31 @@ def lighter_sibling(ranked: list, base, *, gap: float):
         if c.get("batch_size") != best.get("batch_size") or c in (best, plain):  # the baseline: a finalist already
             continue
         if all(c.get(k) in (best.get(k), plain.get(k)) for k in names | set(c)):
-            found.append((sum(c.get(k) != plain.get(k) for k in names | set(c)), rank, t))
+            found.append((len(_apart(best, c)), rank, t))
     return min(found, key=lambda f: f[:2])[2] if found else None
+
+
+def _apart(a: dict, b: dict) -> list[str]:
+    """The knobs two stored configs differ in (``trials.knobs_apart``)."""
+    return keys.knobs_apart(TrialConfig.from_dict(a), TrialConfig.from_dict(b))
 
 
 def with_lighter_sibling(top: list, ranked: list, base, *, k: int, gap: float) -> tuple[list, tuple[str, ...]]:
     """``top`` (at most ``k`` finalists) with the best config's ``lighter_sibling`` second where it is not among them
-    already, the last of them making room; with a note saying why. Unchanged for ``k`` < 2. The finalists' plan
-    drops from the end when time is short, so the sibling stays longer than the search's third."""
+    already, the last of them making room when there are ``k``; with a note saying why (and which trial made room).
+    Unchanged for ``k`` < 2. The finalists' plan drops from the end when time is short, so the sibling stays longer
+    than the search's third."""
     sib = lighter_sibling(ranked, base, gap=gap) if k >= 2 and top else None
     if sib is None or any(t is sib for t in top):
         return top, ()
-    best, other = top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG]
-    apart = sorted(x for x in set(best) | set(other) if best.get(x) != other.get(x))
+    out = ([top[0], sib] + top[1:])[:k]
+    dropped = [t for t in top if t not in out]
+    apart = _apart(top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG])
+    one = len(apart) == 1
     note = (f"finalist trial {sib.number}: the best (trial {top[0].number}) with {', '.join(apart)} as the baseline "
-            "has them, so the rounds measure what those knobs buy, paired")
-    return ([top[0], sib] + top[1:])[:max(k, len(top))], (note,)
+            f"has {'it' if one else 'them'}, so the rounds measure what {'it buys' if one else 'they buy'}, paired"
+            + (f" (in place of trial {dropped[0].number}, the search's next best)" if dropped else ""))
+    return out, (note,)
 
 
 def lost_gap(trials: list) -> float:

@@ -83,7 +83,7 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
 
 def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
     """A note when a runner-up's speedup in the selection (its finalist rounds' median over the baseline's there) is
-    above the winner's confirmed interval: the evidence of the two disagrees, and the line says so. The baseline
+    above the winner's confirmation interval: the evidence of the two disagrees, and the line says so. The baseline
     among the runners-up is not one (its own speedup is 1 by definition)."""
     from autotune.config import TrialConfig
 
@@ -96,7 +96,7 @@ def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
             continue
         if m and m / base > conf.high:
             return [f"the runner-up {ru.get('short', '?')} measured x{m / base:.2f} over the baseline in the "
-                    f"selection, above the confirmed interval of {rec.config.short()} (x{conf.low:.2f} to "
+                    f"selection, above the confirmation's interval of {rec.config.short()} (x{conf.low:.2f} to "
                     f"x{conf.high:.2f}): the evidence of the two disagrees; the recommendation stays the selection's "
                     "choice, its claim the confirmation's (more finalist rounds settle it)"]
     return []

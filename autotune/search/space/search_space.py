@@ -6,8 +6,9 @@ conditional on an earlier one. ``fixed`` pins knobs that are not searched; ``bas
 The value ``cores`` stands for the cores this process may use.
 
 With N DDP ranks (``Workload.nproc_per_node``, ``for_ranks``) the threads and DataLoader workers are per rank and
-share the usable cores: N x (intra-op threads + workers) stays within them unless the space says
-``oversubscribe``; DDP's own arguments (``config.DDP_KNOBS``) are searched then, and only then
+share the usable cores, each rank its share (usable cores // N) unless the space says ``oversubscribe``: its
+workers at most the share, its intra-op threads what the workers leave, at least one (``effective``), so the ranks'
+threads together stay within the cores; DDP's own arguments (``config.DDP_KNOBS``) are searched then, and only then
 (``search.space.rank_space``).
 """
 

@@ -82,7 +82,7 @@ def test_a_runner_up_the_selection_measured_above_the_confirmed_claim_is_said(tm
     assert (rec.config.batch_size, rec.config.channels_last) == (16, True)
     assert rec.speedup_vs_baseline == pytest.approx(1.8, rel=0.01)
     said = [n for n in rec.notes if n.startswith("the runner-up ")]
-    assert said and "measured x2.10 over the baseline in the selection, above the confirmed interval" in said[0]
+    assert said and "measured x2.10 over the baseline in the selection, above the confirmation's interval" in said[0]
 
 
 def test_a_winner_the_confirmation_measures_slower_than_the_baseline_is_not_recommended(tmp_path):
@@ -520,3 +520,27 @@ def test_the_headline_says_confirmed_only_where_the_interval_shows_the_gain(low,
                      high=high)
     head = c.headline()
     assert word in head and (head.endswith(verdict) if verdict else "shown" not in head and "slower" not in head), head
+
+
+def test_two_rounds_that_miss_the_time_left_by_a_little_run_with_shorter_windows_and_say_so():
+    """Rounds estimated at 2 x 10 s with 19 s left (a search that overran its share by a second): the two rounds run,
+    every run with the same shorter windows, and the rule says why; 12 s left (windows under half their length
+    would be needed) runs none, as before."""
+    spec = MeasureSpec(windows=2, window_s=2.0, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=120)  # 1 s + 2 x 2 s
+    got = []
+
+    def run(workload, c, measure, **kw):
+        got.append(measure.window_s)
+        return TrialResult(status="ok", samples_per_s=(120.0 if c.channels_last else 100.0,) * 2, wall_s=1.0,
+                           batch_size=16)
+
+    conf = confirm(TrialConfig(batch_size=16, channels_last=True), TrialConfig(batch_size=16), runner=run,
+                   workload=Workload(model="tests.workloads_fixtures:tiny"), measure=spec, log_dir=None,
+                   log=lambda s: None, budget=_budget(19.0, spec=spec), round_s=10.0)
+    assert conf.status == "confirmed" and len(conf.rounds) >= 2
+    assert len(set(got)) == 1 and 1.0 <= got[0] < 2.0, got  # shorter, the same for every run, at least half
+    assert f"windows of {got[0]:.1f} s (not 2 s: the two rounds fit the time left only so)" in conf.rule
+    none = confirm(TrialConfig(batch_size=16, channels_last=True), TrialConfig(batch_size=16), runner=run,
+                   workload=Workload(model="tests.workloads_fixtures:tiny"), measure=spec, log_dir=None,
+                   log=lambda s: None, budget=_budget(12.0, spec=spec), round_s=10.0)
+    assert none.status == "failed" and "no time was left" in none.why and len(got) == len(conf.rounds) * 2
