@@ -14,7 +14,7 @@ bundle that wins by luck is taken apart by reverting each knob, and a no-op in i
 that is the planned search's design (the bundle is this CPU kind's measured winners), and it counts here.
 
     python benchmarks/keep_rule.py --runs 400
-    python benchmarks/keep_rule.py --runs 400 --gain malloc=tcmalloc:1.07
+    python benchmarks/keep_rule.py --runs 400 --gain malloc=hugepages:1.07
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ def space():
 
     from autotune.machine.hardware import detect
 
-    # bf16 offered whatever this machine is (its flag), as the planned search's tests do
+    # the same space on every machine: bf16 offered whatever this CPU is (its flag), as the planned search's tests
+    # do, and hugepages whatever its kernel and C library (a preloaded tcmalloc would depend on what is installed)
     hw = detect(with_torch=False)
-    hw = dataclasses.replace(hw, cpu_flags=tuple(hw.cpu_flags) + ("avx512_bf16",))
+    hw = dataclasses.replace(hw, cpu_flags=tuple(hw.cpu_flags) + ("avx512_bf16",), libc="glibc 2.36", thp="madvise")
     params = {"batch_size": {"type": "int", "choices": [32]},
               "amp": {"type": "categorical", "choices": ["off", "bf16"]},
               "channels_last": {"type": "bool"},
-              "malloc": {"type": "categorical", "choices": ["default", "retain", "tcmalloc"]}}
+              "malloc": {"type": "categorical", "choices": ["default", "retain", "hugepages"]}}
     return space_from_dict({"name": "keep-rule", "device": "cpu", "parameters": params, "baseline": BASELINE},
                            hardware=hw)
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="per-process spreads, log sd (default %(default)s)")
     ap.add_argument("--drift", type=float, default=0.01, help="the machine's drift a trial, log sd (default 0.01)")
     ap.add_argument("--gain", action="append", default=[], metavar="KNOB=VALUE:FACTOR",
-                    help="a knob value that really helps, e.g. malloc=tcmalloc:1.07 (repeatable)")
+                    help="a knob value that really helps, e.g. malloc=hugepages:1.07 (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     gains = {}

@@ -432,7 +432,7 @@ def test_keep_rule_runs_the_real_plan_to_its_end_and_finds_a_large_gain_it_must_
         import keep_rule
     finally:
         sys.path.remove(str(REPO_ROOT / "benchmarks"))
-    gain = ("malloc", "tcmalloc")
+    gain = ("malloc", "hugepages")
     r = keep_rule.measure(60, 0.02, {gain: 1.3}, drift=0.01, seed=7)
     assert r["kept"][gain] >= 57 and len(r["trials"]) == 60 and max(r["trials"]) < 40, r
     aa = keep_rule.measure(60, 0.05, {}, drift=0.01, seed=7)
