@@ -35,7 +35,8 @@ from autotune.search.plan import phases, resume
 from autotune.search.plan import queue as study_queue
 from autotune.search.plan.compile_gate import CompileGate
 from autotune.search.plan.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
-from autotune.search.plan.convergence import Convergence
+from autotune.search.plan.convergence import Convergence, noise_of
+from autotune.search.plan.coordinate import complete
 from autotune.search.plan.pruning import NoHopePruner, as_optuna_pruner
 from autotune.search.plan.warm_start import queue_warm_start
 from autotune.search.record import ceilings
@@ -346,7 +347,8 @@ class Tuner:
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         with local_lock:  # no finalist round fits: the best search trial, provisional, its claim confirmed
             rec, saved = (self._choose(study, planned, runner) if planned is not None
-                          else (fin.provisional(study, storage=self.storage_url), None))
+                          else (fin.provisional(study, storage=self.storage_url, prefer=self._kept_config(study),
+                                                noise=noise_of(study.get_trials(deepcopy=False))), None))
             run = self.phases.around("confirmation", runner or self.runner)
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
@@ -356,6 +358,13 @@ class Tuner:
         if rec is not None and sibling and planned is not None and top[1] in planned[1]:  # the sibling had rounds
             rec = dataclasses.replace(rec, notes=rec.notes + sibling)
         return self._record(study, rec, saved)
+
+    def _kept_config(self, study: Study) -> tuple | None:
+        """The config key of the planned search's best config (its incumbent), None without one."""
+        planned = self.plan(study)
+        if planned is None or planned.incumbent is None:
+            return None
+        return self.space.effective(complete(self.space, planned.incumbent)).key()
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, local: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks

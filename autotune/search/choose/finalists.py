@@ -443,9 +443,13 @@ def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
     return max(seen), (min(seen) if len(seen) > 1 else None)
 
 
-def provisional(study: Study, *, storage: str = "") -> Recommendation:
+def provisional(study: Study, *, storage: str = "", prefer: tuple | None = None, noise: float = 0.0) -> Recommendation:
     """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
-    (the run was stopped before the end, or the budget left no time for them)."""
+    (the run was stopped before the end, or the budget left no time for them). ``prefer``: the config key of the
+    planned search's best config (``coordinate.Plan.incumbent``), recommended instead of a faster single trial
+    within ``noise`` of it: the plan kept no knob on a gain that small (it re-measured it, or would have), and the
+    fastest of many single trials is the luckiest as often as the best (issue 50: inter-op threads 1, +5.3% once,
+    +3.6% over two rounds with an interval through 0, was recommended over the config the plan kept)."""
     checks = study.user_attrs.get(keys.PARITY) or {}
     feasible = {k: t for k, t in feasible_by_config(study).items()
                 if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
@@ -455,6 +459,12 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     # the fastest, or on its loader one that waited for data within the noise of it (a GPU's pipeline)
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
+    kept = feasible.get(prefer) if prefer is not None else None
+    if kept is not None and kept is not best and kept.value and (best.value or 0.0) <= kept.value * (1 + noise):
+        passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest "
+                       f"search trial (trial {best.number}, {100 * ((best.value or 0.0) / kept.value - 1):+.1f}%): "
+                       f"within the noise ({noise:.0%}) of it")
+        best = kept
     ua = best.user_attrs
     xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)

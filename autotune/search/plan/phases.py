@@ -5,7 +5,10 @@
 2. The sampler (TPE, never proposing compile: ``compile_gate.holding_back``) until the eager search settles:
    it converged (``convergence``: a patience from the cost of a trial), it keeps proposing configs the study
    already answered (the space is exhausted), or the budget has room for the compile trial and no more (once
-   the planned search is done: a budget too small for it never reaches compile).
+   the planned search is done: a budget too small for it never reaches compile). Where this CPU kind's record
+   says compile never paid (``likely.compile_rarely_pays``: none of 3 or more runs over 5% ahead of eager, each
+   costing a quarter of a 10-minute budget), a budget keeps no room for it: the eager search goes on, compile is
+   tried only if it converges first, and the search's closing line and the YAML's ``try`` say it was not.
 3. Compile last (``compile_last``): the best eager config with the space's compile modes, when the compile
    gate says one fits the time left. Then the search stops, saying why (``stop_reason``), and the finalists
    are re-measured.
@@ -25,6 +28,7 @@ from autotune.search.plan import queue as study_queue
 from autotune.search.record import trials as keys
 from autotune.search.plan.convergence import Convergence, convergence, noise_of
 from autotune.search.record.trials import MemoryLimit, feasible_by_config
+from autotune.search.space.likely import compile_rarely_pays
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -136,6 +140,14 @@ def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], trials_
             or compile_last.best_eager(study, fingerprint=ctx.fingerprint, limit=ctx.limit) is None):
         # no compile to leave room for, or no eager search settled to try it on: the budget ends the search
         return None
+    if trials_left is not None or ctx.budget.deadline is not None:
+        rarely = compile_rarely_pays(getattr(ctx.space, "cpu_kind", None))
+        if rarely is not None:  # a budget's time goes to the eager search (module docstring)
+            if study.user_attrs.get(keys.COMPILE_NO_ROOM) is None:
+                study.set_user_attr(keys.COMPILE_NO_ROOM, rarely)
+                ctx.log(f"compile gets no room of its own in this budget: {rarely}; the eager search goes on, and "
+                        "compile is tried only if it converges first")
+            return None
     if trials_left is not None and trials_left <= 1:
         return "the budget's last trial is compile's"
     if ctx.budget.deadline is not None and walls:
@@ -185,5 +197,8 @@ def search_done(outcome: SearchOutcome, study: Study, *, trials: int | None, log
     n = outcome.trials_run
     why = outcome.stop_reason or (f"ran the {trials} trial(s) asked for" if trials is not None and n >= trials
                                   else "out of time: what is left of the budget is the finalists'")
+    no_room = study.user_attrs.get(keys.COMPILE_NO_ROOM)
+    if not outcome.stop_reason and no_room and study.user_attrs.get(keys.EAGER_SETTLED) is None:
+        why += f"; compile not tried: {no_room}"
     log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: {why}")
     return why

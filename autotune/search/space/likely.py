@@ -17,7 +17,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers", "winners_for", "measured_on"]
+__all__ = ["LIKELY_WINNERS", "TRADE_DOWN", "likely_params", "hint_workers", "winners_for", "measured_on",
+           "compile_rarely_pays", "COMPILE_PAYS", "COMPILE_RUNS"]
+
+# compile "pays" on a kind where a run measured it more than this ahead of its eager config (the plan's noise floor);
+# a kind's record says it rarely pays once it holds at least COMPILE_RUNS runs and none of them did
+COMPILE_PAYS = 0.05
+COMPILE_RUNS = 3
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,6 +64,27 @@ def measured_on(kind: str | None) -> str:
     entry = (_data().get("kinds") or {}).get(kind) if kind else None
     runs = (entry or {}).get("measured") or []
     return f"measured on {runs[-1]['machine']}, {runs[-1]['date']}" if runs else ""
+
+
+def compile_rarely_pays(kind: str | None) -> str | None:
+    """Why a budget gives torch.compile no room of its own on a CPU of ``kind``, or None: its record in
+    ``likely.yaml`` holds ``COMPILE_RUNS`` runs or more and none ran more than ``COMPILE_PAYS`` ahead of eager.
+    The search then tries compile only once the eager search converged (``search.plan.phases``).
+
+    >>> compile_rarely_pays("amx")
+    'on this CPU kind (amx) compile ran x0.70-x1.05 of eager in 6 runs, never over 5% ahead (measured on Intel Xeon with AMX-BF16 (2 usable cores), 24 GiB, torch 2.14.1, 2026-11-29)'
+    >>> compile_rarely_pays(None), compile_rarely_pays("avx2")
+    (None, None)
+    """
+    entry = (_data().get("kinds") or {}).get(kind) if kind else None
+    record = (entry or {}).get("compile") or {}
+    ratios = [float(r) for r in record.get("of_eager") or ()]
+    if len(ratios) < COMPILE_RUNS or max(ratios) > 1 + COMPILE_PAYS:
+        return None
+    runs = record.get("measured") or []
+    where = f" (measured on {runs[-1]['machine']}, {runs[-1]['date']})" if runs else ""
+    return (f"on this CPU kind ({kind}) compile ran x{min(ratios):.2f}-x{max(ratios):.2f} of eager in {len(ratios)} "
+            f"runs, never over {COMPILE_PAYS:.0%} ahead{where}")
 
 
 # The default's (a GPU's, or a CPU kind with no runs of its own): ``winners_for(None)``
