@@ -447,9 +447,10 @@ def provisional(study: Study, *, storage: str = "", prefer: tuple | None = None,
     """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
     (the run was stopped before the end, or the budget left no time for them). ``prefer``: the config key of the
     planned search's best config (``coordinate.Plan.incumbent``), recommended instead of a faster single trial
-    within ``noise`` of it: the plan kept no knob on a gain that small (it re-measured it, or would have), and the
-    fastest of many single trials is the luckiest as often as the best (issue 50: inter-op threads 1, +5.3% once,
-    +3.6% over two rounds with an interval through 0, was recommended over the config the plan kept)."""
+    within ``noise`` of it, where ``same_loader`` did not pick by the pipeline already: the plan kept no knob on a
+    gain that small (it re-measured it, or would have), and the fastest of many single trials is the luckiest as
+    often as the best (issue 50: inter-op threads 1, +5.3% once, +3.6% over two rounds with an interval through 0,
+    was recommended over the config the plan kept)."""
     checks = study.user_attrs.get(keys.PARITY) or {}
     feasible = {k: t for k, t in feasible_by_config(study).items()
                 if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
@@ -459,7 +460,7 @@ def provisional(study: Study, *, storage: str = "", prefer: tuple | None = None,
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     # the fastest, or on its loader one that waited for data within the noise of it (a GPU's pipeline)
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
-    kept = feasible.get(prefer) if prefer is not None else None
+    kept = feasible.get(prefer) if prefer is not None and not passed_over else None  # the pipeline's call stands
     if kept is not None and kept is not best and kept.value and (best.value or 0.0) <= kept.value * (1 + noise):
         passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest "
                        f"search trial (trial {best.number}, {100 * ((best.value or 0.0) / kept.value - 1):+.1f}%): "

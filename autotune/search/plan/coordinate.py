@@ -403,12 +403,16 @@ class _Replay:
         self.phase = "walk"
         first = {k: ms[0].value for k, ms in self.by_key.items() if ms}
         present = {k for k, n in self.present.items() if n}
-        steps = next_steps(inc, self.space, first, present)
+        # a step within the noise of the best on its line looks one further (batch_walk); the noise as of the
+        # anchor's measurement, so later trials do not change the walk
+        at = self.by_key.get(self.key(inc))
+        noise = self.noise_at(at[0].number) if at else self.floor
+        steps = next_steps(inc, self.space, first, present, noise=noise)
         if steps:
             self.why.update({self.key(s.params): s.why() if s.after_batch != inc.get("batch_size") else
                              f"batch walk from the best config so far: batch {s.params['batch_size']}" for s in steps})
             self.get([(s.params, {keys.BATCH_LINE: s.direction}) for s in steps])
-        over, line = walked(inc, self.space, first)
+        over, line = walked(inc, self.space, first, noise=noise)
         if not over:
             raise _Wait  # a step is queued or running
         best = max(line, key=self.value)

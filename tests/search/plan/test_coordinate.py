@@ -252,6 +252,23 @@ def test_the_plan_waits_for_what_is_queued_and_queues_nothing_twice():
     assert again.needs == [] and again.phase == "separate"
 
 
+def test_the_walk_looks_one_step_past_a_step_within_the_noise_and_finds_the_batch_beyond():
+    """The bundle won (150 vs 100); batch 32 measured 148 once, within the 5% noise under it: the walk measures
+    batch 64 before ending upwards (issue 50: a 4-minute run stopped at 64 on one noisy trial at 128), and where 64
+    beats both beyond the noise the bundle is taken apart there, the baseline measured at 64 first."""
+    won = [(BASE, 100.0, {"baseline": True}), (LIKELY, 150.0, {"likely_winner": True}),
+           ({**LIKELY, "batch_size": 8}, 120.0, {"batch_line": -1}), ({**LIKELY, "batch_size": 32}, 148.0,
+                                                                      {"batch_line": 1})]
+    space, study = _study(won)
+    p = plan(space, study.get_trials())
+    assert p.phase == "walk" and [(n.params["batch_size"], n.roles) for n in p.needs] == [(64, {"batch_line": 1})]
+    assert p.needs[0].why.startswith("batch 32 (148.0 samples/s) came within the noise of batch 16 (150.0)")
+    space, study = _study(won + [({**LIKELY, "batch_size": 64}, 190.0, {"batch_line": 1})])
+    p = plan(space, study.get_trials())
+    assert any("batch 64 (190.0 samples/s) is the best on the line from batch 16" in n for n in p.notes), p.notes
+    assert _needs(p) == [("off", False, "default", 64, {"plan_step": "baseline at batch 64"})]  # beside it there
+
+
 def test_a_range_knob_is_stepped_to_a_few_values():
     threads = Param("intra_op_threads", "int", tuple(range(1, 65)))
     assert candidates(threads, 16) == [1, 8, 32, 64] and candidates(threads, 64) == [1, 32]
