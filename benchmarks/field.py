@@ -13,7 +13,8 @@ notice a slow-down and stay quiet when nothing changes?
    ratio of each pair's rates, Student's t over the pairs' log ratios (``settle.ratio_interval``), and whether its
    95% interval shows the cost at or below 1% of a step; the hooks timed where they run (every call in the 'on'
    blocks, by the clock), and timed alone (a ``prepare_input`` batch and a step end, 20,000 times), as a share of a
-   step.
+   step; the run's own thread: its CPU time in the 'on' blocks (``FieldRun.thread_cpu_s``) and one host sample
+   timed alone (``sampler_cost``).
 3. **The drift watch.** A data-bound loop whose dataset turns 3x slower after ``--drift-after-s`` seconds: how many
    windows the watch took to say so (counted from the first window wholly slow); then a steady run of
    ``--steady-s`` seconds (the issue asks for 10 minutes: ``--steady-s 600``; the default is 120 s, to keep this
@@ -166,15 +167,35 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
 
         field.pause()  # the next resume registers the timed step hook
         field.batch, field.step_end = timed(field.batch), timed(field.step_end)
+        thread_s, on_s = 0.0, 0.0  # the run's thread's CPU time in the 'on' blocks, and their wall time
         for p in range(pairs):
             for with_field in ((True, False) if p % 2 == 0 else (False, True)):
                 field.resume() if with_field else field.pause()
+                cpu0, t0 = field.thread_cpu_s, time.perf_counter()
                 (on if with_field else off).append(block(block_steps))
+                if with_field:
+                    thread_s, on_s = thread_s + field.thread_cpu_s - cpu0, on_s + time.perf_counter() - t0
         field.resume()
     ratio, lo, hi = ratio_interval([[x] for x in on], [[x] for x in off])
     return {"on_steps_per_s": on, "off_steps_per_s": off, "ratio": ratio, "low": lo, "high": hi,
             "pairs": pairs, "block_steps": block_steps, "data": data,
-            "in_loop_hook_s_per_step": inside[0] / (pairs * block_steps)}
+            "in_loop_hook_s_per_step": inside[0] / (pairs * block_steps),
+            "thread_cpu_share_on": thread_s / on_s if on_s else None}
+
+
+def sampler_cost(calls: int = 200, every_s: float = FieldSpec().host_every_s) -> dict:
+    """The field run's thread's work alone: one host sample (``HostSampler.sample``: this process tree's memory
+    and CPU time, the machine's) timed ``calls`` times, wall and this thread's CPU, and its share of a core at one
+    sample every ``every_s`` seconds (the default ``FieldSpec.host_every_s``)."""
+    from autotune.field.host import HostSampler
+
+    sampler = HostSampler()
+    sampler.sample()
+    t, c = time.perf_counter(), time.thread_time()
+    for _ in range(calls):
+        sampler.sample()
+    wall, cpu = (time.perf_counter() - t) / calls, (time.thread_time() - c) / calls
+    return {"sample_wall_s": wall, "sample_cpu_s": cpu, "sample_share_of_core": cpu / every_s}
 
 
 def hook_cost(step_s: float, calls: int = 20000) -> dict:
@@ -302,7 +323,8 @@ def _overhead(args, results: dict) -> None:
                              storage=args.storage, measure=quick, progress=False)
     ov = overhead(rec, first, args.image_size, args.pairs, args.block_steps, args.overhead_data)
     cost = hook_cost(1 / statistics.median(ov["off_steps_per_s"]))
-    results["overhead"] = {**ov, **cost}
+    sampled = sampler_cost()
+    results["overhead"] = {**ov, **cost, **sampled}
     # the field run costs at most 1% of a step where on/off is at least 1/1.01 at the interval's low end
     shown = ("at or below 1%: shown (the interval's low end is above x0.990)" if ov["low"] >= 1 / 1.01
              else "at or below 1%: not shown (the interval reaches below x0.990)")
@@ -313,7 +335,10 @@ def _overhead(args, results: dict) -> None:
           f"{100 * cost['share_of_step']:.2g}% of a {1e3 / statistics.median(ov['off_steps_per_s']):.0f} ms step; "
           f"timed in the loop's 'on' blocks {1e6 * ov['in_loop_hook_s_per_step']:.1f} us a step, "
           f"{100 * ov['in_loop_hook_s_per_step'] * statistics.median(ov['off_steps_per_s']):.2g}% of it "
-          f"({100 * ov['in_loop_hook_s_per_step'] / 0.01:.2g}% of a 10 ms one)",
+          f"({100 * ov['in_loop_hook_s_per_step'] / 0.01:.2g}% of a 10 ms one); the run's thread took "
+          f"{100 * (ov['thread_cpu_share_on'] or 0.0):.2g}% of a core in the 'on' blocks, one host sample "
+          f"{1e3 * sampled['sample_wall_s']:.2f} ms ({1e3 * sampled['sample_cpu_s']:.2f} ms CPU), "
+          f"{100 * sampled['sample_share_of_core']:.2g}% of a core at one every {FieldSpec().host_every_s:g} s",
           flush=True)
 
 

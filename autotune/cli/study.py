@@ -413,7 +413,9 @@ def add_study_commands(sub) -> None:
                    help="local: trials one at a time on this machine; ray: trials spread over a Ray cluster "
                         "through Ray Tune (default: %(default)s)")
     p.add_argument("--address", default=None, metavar="ADDR",
-                   help="with --backend ray: the cluster to join (e.g. auto); default: start a local Ray")
+                   help="with --backend ray: the cluster to join (auto: the latest started on this machine; "
+                        "default: RAY_ADDRESS where set, else a local Ray of this run's own, never one another "
+                        "run or user started)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="also write the recommendation's YAML to FILE when the run ends (what `autotune export` "

@@ -52,8 +52,8 @@ class HostSampler:
         ct = ps.cpu_times()
         busy = sum(ct) - ct.idle - getattr(ct, "iowait", 0.0)
         now = time.monotonic()
-        out = {"rss_mb": round(rss / 2**20, 1), "avail_share": round(ps.virtual_memory().available
-                                                                     / ps.virtual_memory().total, 4)}
+        vm = ps.virtual_memory()
+        out = {"rss_mb": round(rss / 2**20, 1), "avail_share": round(vm.available / vm.total, 4)}
         if self._last is not None and now - self._last[0] > 0.05:
             wall = now - self._last[0]
             # clamped at 0: a worker that exited took its CPU time with it

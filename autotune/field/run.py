@@ -110,6 +110,7 @@ class FieldRun:
         self.kept: str | None = None  # why the record is not kept, if it is not
         self.steps = 0        # optimizer steps (or a framework's training batches)
         self.infer_steps = 0  # inference batches (autograd off)
+        self.thread_cpu_s = 0.0  # the CPU time the run's own thread took (set-up, host figures, writing the record)
         self.state = "new"
         self.paused = False  # ``pause``d: the hooks do nothing until ``resume``
         self.run_id = (f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{socket.gethostname()}"
@@ -317,6 +318,7 @@ class FieldRun:
             if time.monotonic() - kept_at >= self.spec.keep_every_s:
                 self._keep()
                 kept_at = time.monotonic()
+            self.thread_cpu_s = time.thread_time()  # this thread's CPU since it started, its set-up included
             self._stop.wait(self.spec.host_every_s)
 
     def _device_sampler(self) -> Any:
@@ -469,6 +471,8 @@ class FieldRun:
             "updated": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
             "state": "off" if self.off else self.state, "off": self.off, "task": self.claim.task,
             "steps": self.steps, "window_s": self.spec.window_s, "windows": len(closed),
+            # what measuring took of the machine beside the hooks: the run's thread's CPU seconds since it started
+            "field_thread_cpu_s": round(self.thread_cpu_s, 4),
             "settled_windows": len(settled),
             "median_samples_per_s": None if s is None else round(s.median, 3),
             "iqr_samples_per_s": None if s is None else round(s.iqr, 3),

@@ -27,7 +27,7 @@ from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
-from autotune.search.choose.contenders import contenders, lost_gap, window_noise, with_lighter_sibling
+from autotune.search.choose.contenders import contenders, lost_gap, window_noise
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
@@ -35,8 +35,7 @@ from autotune.search.plan import phases, resume
 from autotune.search.plan import queue as study_queue
 from autotune.search.plan.compile_gate import CompileGate
 from autotune.search.plan.context import ConnectContext, Placement, Runner, SearchContext, SearchOutcome
-from autotune.search.plan.convergence import Convergence, noise_of
-from autotune.search.plan.coordinate import complete
+from autotune.search.plan.convergence import Convergence
 from autotune.search.plan.pruning import NoHopePruner, as_optuna_pruner
 from autotune.search.plan.warm_start import queue_warm_start
 from autotune.search.record import ceilings
@@ -46,7 +45,7 @@ from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
 from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
-from autotune.search.record.untried import untried, untried_line
+from autotune.search.record.untried import untried_in_study, untried_line
 from autotune._redact import redact
 
 if TYPE_CHECKING:
@@ -338,33 +337,25 @@ class Tuner:
         ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
         gap = lost_gap(study.get_trials(deepcopy=False))
-        top, left_out = contenders(ranked, k=self.finalists, gap=gap)
         # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``)
-        top, sibling = with_lighter_sibling(top, ranked, baseline_trial(study), k=self.finalists, gap=gap)
+        chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
+        top = chosen.top
         budget = dataclasses.replace(budget, window_noise=window_noise(top))
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
         with local_lock:  # no finalist round fits: the best search trial, provisional, its claim confirmed
             rec, saved = (self._choose(study, planned, runner) if planned is not None
-                          else (fin.provisional(study, storage=self.storage_url, prefer=self._kept_config(study),
-                                                noise=noise_of(study.get_trials(deepcopy=False))), None))
+                          else (fin.provisional(study, storage=self.storage_url), None))
             run = self.phases.around("confirmation", runner or self.runner)
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget)
-        if rec is not None and left_out and planned is not None:  # a shortcut says what it skipped and why
-            rec = dataclasses.replace(rec, notes=rec.notes + left_out)
-        if rec is not None and sibling and planned is not None and top[1] in planned[1]:  # the sibling had rounds
-            rec = dataclasses.replace(rec, notes=rec.notes + sibling)
+        if rec is not None and planned is not None:  # a shortcut says what it skipped and why; the sibling's rounds
+            had_rounds = chosen.sibling is not None and chosen.sibling in planned[1]
+            rec = dataclasses.replace(rec, notes=rec.notes + chosen.left_out
+                                      + (chosen.sibling_note if had_rounds else ()))
         return self._record(study, rec, saved)
-
-    def _kept_config(self, study: Study) -> tuple | None:
-        """The config key of the planned search's best config (its incumbent), None without one."""
-        planned = self.plan(study)
-        if planned is None or planned.incumbent is None:
-            return None
-        return self.space.effective(complete(self.space, planned.incumbent)).key()
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, local: bool):
         """``(the finalists' deadline, candidates, rounds, numerics check steps)`` that fit the budget, the checks
@@ -412,10 +403,7 @@ class Tuner:
 
     def _with_untried(self, study: Study, rec):
         """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note."""
-        # every field as it ran: a stored dict leaves DDP's arguments out at their defaults (``TrialConfig.to_dict``)
-        ran = [dataclasses.asdict(keys.config_of(t)) for t in study.get_trials(deepcopy=False)
-               if t.state.is_finished() and t.user_attrs.get(keys.CONFIG)]
-        knobs = untried(self.space, ran, dataclasses.asdict(rec.config))
+        knobs = untried_in_study(self.space, study.get_trials(deepcopy=False), rec.config)
         if not knobs:
             return rec
         line = untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason)

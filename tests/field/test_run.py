@@ -219,7 +219,8 @@ def test_rank_0_reports_the_ranks_from_their_records_in_the_study(tmp_path):
 
 def test_a_paused_field_runs_thread_reads_no_host_figure_and_keeps_nothing(monkeypatch):
     """While paused the run's own thread samples nothing (the field benchmark's 'off' blocks carry none of the
-    field run's work, so its on/off ratio holds all of it); it samples again on ``resume``."""
+    field run's work, so its on/off ratio holds all of it); it samples again on ``resume``. The CPU time it took
+    is counted (``thread_cpu_s``, kept in the record), and not while it idles."""
     from autotune.field import host
 
     calls: list[float] = []
@@ -236,9 +237,11 @@ def test_a_paused_field_runs_thread_reads_no_host_figure_and_keeps_nothing(monke
         assert len(calls) >= 3  # sampling every 0.02 s
         run.pause()
         time.sleep(0.05)  # a sample in flight at the pause ends
-        paused_at = len(calls)
+        paused_at, cpu_at = len(calls), run.thread_cpu_s
+        assert cpu_at > 0 and run.to_dict()["field_thread_cpu_s"] == round(cpu_at, 4)  # its own cost, counted
         time.sleep(0.4)
         assert len(calls) == paused_at, "the paused run's thread sampled the host"
+        assert run.thread_cpu_s == cpu_at  # an idle thread counts nothing
         run.resume()
         time.sleep(0.3)
         assert len(calls) >= paused_at + 3

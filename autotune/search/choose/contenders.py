@@ -9,40 +9,63 @@ May import what the rest of ``choose`` may (``search.budget``, ``search.record``
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
 
-__all__ = ["contenders", "lighter_sibling", "with_lighter_sibling", "lost_gap", "window_noise", "LOSER_SPREAD"]
+__all__ = ["Contenders", "contenders", "lighter_sibling", "lost_gap", "window_noise", "LOSER_SPREAD"]
 
 # The spread between fresh processes of one config (sd of log) ``lost_gap`` assumes at least: the middle of what these
 # VMs show (5-20%; 17-36% between processes of 0.3 s windows under load, benchmarks/results/coverage-windows-*).
 LOSER_SPREAD = 0.10
 
 
-def contenders(ranked: list, *, k: int, gap: float) -> tuple[list, tuple[str, ...]]:
-    """``(the finalists, a note on those left out)``: the first ``k`` of ``ranked`` (feasible trials, best first),
-    less those the best outran by more than ``gap`` (``lost_gap``: best / it > 1 + gap, beyond what two fresh
-    processes of one config differ by); their rounds would buy nothing but time the search spends better (issue
-    50). The best always stays.
+class Contenders(NamedTuple):
+    """Who gets a finalist round: ``top`` (best first), the notes on those left out (``left_out``), and the best
+    config's lighter sibling where it was added second (``sibling``, None where not) with its note."""
+
+    top: list
+    left_out: tuple[str, ...] = ()
+    sibling: Any = None
+    sibling_note: tuple[str, ...] = ()
+
+
+def contenders(ranked: list, *, k: int, gap: float, base=None) -> Contenders:
+    """The finalists: the first ``k`` of ``ranked`` (feasible trials, best first), less those the best outran by
+    more than ``gap`` (``lost_gap``: best / it > 1 + gap, beyond what two fresh processes of one config differ by);
+    their rounds would buy nothing but time the search spends better (issue 50). The best always stays. With
+    ``base`` (the baseline trial) and ``k`` >= 2, the best config's ``lighter_sibling`` comes second where it is not
+    among them already, the last making room when there are ``k``: the finalists' plan drops from the end when
+    time is short, so the sibling stays longer than the search's third.
 
     >>> from types import SimpleNamespace as T
-    >>> top, note = contenders([T(number=3, value=100.0), T(number=7, value=90.0), T(number=1, value=70.0)],
-    ...                        k=3, gap=0.262)
-    >>> [t.number for t in top], len(note)
-    ([3, 7], 1)
-    >>> note[0].split(": ")[1]
+    >>> c = contenders([T(number=3, value=100.0), T(number=7, value=90.0), T(number=1, value=70.0)], k=3, gap=0.262)
+    >>> [t.number for t in c.top], len(c.left_out), c.sibling
+    ([3, 7], 1, None)
+    >>> c.left_out[0].split(": ")[1]
     'the best (trial 3) measured x1.43 its figure in the search'
     """
     top = list(ranked[: max(1, k)])
     if not top or not top[0].value:
-        return top, ()
+        return Contenders(top)
     best = top[0]
     out = [t for t in top[1:] if not t.value or best.value / t.value > 1.0 + gap]
     notes = tuple(f"no finalist round for trial {t.number}: the best (trial {best.number}) measured "
                   f"x{best.value / t.value:.2f} its figure in the search: beyond the x{1 + gap:.2f} that two fresh "
                   "processes of one config differ by at 95%" for t in out if t.value)
-    return [t for t in top if t not in out], notes
+    top = [t for t in top if t not in out]
+    sib = lighter_sibling(ranked, base, gap=gap) if k >= 2 else None
+    if sib is None or any(t is sib for t in top):
+        return Contenders(top, notes)
+    kept = ([top[0], sib] + top[1:])[:k]
+    dropped = [t for t in top if t not in kept]
+    apart = _apart(top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG])
+    one = len(apart) == 1
+    note = (f"finalist trial {sib.number}: the best (trial {top[0].number}) with {', '.join(apart)} as the baseline "
+            f"has {'it' if one else 'them'}, so the rounds measure what {'it buys' if one else 'they buy'}, paired"
+            + (f" (in place of trial {dropped[0].number}, the search's next best)" if dropped else ""))
+    return Contenders(kept, notes, sib, (note,))
 
 
 def lighter_sibling(ranked: list, base, *, gap: float):
@@ -91,24 +114,6 @@ def lighter_sibling(ranked: list, base, *, gap: float):
 def _apart(a: dict, b: dict) -> list[str]:
     """The knobs two stored configs differ in (``trials.knobs_apart``)."""
     return keys.knobs_apart(TrialConfig.from_dict(a), TrialConfig.from_dict(b))
-
-
-def with_lighter_sibling(top: list, ranked: list, base, *, k: int, gap: float) -> tuple[list, tuple[str, ...]]:
-    """``top`` (at most ``k`` finalists) with the best config's ``lighter_sibling`` second where it is not among them
-    already, the last of them making room when there are ``k``; with a note saying why (and which trial made room).
-    Unchanged for ``k`` < 2. The finalists' plan drops from the end when time is short, so the sibling stays longer
-    than the search's third."""
-    sib = lighter_sibling(ranked, base, gap=gap) if k >= 2 and top else None
-    if sib is None or any(t is sib for t in top):
-        return top, ()
-    out = ([top[0], sib] + top[1:])[:k]
-    dropped = [t for t in top if t not in out]
-    apart = _apart(top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG])
-    one = len(apart) == 1
-    note = (f"finalist trial {sib.number}: the best (trial {top[0].number}) with {', '.join(apart)} as the baseline "
-            f"has {'it' if one else 'them'}, so the rounds measure what {'it buys' if one else 'they buy'}, paired"
-            + (f" (in place of trial {dropped[0].number}, the search's next best)" if dropped else ""))
-    return out, (note,)
 
 
 def lost_gap(trials: list) -> float:

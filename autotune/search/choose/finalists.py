@@ -24,10 +24,11 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.machine.launch_env import inherited_env
 from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
-from autotune.measure import summarize
+from autotune.measure import NOISY_REL_IQR, summarize
 from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, compared_with, first_passing,
                                    needs_parity, world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
+from autotune.search.choose.contenders import window_noise
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
@@ -443,14 +444,14 @@ def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
     return max(seen), (min(seen) if len(seen) > 1 else None)
 
 
-def provisional(study: Study, *, storage: str = "", prefer: tuple | None = None, noise: float = 0.0) -> Recommendation:
+def provisional(study: Study, *, storage: str = "") -> Recommendation:
     """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
-    (the run was stopped before the end, or the budget left no time for them). ``prefer``: the config key of the
-    planned search's best config (``coordinate.Plan.incumbent``), recommended instead of a faster single trial
-    within ``noise`` of it, where ``same_loader`` did not pick by the pipeline already: the plan kept no knob on a
-    gain that small (it re-measured it, or would have), and the fastest of many single trials is the luckiest as
-    often as the best (issue 50: inter-op threads 1, +5.3% once, +3.6% over two rounds with an interval through 0,
-    was recommended over the config the plan kept)."""
+    (the run was stopped before the end, or the budget left no time for them). Where the planned search kept a
+    config as its best (``keys.PLAN_KEPT``), that config is recommended instead of a faster single trial within the
+    noise of it (the windows' median spread, at least ``NOISY_REL_IQR``), unless ``same_loader`` picked by the
+    pipeline already: the plan kept no knob on a gain that small (it re-measured it, or would have), and the
+    fastest of many single trials is the luckiest as often as the best (issue 50: inter-op threads 1, +5.3% once,
+    +3.6% over two rounds with an interval through 0, was recommended over the config the plan kept)."""
     checks = study.user_attrs.get(keys.PARITY) or {}
     feasible = {k: t for k, t in feasible_by_config(study).items()
                 if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
@@ -460,7 +461,9 @@ def provisional(study: Study, *, storage: str = "", prefer: tuple | None = None,
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     # the fastest, or on its loader one that waited for data within the noise of it (a GPU's pipeline)
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
-    kept = feasible.get(prefer) if prefer is not None and not passed_over else None  # the pipeline's call stands
+    planned = study.user_attrs.get(keys.PLAN_KEPT)
+    kept = feasible.get(TrialConfig.from_dict(planned).key()) if planned and not passed_over else None
+    noise = max(NOISY_REL_IQR, window_noise(study.get_trials(deepcopy=False)) or 0.0)
     if kept is not None and kept is not best and kept.value and (best.value or 0.0) <= kept.value * (1 + noise):
         passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest "
                        f"search trial (trial {best.number}, {100 * ((best.value or 0.0) / kept.value - 1):+.1f}%): "

@@ -3,15 +3,15 @@
 Batch size is the knob no rule of thumb settles, and a sampler given few trials spends its first ones at
 random. So the walk starts at an anchor (the likely winner, else the baseline) and goes one batch choice at a
 time in each direction for as long as each step beat the best on its line, and one step further where a step
-came within the noise of that best (issue 50: one noisy trial at batch 128 ended a 4-minute walk that a 10-minute
-run took to 256, x1.8). ``next_steps`` is worked out afresh
-from the study's finished trials after every trial, so it does not matter in which order the steps finish
-(several workers, Ray), whether a step was measured by the sampler rather than queued, or whether a run was
-killed half-way: the first step of a direction that is not measured yet is queued unless it already exists in
-any state. A step that failed, ran out of memory, was pruned or was slower beyond the noise ends its direction, as
-does a second step in a row that did not beat the best. Decided on single trials' medians: on a noisy machine a
-lucky step may cost one more trial, and the look past a step within the noise keeps an unlucky one from ending the
-walk.
+came within the noise of that best (the planned search's walk, ``coordinate``; a study from before it walks with
+no look. Issue 50: one noisy trial at batch 128 ended a 4-minute walk that a 10-minute run took to 256, x1.8).
+``next_steps`` is worked out afresh from the study's finished trials after every trial, so it does not matter in
+which order the steps finish (several workers, Ray), whether a step was measured by the sampler rather than
+queued, or whether a run was killed half-way: the first step of a direction that is not measured yet is queued
+unless it already exists in any state. A step that failed, ran out of memory, was pruned or was slower beyond the
+noise ends its direction, as does a second step in a row that did not beat the best. Decided on single trials'
+medians: on a noisy machine a lucky step may cost one more trial, and the look past a step within the noise keeps an
+unlucky one from ending the walk.
 
 >>> next_steps({"batch_size": 8}, space, measured={k8: 10.0}, present={k8})   # doctest: +SKIP
 [Step(params={'batch_size': 16}, direction=1, ...)]

@@ -8,7 +8,8 @@
    the planned search is done: a budget too small for it never reaches compile). Where this CPU kind's record
    says compile never paid (``likely.compile_rarely_pays``: none of 3 or more runs over 5% ahead of eager, each
    costing a quarter of a 10-minute budget), a budget keeps no room for it: the eager search goes on, compile is
-   tried only if it converges first, and the search's closing line and the YAML's ``try`` say it was not.
+   tried only if it converges (or runs out of configs) first, and the search's closing line and the YAML's
+   ``try`` say it was not.
 3. Compile last (``compile_last``): the best eager config with the space's compile modes, when the compile
    gate says one fits the time left. Then the search stops, saying why (``stop_reason``), and the finalists
    are re-measured.
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
     from autotune.search.choose.payback import RunLength
     from autotune.search.space.search_space import SearchSpace
 
-__all__ = ["run_seconds", "advance", "after_trial", "PlanMemo", "stop_reason", "status_line", "search_done"]
+__all__ = ["run_seconds", "advance", "after_trial", "keep_incumbent", "PlanMemo", "stop_reason", "status_line",
+           "search_done"]
 
 
 def run_seconds(study: Study, *, run_length: RunLength, fingerprint: str, limit: MemoryLimit) -> float:
@@ -84,6 +86,19 @@ def after_trial(ctx: SearchContext, study: Study, *, said: set[str], ceilings_he
     return planned
 
 
+def keep_incumbent(study: Study, space: SearchSpace, planned: Plan) -> None:
+    """The config the plan keeps as its best so far, on the study (``keys.PLAN_KEPT``): a provisional recommendation
+    prefers it over a faster single trial within the noise of it (``finalists.provisional``), whoever builds one
+    (the run, ``autotune export``, the report) and whether or not the plan is worked out there."""
+    from autotune.search.plan.coordinate import complete
+
+    if planned.incumbent is None:
+        return
+    kept = space.effective(complete(space, planned.incumbent)).to_dict()
+    if study.user_attrs.get(keys.PLAN_KEPT) != kept:
+        study.set_user_attr(keys.PLAN_KEPT, kept)
+
+
 class PlanMemo:
     """The planned search's state over one run: the decisions logged so far (``said``: each said once) and the plan
     worked out for the study's trials as they stand (worked out again once a trial is added or changes state)."""
@@ -101,6 +116,7 @@ class PlanMemo:
         planned = after_trial(ctx, study, said=self.said, ceilings_here=ceilings_here)
         if planned is not None:
             self._plan = (self._states(study), planned)  # its needs are queued now: present, not needed
+            keep_incumbent(study, ctx.space, planned)
 
     def plan(self, study: Study, space: SearchSpace, *, limit: MemoryLimit, fingerprint: str) -> Plan | None:
         """Where the planned search stands (``coordinate.Plan``); a study from before it has none (None)."""
@@ -146,7 +162,7 @@ def _eager_over(ctx: SearchContext, study: Study, *, walls: list[float], trials_
             if study.user_attrs.get(keys.COMPILE_NO_ROOM) is None:
                 study.set_user_attr(keys.COMPILE_NO_ROOM, rarely)
                 ctx.log(f"compile gets no room of its own in this budget: {rarely}; the eager search goes on, and "
-                        "compile is tried only if it converges first")
+                        "compile is tried only if it converges or runs out of configs first")
             return None
     if trials_left is not None and trials_left <= 1:
         return "the budget's last trial is compile's"

@@ -19,10 +19,13 @@ with no workers).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any, Iterable
 
-__all__ = ["untried", "untried_line", "NOT_LISTED"]
+from autotune.search.record.trials import CONFIG, config_of
+
+__all__ = ["untried", "untried_in_study", "untried_line", "NOT_LISTED"]
 
 # walked by its own plan (batch_walk) and so never "untried" in the coordinate step's sense
 NOT_LISTED = ("batch_size",)
@@ -51,6 +54,15 @@ def untried(space: Any, ran: Iterable[dict[str, Any]], recommended: dict[str, An
         if missing:
             out[p.name] = missing
     return out
+
+
+def untried_in_study(space: Any, trials: Iterable[Any], recommended: Any) -> dict[str, list]:
+    """``untried`` over a study's ``trials`` (Optuna's) and the ``recommended`` ``TrialConfig``: each finished
+    trial read as the full config it ran (``trials.config_of``), for a stored config leaves DDP's arguments out at
+    their defaults (``TrialConfig.to_dict``), and read as stored it named bucket_cap_mb=25 untried on a run whose
+    every trial ran it."""
+    ran = [dataclasses.asdict(config_of(t)) for t in trials if t.state.is_finished() and t.user_attrs.get(CONFIG)]
+    return untried(space, ran, dataclasses.asdict(recommended))
 
 
 def untried_line(knobs: dict[str, list], *, budget_ended: bool) -> str:

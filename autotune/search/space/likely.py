@@ -68,16 +68,16 @@ def measured_on(kind: str | None) -> str:
 
 def compile_rarely_pays(kind: str | None) -> str | None:
     """Why a budget gives torch.compile no room of its own on a CPU of ``kind``, or None: its record in
-    ``likely.yaml`` holds ``COMPILE_RUNS`` runs or more and none ran more than ``COMPILE_PAYS`` ahead of eager.
-    The search then tries compile only once the eager search converged (``search.plan.phases``).
+    ``likely.yaml`` (``compile.<kind>``) holds ``COMPILE_RUNS`` runs or more and none ran more than ``COMPILE_PAYS``
+    ahead of eager. The search then tries compile only where the eager search converges or runs out of configs
+    first (``search.plan.phases``).
 
     >>> compile_rarely_pays("amx").split(" (measured on")[0]
     'on this CPU kind (amx) compile ran x0.70-x1.05 of eager in 6 runs, never over 5% ahead'
     >>> compile_rarely_pays(None), compile_rarely_pays("avx2")
     (None, None)
     """
-    entry = (_data().get("kinds") or {}).get(kind) if kind else None
-    record = (entry or {}).get("compile") or {}
+    record = ((_data().get("compile") or {}).get(kind) or {}) if kind else {}
     ratios = [float(r) for r in record.get("of_eager") or ()]
     if len(ratios) < COMPILE_RUNS or max(ratios) > 1 + COMPILE_PAYS:
         return None

@@ -102,3 +102,63 @@ def _trial_children_writing_under(root) -> list[int]:
         except psutil.Error:
             pass
     return found
+
+
+@pytest.mark.slow
+def test_without_an_address_a_run_starts_a_ray_of_its_own_beside_one_already_running():
+    """Another Ray is up on this machine (another run's, another user's: ``ray.init`` records it as the latest in
+    /tmp/ray). Without --address, ``ray.init()`` would join it and refuse ``num_cpus`` ("When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided"); the run starts a Ray of its own instead, on its
+    own cores, and shuts only that one down."""
+    import os
+    import subprocess
+    import sys
+
+    hold = ("import ray, time; ray.init(num_cpus=1, include_dashboard=False); "
+            "print(ray.get_runtime_context().gcs_address, flush=True); time.sleep(600)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        theirs = other.stdout.readline().strip()
+        assert theirs and other.poll() is None
+        mine = subprocess.run(
+            [sys.executable, "-c", "import ray; from autotune.search.backends.ray.cluster import connect; "
+             "print(connect(ray, None, 2)); print(ray.get_runtime_context().gcs_address); "
+             "print(ray.cluster_resources().get('CPU')); ray.shutdown()"],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert mine.returncode == 0, mine.stderr[-2000:]
+        started, address, cpus = mine.stdout.split()[-3:]
+        assert started == "True" and address != theirs and float(cpus) == 2.0, mine.stdout
+        assert other.poll() is None  # theirs is still up
+    finally:
+        other.terminate()
+        other.wait(60)
+
+
+def test_connect_starts_its_own_ray_unless_given_an_address(monkeypatch):
+    """The arguments ``connect`` gives ``ray.init`` (a recorder in Ray's place; the slow test above runs the real
+    one): no address and no RAY_ADDRESS, or ``local``: a Ray of the run's own on its usable cores (``address=
+    "local"``: never the latest Ray another run or user started); RAY_ADDRESS or --address: that cluster, with no
+    core count (Ray refuses one when joining)."""
+    from autotune.search.backends.ray.cluster import connect
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            self.calls.append({k: v for k, v in kw.items() if k in ("address", "num_cpus")})
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    seen = []
+    for address, env in ((None, None), ("local", None), (None, "10.0.0.5:6379"), ("auto", "10.0.0.5:6379")):
+        if env:
+            monkeypatch.setenv("RAY_ADDRESS", env)
+        ray = Recorder()
+        assert connect(ray, address, 3) is True
+        seen += ray.calls
+    assert seen == [{"address": "local", "num_cpus": 3}, {"address": "local", "num_cpus": 3},
+                    {"address": "10.0.0.5:6379"}, {"address": "auto"}]

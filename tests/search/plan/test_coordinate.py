@@ -357,7 +357,8 @@ def test_with_no_finalist_round_the_provisional_pick_is_the_config_the_plan_kept
     """inter-op threads 1 measures +4% once (within the 5% noise) and -1% when measured again: the plan keeps the
     config before it. A budget with no finalist round left recommends that config, provisionally, and says which
     faster single trial it passed over; the fastest trial is recommended where it beat the kept config beyond the
-    noise (the sampler found it after the plan was done)."""
+    noise (the sampler found it after the plan was done). The kept config is the study's (``plan_kept``), so an
+    export of a run stopped before its finalists says the same."""
     params = {"batch_size": {"type": "int", "choices": list(BATCH)}, "channels_last": {"type": "bool"},
               "inter_op_threads": {"type": "int", "choices": [1, 2]}}
     space = space_from_dict({"name": "fake", "device": "cpu", "parameters": params,
@@ -386,6 +387,9 @@ def test_with_no_finalist_round_the_provisional_pick_is_the_config_the_plan_kept
     rec = tuner.finalize(budget=none_fits)
     assert rec.provisional and rec.config.inter_op_threads == 2 and rec.config.channels_last, rec.config
     assert any("the planned search's best config" in n and "+4.0%" in n for n in rec.notes), rec.notes
+    from autotune.search.choose.finalists import provisional
+
+    assert provisional(study).config == rec.config  # as `autotune export` and the report build it, from the study
     # a trial beyond the noise of the kept config (as the sampler might find): the fastest is recommended
     beyond = dataclasses.replace(rec.config, batch_size=64)
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=200.0, params={

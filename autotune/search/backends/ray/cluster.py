@@ -29,18 +29,28 @@ def import_ray():
 
 
 def connect(ray, address: str | None, usable_cores: int) -> bool:
-    """Join the cluster at ``address``, or start a local Ray with this machine's usable cores.
-    Returns True when this call started Ray (and so shuts it down)."""
+    """Join the cluster at ``address`` (else at ``RAY_ADDRESS``, as Ray's own tools read it), or start a local Ray
+    of this run's own with this machine's usable cores (also for ``local``, Ray's word for it). Returns True when
+    this call started or joined Ray (and so shuts its connection down).
+
+    Without an address ``ray.init()`` joins the latest Ray started on this machine (``/tmp/ray``'s
+    ``ray_current_cluster``: a ``ray start``, another run's, another user's), and then refuses ``num_cpus`` ("When
+    connecting to an existing cluster, num_cpus and num_gpus must not be provided"): a run that asked for no
+    cluster ran its trials in someone else's, or not at all. ``address="local"`` starts one of its own."""
     import logging
+    import os
 
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    address = address or os.environ.get("RAY_ADDRESS", "").strip() or None
+    if address == "local":  # Ray's word for a new local Ray: this run's own, on its usable cores
+        address = None
     try:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=usable_cores, include_dashboard=False, **kwargs)
+            ray.init(address="local", num_cpus=usable_cores, include_dashboard=False, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
