@@ -106,18 +106,20 @@ def _trial_children_writing_under(root) -> list[int]:
 
 @pytest.mark.slow
 def test_without_an_address_a_run_starts_a_ray_of_its_own_beside_one_already_running():
-    """Another Ray is up on this machine (another run's, another user's: ``ray.init`` records it as the latest in
-    /tmp/ray). Without --address, ``ray.init()`` would join it and refuse ``num_cpus`` ("When connecting to an
-    existing cluster, num_cpus and num_gpus must not be provided"); the run starts a Ray of its own instead, on its
-    own cores, and shuts only that one down."""
+    """Another Ray is up on this machine, started as ``ray start --head`` does (``ray.cluster_utils.Cluster``: it
+    records its address as the latest in /tmp/ray, which ``ray.init()`` with no address joins, and then refuses
+    ``num_cpus``: "When connecting to an existing cluster, num_cpus and num_gpus must not be provided"). Without
+    --address the run starts a Ray of its own instead, on its own cores; the other is left running."""
     import os
     import subprocess
     import sys
 
-    hold = ("import ray, time; ray.init(num_cpus=1, include_dashboard=False); "
-            "print(ray.get_runtime_context().gcs_address, flush=True); time.sleep(600)")
+    hold = ("import sys; from ray.cluster_utils import Cluster; "
+            "c = Cluster(initialize_head=True, head_node_args={'num_cpus': 1}); print(c.address, flush=True); "
+            "sys.stdin.read(); c.shutdown()")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env)
+    other = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=env)
     try:
         theirs = other.stdout.readline().strip()
         assert theirs and other.poll() is None
@@ -131,8 +133,7 @@ def test_without_an_address_a_run_starts_a_ray_of_its_own_beside_one_already_run
         assert started == "True" and address != theirs and float(cpus) == 2.0, mine.stdout
         assert other.poll() is None  # theirs is still up
     finally:
-        other.terminate()
-        other.wait(60)
+        other.communicate("", timeout=120)
 
 
 def test_connect_starts_its_own_ray_unless_given_an_address(monkeypatch):

@@ -33,10 +33,11 @@ def connect(ray, address: str | None, usable_cores: int) -> bool:
     of this run's own with this machine's usable cores (also for ``local``, Ray's word for it). Returns True when
     this call started or joined Ray (and so shuts its connection down).
 
-    Without an address ``ray.init()`` joins the latest Ray started on this machine (``/tmp/ray``'s
-    ``ray_current_cluster``: a ``ray start``, another run's, another user's), and then refuses ``num_cpus`` ("When
-    connecting to an existing cluster, num_cpus and num_gpus must not be provided"): a run that asked for no
-    cluster ran its trials in someone else's, or not at all. ``address="local"`` starts one of its own."""
+    Without an address ``ray.init()`` joins the latest Ray started on this machine by ``ray start --head``
+    (``/tmp/ray``'s ``ray_current_cluster``: yours for another job, or another user's), and then refuses
+    ``num_cpus`` ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided"): a run that
+    asked for no cluster ran its trials in someone else's, or not at all. ``address="local"`` starts one of its
+    own."""
     import logging
     import os
 
