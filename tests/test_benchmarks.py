@@ -197,6 +197,7 @@ def test_ddp_vs_threads_script_runs_both_interleaved_and_writes_json(tmp_path):
     assert [len(runs) for runs in raw.values()] == [2, 2] and all(len(w) == 2 for runs in raw.values() for w in runs)
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_claims_independent_loop_measures_a_config_in_a_fresh_process(tmp_path):
     """benchmarks/claims.py's own loop (no code of autotune's): a config's windows, in samples/s, with the knobs a
     user following the YAML applies (inter-op threads, accumulation, channels_last), and its own text model with

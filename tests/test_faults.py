@@ -124,6 +124,7 @@ def test_sigterm_stops_gracefully_and_resume_retries(tmp_path):
     assert t.user_attrs["baseline"] is True and retries[0].user_attrs["baseline"] is True  # its role comes with it
 
 
+@pytest.mark.slow  # a real run held mid-trial for each test: over 7 s each (--durations, 2026-11-29)
 class TestWhileARunMeasures:
     """What another run or an export does while one `autotune run` measures. The run is shared by the tests of
     this class (started once, killed when the class is done, so no later test meets its machine lock)."""

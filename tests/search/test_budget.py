@@ -87,6 +87,7 @@ def _run(tmp_path, budget: float, rate_scale: float = 1.0):
     return rec, time.monotonic() - start, logs
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_fit(tmp_path):
     """10 s: the search, two finalist rounds and no numerics check (its child alone is expected to take 10 s)."""
     rec, took, logs = _run(tmp_path, 10.0)

@@ -549,6 +549,7 @@ def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
     assert [(k, t.number) for k, t in neighbours(trials, base, knob="amp")] == [("amp", 0)]
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_so(tmp_path):
     """bs=16 with channels_last is 'pruned' at 30 samples/s (a hiccup, every time here) while the same
     settings one batch size down and up, and without channels_last, run ~110: once two of those neighbours
@@ -697,6 +698,7 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
     assert out_of_time(75.0, check_s=500.0)
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_with_no_finalist_round_a_model_bound_trial_ahead_within_the_noise_yields_to_one_on_its_loader_that_waited(
         tmp_path):
     """The provisional pick (no finalist round fits) on a GPU, where one measurement each cannot tell two configs

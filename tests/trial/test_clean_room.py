@@ -54,6 +54,7 @@ def test_what_the_shell_exports_is_cleared_and_the_configs_own_environment_set()
     assert inherited_line({}) is None and "OMP_NUM_THREADS=1" in inherited_line({"OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_with_omp_num_threads_1_exported_the_baseline_child_runs_torchs_default_threads(tmp_path, monkeypatch):
     """A real trial child of the baseline (no threads in its config) with OMP_NUM_THREADS=1 and MALLOC_ARENA_MAX=2
     exported: torch.get_num_threads() in the child is torch's own default (what a clean process gets), not 1, and

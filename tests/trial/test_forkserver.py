@@ -56,6 +56,7 @@ class _Seen:
             self.trials.append({"pid": pid, "ppid": psutil.Process(pid).ppid(), "pgid": os.getpgid(pid)})
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_crash_an_oom_and_a_hang_leave_the_next_trial_untouched():
     seen = _Seen()
     with ForkServers() as servers:

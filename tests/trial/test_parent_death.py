@@ -142,7 +142,8 @@ def test_a_forked_trial_and_its_dataloader_workers_die_with_the_tuner(tmp_path):
 
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+# spawn's cold case is a slow guard too (7 s): forkserver is the default it stands beside from Python 3.14
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 # forked: the fork server's own handler takes the trial's group down (it did before the workers set anything), so
 # that case is a slow guard; cold: the workers' own signal is all there is
 @pytest.mark.parametrize("forked", [pytest.param(True, marks=pytest.mark.slow), False], ids=["forked", "cold"])

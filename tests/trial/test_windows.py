@@ -3,6 +3,8 @@ at the third window whose figures lie within the spread, and measures every wind
 
 from __future__ import annotations
 
+import pytest
+
 from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig
 from autotune.trial.runner import run_trial
@@ -10,6 +12,7 @@ from autotune.trial.runner import run_trial
 TINY = Workload(model="tests.workloads_fixtures:tiny", image_size=16)
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_windows_stop_at_the_third_once_they_agree_and_not_without_the_rule():
     spec = MeasureSpec(windows=6, window_s=0.25, settle_windows=0, timeout_s=120)
     loose = run_trial(TINY, TrialConfig(batch_size=8, intra_op_threads=1), spec.replace(tight_spread=0.99))

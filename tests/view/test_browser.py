@@ -112,6 +112,7 @@ def test_dashboard_serves_the_study_on_loopback_and_stops_on_ctrl_c(report_study
     assert dashboard.lines[-1] == "autotune dashboard: stopped" and not any("Traceback" in ln for ln in dashboard.lines)
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 @needs_chromium
 def test_dashboard_page_in_chromium_shows_the_study_and_its_trials(report_study, dashboard, tmp_path):
     study_id = dashboard.get_json("/api/studies")["study_summaries"][0]["study_id"]

@@ -43,6 +43,7 @@ def _lucky(speed: dict, luck: dict):
     return run
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_path):
     """channels_last at bs 16 runs 2.1x the baseline (bs 8), but every measurement that chose it came out 30% high:
     the claim is the confirmation's x2.10 in an interval that holds it, not the selection's x2.73, kept apart."""

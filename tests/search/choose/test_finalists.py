@@ -339,6 +339,7 @@ def test_on_a_gpu_the_device_peak_decides_feasibility_and_breaks_ties(tmp_path):
 
 # --- the numerics guard ------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_winner_whose_reduced_precision_loss_diverges_is_not_recommended(tmp_path):
     """bf16 is fastest but the workload's bf16 loss diverges (a real check, in a child): the next best, which
     trains like fp32 eager, is recommended; the YAML, the notes and `show`'s reason say why."""
