@@ -15,6 +15,10 @@ that is the planned search's design (the bundle is this CPU kind's measured winn
 
     python benchmarks/keep_rule.py --runs 400
     python benchmarks/keep_rule.py --runs 400 --gain malloc=hugepages:1.07
+    python benchmarks/keep_rule.py --runs 400 --batch-curve 32:1,64:1.08,128:1.15,256:1.2,512:1.1
+
+With ``--batch-curve`` the space offers those batch sizes and the rate follows the curve, so the batch walk runs too
+and the table says how often the search ended on a batch within 2% of the curve's best (issue 50).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ BASELINE = {"batch_size": 32, "amp": "off", "channels_last": False, "malloc": "d
 LIKELY = {"amp": "bf16", "channels_last": True, "malloc": "retain"}
 
 
-def space():
+def space(batches=(32,)):
     import dataclasses
 
     from autotune.machine.hardware import detect
@@ -51,7 +55,7 @@ def space():
     # do, and hugepages whatever its kernel and C library (a preloaded tcmalloc would depend on what is installed)
     hw = detect(with_torch=False)
     hw = dataclasses.replace(hw, cpu_flags=tuple(hw.cpu_flags) + ("avx512_bf16",), libc="glibc 2.36", thp="madvise")
-    params = {"batch_size": {"type": "int", "choices": [32]},
+    params = {"batch_size": {"type": "int", "choices": sorted(batches)},
               "amp": {"type": "categorical", "choices": ["off", "bf16"]},
               "channels_last": {"type": "bool"},
               "malloc": {"type": "categorical", "choices": ["default", "retain", "hugepages"]}}
@@ -60,7 +64,7 @@ def space():
 
 
 def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], spread: float, drift: float,
-           *, max_trials: int = 40) -> tuple[dict, int, bool]:
+           *, max_trials: int = 40, curve: dict[int, float] | None = None) -> tuple[dict, int, bool]:
     """One planned search to its end (or ``max_trials``): the incumbent it ended on, the trials it ran, and whether
     the bundle's members were each tried alone on the baseline (the bundle did not beat it beyond the noise)."""
     study = optuna.create_study(direction="maximize")
@@ -71,6 +75,7 @@ def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], sprea
         params = complete(sp, params)
         level[0] *= math.exp(rng.gauss(0.0, drift))
         true = 100.0 * math.prod(f for (k, v), f in gains.items() if params.get(k) == v)
+        true *= (curve or {}).get(params["batch_size"], 1.0)
         own = true * level[0] * math.exp(rng.gauss(0.0, spread))
         windows = sorted(own * math.exp(rng.gauss(0.0, WINDOW_NOISE)) for _ in range(5))
         med = windows[2]
@@ -86,7 +91,7 @@ def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], sprea
         if p.done or not p.needs or len(study.trials) >= max_trials:
             alone = any("each is tried alone on the baseline" in n for n in p.notes)
             return dict(p.incumbent or BASELINE), len(study.trials), alone
-        for need in p.needs:
+        for need in p.needs[:max_trials - len(study.trials)]:
             run(need.params, need.roles)
 
 
@@ -99,26 +104,36 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def measure(runs: int, spread: float, gains: dict, *, drift: float, seed: int) -> dict:
-    """The rates over ``runs`` searches: a no-op knob moved from the baseline; each real gain kept; trials."""
-    rng, sp = random.Random(seed), space()
-    false_keep, kept, trials = 0, {g: 0 for g in gains}, []
-    noops = [(p.name, c) for p in sp.params if p.name in BASELINE for c in p.choices
+def measure(runs: int, spread: float, gains: dict, *, drift: float, seed: int,
+            curve: dict[int, float] | None = None, max_trials: int = 40) -> dict:
+    """The rates over ``runs`` searches: a no-op knob moved from the baseline; each real gain kept; trials; and,
+    with a batch ``curve`` (batch size -> true factor), how often the search ended on a batch within 2% of the
+    curve's best."""
+    rng, sp = random.Random(seed), space(tuple(curve) if curve else (32,))
+    false_keep, kept, trials, near, rel = 0, {g: 0 for g in gains}, [], 0, []
+    knobs = [k for k in BASELINE if k != "batch_size"]
+    noops = [(p.name, c) for p in sp.params if p.name in knobs for c in p.choices
              if c != BASELINE[p.name] and (p.name, c) not in gains]
     each, alone_runs, alone_each = 0, 0, 0
     for _ in range(runs):
-        inc, n, alone = search(rng, sp, gains, spread, drift)
+        inc, n, alone = search(rng, sp, gains, spread, drift, curve=curve, max_trials=max_trials)
         trials.append(n)
-        moved = {(k, v) for k, v in inc.items() if k in BASELINE and BASELINE[k] != v}
+        moved = {(k, v) for k, v in inc.items() if k in knobs and BASELINE[k] != v}
         false_keep += any(m not in gains for m in moved)
         each += sum(m in moved for m in noops)
         alone_runs += alone
         alone_each += alone * sum(m in moved for m in noops)
         for g in gains:
             kept[g] += g in moved
+        if curve:
+            factor = curve[inc.get("batch_size", BASELINE["batch_size"])]
+            near += factor >= max(curve.values()) / 1.02
+            # the pick's true rate over the best config's: the batch's and every real gain's
+            rel.append(factor * math.prod(f for g, f in gains.items() if g in moved)
+                       / (max(curve.values()) * math.prod(max(f, 1.0) for f in gains.values())))
     return {"false_keep": false_keep, "kept": kept, "runs": runs, "trials": sorted(trials),
             "each": each / (runs * len(noops)) if noops else 0.0,
-            "alone_runs": alone_runs,
+            "alone_runs": alone_runs, "near": near, "rel": sorted(rel),
             "alone_each": alone_each / (alone_runs * len(noops)) if noops and alone_runs else None}
 
 
@@ -131,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drift", type=float, default=0.01, help="the machine's drift a trial, log sd (default 0.01)")
     ap.add_argument("--gain", action="append", default=[], metavar="KNOB=VALUE:FACTOR",
                     help="a knob value that really helps, e.g. malloc=hugepages:1.07 (repeatable)")
+    ap.add_argument("--batch-curve", default="", metavar="BATCH:FACTOR,...",
+                    help="batch sizes to walk and their true factors, e.g. 32:1,64:1.08,128:1.15,256:1.2,512:1.1 "
+                         "(default: batch 32 only, no walk)")
+    ap.add_argument("--max-trials", type=int, default=40,
+                    help="end each search after this many trials, as a budget does; the pick is the plan's best "
+                         "config then (default 40: the plan's end)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     gains = {}
@@ -139,16 +160,28 @@ def main(argv: list[str] | None = None) -> int:
         value, factor = rest.rsplit(":", 1)
         value = {"true": True, "false": False}.get(value.lower(), value)
         gains[(knob, value)] = float(factor)
+    curve = {int(b): float(f) for b, f in (c.split(":") for c in args.batch_curve.split(",") if c)} or None
+    if curve and BASELINE["batch_size"] not in curve:
+        ap.error(f"--batch-curve must include the baseline's batch {BASELINE['batch_size']}")
     print(f"{args.runs} planned searches a spread, drift {args.drift:.0%} a trial, gains "
-          f"{', '.join(f'{k}={v} x{f}' for (k, v), f in gains.items()) or 'none (A/A)'}")
+          f"{', '.join(f'{k}={v} x{f}' for (k, v), f in gains.items()) or 'none (A/A)'}"
+          + (f", batch curve {args.batch_curve}" if curve else "")
+          + (f", at most {args.max_trials} trials" if args.max_trials < 40 else ""))
     print("| per-process spread | searches ending with a no-op kept (95% CI) | each no-op value kept | the same, "
           "where the bundle lost and each member was tried alone (searches) | "
-          + "".join(f"{k}={v} kept | " for k, v in gains) + "trials (median, max) |")
-    print("| --- | --- | --- | --- | " + "--- | " * len(gains) + "--- |")
+          + "".join(f"{k}={v} kept | " for k, v in gains)
+          + ("ended on a batch within 2% of the best (95% CI) | the pick's true rate over the best config's "
+             "(mean, median, 10th percentile) | " if curve else "") + "trials (median, max) |")
+    print("| --- | --- | --- | --- | " + "--- | " * (len(gains) + 2 * bool(curve)) + "--- |")
     for spread in (float(s) for s in args.spreads.split(",")):
-        r = measure(args.runs, spread, gains, drift=args.drift, seed=args.seed)
+        r = measure(args.runs, spread, gains, drift=args.drift, seed=args.seed, curve=curve,
+                    max_trials=args.max_trials)
         lo, hi = wilson(r["false_keep"], r["runs"])
         cells = "".join(f"{r['kept'][g] / r['runs']:.0%} | " for g in gains)
+        if curve:
+            nlo, nhi = wilson(r["near"], r["runs"])
+            q = r["rel"]
+            cells += f"{r['near'] / r['runs']:.0%} ({nlo:.0%}-{nhi:.0%}) | {sum(q) / len(q):.3f}, {q[len(q) // 2]:.3f}, {q[len(q) // 10]:.3f} | "
         t = r["trials"]
         alone = "-" if r["alone_each"] is None else f"{r['alone_each']:.1%} ({r['alone_runs']})"
         print(f"| {spread:.0%} | {r['false_keep'] / r['runs']:.1%} ({lo:.1%}-{hi:.1%}) | {r['each']:.1%} | {alone} | "

@@ -71,9 +71,9 @@ def queue_first_trials(study: Study, space, *, storage, single_run: bool, log: C
             enqueue(study, space, likely, **{keys.LIKELY_WINNER: True})
             where = measured_on(getattr(space, "cpu_kind", None)) or "the default's: no runs on this CPU kind yet"
             log(f"trial 1 tries the usual winners on this hardware first ({space.effective(likely).short()}; "
-                f"{getattr(space, 'cpu_kind', None) or 'this device'}'s, {where}); then each of them apart, the "
-                "batch walk from the best config so far, and the other knobs one at a time before the sampler takes "
-                "over (compile last)")
+                f"{getattr(space, 'cpu_kind', None) or 'this device'}'s, {where}); then the batch walk from the "
+                "better of the two, each of them apart at the batch it found, and the other knobs one at a time "
+                "before the sampler takes over (compile last)")
         if warm_start is not None:  # itself skips what is queued already
             warm_start()
         study.set_user_attr(keys.PLAN, 1)
