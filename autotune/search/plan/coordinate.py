@@ -395,7 +395,8 @@ class _Replay:
             return None
         self.incumbent = base
         # the batch is the walk's: where it moved the baseline first, the bundle stays where it was measured
-        members = [p.name for p in self.space.params if p.name != "batch_size" and likely.get(p.name) != base.get(p.name)]
+        members = [p.name for p in self.space.params
+                   if p.name != "batch_size" and likely.get(p.name) != base.get(p.name)]
         self.tested = {(k, v) for k in members for v in (base.get(k), likely.get(k))}
         revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number))))
         at = (f" at batch {base['batch_size']}" if "batch_size" in base
