@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         if curve:
             nlo, nhi = wilson(r["near"], r["runs"])
             q = r["rel"]
-            cells += f"{r['near'] / r['runs']:.0%} ({nlo:.0%}-{nhi:.0%}) | {sum(q) / len(q):.3f}, {q[len(q) // 2]:.3f}, {q[len(q) // 10]:.3f} | "
+            cells += (f"{r['near'] / r['runs']:.0%} ({nlo:.0%}-{nhi:.0%}) | "
+                      f"{sum(q) / len(q):.3f}, {q[len(q) // 2]:.3f}, {q[len(q) // 10]:.3f} | ")
         t = r["trials"]
         alone = "-" if r["alone_each"] is None else f"{r['alone_each']:.1%} ({r['alone_runs']})"
         print(f"| {spread:.0%} | {r['false_keep'] / r['runs']:.1%} ({lo:.1%}-{hi:.1%}) | {r['each']:.1%} | {alone} | "
