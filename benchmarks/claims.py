@@ -403,9 +403,10 @@ def _row(name: str, rec: dict, a) -> dict:
     if why is not None:
         print(f"refused: {why}", flush=True)
         return {**row, "refused": why}
-    if row["claim"] is None:
+    if row["claim"] is None or not (conf.get("interval") or [None])[0]:  # a figure with no interval is no claim
         print("no confirmed claim to check", flush=True)
-        return {**row, "refused": "no confirmed claim (" + str(conf.get("why") or conf.get("status")) + ")"}
+        why = conf.get("why") or conf.get("status") or "no confirmation rounds: a provisional or older recommendation"
+        return {**row, "refused": f"no confirmed claim ({why})"}
     again = remeasure(rec, a)
     return {**row, "remeasured": again["speedup"], "remeasured_interval": again["interval"],
             "rounds": again["rounds"], "load_after": os.getloadavg()}

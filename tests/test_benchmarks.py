@@ -250,6 +250,12 @@ def test_claims_is_independent_refuses_what_it_cannot_reproduce_and_analyses_wit
     assert all(math.isclose(x, y, rel_tol=1e-3) for x, y in zip(mine, theirs)), (mine, theirs)
     env = claims.clean({"OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2", "PATH": "/bin"})
     assert env == {"PATH": "/bin"}
+    # a figure with no confirmation interval (a provisional pick's search trial, a YAML from before the confirmation)
+    # is no claim: refused before anything is measured (``a`` is never read)
+    for conf in (None, {"status": "unconfirmed", "interval": [None, None]}):
+        row = claims._row("w", {**plain, "measured": {"speedup_vs_baseline": 1.23}, "confirmation": conf,
+                                "provenance": {"provisional": True}}, None)
+        assert row["refused"].startswith("no confirmed claim (") and "remeasured" not in row, row
 
 
 def _gpu_host_sim():

@@ -261,9 +261,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         m = rec["measured"]
         from autotune.search.choose.confirmation import unconfirmed_line
 
-        claim = (rec.get("confirmation") or {}).get("headline") or \
-            f"x{m.get('speedup_vs_baseline') or float('nan'):.2f}, " \
-            f"{unconfirmed_line(provisional=bool((rec.get('provenance') or {}).get('provisional')))}"
+        sel = m.get("speedup_vs_baseline")
+        claim = (rec.get("confirmation") or {}).get("headline") or (f"x{sel:.2f}, " if sel else "") + \
+            unconfirmed_line(provisional=bool((rec.get("provenance") or {}).get("provisional")))
         rate = ("no samples/s stated" if m.get("median_samples_per_s") is None else
                 f"{m['median_samples_per_s']:.1f} samples/s vs the baseline's "
                 f"{m.get('baseline_samples_per_s') or float('nan'):.1f}")

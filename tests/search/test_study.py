@@ -269,6 +269,12 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
     rec = tuner.finalize(budget=_ending_in(tuner, 5))  # a round takes ~30 s: none fits
     assert calls == [] and rec.provisional and rec.config == full.config
     assert any("provisional" in n for n in rec.notes)
+    # one search trial each, unpaired: no speedup a reader could take for a claim; the note keeps the ratio
+    # (issue 52 review: ``provisional`` exported it as ``speedup_vs_baseline``, and claims.py checked it)
+    assert rec.speedup_vs_baseline is None and rec.median_samples_per_s is not None
+    assert any(n.startswith("its search trial ran x1.") and n.endswith("one trial each, not paired, so no claim")
+               for n in rec.notes), rec.notes
+    assert rec.claim().startswith("unconfirmed: provisional")
 
     # 50 s beside the confirmation's 40: one round of the three fits, or two of the top two, each run priced
     # RUN_MARGIN (15%) longer

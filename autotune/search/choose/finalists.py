@@ -473,6 +473,10 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
     base = baseline_value(study)
+    # one search trial each, not paired, often minutes apart: no claim (a finalist round, then the confirmation, make
+    # one), so no ``speedup_vs_baseline`` for a reader to take as one (issue 52, item 3's rule); the note keeps it
+    ratio = (f"its search trial ran x{s.median / base:.2f} of the baseline's search trial: one trial each, not "
+             "paired, so no claim" if base else "")
     config = TrialConfig.from_dict(ua[keys.CONFIG])
     space: dict[str, Any] = study.user_attrs.get(keys.STUDY_SPACE) or {}
     limit = keys.MemoryLimit.of_study(study)
@@ -480,7 +484,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     return Recommendation(
         config=config, workload=workload, median_samples_per_s=round(s.median, 3),
         iqr_samples_per_s=round(s.iqr, 3), samples_per_s=tuple(xs), baseline_samples_per_s=base,
-        speedup_vs_baseline=round(s.median / base, 3) if base else None, peak_host_mb=ua.get(keys.PEAK),
+        speedup_vs_baseline=None, peak_host_mb=ua.get(keys.PEAK),
         memory_cap_mb=cap, memory_margin=limit.margin, peak_device_mb=ua.get(keys.PEAK_DEVICE),
         peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), device_memory_cap_mb=limit.device_mb,
         margin_vs_runner_up=None, noisy=s.noisy,
@@ -490,7 +494,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
         study_name=study.study_name, storage=storage, trial_number=best.number,
         notes=("provisional: the best search trial, not re-measured against the runners-up; "
                "finish a run (or `autotune run --trials 0`) for a checked recommendation",)
-        + ((passed_over,) if passed_over else ()),
+        + ((ratio,) if ratio else ()) + ((passed_over,) if passed_over else ()),
         reproduce=reproduce_command(workload, config, cap), provisional=True,
         user_parts=tuple(ua.get(keys.USER_PARTS) or ()),
         tokens_per_sample=tokens_per_sample(*(t.user_attrs for t in feasible.values())),

@@ -74,7 +74,8 @@ def apply(rec: Any, conf: Confirmation, baseline: Any, *, reproduce: Callable[[A
             peak_device_allocated_mb=ua.get(keys.PEAK_DEVICE_ALLOCATED), margin_vs_runner_up=None,
             margin_interval=None, worst_case=None, latency_ms=None,
             reproduce=reproduce(baseline) if reproduce is not None else "", parity=None, compile=None,
-            notes=out.notes + (f"{rec.config.short()} won the selection (x{sel or 0:.2f}) but ran slower than the "
+            notes=out.notes + (f"{rec.config.short()} won the selection{f' (x{sel:.2f})' if sel else ''} but ran "
+                               "slower than the "
                                f"baseline in the confirmation ({conf.headline()}): PyTorch's defaults are "
                                "recommended",))
         return out
