@@ -104,7 +104,8 @@ def field_vs_timer(out: dict) -> dict:
             "gap": field_agg / timer - 1, "line": rec["line"]}
 
 
-def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int, data: str = "memory") -> dict:
+def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int, data: str = "memory",
+             spec: dict | None = None) -> dict:
     """The README loop in one process, its field run on and off in blocks of ``block_steps`` steps, paired block by
     block (on/off, then off/on: drift within a pair cancels, and a trend across pairs too): each block's rate by the
     loop's own clock; Student's t over the pairs' log ratios. 'Off' is the field run paused (``FieldRun.pause``:
@@ -116,7 +117,11 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
     blocks spread ~23% on 2 cores, the workers' time-slicing, which hides a 1% cost); ``memory``, the same batches
     made once by that loader before the first block and cycled, so each block is the model's step and the hooks
     alone (``prepare_input`` still hands every batch over): the hooks cost the same whichever way the batch came,
-    and a step with no data wait is the one whose share they are largest in."""
+    and a step with no data wait is the one whose share they are largest in.
+
+    ``spec``: the field run's settings beyond its 1 s windows (``FieldSpec``'s fields), e.g. ``host_every_s=3600,
+    keep_every_s=3600``: its thread asleep through the blocks (no host sample, no write), so the 'on' blocks carry the
+    hooks alone, and a second session tells the hooks' cost from the thread's."""
     import torchvision
     from torchvision import transforms
 
@@ -129,7 +134,7 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
     model = torchvision.models.get_model(model_name, weights=None, num_classes=10)
     loss_fn = torch.nn.CrossEntropyLoss()
     on, off = [], []
-    with rec.apply(field=FieldSpec(window_s=1.0)) as run:
+    with rec.apply(field=FieldSpec(window_s=1.0, **(spec or {}))) as run:
         field = run._field
         model = run.prepare_model(model.to(rec.workload.device))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -179,7 +184,7 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
     ratio, lo, hi = ratio_interval([[x] for x in on], [[x] for x in off])
     return {"on_steps_per_s": on, "off_steps_per_s": off, "ratio": ratio, "low": lo, "high": hi,
             "pairs": pairs, "block_steps": block_steps, "data": data,
-            "in_loop_hook_s_per_step": inside[0] / (pairs * block_steps),
+            "in_loop_hook_s_per_step": inside[0] / (pairs * block_steps), "spec": spec or {},
             "thread_cpu_share_on": thread_s / on_s if on_s else None}
 
 
@@ -277,6 +282,9 @@ def main() -> None:
     p.add_argument("--overhead-data", choices=("memory", "loader"), default="memory",
                    help="the overhead loop's batches: made once and cycled, the model's step alone (memory, the "
                         "default: the hooks' largest share) or the README's DataLoader (loader)")
+    p.add_argument("--overhead-spec", default="", metavar="FIELD=SECONDS,...",
+                   help="the overhead blocks' FieldSpec beyond 1 s windows, e.g. host_every_s=3600,keep_every_s=3600 "
+                        "(the run's thread asleep: the hooks' cost alone)")
     p.add_argument("--storage", default="sqlite:///trials/bench-field.db")
     p.add_argument("--tune-trials", type=int, default=3)
     p.add_argument("--drift-after-s", type=float, default=30.0)
@@ -321,14 +329,16 @@ def _overhead(args, results: dict) -> None:
     first = args.workloads.split(",")[0]
     rec = autotune.recommend(first, image_size=args.image_size, trials=args.tune_trials, budget=None,
                              storage=args.storage, measure=quick, progress=False)
-    ov = overhead(rec, first, args.image_size, args.pairs, args.block_steps, args.overhead_data)
+    spec = {k: float(v) for k, v in (kv.split("=", 1) for kv in args.overhead_spec.split(",") if kv)}
+    ov = overhead(rec, first, args.image_size, args.pairs, args.block_steps, args.overhead_data, spec)
     cost = hook_cost(1 / statistics.median(ov["off_steps_per_s"]))
     sampled = sampler_cost()
     results["overhead"] = {**ov, **cost, **sampled}
     # the field run costs at most 1% of a step where on/off is at least 1/1.01 at the interval's low end
     shown = ("at or below 1%: shown (the interval's low end is above x0.990)" if ov["low"] >= 1 / 1.01
              else "at or below 1%: not shown (the interval reaches below x0.990)")
-    print(f"overhead ({first}, {args.pairs} paired blocks of {args.block_steps} steps in one process, batches "
+    print(f"overhead ({first}, {args.pairs} paired blocks of {args.block_steps} steps in one process, "
+          + (f"the field run's {args.overhead_spec}, " if spec else "") + "batches "
           f"{'made once in memory' if args.overhead_data == 'memory' else 'from the DataLoader'}): on/off "
           f"x{ov['ratio']:.4f} (95% interval x{ov['low']:.4f} to x{ov['high']:.4f}), {shown}; "
           f"the hooks alone {1e6 * cost['hook_s_per_step']:.1f} us a step, "
