@@ -292,10 +292,11 @@ def test_pinned_memory_is_not_charged_to_the_locked_memory_limit():
 
 
 def test_pinned_batches_stay_within_the_counted_bound():
-    """Issue 52 item 10: a pin_memory loader (2 workers x prefetch 2) whose loop pauses with its queue full; CUDA's
-    host allocator rounds each block up to a power of two and caches it. Its pool's peak (``host_memory_stats``) must
-    lie within what ``loader_memory.pinned_bytes`` counts, and above the unrounded batches (the rounding is real:
-    a 7.7 MB batch of images pins an 8 MiB block)."""
+    """Issue 52 item 10: a pin_memory loader (2 workers x prefetch 2) whose loop pauses holding one batch, its queue
+    filling; CUDA's host allocator rounds each block up to a power of two and caches it. Its pool's peak
+    (``host_memory_stats``) must lie within what ``loader_memory.pinned_bytes`` counts, and be whole 8 MiB blocks
+    (the rounding is real: a 7.3 MiB batch of images pins an 8 MiB block; the labels' blocks are bytes). The loop
+    holds one batch, as a training loop does: a test that kept five in hand held more than any loader rule counts."""
     import time
 
     import torch
@@ -309,14 +310,15 @@ def test_pinned_batches_stay_within_the_counted_bound():
     loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=2, prefetch_factor=2, pin_memory=True)
     batch = 16 * 3 * 200 * 200 * 4 + 16 * 8
     it = iter(loader)
-    held = [next(it)]
+    held = next(it)
     time.sleep(3)  # the loop pauses: the workers and the pin thread fill the queue
-    held += [next(it) for _ in range(4)]
     s = stats()
     peak = s.get("reserved_bytes.all.peak") or s.get("reserved_bytes.peak") or s.get("allocated_bytes.peak")
-    print(f"issue52: pinned pool peak {peak / 2**20:.1f} MiB for 5 batches of {batch / 2**20:.1f} MiB "
-          f"(counted {pinned_bytes(batch, 2, 2) / 2**20:.1f} MiB)")
-    assert peak is not None and 5 * batch < peak <= pinned_bytes(batch, 2, 2), s
+    blocks = round((peak or 0) / 2**23)
+    print(f"issue52: pinned pool peak {(peak or 0) / 2**20:.1f} MiB ({blocks} blocks of 8 MiB) for batches of "
+          f"{batch / 2**20:.1f} MiB (counted {pinned_bytes(batch, 2, 2) / 2**20:.1f} MiB)")
+    assert peak is not None and blocks >= 1 and abs(peak - blocks * 2**23) < 2**20, s  # whole 8 MiB blocks
+    assert peak <= pinned_bytes(batch, 2, 2), s
     del held
 
 
@@ -340,7 +342,8 @@ def test_nccl_shared_memory_of_two_ranks_is_measured(tmp_path):
     """Issue 52 item 10: DDP without P2P (NCCL_P2P_DISABLE=1) moves tensors through NCCL's segments in /dev/shm,
     which the loader rule does not count (``machine.loader_memory``: outside the rule; only ``MARGIN`` is left for
     them). Measured here: /dev/shm used while two ranks all-reduce 64 MiB, printed for docs/loader-memory.md (not yet
-    run: no two GPUs were lent to this work). The assertion is the rule's premise: NCCL's transport uses /dev/shm."""
+    run: no two GPUs were lent to this work, and NCCL refuses two ranks on one GPU, so the one-H200 machine this
+    project is lent skips it too). The assertion is the rule's premise: NCCL's transport uses /dev/shm."""
     import os
     import subprocess
     import sys
