@@ -346,9 +346,10 @@ class _Replay:
     def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The batch walk goes first, before the bundle is taken apart: the batch size is the largest lever there is on
         a GPU, and often on a CPU (x1.13 for resnet18 at 32 px, x1.8 for a small transformer on 2 cores), and a
-        4-minute budget that separates the bundle first (with its repeats) ends before the walk: 9 trials reached
-        batches 32 and 128 of a walk the 10-minute run took to 256 (issue 50; ``benchmarks/keep_rule.py
-        --batch-curve --max-trials 10``: the pick's true rate 0.82-0.84 of the best before, 0.85-0.93 now).
+        4-minute budget that separates the bundle first (with its repeats) leaves the walk its last trials or none: 9
+        trials reached batches 32 and 128 of a walk the 10-minute run took to 256 (issue 50; in
+        ``benchmarks/keep_rule.py --batch-curve ... --max-trials 10`` the walk was not reached, and the pick's true
+        rate went from 0.82-0.84 of the best to 0.85-0.93 with the walk first).
 
         When the likely winners beat the baseline beyond the noise, the walk goes from them, and their separation
         (each knob reverted) runs at the batch it found, with the baseline moved there too: a bundle that won is the
