@@ -27,7 +27,7 @@ from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
-from autotune.search.choose.contenders import contenders, lost_gap, window_noise
+from autotune.search.choose.contenders import contenders, lost_gap
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
@@ -44,7 +44,7 @@ from autotune.search.record.effects import save_dashboard_note
 from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
-from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config
+from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config, window_noise
 from autotune.search.record.untried import untried_in_study, untried_line
 from autotune._redact import redact
 

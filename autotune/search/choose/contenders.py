@@ -1,7 +1,7 @@
 """Who gets a finalist round, and how long a finalist run is: the finalists' rounds cost the budget the search
 would otherwise spend (issue 50), so a config whose search figure lost beyond the noise gets none (``contenders``,
 ``lost_gap``), and the windows of a run are sized by the noise the search trials' windows showed
-(``window_noise``, read by ``search.budget.finalist_windows``).
+(``search.record.trials.window_noise``, read by ``search.budget.finalist_windows``).
 
 May import what the rest of ``choose`` may (``search.budget``, ``search.record`` and below).
 """
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
 
-__all__ = ["Contenders", "contenders", "lighter_sibling", "lost_gap", "window_noise", "LOSER_SPREAD"]
+__all__ = ["Contenders", "contenders", "lighter_sibling", "lost_gap", "LOSER_SPREAD"]
 
 # The spread between fresh processes of one config (sd of log) ``lost_gap`` assumes at least: the middle of what these
 # VMs show (5-20%; 17-36% between processes of 0.3 s windows under load, benchmarks/results/coverage-windows-*).
@@ -145,10 +145,3 @@ def lost_gap(trials: list) -> float:
     return math.exp(1.645 * math.sqrt(2.0) * spread) - 1.0
 
 
-def window_noise(trials: list) -> float | None:
-    """The median relative IQR of ``trials``' windows (``finalist_windows`` sizes the finalists' runs by it); None
-    when none says."""
-    from autotune.measure import median_or_none
-
-    return median_or_none([t.user_attrs[keys.REL_IQR] for t in trials
-                           if isinstance(t.user_attrs.get(keys.REL_IQR), (int, float))])

@@ -24,18 +24,18 @@ from autotune.machine.envstamp import collect_env_stamp
 from autotune.machine.launch_env import inherited_env
 from autotune.search.choose.finalist_rounds import Evidence, pool_search_round, record_parity, remeasure
 from autotune.errors import AutotuneError
-from autotune.measure import NOISY_REL_IQR, summarize
+from autotune.measure import summarize
 from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, compared_with, first_passing,
                                    needs_parity, world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
-from autotune.search.choose.contenders import window_noise
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.search.choose.time_plan import rerun_wall_s
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
-from autotune.search.record.trials import MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config
+from autotune.search.record.trials import (MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config,
+                                           noise_of)
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -463,7 +463,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
     planned = study.user_attrs.get(keys.PLAN_KEPT)
     kept = feasible.get(TrialConfig.from_dict(planned).key()) if planned and not passed_over else None
-    noise = max(NOISY_REL_IQR, window_noise(study.get_trials(deepcopy=False)) or 0.0)
+    noise = noise_of(study.get_trials(deepcopy=False))
     if kept is not None and kept is not best and kept.value and (best.value or 0.0) <= kept.value * (1 + noise):
         passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest "
                        f"search trial (trial {best.number}, {100 * ((best.value or 0.0) / kept.value - 1):+.1f}%): "

@@ -35,7 +35,7 @@ import statistics
 from dataclasses import dataclass
 
 from autotune.search.record import trials as keys
-from autotune.measure import NOISY_REL_IQR, median_or_none
+from autotune.search.record.trials import noise_of
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -59,12 +59,6 @@ def patience(run_s: float, gain: float, trial_s: float | None) -> int:
     if not trial_s or trial_s <= 0:
         return MAX_PATIENCE
     return max(MIN_PATIENCE, min(MAX_PATIENCE, math.ceil(run_s * gain / trial_s - 2)))
-
-
-def noise_of(trials) -> float:
-    """The noise a gain must clear: the median relative IQR of the trials' windows, at least ``NOISY_REL_IQR``."""
-    spreads = [t.user_attrs[keys.REL_IQR] for t in trials if isinstance(t.user_attrs.get(keys.REL_IQR), (int, float))]
-    return max(NOISY_REL_IQR, median_or_none(spreads) or 0.0)
 
 
 @dataclass(frozen=True)

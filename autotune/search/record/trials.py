@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial",
            "baseline_value", "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart",
-           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures", "NOT_MEASURED"]
+           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures", "NOT_MEASURED", "window_noise", "noise_of"]
 
 # What the study maximises, named on the study (``Study.set_metric_names``) so optuna-dashboard, the optuna CLI
 # and ``trials_dataframe`` (column ``value_samples/s``) say it instead of "Objective 0" / ``value``.
@@ -469,3 +469,19 @@ def _reason(trial: FrozenTrial, limit: MemoryLimit, parity: dict | None, requeue
     else:
         own = ua.get(REASON, "")
     return "; ".join(m for m in marks + [own] if m)
+
+
+def window_noise(trials) -> float | None:
+    """The median relative IQR of ``trials``' windows (``REL_IQR``); None when none says."""
+    from autotune.measure import median_or_none
+
+    return median_or_none([t.user_attrs[REL_IQR] for t in trials
+                           if isinstance(t.user_attrs.get(REL_IQR), (int, float))])
+
+
+def noise_of(trials) -> float:
+    """The noise a gain must clear: ``window_noise``, at least ``NOISY_REL_IQR``: the one rule the planned search's
+    convergence, compile last and the provisional pick read."""
+    from autotune.measure import NOISY_REL_IQR
+
+    return max(NOISY_REL_IQR, window_noise(trials) or 0.0)
