@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryLimit", "Outcome", "outcome", "is_feasible", "feasible_by_config", "known", "baseline_trial",
            "baseline_value", "baseline_trial_any", "trial_rows", "config_of", "ROLES", "OWN_ATTRS", "knobs_apart",
-           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures", "NOT_MEASURED", "window_noise", "noise_of"]
+           "one_knob_apart", "neighbours", "OBJECTIVE", "role", "departures", "NOT_MEASURED", "window_noise",
+           "noise_of"]
 
 # What the study maximises, named on the study (``Study.set_metric_names``) so optuna-dashboard, the optuna CLI
 # and ``trials_dataframe`` (column ``value_samples/s``) say it instead of "Objective 0" / ``value``.
