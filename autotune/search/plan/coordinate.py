@@ -311,7 +311,9 @@ class _Replay:
                 raise _Wait
             likely = roles[keys.LIKELY_WINNER][0]
         if self.feed:
-            base, likely = self.fed(base, likely)
+            fed_base, fed_likely = self.fed(base, likely)
+            if not self.feed_lost((base, fed_base), (likely, fed_likely)):
+                base, likely = fed_base, fed_likely
         if likely is not None:
             base, likely = self.walk_first(base, likely)
         inc = self.separate(base, likely)
@@ -342,6 +344,28 @@ class _Replay:
             self.steps.setdefault(self.key(p), f"{what.removeprefix('the ')}, fed")
             out.append(p)
         return out[0], out[1]
+
+    def feed_lost(self, *pairs: tuple[dict[str, Any] | None, dict[str, Any] | None]) -> bool:
+        """Whether the loader the ceilings give lost: each config ``(as it ran, fed)`` measured fed, and none of them
+        fed came within the noise of itself as it ran (a fed one pruned as far slower, or failed, lost). Then the
+        search goes on with the loader each ran with. On 2 cores a worker takes the training process's second
+        thread, and a baseline the ceilings called input-bound at 20% of its step ran x0.75 fed (the quality run of
+        2026-11-29, resnet18 at 32 px: both fed configs pruned, and the planned search was given up for the
+        sampler)."""
+        pairs = tuple((a, f) for a, f in pairs if a is not None)
+        got = self.get([(f, {}) for _, f in pairs])
+        ran = self.get([(a, {}) for a, _ in pairs])
+        worse = []
+        for ((a, f), (mf,), (ma,)) in zip(pairs, got, ran):
+            noise = self.noise_at(max(ma.number, mf.number))
+            if ma.value <= 0 or mf.value * (1 + noise) >= ma.value:
+                return False  # fed, it held (or the config ran no better unfed): the feed stays
+            worse.append(mf.value / ma.value)
+        loader = ", ".join(f"{k}={v}" for k, v in self.feed.items())
+        self.notes.append(f"the loader the ceilings give ({loader}) ran slower: "
+                          + ", ".join(f"x{r:.2f}" if r > 0 else "did not run to the end" for r in worse)
+                          + " of the same config as it ran before, beyond the noise: the search goes on without it")
+        return True
 
     def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The batch walk goes first, before the bundle is taken apart: the batch size is the largest lever there is on
@@ -391,8 +415,8 @@ class _Replay:
             return base if b.value > 0 else None
         lw = measured[1]
         if b.value <= 0 and lw.value <= 0:
-            self.notes.append("neither the baseline nor the likely winners ran within the memory limit: the "
-                              "sampler takes over")
+            self.notes.append("neither the baseline nor the likely winners ran to the end (pruned as far slower, "
+                              "failed, or over the memory limit): the sampler takes over")
             return None
         self.incumbent = base
         # the batch is the walk's: where it moved the baseline first, the bundle stays where it was measured

@@ -304,6 +304,52 @@ def test_the_walk_reads_the_gap_between_fresh_processes_that_the_plans_repeats_s
             assert p.phase != "walk" and all(n.params["batch_size"] == 16 for n in p.needs), _needs(p)
 
 
+def test_a_loader_the_ceilings_give_that_runs_slower_is_dropped_and_the_plan_goes_on_without_it():
+    """On 2 cores the ceilings called a baseline input-bound (20% of its step waiting) and gave every config one
+    worker and one intra-op thread; fed, the baseline ran x0.75 and the likely winners were pruned (the quality run of
+    2026-11-29: the planned search was then given up, its line saying neither "ran within the memory limit"). The
+    plan drops the feed, says why, and walks from the baseline as it ran. Where one fed config holds, the feed stays."""
+    params = {"batch_size": {"type": "int", "choices": [8, 16, 32]},
+              "num_workers": {"type": "int", "choices": [0, 1]},
+              "intra_op_threads": {"type": "int", "choices": [1, 2]},
+              "channels_last": {"type": "bool"}}
+    space = space_from_dict({"name": "fed", "device": "cpu", "parameters": params,
+                             "baseline": {"batch_size": 16, "num_workers": 0, "intra_op_threads": 2,
+                                          "channels_last": False}}, hardware=HW)
+    dists = {p.name: CategoricalDistribution(list(p.choices)) for p in space.params}
+    feed = {"num_workers": 1, "intra_op_threads": 1}
+    base = {"batch_size": 16, "num_workers": 0, "intra_op_threads": 2, "channels_last": False}
+    likely = {**base, "channels_last": True}
+
+    def study_of(rows):
+        study = optuna.create_study(direction="maximize")
+        for params_, value, roles in rows:
+            params_ = complete(space, params_)
+            ok = value > 0
+            study.add_trial(create_trial(
+                state=TrialState.COMPLETE if ok else TrialState.PRUNED, value=value if ok else None,
+                params=params_, distributions=dists,
+                user_attrs={"config": space.effective(params_).to_dict(), "status": "ok" if ok else "pruned",
+                            "peak_host_mb": 10.0, "samples_per_s": [0.99 * value, value, 1.01 * value],
+                            "rel_iqr": 0.01, **roles}))
+        return study
+
+    ran = [(base, 100.0, {"baseline": True}), (likely, 101.0, {"likely_winner": True})]
+    p = plan(space, study_of(ran).get_trials(), feed=feed)
+    assert [n.params["num_workers"] for n in p.needs] == [1, 1]  # both fed, queued
+    lost = ran + [({**base, **feed}, 75.0, {}), ({**likely, **feed}, 0.0, {})]  # x0.75, and pruned
+    p = plan(space, study_of(lost).get_trials(), feed=feed)
+    said = [n for n in p.notes if n.startswith("the loader the ceilings give")]
+    assert said == ["the loader the ceilings give (num_workers=1, intra_op_threads=1) ran slower: x0.75, did not run "
+                    "to the end of the same config as it ran before, beyond the noise: the search goes on without it"]
+    assert p.phase == "walk" and [(n.params["batch_size"], n.params["num_workers"]) for n in p.needs] == [
+        (8, 0), (32, 0)], p.notes  # the walk from the baseline as it ran
+    held = ran + [({**base, **feed}, 75.0, {}), ({**likely, **feed}, 99.0, {})]  # the likely winners held, fed
+    p = plan(space, study_of(held).get_trials(), feed=feed)
+    assert not any(n.startswith("the loader the ceilings give (") for n in p.notes)
+    assert all(n.params["num_workers"] == 1 for n in p.needs), _needs(p)
+
+
 def test_a_range_knob_is_stepped_to_a_few_values():
     threads = Param("intra_op_threads", "int", tuple(range(1, 65)))
     assert candidates(threads, 16) == [1, 8, 32, 64] and candidates(threads, 64) == [1, 32]
