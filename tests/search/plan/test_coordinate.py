@@ -347,7 +347,7 @@ def test_a_loader_the_ceilings_give_that_runs_slower_is_dropped_and_the_plan_goe
     held = ran + [({**base, **feed}, 75.0, {}), ({**likely, **feed}, 99.0, {})]  # the likely winners held, fed
     p = plan(space, study_of(held).get_trials(), feed=feed)
     assert not any(n.startswith("the loader the ceilings give (") for n in p.notes)
-    assert all(n.params["num_workers"] == 1 for n in p.needs), _needs(p)
+    assert p.needs and all(n.params["num_workers"] == 1 for n in p.needs), [n.params for n in p.needs]
 
 
 def test_a_range_knob_is_stepped_to_a_few_values():
