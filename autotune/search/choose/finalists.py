@@ -473,8 +473,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     xs = ua.get(keys.SAMPLES) or [best.value]
     s = summarize(xs)
     base = baseline_value(study)
-    # one search trial each, not paired, often minutes apart: no claim (a finalist round, then the confirmation, make
-    # one), so no ``speedup_vs_baseline`` for a reader to take as one (issue 52, item 3's rule); the note keeps it
+    # one search trial each, unpaired: no claim, so no ``speedup_vs_baseline`` (issue 52, item 3); the note keeps it
     ratio = (f"its search trial ran x{s.median / base:.2f} of the baseline's search trial: one trial each, not "
              "paired, so no claim" if base else "")
     config = TrialConfig.from_dict(ua[keys.CONFIG])

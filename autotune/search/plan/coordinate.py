@@ -1,5 +1,5 @@
-"""The planned search: before the sampler takes over, take the likely-winner bundle apart, walk the batch size
-from the best config so far, then try the space's other knobs one at a time.
+"""The planned search: before the sampler takes over, walk the batch size, take the likely-winner bundle apart at
+the batch found, then try the space's other knobs one at a time.
 
 Why: trial 1 switches the usual winners on together (bf16, channels_last, ``malloc: retain``). When one of them
 hurts on this model and machine (bf16 where it is no faster than fp32, say), the bundle runs about as fast as
@@ -11,16 +11,11 @@ bundle member is measured apart, whichever way the evidence makes more informati
 * otherwise (a tie, a loss, or the bundle failed): the baseline with that knob **alone** (add one in: the
   bundle is no anchor, each probe says what the knob does by itself).
 
-Either way the batch size is walked first (``walk_first``: from the bundle where it won, else from the baseline),
-and the bundle is taken apart at the batch the walk found: the walk is the largest lever, and a short budget that
-separates first ends before it.
-
-The knobs that helped are combined (one more trial, unless that config was measured already) and the best
-config measured so far is kept (an earlier study's winner, ``warm_start``, among them). Where that moved
-the best config off the walked line, the batch-size walk (``batch_walk``) goes on from it, and then one coordinate
-step: each other knob in the
-space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on the best
-config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
+Either way the batch is walked first (``walk_first``). The knobs that helped are combined (one more trial, unless
+measured already) and the best config measured so far is kept (an earlier study's winner, ``warm_start``, among
+them); where that is off the walked line, the walk (``batch_walk``) goes on from it. Then one coordinate step: each
+other knob in the space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on
+the best config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
 IQR of the study's trials up to the later of the two, or the median gap between the two fresh processes of each config
@@ -346,12 +341,9 @@ class _Replay:
         return out[0], out[1]
 
     def feed_lost(self, *pairs: tuple[dict[str, Any] | None, dict[str, Any] | None]) -> bool:
-        """Whether the loader the ceilings give lost: each config ``(as it ran, fed)`` measured fed, and none of them
-        fed came within the noise of itself as it ran (a fed one pruned as far slower, or failed, lost). Then the
-        search goes on with the loader each ran with. On 2 cores a worker takes the training process's second
-        thread, and a baseline the ceilings called input-bound at 20% of its step ran x0.75 fed (the quality run of
-        2026-11-29, resnet18 at 32 px: both fed configs pruned, and the planned search was given up for the
-        sampler)."""
+        """Whether the loader the ceilings give lost: each config ``(as it ran, fed)`` measured fed, none of them
+        within the noise of itself as it ran (pruned or failed fed: lost). On 2 cores a worker takes the training
+        process's second thread: resnet18's baseline, input-bound at 20% of its step, ran x0.75 fed (2026-11-29)."""
         pairs = tuple((a, f) for a, f in pairs if a is not None)
         got = self.get([(f, {}) for _, f in pairs])
         ran = self.get([(a, {}) for a, _ in pairs])
@@ -368,19 +360,13 @@ class _Replay:
         return True
 
     def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The batch walk goes first, before the bundle is taken apart: the batch size is the largest lever there is on
-        a GPU, and often on a CPU (x1.13 for resnet18 at 32 px, x1.8 for a small transformer on 2 cores), and a
-        4-minute budget that separates the bundle first (with its repeats) leaves the walk its last trials or none: 9
-        trials reached batches 32 and 128 of a walk the 10-minute run took to 256 (issue 50; in
-        ``benchmarks/keep_rule.py --batch-curve ... --max-trials 10`` the walk was not reached, and the pick's true
-        rate went from 0.82-0.84 of the best to 0.85-0.93 with the walk first).
-
-        When the likely winners beat the baseline beyond the noise, the walk goes from them, and their separation
-        (each knob reverted) runs at the batch it found, with the baseline moved there too: a bundle that won is the
-        incumbent either way (a knob that harms it is still found, at the batch the run will use). Else (a tie, a
-        loss) the walk goes from the baseline, which no knob can harm, and each knob is tried alone on the baseline
-        at the batch it found; the bundle stays where it was measured. Where the knobs then move the best config,
-        the walk goes on from it (``run``): two more trials where the knobs shift the batch's best."""
+        """The batch walk goes first, from the bundle where it beat the baseline beyond the noise, else from the
+        baseline (which no knob can harm), and the bundle is taken apart at the batch it found: the batch is the
+        largest lever on a GPU and often on a CPU, and a short budget that separated first reached the walk last or
+        never (issue 50; ``benchmarks/keep_rule.py --batch-curve ... --max-trials 10``: the pick's true rate 0.82-0.84
+        of the best before, 0.85-0.93 with the walk first). Where the bundle won it is the incumbent, its knobs
+        reverted at the walked batch beside the baseline moved there; else each knob is tried alone on the baseline
+        at that batch, the bundle staying where it was measured (``run`` walks on where the knobs move the best)."""
         b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
         if not (lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))):
             if b.value <= 0:
