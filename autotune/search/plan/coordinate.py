@@ -368,21 +368,18 @@ class _Replay:
         reverted at the walked batch beside the baseline moved there; else each knob is tried alone on the baseline
         at that batch, the bundle staying where it was measured (``run`` walks on where the knobs move the best)."""
         b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
-        if not (lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))):
-            if b.value <= 0:
-                return base, likely
-            self.incumbent = base
-            walked = self.walk(base)
-            if walked.get("batch_size") == base.get("batch_size"):
-                return base, likely
+        won = lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number)))
+        if not won and b.value <= 0:
+            return base, likely
+        start = self.incumbent = likely if won else base
+        walked = self.walk(start)
+        if walked.get("batch_size") == start.get("batch_size"):
+            return base, likely
+        if not won:
             self.notes.append(f"the likely winners did not beat the baseline beyond the noise: the walk went from "
                               f"the baseline first, to batch {walked['batch_size']}, where each of them is tried "
                               "alone")
             return walked, likely
-        self.incumbent = likely
-        walked = self.walk(likely)
-        if walked.get("batch_size") == likely.get("batch_size"):
-            return base, likely
         self.notes.append(f"the likely winners won: their knobs are taken apart at batch {walked['batch_size']}, "
                           "where the walk from them went")
         moved = complete(self.space, {**base, "batch_size": walked["batch_size"]})
