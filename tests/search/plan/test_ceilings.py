@@ -88,74 +88,9 @@ def _runner(asked: list, rate_of):
     return measure
 
 
-def test_the_climb_jumps_to_the_workers_one_workers_rate_predicts_and_stops_once_they_cover_the_model():
-    asked: list[tuple[str, int]] = []
-    covers = climb({"batch_size": 64}, {"batch_size": 64}, list(range(1, 17)),
-                   _runner(asked, lambda part, w: 1000.0 if part == "model" else 300.0 * w))
-    assert asked == [("model", 0), ("data", 1), ("data", 4)]  # 1150 needed: 300 a worker -> 4 (1200)
-    assert covers.workers_to_feed() == 4 and covers.feeds()
-
-
-def test_a_concave_data_path_is_corrected_from_each_point_in_a_few_children():
-    """300/s a worker less 5% for each worker sharing the host: each prediction undershoots, the next corrects it."""
-    asked: list[tuple[str, int]] = []
-    c = climb({}, {}, list(range(1, 65)),
-              _runner(asked, lambda part, w: 2000.0 if part == "model" else 300.0 * w / (1 + 0.05 * w)))
-    assert asked == [("model", 0), ("data", 1), ("data", 9), ("data", 12), ("data", 13)]
-    assert c.feeds() and c.workers_to_feed() == 13
-
-
-def test_the_climb_stops_where_the_data_path_stops_growing():
-    asked: list[tuple[str, int]] = []
-    flat = climb({}, {}, list(range(1, 65)),
-                 _runner(asked, lambda part, w: 5000.0 if part == "model" else min(300.0 * w, 650.0)))
-    # 650 -> 650: the cores ran out; then the knee: the rise of one worker (300/s) meets the flat line at 2.2 -> 3
-    assert asked == [("model", 0), ("data", 1), ("data", 20), ("data", 64), ("data", 3)]
-    assert "stopped growing" in flat.notes[0] and not flat.feeds()
-    assert flat.workers_to_feed() == 3  # the fewest workers measured at the data path's best rate
-    back = Ceilings.from_dict(flat.to_dict())
-    assert back == flat and flat.to_dict()["binds"] == "data"
-
-
-def test_on_two_cores_one_worker_faster_than_two_ends_the_climb_at_one():
-    """This VM: the second worker takes the training process's core, and the data path alone slows: the climb ends
-    at one worker (the slow end-to-end test met it by chance, as a TypeError, before this)."""
-    asked: list[tuple[str, int]] = []
-    c = climb({}, {}, [1, 2], _runner(asked, lambda part, w: 5000.0 if part == "model" else {1: 320.0, 2: 300.0}[w]))
-    assert asked == [("model", 0), ("data", 1), ("data", 2)] and c.workers_to_feed() == 1
-
-
-def test_a_worker_count_that_ran_out_of_memory_bounds_the_climb_which_halves_the_gap_below_it():
-    """150/s a worker, a model of 3000/s, and from 12 workers the host runs out of memory: the climb does not stop at
-    the one worker it measured (which would size every later loader to 1) but bisects below the failure."""
-    asked: list[tuple[str, int]] = []
-
-    def measure(config, part):
-        w = config.get("num_workers", 0)
-        asked.append((part, w))
-        if part == "data" and w >= 12:
-            return Point(part, config, 0.0, status="oom", reason="a DataLoader worker was killed (OOM)")
-        return Point(part, config, 3000.0 if part == "model" else 150.0 * w, windows=(1.0,))
-
-    c = climb({}, {}, list(range(1, 33)), measure)
-    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 7), ("data", 10),
-                     ("data", 11)]  # 1 worker predicts 23 for 3450/s; each failure halves the gap below it
-    assert c.workers_to_feed() == 11 and not c.feeds()
-    assert sum("did not run (oom)" in n for n in c.notes) == 2
-    # below a failure the climb still stops where the rate stops growing (the cores ran out): no bisecting on
-    asked.clear()
-
-    def flat(config, part):
-        w = config.get("num_workers", 0)
-        asked.append((part, w))
-        if part == "data" and w >= 20:
-            return Point(part, config, 0.0, status="oom", reason="killed")
-        return Point(part, config, 3000.0 if part == "model" else min(150.0 * w, 160.0), windows=(1.0,))
-
-    stopped = climb({}, {}, list(range(1, 33)), flat)
-    # then halfway below the best (6: as fast), and where the rise of one worker meets 160: 2
-    assert asked == [("model", 0), ("data", 1), ("data", 23), ("data", 12), ("data", 6), ("data", 2)]
-    assert any("stopped growing" in n for n in stopped.notes) and stopped.workers_to_feed() == 2
+# Which counts the climb measures, and what it gives, are held as properties over random curves in test_climb.py
+# (a rise that covers the model, one that does not, one that goes flat, a count that fails, a starved host, two
+# counts offered), not as the sequence one curve drew here.
 
 
 def test_feed_takes_pinned_memory_and_persistent_workers_where_the_space_offers_them(tmp_path):
@@ -216,8 +151,9 @@ def _space():
 
 def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(tmp_path):
     """The model alone 1000/s (1200 with bf16), a worker 140/s on 8 cores: the baseline waits for data most of its
-    step. The tuner measures the model alone, then the data path at 1 worker and at the most, 8 (8 x 140 = 1120 < 1200:
-    none covers it), and halfway (4: the rise is even, so 8 is the data path's best), trial 2 runs 8 workers, and the
+    step. The tuner measures the model alone, then the data path at counts the space offers, the most, 8, among them
+    (8 x 140 = 1120 < 1200: none covers it, and the rise is even to the last core, so 8 is the data path's best;
+    which other counts it measures is the climb's to choose, test_climb.py), trial 2 runs 8 workers, and the
     recommendation's YAML says the data path binds."""
     runner = _pipeline(1000.0, 140.0, cores=8)
     logs: list[str] = []
@@ -226,7 +162,9 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
                   seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=4)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 8), ("data", 4)]  # 10 for 1380: 8 is the most; then halfway
+    data = [w for p, w in parts if p == "data"]
+    assert parts[0] == ("model", 0) and 8 in data and len(data) == len(set(data)) <= MAX_POINTS, parts
+    assert set(data) <= set(range(1, 9)) and len(parts) == 1 + len(data), parts
     assert runner.calls[2][0] == "model"  # measured after the baseline and the likely winners, before trial 2
     trials = sorted(tuner.study().trials, key=lambda t: t.number)
     first3 = [TrialConfig.from_dict(t.user_attrs["config"]) for t in trials[:3]]
@@ -238,7 +176,7 @@ def test_an_input_bound_baseline_sizes_the_loader_within_the_first_three_trials(
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["binds"] == "data" and doc["ceilings"]["workers_to_feed"] == 8
     assert doc["ceilings"]["model"]["samples_per_s"] == pytest.approx(1200.0, rel=0.02)  # the likely winner's
-    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == [1, 8, 4]
+    assert [p["config"]["num_workers"] for p in doc["ceilings"]["data"]] == data  # every point it measured, in order
     assert doc["ceilings"]["verdict"].endswith("input-bound") and doc["ceilings"]["levers"]
     assert doc["ceilings"]["device"] == "cpu" and not any("GPU" in lever for lever in doc["ceilings"]["levers"])
     assert "ceilings: " in rec.summary() and "lever: " in rec.summary()
@@ -254,8 +192,9 @@ def test_ddp_ranks_measure_the_ceilings_in_their_ranks_and_climb_each_ranks_work
                   parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=logs.append)
     rec = tuner.run(trials=3)
     parts = [(p, c.num_workers) for p, c in runner.calls if p != "full"]
-    assert parts == [("model", 0), ("data", 1), ("data", 4), ("data", 2)]  # 4: the most a rank's share of 8 cores
-    # offers (then halfway, 2: the rise is even, 4 is the best)
+    data = [w for p, w in parts if p == "data"]
+    assert parts[0] == ("model", 0) and len(data) == len(set(data)) and len(parts) == 1 + len(data), parts
+    assert max(data) == 4 and min(data) >= 1, parts  # 4: the most a rank's share of 8 cores offers (the rise is even)
     assert any("in 2 DDP ranks at once as the trials run" in m for m in logs)
     doc = yaml.safe_load(rec.to_yaml())
     assert doc["ceilings"]["world_size"] == 2 and doc["ceilings"]["workers_to_feed"] == 4
@@ -346,7 +285,8 @@ def test_ceilings_a_short_budget_skipped_are_measured_by_a_later_run_with_time(t
                   finalist_rounds=1, log=lambda m: None)
     ceilings.store(tuner.study(), Ceilings(model=None, why="not measured: ~400 s, over the budget's share"))
     rec = tuner.run(trials=3)
-    assert [p for p, _ in runner.calls if p != "full"] == ["model", "data", "data", "data"]
+    parts = [p for p, _ in runner.calls if p != "full"]
+    assert parts[0] == "model" and set(parts[1:]) == {"data"} and len(parts) >= ceiling_runs.MIN_CHILDREN, parts
     assert rec.ceilings["model"] is not None and rec.ceilings["workers_to_feed"] == 8
 
 
@@ -650,9 +590,10 @@ def test_on_a_gpu_likely_winners_their_loader_already_feeds_skip_the_climb(tmp_p
 
 def test_on_a_peak_the_climb_measures_and_gives_the_centre_of_the_points_within_the_noise_not_the_noisy_fastest():
     """A data path that peaks at 23 workers (memory bandwidth: gpu_host_sim's membw64 shape) with the point at 32
-    measured 10% high, as a process's own level does (5% sigma on the H200): the fastest point measured is 32, 0.97
-    of the best; the climb gives a count it measured on the top (within ``PLATEAU`` of the fastest), not at either
-    end, and it runs within 1% of the best. (Which counts it measures on the way is the climb's to choose: the
+    measured 10% high, as a process's own level does (5% sigma on the H200): where the climb measures 32 (today's
+    does), it is the fastest point measured, though 32 runs under 0.97 of the best. The climb gives a count it
+    measured on the top (within ``PLATEAU`` of the fastest), not at either end where the top has points between
+    them, and it runs within 1% of the best. (Which counts it measures on the way is the climb's to choose: the
     properties over random curves are in test_climb.py.)"""
     def true(w: int) -> float:
         rise, bandwidth = 330.0 * w / (1 + 0.02 * w), 21 * 330.0 / 1.42
@@ -662,10 +603,10 @@ def test_on_a_peak_the_climb_measures_and_gives_the_centre_of_the_points_within_
     asked: list[tuple[str, int]] = []
     c = climb({}, {}, list(range(1, 64)),
               _runner(asked, lambda part, w: 9000.0 if part == "model" else true(w) * (1.10 if w == 32 else 1.0)))
-    assert max(c.measured(), key=lambda p: p.samples_per_s).workers == 32 and true(32) / best < 0.97
+    assert true(32) / best < 0.97
     top = ceilings.plateau(c.measured())
     feed = c.workers_to_feed()
-    assert feed in [p.workers for p in top] and top[0].workers < feed < top[-1].workers, (asked, feed)
+    assert feed in [p.workers for p in top] and (len(top) < 3 or top[0].workers < feed < top[-1].workers), (asked, feed)
     assert true(feed) / best > 0.99 and len(asked) - 1 <= MAX_POINTS
     # flat to the most workers measured (no fall): the fastest, the fewest among equals, as before
     flat = _c(9000.0, (1, 300.0), (3, 650.0), (20, 650.0), (64, 650.0))
@@ -716,21 +657,3 @@ def test_a_climb_the_budget_cut_before_the_centre_of_a_wide_top_gives_that_centr
     # measured near the centre: that point
     near = dataclasses.replace(c, data=c.data + (Point("data", {"num_workers": 28}, 3900.0),))
     assert near.workers_to_feed() == 28 and not near.unmeasured()
-
-
-def test_on_a_host_whose_other_jobs_hold_half_the_cores_the_climb_stops_at_the_cores_it_got_less_one():
-    """Hand-made points of a 16-core host whose other jobs hold 8: 15 workers kept 8 cores busy, so the climb
-    measures 7 (the cores less the training process's one), and 7 measures the fastest: the cores say the count,
-    and the climb is done (``refine_workers``' documented rule). The knee's lines through the one-worker point (a
-    straight rise; the real one is concave) would have sent it on to 6, whose single point could draw high and win."""
-    rates = {1: (300.0, 2.0), 15: (1500.0, 8.0), 7: (1750.0, 8.0), 6: (1900.0, 7.0)}
-    asked: list[tuple[str, int]] = []
-
-    def run(config, part):
-        w = config.get("num_workers", 0)
-        asked.append((part, w))
-        rate, cores = (10000.0, 1.0) if part == "model" else rates[w]
-        return Point(part, config, rate, windows=(1.0, 1.0, 1.0), cpu_cores_used=cores)
-
-    c = climb({}, {}, list(range(1, 16)), run)
-    assert asked == [("model", 0), ("data", 1), ("data", 15), ("data", 7)] and c.workers_to_feed() == 7
