@@ -20,13 +20,15 @@ the best config so far, the best of them kept if it beats it. Only then does the
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
 IQR of the study's trials up to the later of the two, or the median gap between the two fresh processes of each config
 the plan measured twice by then where that is larger, at least 5%: fixed once both are measured). Within the noise above
-it one trial each says nothing, so both are measured once more (a trial with ``repeat_of``), and the candidate wins only
-if the ``SEARCH_LEVEL`` (80%) interval of the ratio over the two rounds (``settle.ratio_interval``: paired round by
-round, Student's t on the rounds' log ratios) is above 1: a search decision, not a claim, so a level that keeps a
-gain both rounds agree on (a missed gain is never measured again; a wrong keep costs at most the noise, and the
-finalists re-measure the top configs paired). A
-candidate at or below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or
-two measurements in trial order, so a later repeat never changes a decision taken before it.
+it one trial each says nothing, so both are measured once more, side by side (a trial with ``repeat_of``), and the
+candidate wins only if the second round, paired (the machine's drift cancels in it), is above 1 too and the mean of the
+two rounds' log ratios clears ``REPEAT_Z`` (1.28) standard errors of a two-round mean (``noise``: how far one
+comparison of two fresh processes strays, from the gaps of the plan's repeats, shrunk towards the 5% floor while they
+are few). The test does not read the spread of the two rounds themselves (Student's t with one degree of freedom,
+the rule before, kept a no-op on two rounds that happened to agree: round 1 was chosen for landing above 1, then
+counted: two rounds at +3% that agree are no gain where one process strays 8%; docs/search.md). A candidate at or
+below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or two
+measurements in trial order, so a later repeat never changes a decision taken before it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
 the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that
@@ -47,18 +49,16 @@ from typing import Any, Iterable
 
 from autotune.search.record import trials as keys
 from autotune.search.plan.batch_walk import next_steps, walked
-from autotune.search.choose.settle import ratio_interval
-from autotune.measure import NOISY_REL_IQR, median_or_none
+from autotune.measure import NOISY_REL_IQR
+from autotune.search.plan.noise import REPEAT_Z, comparison_sd, repeat_keeps, single_noise
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
 
 __all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT",
-           "SEARCH_LEVEL"]
+           "REPEAT_Z"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
 MAX_TRIED = 4
-# The interval a candidate within the noise must clear over two rounds of each (module docstring)
-SEARCH_LEVEL = 0.80
 # Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
 NOT_SWEPT = ("batch_size", "compile_mode")
 
@@ -271,26 +271,22 @@ class _Replay:
         twice = self.get([(cand, roles or {}), (inc, {})], n=2)
         if any(m.value <= 0 for pair in twice for m in pair):
             return False  # a repeat failed or was pruned: no gain shown
-        pooled, lo, hi = ratio_interval([list(m.windows) for m in twice[0]], [list(m.windows) for m in twice[1]],
-                                        SEARCH_LEVEL)
-        won = lo > 1.0
+        logs = [math.log(x.value / y.value) for x, y in zip(*twice)]
+        won, bar = repeat_keeps(logs, comparison_sd(*self.upto(max(m.number for pair in twice for m in pair)),
+                                                    self.floor))
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                          f"({100 * noise:.0f}%); over two rounds each {100 * (pooled - 1):+.1f}% "
-                          f"({SEARCH_LEVEL:.0%} interval "
-                          f"{100 * (lo - 1):+.1f}% to {100 * (hi - 1):+.1f}%): "
-                          + ("kept" if won else "not shown, the config before stays"))
+                          f"({100 * noise:.0f}%); again, side by side, {100 * math.expm1(logs[1]):+.1f}%; over both "
+                          f"rounds {100 * math.expm1(sum(logs) / 2):+.1f}%, against the {100 * math.expm1(bar):.1f}% "
+                          "a gain must clear: " + ("kept" if won else "not shown, the config before stays"))
         return won
 
+    def upto(self, number: int) -> tuple[list[float], list[float]]:
+        """The window spreads and the repeats' gaps of the trials up to ``number`` (``noise``)."""
+        return [s for n, s in self.spreads if n <= number], [g for n, g in self.repeats if n <= number]
+
     def noise_at(self, number: int) -> float:
-        """The noise a single trial's comparison must clear, as of trial ``number``: the larger of the median window
-        spread of the trials up to it and the median gap between two fresh processes of one config (the plan's
-        repeats up to it), at least the floor. Windows settle within one process; two configs measured once each
-        are two processes, minutes apart, and on a shared VM those differ more than windows do (issue 50: repeats
-        +2.7% once and +21.5% over two rounds, where the windows said 5%). Later trials do not move it, so a
-        decision once taken stays."""
-        spreads = [s for n, s in self.spreads if n <= number]
-        gaps = [g for n, g in self.repeats if n <= number]
-        return max(self.floor, median_or_none(spreads) or 0.0, math.expm1(median_or_none(gaps) or 0.0))
+        """The bar of a single trial's comparison as of trial ``number`` (``noise.single_noise``)."""
+        return single_noise(*self.upto(number), self.floor)
 
     def value(self, params: dict[str, Any]) -> float:
         return self.by_key[self.key(params)][0].value

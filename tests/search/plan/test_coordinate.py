@@ -221,8 +221,9 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 5}),
                                   (BASE, 100.0, {"repeat_of": 0})])
     p = plan(space, study.get_trials(), noise=0.05)
-    assert any(n.startswith("channels_last=True: +3.0% once, within the noise (5%); over two rounds each +3.5%")
-               and n.endswith("kept") for n in p.notes), p.notes
+    assert any(n.startswith("channels_last=True: +3.0% once, within the noise (5%); again, side by side, +4.0%; "
+                            "over both rounds +3.5%, against the 3.3% a gain must clear") and n.endswith("kept")
+               for n in p.notes), p.notes
     assert p.phase == "walk" and p.incumbent["channels_last"] and _needs(p) == [
         ("off", True, "default", 8, {"batch_line": -1}), ("off", True, "default", 32, {"batch_line": 1})]
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 5}),
@@ -235,6 +236,26 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     assert noise_of(study.get_trials()) == 0.6  # the study's noise now; the decisions above were taken at 5%
     again = plan(space, study.get_trials(), noise=0.05)
     assert (again.phase, again.incumbent, again.notes) == (p.phase, p.incumbent, p.notes)
+
+
+def test_two_rounds_that_agree_are_no_gain_where_each_config_moved_more_between_its_own_processes():
+    """Issue 52 item 2: round 1 (+3%) was repeated because it landed within the noise above 1, so it is chosen, not
+    drawn; the second round agreed (+3.9%), but the baseline moved 10% between its two processes and channels_last
+    9%. A test on the two rounds' own spread (Student's t, one degree of freedom: the rule before) kept it; the gain
+    is well inside what one comparison strays by here (about 8%), so the config before stays. Where the processes
+    held (the test above, 100 and 100, 103 and 104) the same +3.5% is kept."""
+    rows = [(BASE, 100.0, {"baseline": True}), (LIKELY, 101.0, {"likely_winner": True}),
+            ({**BASE, "batch_size": 8}, 60.0, {"batch_line": -1}), ({**BASE, "batch_size": 32}, 95.0,
+                                                                   {"batch_line": 1}),
+            ({**BASE, "amp": "bf16"}, 70.0, {"knob_step": "amp=bf16"}),
+            ({**BASE, "channels_last": True}, 103.0, {"knob_step": "channels_last=True"}),
+            ({**BASE, "malloc": "retain"}, 98.0, {"knob_step": "malloc=retain"}),
+            ({**BASE, "channels_last": True}, 93.5, {"repeat_of": 5}), (BASE, 90.0, {"repeat_of": 0})]
+    space, study = _study(rows)
+    p = plan(space, study.get_trials(), noise=0.05)
+    assert not p.incumbent["channels_last"], p.notes
+    assert any(n.startswith("channels_last=True: +3.0% once") and "again, side by side, +3.9%" in n
+               and n.endswith("not shown, the config before stays") for n in p.notes), p.notes
 
 
 def test_the_plan_waits_for_what_is_queued_and_queues_nothing_twice():
@@ -279,7 +300,7 @@ def test_the_walk_looks_one_step_past_a_step_within_the_noise_and_finds_the_batc
 
 def test_the_walk_reads_the_gap_between_fresh_processes_that_the_plans_repeats_showed():
     """Windows spread 1%, but the plan's repeats showed two fresh processes of one config far apart (channels_last
-    alone 103 then 130, the baseline 100 both times: a median gap of 12%). malloc=retain alone won (120), and on the
+    alone 103 then 130, the baseline 100 then 125: gaps of 23% and 22%). malloc=retain alone won (120), and on the
     walk from it batch 32 at 10% under it is within that noise, so batch 64 is measured before the walk ends upwards
     (issue 50: a 4-minute resnet18 walk ended at 64 on one trial at 128, where the 10-minute run found 256). Where
     the repeats agreed, the same 10% ends it at the 5% floor."""
@@ -291,9 +312,9 @@ def test_the_walk_reads_the_gap_between_fresh_processes_that_the_plans_repeats_s
             ({**BASE, "malloc": "retain"}, 120.0, {"knob_step": "malloc=retain"})]
     line = [({**BASE, "malloc": "retain", "batch_size": 8}, 70.0, {"batch_line": -1}),
             ({**BASE, "malloc": "retain", "batch_size": 32}, 108.0, {"batch_line": 1})]
-    for cl_again, looks in ((130.0, True), (97.0, False)):
+    for cl_again, base_again, looks in ((130.0, 125.0, True), (97.0, 100.0, False)):
         space, study = _study(head + [({**BASE, "channels_last": True}, cl_again, {"repeat_of": 5}),
-                                      (BASE, 100.0, {"repeat_of": 0})] + line)
+                                      (BASE, base_again, {"repeat_of": 0})] + line)
         p = plan(space, study.get_trials(), noise=0.05)
         assert p.incumbent["malloc"] == "retain" and not p.incumbent["channels_last"], p.notes
         if looks:
