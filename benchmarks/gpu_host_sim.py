@@ -85,7 +85,7 @@ reported apart from fresh ones, each group with its cells at the goal.
 
     python benchmarks/gpu_host_sim.py --counterfactual 3  # the table of docs/gpu.md (~1 hour on a busy 2-core VM)
     python benchmarks/gpu_host_sim.py --hosts membw16 --minutes 3 --counterfactual --log  # one cell, its log
-    python benchmarks/gpu_host_sim.py --minutes 3 --seeds 20 --seed 20 --counterfactual  # fresh seeds, ~5 minutes
+    python benchmarks/gpu_host_sim.py --minutes 3 --seeds 40 --counterfactual  # seeds 0-19 and 20-39, ~8 minutes
 """
 
 from __future__ import annotations
