@@ -37,37 +37,55 @@ what is left),
 worker out of shared memory does) and ``model`` (pre-decoded tensors: the model binds once a few workers feed it, and
 its best config compiles).
 
-**What the tuner reads is measured, so noisy** (issue 52, item 12): ``cpu_cores_used`` (the climb's starved-host
-rule reads it) is the process tree's CPU seconds over the windows' wall, so its workers count only while busy (in
-a trial the model binds, they idle once the queue is full), times a level of its own per child (``CORES_SIGMA``);
-the data wait's share of a step moves with the windows' spread. Neither is calibrated (the H200 logs kept no CPU
-figures): they are the least a measurement has, not a fit.
+**What the tuner reads is measured, so noisy** (issue 52, item 12): nothing the tuner reads is the model's exact
+figure. Each window's samples/s has the calibrated spread and each child a level of its own (above). The step time a
+child reports (``data_wait_s_per_step + compute_s_per_step``) is the batch over its windows' median, not over the
+model's rate, so it carries the same noise. ``cpu_cores_used`` (the climb's starved-host rule reads it) is the process
+tree's CPU seconds over the windows' wall: its workers count only while busy (in a trial the model binds, they idle
+once the queue is full), the training process's spinning intra-op threads count too, and each child's figure has a
+log-normal level of its own, ``CORES_SIGMA`` = 8% (a child's CPU seconds over a few seconds' windows: the workers'
+start and their first batches fall in or out of them). The data wait's share of a step moves log-normally by the
+windows' own relative spread (a window of 2-20%: the wait is timed in the same windows). Neither size is calibrated
+(the H200 logs kept no CPU figures): they are the least a measurement has, not a fit.
 
-**Not modelled, and why: threads and the allocator.** ``intra_op_threads`` and ``malloc`` change nothing here. On a
-GPU host the training process's intra-op pool has little to run (the model is on the GPU; each DataLoader worker
-runs ``torch.set_num_threads(1)``; PIL's decode is single-threaded), and the data path's allocations are the
-workers' per-sample tensors, which glibc's dynamic mmap threshold serves from the heap after the first. The one
-measurement of ``malloc=retain`` (x1.105, ``autotune.machine.malloc``) is a CPU training step's, not a loader's. So
-a trial of either measures only noise, and a recommendation that keeps one loses nothing here: what the simulation
-cannot show is the cost of a kept no-op on a host where they do matter.
+**What the tuner does not model, and this host does: threads and the allocator.** Each host draws, once per seed
+(``with_effects``: seeded by the host's name and the run's seed, so one config answers alike in every trial of a run),
+two small effects the tuner knows nothing of, so the model is not the tuner's own:
 
-**shm64's physics is its own, not the tuner's rule.** A loader dies when what it holds in ``/dev/shm`` while the loop
-pauses exceeds the host's: ``workers x prefetch + 1`` batches (``benchmarks/paused_loader.py`` measured 5 for 2 x 2),
-each batch its collated tensors, each tensor a shared-memory file of whole 4 KiB pages (tmpfs allocates pages), with
-no margin. The goal is judged against the best config that physics lets run, not the best inside the tuner's own
-10% margin (``autotune.machine.loader_memory.MARGIN``), which the table shows beside it only as the margin's price.
+* **intra-op threads spin.** Each of the training process's intra-op threads past the first keeps ``spin`` of a core
+  busy (OpenMP's threads spin-wait after each parallel region; on a GPU host the pool has little else to run), drawn
+  uniformly in 0-``SPIN_MAX`` (6%). Unset (PyTorch's default) it has a thread per core. They count among our busy
+  threads: beside a few workers they cost nothing, beside workers that already fill the cores they take a share of
+  every core and thrash (``THRASH``): on 64 cores, t=64 beside 63 workers loses 7% at a 3% spin, 14% at 6%.
+* **the allocator moves the data path.** A worker's per-sample tensors come from the allocator: each mode other than
+  glibc's default (``malloc``: retain, hugepages, ...) scales the data path by a factor of its own, log-normal with
+  sigma ``MALLOC_SIGMA`` (2%), clipped to +-5% (the one measurement, ``malloc=retain`` x1.105 on a CPU training step,
+  is a step's, not a loader's: a loader's allocations are fewer and larger).
+
+``inter_op_threads`` and ``affinity`` still change nothing here.
+
+**shm64's physics is its own, not the tuner's rule.** A loader fails when what it holds in ``/dev/shm`` while the
+loop pauses, with what other processes hold there, exceeds the host's: ``workers x prefetch + 1`` batches
+(``benchmarks/paused_loader.py`` measured 5 for 2 x 2), each batch its collated tensors, each tensor a shared-memory
+file of whole 4 KiB pages (tmpfs allocates pages), with no margin; other processes (NCCL's segments, a previous run's
+leaked ``torch_*`` files) hold ``shm_others`` of it, drawn per seed in 0-``SHM_OTHERS_MAX`` (5%), after the tuner
+read it free. Such a trial ends as the product's loader watch ends it (status ``shm``, within its grace). The goal
+is judged against the best config that physics lets run over the whole grid (``best_of``), not the best inside the
+tuner's own 10% margin (``autotune.machine.loader_memory.MARGIN``), which the table shows beside it only as the
+margin's price.
 
 For each host and budget it prints the recommendation's rate over the model's best (both noise-free, over an
 hour's run with compile priced in, over the whole space), the search trials run, the trial at which the search
 first had a config within 95% of the best, what the ceilings measured and whether they changed the answer (the
 same cell run again with the ceilings off). Goal (issue 42): >= 0.95 of the best within 3 minutes on every cell
-whose best needs no compile; the script exits 1 when a cell misses it. Where compile is the best (``model``), the
-10-minute cell says what a longer budget buys (and each such cell, what it gives of the best eager config). With
-``--seeds``, the seeds the rules were tuned on (``IN_SAMPLE``: 0-19) are reported apart from fresh ones.
+whose best needs no compile; the script names each cell that misses it and exits 1 (``--goal`` sets the share).
+Where compile is the best (``model``), the 10-minute cell says what a longer budget buys (and each such cell, what
+it gives of the best eager config). With ``--seeds``, the seeds the rules were tuned on (``IN_SAMPLE``: 0-19) are
+reported apart from fresh ones, each group with its cells at the goal.
 
     python benchmarks/gpu_host_sim.py --counterfactual 3  # the table of docs/gpu.md (~1 hour on a busy 2-core VM)
     python benchmarks/gpu_host_sim.py --hosts membw16 --minutes 3 --counterfactual --log  # one cell, its log
-    python benchmarks/gpu_host_sim.py --minutes 3 --seeds 20 --seed 20 --counterfactual  # fresh seeds, ~5 minutes
+    python benchmarks/gpu_host_sim.py --minutes 3 --seeds 40 --counterfactual  # seeds 0-19 and 20-39, ~8 minutes
 """
 
 from __future__ import annotations
@@ -113,6 +131,10 @@ SAMPLE_BYTES = 3 * 224 * 224 * 4 + 8
 PAGE_BYTES = 4096        # tmpfs (/dev/shm) allocates whole pages to each shared tensor's file
 MAIN_BUSY = 1.0          # cores the training process keeps busy on a GPU host (launching, the pinning thread)
 CORES_SIGMA = 0.08       # a child's cpu_cores_used: its own level, log-normal (not calibrated: module docstring)
+# what the tuner does not model (module docstring): drawn once per host and seed by with_effects
+SPIN_MAX = 0.06          # cores each intra-op thread past the first keeps busy spinning: uniform in 0-6%
+MALLOC_SIGMA, MALLOC_CLIP = 0.02, 0.05  # an allocator mode's factor on the data path: log-normal 2%, within +-5%
+SHM_OTHERS_MAX = 0.05    # /dev/shm other processes hold once the tuner has read it free: uniform in 0-5%
 THRASH = 0.03            # each thread past the cores we get costs every one of ours 3% (switches, caches)
 BANDWIDTH_LOSS = 0.35    # past the memory bandwidth's knee the data path loses this much by the last core
 KNEE_SOFTNESS = 4        # the rise meets the bandwidth softly (queueing): (rise^-p + bandwidth^-p)^(-1/p)
@@ -141,6 +163,7 @@ PROCESS_SIGMA = math.sqrt(sum(math.log(b / a) ** 2 for a, b in PROCESS_PAIRS) / 
 # the seeds the climb's and the choice's rules were worked out against (docs/gpu.md, 2026-11-28): a table over them
 # is in sample; seeds from 20 on are fresh
 IN_SAMPLE = range(0, 20)
+GOAL = 0.95              # a 3-minute cell's recommendation over the best that runs (issue 42)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +172,9 @@ class Host:
 
     ``free_cores``: the cores other jobs leave us (None: all); ``knee``: the workers at which the data path's memory
     bandwidth saturates (None: never); ``shm_batches``: in-flight batches of 64 that ``/dev/shm`` holds (None: no
-    limit); ``dataset``: samples an epoch."""
+    limit); ``dataset``: samples an epoch. What the tuner does not model (``with_effects`` draws them): ``spin``,
+    the cores each intra-op thread past the first keeps busy; ``malloc_factors``, ``(mode, factor)`` on the data path
+    for each allocator mode but glibc's default; ``shm_others``, the share of ``/dev/shm`` other processes hold."""
 
     cores: int
     per_worker: float = PER_WORKER
@@ -158,6 +183,13 @@ class Host:
     free_cores: int | None = None
     knee: int | None = None
     shm_batches: float | None = None
+    spin: float = 0.0
+    malloc_factors: tuple[tuple[str, float], ...] = ()
+    shm_others: float = 0.0
+
+    def threads_busy(self, c) -> float:
+        """Cores the training process's spinning intra-op threads keep busy past its own (unset: one per core)."""
+        return self.spin * max(0, (c.intra_op_threads or self.cores) - 1)
 
     def model_rate(self, c) -> float:
         """The step alone on a batch already on the device (the ``model`` ceiling)."""
@@ -168,18 +200,20 @@ class Host:
     def share(self, c) -> tuple[float, float]:
         """``(the share of a core each of our busy threads gets, the thrash factor)``: our workers and the training
         process against the cores we get."""
-        ours = c.num_workers + MAIN_BUSY
+        ours = c.num_workers + MAIN_BUSY + self.threads_busy(c)
         free = min(self.cores, self.free_cores or self.cores)
         return min(1.0, free / ours), 1 / (1 + THRASH * max(0.0, ours - free))
 
     def shm_over(self, c, *, margin: float = 0.0) -> bool:
-        """Whether the loader's batches in flight while the loop pauses overflow ``/dev/shm`` (less ``margin``): the
-        measured ``workers x prefetch + 1`` batches (``benchmarks/paused_loader.py``: 2 workers x prefetch 2 peaked
-        at 5 batches; the loop holds one, or the pin thread copies it), each its images' tensor and its labels', each
-        a shared file of whole pages (``shm_batch_bytes``)."""
+        """Whether the loader's batches in flight while the loop pauses overflow what ``/dev/shm`` leaves it (less
+        ``margin``): the measured ``workers x prefetch + 1`` batches (``benchmarks/paused_loader.py``: 2 workers x
+        prefetch 2 peaked at 5 batches; the loop holds one, or the pin thread copies it), each its images' tensor and
+        its labels', each a shared file of whole pages (``shm_batch_bytes``), beside what other processes hold there
+        (``shm_others``)."""
+        if not (self.shm_batches and c.num_workers):
+            return False
         held = (c.num_workers * (c.prefetch_factor or 2) + 1) * shm_batch_bytes(c.batch_size)
-        return bool(self.shm_batches and c.num_workers
-                    and held > self.shm_batches * 64 * SAMPLE_BYTES * (1 - margin))
+        return held > self.shm_batches * 64 * SAMPLE_BYTES * (1 - self.shm_others - margin)
 
     def data_rate(self, c) -> float:
         """The loader alone (the ``data`` ceiling), its epochs' ends included."""
@@ -187,28 +221,27 @@ class Host:
         if w == 0:
             return self.in_process
         share, thrash = self.share(c)
+        allocator = dict(self.malloc_factors).get(c.malloc, 1.0)
         steady = w * self.per_worker / (1 + CONTENTION * w)
         if self.knee:  # the memory bandwidth: a third of the cores' worth, then more workers thrash it
             bandwidth = self.knee * self.per_worker / (1 + CONTENTION * self.knee)
             fall = (1 / (1 - BANDWIDTH_LOSS) - 1) / max(1, self.cores - self.knee)  # per worker past the knee
             steady = ((steady ** -KNEE_SOFTNESS + bandwidth ** -KNEE_SOFTNESS) ** (-1 / KNEE_SOFTNESS)
                       / (1 + fall * max(0, w - self.knee)))
-        steady *= share * thrash
+        steady *= share * thrash * allocator
         # an epoch's end: the queue drains and one worker makes the next epoch's first batch (new workers first
         # when they do not persist)
         refill = c.batch_size / (self.per_worker * share) + (
             0.0 if c.persistent_workers else WORKER_START_S + WORKER_START_EACH_S * w)
         return self.dataset / (self.dataset / steady + refill)
 
+    def step_rate(self, c) -> float:
+        """The model's step with the batch's copy to the device (a pageable one, unpinned, is synchronous)."""
+        return 1 / (1 / self.model_rate(c) + (0 if c.pin_memory else UNPINNED_MS / 1000))
+
     def end_to_end(self, c) -> tuple[float, float]:
         """``(samples/s, share of the step waiting for data)`` of the whole trial."""
-        model = 1 / (1 / self.model_rate(c) + (0 if c.pin_memory else UNPINNED_MS / 1000))
-        data = self.data_rate(c)
-        if c.num_workers == 0:  # loading in the training process: one after the other
-            return 1 / (1 / model + 1 / data), (1 / data) / (1 / model + 1 / data)
-        jitter = (1 - PREFETCH.get(c.prefetch_factor or 2, 0.97)) * (min(model, data) / max(model, data)) ** 4
-        rate = min(model, data) * (1 - jitter)
-        return rate, max(0.0, 1 - rate / model)
+        return join(self.step_rate(c), self.data_rate(c), c.num_workers, c.prefetch_factor)
 
     def over_the_run(self, c, *, margin: float = 0.0) -> float:
         """Samples/s over the planned run (an hour), compile time included: what the tuner ranks finalists by
@@ -216,6 +249,30 @@ class Host:
         if self.shm_over(c, margin=margin):
             return 0.0
         return self.end_to_end(c)[0] * RUN_S / (RUN_S + COMPILE[c.compile_mode][1])
+
+
+def join(model: float, data: float, workers: int, prefetch: int | None) -> tuple[float, float]:
+    """``(samples/s, share of the step waiting for data)`` of a model step at ``model`` fed at ``data``: one after
+    the other without workers; else the slower of the two less what the queue's depth does not ride out."""
+    if workers == 0:  # loading in the training process: one after the other
+        return 1 / (1 / model + 1 / data), (1 / data) / (1 / model + 1 / data)
+    jitter = (1 - PREFETCH.get(prefetch or 2, 0.97)) * (min(model, data) / max(model, data)) ** 4
+    rate = min(model, data) * (1 - jitter)
+    return rate, max(0.0, 1 - rate / model)
+
+
+def with_effects(host: Host, name: str, seed: int) -> Host:
+    """``host`` with what the tuner does not model (module docstring), drawn once for the host's name and the run's
+    seed: the intra-op threads' spin, each allocator mode's factor on the data path, and the share of ``/dev/shm``
+    other processes hold (on a host whose ``/dev/shm`` binds)."""
+    from autotune.config import MALLOC_MODES
+
+    rng = random.Random(f"{name}/{seed}")
+    spin = rng.uniform(0.0, SPIN_MAX)
+    factors = tuple((mode, min(1 + MALLOC_CLIP, max(1 - MALLOC_CLIP, math.exp(rng.gauss(0.0, MALLOC_SIGMA)))))
+                    for mode in MALLOC_MODES if mode != "default")
+    others = rng.uniform(0.0, SHM_OTHERS_MAX) if host.shm_batches else 0.0
+    return dataclasses.replace(host, spin=spin, malloc_factors=factors, shm_others=others)
 
 
 def shm_batch_bytes(batch_size: int) -> int:
@@ -302,17 +359,19 @@ class SimRunner:
 
     def __call__(self, workload, c, measure, **kw):
         from autotune.config import TrialResult
+        from autotune.trial.loader_watch import LOST_BATCH_GRACE_S
 
         part, host = measure.part, self.host
         self.children += 1
         startup = self.startup_s(c)
         workers_s = WORKER_START_S + WORKER_START_EACH_S * c.num_workers if c.num_workers and part != "model" else 0.0
-        if part != "model" and host.shm_over(c):  # a worker dies as one out of shared memory does, once they start
-            wall = startup + FIRST_STEPS_S + workers_s + 1.0
+        if part != "model" and host.shm_over(c):  # a worker's batch cannot go into /dev/shm: the product's loader
+            # watch reads the error in the trial's log and ends it within its grace (trial.loader_watch)
+            wall = startup + FIRST_STEPS_S + workers_s + LOST_BATCH_GRACE_S
             self.clock.offset += wall
-            return TrialResult(status="error", wall_s=wall, startup_s=startup, batch_size=c.batch_size, reason=(
-                "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that "
-                "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."))
+            return TrialResult(status="shm", wall_s=wall, startup_s=startup, batch_size=c.batch_size, reason=(
+                "DataLoader worker ran out of shared memory: RuntimeError: unable to allocate shared memory(shm) for "
+                "file </torch_4242_1_0>: No space left on device (28)"))
         if part == "model":
             rate, wait = host.model_rate(c), 0.0
         elif part == "data":
@@ -329,7 +388,7 @@ class SimRunner:
             self.compiled.add(c.key())
         wall = startup + FIRST_STEPS_S + compile_s + workers_s + (len(windows) + unsettled) * measure.window_s
         self.clock.offset += wall
-        step = c.batch_size / rate
+        step = c.batch_size / max(statistics.median(windows), 1e-9)  # as the child times it: noisy as its windows
         return TrialResult(status="ok", samples_per_s=tuple(windows), window_steps=tuple(
             max(1, int(measure.window_s / step)) for _ in windows), wall_s=wall, startup_s=startup,
             warmup_s=FIRST_STEPS_S + compile_s, compile_s=compile_s or None, batch_size=c.batch_size,
@@ -340,11 +399,11 @@ class SimRunner:
 
     def reads(self, c, part: str, rate: float, wait: float, windows: list[float]) -> tuple[float, float]:
         """``(data wait's share of a step, cpu_cores_used)`` as a child measures them (module docstring): the workers
-        busy only for the batches taken (a trial whose model binds idles them), each figure with noise of its own;
-        the wait moves with the windows' spread."""
+        busy only for the batches taken (a trial whose model binds idles them), the intra-op threads' spin with
+        them, each figure with noise of its own; the wait moves with the windows' spread."""
         share, _ = self.host.share(c)
         taken = 1.0 if part == "data" or not c.num_workers else min(1.0, rate / self.host.data_rate(c))
-        busy = (MAIN_BUSY + c.num_workers * taken) * share
+        busy = (MAIN_BUSY + self.host.threads_busy(c) + c.num_workers * taken) * share
         cores = min(float(self.host.cores), busy * math.exp(self.rng.gauss(0.0, CORES_SIGMA)))
         spread = (max(windows) - min(windows)) / max(statistics.median(windows), 1e-9) if len(windows) > 1 else 0.0
         if 0.0 < wait < 1.0:
@@ -372,28 +431,46 @@ def _hardware(host: Host):
 
 
 def best_of(space, host: Host, *, eager: bool = False, margin: float = 0.0) -> tuple[float, object]:
-    """The model's best over the whole space over the planned run (noise-free, compile priced in; threads do not
-    move the model), by brute force; ``eager``: without compile. Prefetch 1 too: where shared memory binds, the
-    tuner's loader clamp runs it (PyTorch allows it), so a recommendation may have it. ``margin``: a loader may fill
-    only this much less of ``/dev/shm`` (the tuner's own rule keeps 10%: what its best could be)."""
+    """The model's best over the whole space over the planned run (noise-free, compile priced in), by brute force
+    over every loader (workers, persistence, prefetch, allocator) joined with every step (the rest); ``eager``:
+    without compile. Prefetch 1 too: where shared memory binds, the tuner's loader clamp runs it (PyTorch allows
+    it), so a recommendation may have it. Intra-op threads at the space's fewest: their spin only takes cores from
+    the data path (``Host.threads_busy``), so fewer never lose. ``margin``: a loader may fill only this much less of
+    ``/dev/shm`` (the tuner's own rule keeps 10%: what its best could be)."""
+    from types import SimpleNamespace
+
     from autotune.config import TrialConfig
 
     choices = {p.name: p.choices for p in space.params}
-    modes = ("none",) if eager else choices["compile_mode"]
-    best = (0.0, None)
-    for bs, w, amp, cl, cudnn, comp, pin, persist, pf in itertools.product(
-            choices["batch_size"], choices["num_workers"], choices["amp"], choices["channels_last"],
-            choices.get("cudnn_benchmark", (False,)), modes, choices["pin_memory"],
-            choices["persistent_workers"], tuple(choices["prefetch_factor"]) + (1,)):
-        if not w and (not persist or pf != choices["prefetch_factor"][0]):
-            continue  # no loader knobs without workers: one config
-        c = TrialConfig(batch_size=bs, num_workers=w, amp=amp, channels_last=cl, cudnn_benchmark=cudnn,
-                        compile_mode=comp, pin_memory=pin, persistent_workers=persist and w > 0,
-                        prefetch_factor=pf if w else None)
-        rate = host.over_the_run(c, margin=margin)
-        if rate > best[0]:
-            best = (rate, c)
-    return best
+    threads = min(choices["intra_op_threads"]) if "intra_op_threads" in choices else None
+    loaders = [(0, False, None, "default")] + list(itertools.product(  # no loader knobs without workers: one
+        [w for w in choices["num_workers"] if w], choices["persistent_workers"],
+        tuple(choices["prefetch_factor"]) + (1,), choices.get("malloc", ("default",))))
+    steps = list(itertools.product(choices["amp"], choices["channels_last"], choices.get("cudnn_benchmark", (False,)),
+                                   ("none",) if eager else choices["compile_mode"], choices["pin_memory"]))
+    best: tuple[float, tuple | None] = (0.0, None)
+    for bs in choices["batch_size"]:
+        fastest: dict[str, tuple[float, float, tuple]] = {}  # per compile mode, its fastest step: a join only rises
+        for amp, cl, cudnn, mode, pin in steps:                # with the step's rate (``join``), so no other can win
+            rate = host.step_rate(SimpleNamespace(batch_size=bs, amp=amp, channels_last=cl, cudnn_benchmark=cudnn,
+                                                  compile_mode=mode, pin_memory=pin))
+            if rate > fastest.get(mode, (0.0,))[0]:
+                fastest[mode] = (rate, RUN_S / (RUN_S + COMPILE[mode][1]), (amp, cl, cudnn, mode, pin))
+        priced = list(fastest.values())
+        for w, persist, pf, malloc in loaders:
+            loader = SimpleNamespace(batch_size=bs, num_workers=w, persistent_workers=persist, prefetch_factor=pf,
+                                     malloc=malloc, intra_op_threads=threads)
+            if host.shm_over(loader, margin=margin):
+                continue
+            data = host.data_rate(loader)
+            for step, run, knobs in priced:
+                rate = join(step, data, w, pf)[0] * run
+                if rate > best[0]:
+                    best = (rate, (bs, w, persist, pf, malloc, knobs))
+    bs, w, persist, pf, malloc, (amp, cl, cudnn, mode, pin) = best[1]
+    return best[0], TrialConfig(batch_size=bs, num_workers=w, amp=amp, channels_last=cl, cudnn_benchmark=cudnn,
+                                compile_mode=mode, pin_memory=pin, persistent_workers=persist, prefetch_factor=pf,
+                                malloc=malloc, intra_op_threads=threads)
 
 
 def _search_trials(study, host: Host) -> list[tuple[int, float, object]]:
@@ -419,7 +496,7 @@ def run_cell(name: str, minutes: float, *, seed: int = 0, log: bool = False, cei
     from autotune.search.tuner import Tuner
     from autotune.trial.parity import ParityResult, check_seconds
 
-    host = HOSTS[name][0]
+    host = with_effects(HOSTS[name][0], name, seed)
     clock = Clock()
     runner = SimRunner(host, clock, seed)
     hw = _hardware(host)
@@ -431,7 +508,8 @@ def run_cell(name: str, minutes: float, *, seed: int = 0, log: bool = False, cei
 
     lines: list[str] = []
     wanted = ceiling_runs.wanted
-    with tempfile.TemporaryDirectory() as tmp:
+    scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # the study's commits need no disk's sync
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         lock = os.environ.get("AUTOTUNE_MACHINE_LOCK")
         os.environ["AUTOTUNE_MACHINE_LOCK"] = f"{tmp}/machine.lock"  # nothing is measured on this machine
         space = load_space(hardware=hw, device="cuda")
@@ -455,7 +533,8 @@ def run_cell(name: str, minutes: float, *, seed: int = 0, log: bool = False, cei
             else:
                 os.environ["AUTOTUNE_MACHINE_LOCK"] = lock
         best_rate, best_config = best_of(tuner.space, host)
-        eager_rate, _ = best_of(tuner.space, host, eager=True)
+        eager_rate = (best_rate if best_config.compile_mode == "none" else
+                      best_of(tuner.space, host, eager=True)[0])
         from autotune.machine.loader_memory import MARGIN
 
         kept_rate, kept_config = best_of(tuner.space, host, margin=MARGIN) if host.shm_batches else (best_rate,
@@ -478,7 +557,8 @@ def run_cell(name: str, minutes: float, *, seed: int = 0, log: bool = False, cei
             "rec_rate": rec_rate, "binds": (rec.ceilings or {}).get("binds") if rec else None,
             "climb": climbed, "feed": ceil.workers_to_feed() if ceil is not None and ceil.data else None,
             "guess": ceil.guess if ceil is not None else None, "children": runner.children,
-            "ceilings_why": ceil.why if ceil is not None else None}
+            "ceilings_why": ceil.why if ceil is not None else None,
+            "effects": {"spin": host.spin, "malloc": dict(host.malloc_factors), "shm_others": host.shm_others}}
 
 
 def _commit() -> str:
@@ -522,13 +602,13 @@ def _seeds(group: list[dict]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
 
 
-def _summary(cells: list[dict]) -> None:
+def _summary(cells: list[dict], share: float = GOAL) -> None:
     """Per seed group (``seed_groups``), host and budget: rec / the best that runs (where compile is the best, the
-    eager best too) as median, worst, and the seeds at 0.95 or more; where shared memory binds, the median of rec /
+    eager best too) as median, worst, and the seeds at ``share`` or more; where shared memory binds, the median of rec /
     the best inside the tuner's own margin, shown beside it, not judged."""
     for label, group in seed_groups(cells):
         print(f"\n{label}, {_seeds(group)}:")
-        print("| host | budget | rec / best, median | worst | seeds >= 0.95 | workers recommended |")
+        print(f"| host | budget | rec / best, median | worst | seeds >= {share:g} | workers recommended |")
         print("| --- | --- | --- | --- | --- | --- |")
         key = lambda c: (c["host"], c["minutes"])  # noqa: E731 - the sort's and the grouping's
         for (host, minutes), cell_group in itertools.groupby(sorted(group, key=key), key=key):
@@ -541,22 +621,23 @@ def _summary(cells: list[dict]) -> None:
                           f"{statistics.median(c['rec_over_margin_best'] for c in cell_group):.3f})")
             workers = ", ".join(str(c.get("rec_workers", "-")) for c in cell_group)
             print(f"| {host} | {minutes:g} min | {statistics.median(r):.3f}{aside} | {r[0]:.3f} | "
-                  f"{sum(x >= 0.95 for x in r)} of {len(r)} | {workers} |")
+                  f"{sum(x >= share for x in r)} of {len(r)} | {workers} |")
 
 
-def goal(cells: list[dict]) -> tuple[list[str], bool]:
-    """``(lines, missed)``: the goal (>= 0.95 of the best that runs within 3 minutes, on each cell whose best needs no
-    compile) per seed group (``seed_groups``), and whether any cell missed it. The best is the physics' (the whole
-    space, ``/dev/shm`` as the host has it), never the best inside the tuner's own margin."""
+def goal(cells: list[dict], share: float = GOAL) -> tuple[list[str], bool]:
+    """``(lines, missed)``: the goal (>= ``share`` of the best that runs within 3 minutes, on each cell whose best
+    needs no compile) per seed group (``seed_groups``): the cells that reach it, and each that misses it, worst
+    first; and whether any cell missed it. The best is the physics' (the whole space, ``/dev/shm`` as the host has
+    it), never the best inside the tuner's own margin."""
     lines, missed = [], False
     for label, group in seed_groups([c for c in cells if c["minutes"] == 3.0 and not c["compile_best"]]):
-        short = [c for c in group if c["rec_over_best"] < 0.95]
+        short = [c for c in group if c["rec_over_best"] < share]
         missed |= bool(short)
         worst = ", ".join(f"{c['host']} seed {c.get('seed', 0)} {c['rec_over_best']:.3f}"
                           for c in sorted(short, key=lambda c: c["rec_over_best"]))
-        lines.append(f"goal (>= 0.95 of the best within 3 minutes, where the best needs no compile), {label}, "
-                     f"{_seeds(group)}: " + (f"met in all {len(group)} cells" if not short else
-                                             f"NOT met in {len(short)} of {len(group)} cells: {worst}"))
+        lines.append(f"goal (>= {share:g} of the best within 3 minutes, where the best needs no compile), {label}, "
+                     f"{_seeds(group)}: {len(group) - len(short)} of {len(group)} cells reach it"
+                     + (f"; MISSED by {worst}" if short else ""))
     return lines, missed
 
 
@@ -571,6 +652,9 @@ def main(argv=None) -> int:
     p.add_argument("--counterfactual", type=float, nargs="*", default=None, metavar="MINUTES",
                    help="the budgets whose cells run again with the ceilings off (the 'ceilings changed it' column; "
                         "default: every budget; none: --counterfactual with no value)")
+    p.add_argument("--goal", type=float, default=GOAL, metavar="SHARE",
+                   help="the share of the best a 3-minute cell must reach; the script exits 1 when one misses it "
+                        "(default: %(default)s)")
     p.add_argument("--log", action="store_true", help="print the tuner's log of each cell")
     p.add_argument("--json", metavar="FILE", help="write every cell's figures here")
     a = p.parse_args(argv)
@@ -579,8 +663,9 @@ def main(argv=None) -> int:
     collect_env_stamp()  # once, before any simulated clock: the recommendation keeps it
     print(f"# a MODEL of a GPU host (benchmarks/gpu_host_sim.py at {_commit()}), calibrated on one H200 run: "
           "not a measurement")
-    print("#   the tuner reads noisy cpu_cores_used and data waits; threads and the allocator have no effect here "
-          "(module docstring); exit 1 when a 3-minute cell misses 0.95 of the best")
+    print("#   the tuner reads noisy windows, step times, data waits and cpu_cores_used; intra-op threads spin and the "
+          "allocator moves the data path, drawn per host and seed, which the tuner does not model (module docstring)")
+    print(f"#   exit 1 when a 3-minute cell whose best needs no compile misses {a.goal:g} of the best that runs")
     for name in a.hosts:
         print(f"#   {name}: {HOSTS[name][1]}")
     print("| host | budget | rec / best | search trials | first within 95% | ceilings' climb -> workers | "
@@ -595,8 +680,8 @@ def main(argv=None) -> int:
         cells.append(cell)
         print(_row(cell, without) + (f" seed {seed}" if a.seeds > 1 else ""), flush=True)
     if a.seeds > 1:
-        _summary(cells)
-    lines, missed = goal(cells)
+        _summary(cells, a.goal)
+    lines, missed = goal(cells, a.goal)
     print("\n".join(lines))
     for c in cells:  # where compile is the best, what the longest budget gives
         if c["compile_best"] and c["minutes"] == max(a.minutes):

@@ -312,36 +312,111 @@ def _cell(host: str, seed: int, rec: float, *, margin: float | None = None, comp
 
 def test_gpu_host_sim_judges_the_goal_on_the_best_that_runs_and_reports_tuned_seeds_apart_from_fresh(capsys):
     """Issue 52 item 12: a cell at 0.87 of the best that runs misses, whatever it gives of the best inside the
-    tuner's own margin (0.99); seeds 0-19 (the rules were tuned on them) are reported apart from 20 on."""
+    tuner's own margin (0.99); seeds 0-19 (the rules were tuned on them) are reported apart from 20 on, each group
+    with its cells that reach the goal."""
     sim = _gpu_host_sim()
     cells = [_cell("jpeg8", 3, 0.99), _cell("shm64", 3, 0.87, margin=0.99), _cell("jpeg8", 25, 0.96),
              _cell("model16", 25, 0.70, compile_best=True)]
     lines, missed = sim.goal(cells)
     assert missed and len(lines) == 2
-    assert "in-sample seeds (the rules were tuned on 0-19), seed 3: NOT met in 1 of 2 cells: shm64 seed 3 0.870" \
-        in lines[0]
-    assert lines[1].endswith("fresh seeds (none of them tuned on), seed 25: met in all 1 cells")
+    assert lines[0].endswith("in-sample seeds (the rules were tuned on 0-19), seed 3: 1 of 2 cells reach it; MISSED "
+                             "by shm64 seed 3 0.870"), lines[0]
+    assert lines[1].endswith("fresh seeds (none of them tuned on), seed 25: 1 of 1 cells reach it"), lines[1]
     assert sim.goal([_cell("jpeg8", 25, 0.96)]) == ([
         "goal (>= 0.95 of the best within 3 minutes, where the best needs no compile), fresh seeds (none of them "
-        "tuned on), seed 25: met in all 1 cells"], False)
+        "tuned on), seed 25: 1 of 1 cells reach it"], False)
+    assert sim.goal([_cell("jpeg8", 25, 0.96)], 0.97)[1]  # --goal sets the share
     sim._summary(cells)
     said = capsys.readouterr().out
     assert said.index("in-sample seeds") < said.index("| shm64 | 3 min | 0.870 (of the best inside the tuner's "
                                                       "margin: 0.990) | 0.870 | 0 of 1 |") < said.index("fresh seeds")
 
 
-@pytest.mark.slow  # one simulated 3-minute cell: ~20 s of CPU, most of it importing torch
+def test_gpu_host_sim_exits_nonzero_on_a_miss_and_zero_when_met(monkeypatch, capsys):
+    """Issue 52 item 12: the script exited 0 when the goal was missed. ``main`` on one real 3-minute cell (jpeg8, the
+    tuner run against the model), judged at two goals: 1.01 of the best no recommendation can reach, so it exits 1
+    and names the cell; 0.5 it reaches, so it exits 0. The cell runs once (the second judging reuses it)."""
+    from autotune.machine import envstamp
+
+    sim = _gpu_host_sim()
+    run_cell, ran = sim.run_cell, {}
+
+    def once(name, minutes, **kw):
+        key = (name, minutes, kw.get("seed"), kw.get("ceilings_on", True))
+        if key not in ran:
+            ran[key] = run_cell(name, minutes, **kw)
+        return dict(ran[key])
+
+    monkeypatch.setattr(sim, "run_cell", once)
+    monkeypatch.setattr(envstamp, "_REMEMBERED", {"sim": "no stamp needed"})  # not a child importing torch again
+    argv = ["--hosts", "jpeg8", "--minutes", "3", "--counterfactual"]
+    assert sim.main([*argv, "--goal", "1.01"]) == 1
+    missed = capsys.readouterr().out
+    assert "0 of 1 cells reach it; MISSED by jpeg8 seed 0 " in missed, missed[-1500:]
+    assert sim.main([*argv, "--goal", "0.5"]) == 0
+    met = capsys.readouterr().out
+    assert "1 of 1 cells reach it" in met and "MISSED" not in met, met[-1500:]
+    assert len(ran) == 1
+
+
+def test_gpu_host_sim_threads_and_the_allocator_move_the_host_as_the_tuner_does_not_model():
+    """Issue 52 item 12: threads and the allocator had no effect, so the simulation was the tuner's own model. Now
+    each host draws (per seed, reproducibly) a spin per intra-op thread and a factor per allocator mode: many threads
+    beside workers that fill the cores slow the data path, a few workers do not feel them, and ``malloc=retain``
+    moves the data path by its drawn factor (within 5%; an epoch's refill is not the allocator's)."""
+    from autotune.config import TrialConfig
+
+    sim = _gpu_host_sim()
+    host = sim.with_effects(sim.HOSTS["jpeg64"][0], "jpeg64", 7)
+    assert host == sim.with_effects(sim.HOSTS["jpeg64"][0], "jpeg64", 7)  # seeded: the same in every trial
+    assert host != sim.with_effects(sim.HOSTS["jpeg64"][0], "jpeg64", 8)
+    assert 0 < host.spin <= sim.SPIN_MAX and host.shm_others == 0.0  # /dev/shm binds on shm64 only
+    full = TrialConfig(batch_size=64, num_workers=63, prefetch_factor=2, persistent_workers=True, pin_memory=True,
+                       intra_op_threads=1)
+    assert host.data_rate(full.replace(intra_op_threads=64)) < host.data_rate(full) * (1 - 2 * host.spin)
+    few = full.replace(num_workers=8)
+    assert host.data_rate(few.replace(intra_op_threads=64)) == host.data_rate(few)
+    retain = dict(host.malloc_factors)["retain"]
+    assert retain != 1.0 and abs(retain - 1) <= sim.MALLOC_CLIP
+    assert host.data_rate(few.replace(malloc="retain")) == pytest.approx(host.data_rate(few) * retain, rel=1e-3)
+    factors = [dict(sim.with_effects(sim.Host(16), "h", seed).malloc_factors)["retain"] for seed in range(200)]
+    assert 0.01 < statistics.pstdev(factors) < 0.03 and max(abs(f - 1) for f in factors) <= sim.MALLOC_CLIP + 1e-9
+
+
+def test_gpu_host_sim_step_times_are_measured_and_a_loader_over_dev_shm_ends_as_the_watch_ends_it():
+    """Issue 52 item 12: what a child reports of its step (the wait and the compute) is timed over its noisy windows,
+    not the model's exact rate; and a loader over ``/dev/shm`` (what other processes hold there counted, which the
+    tuner read free) ends ``shm`` as the product's loader watch ends it, within seconds."""
+    import dataclasses
+
+    from autotune.config import MeasureSpec, TrialConfig
+
+    sim = _gpu_host_sim()
+    c = TrialConfig(batch_size=64, num_workers=7, pin_memory=True, persistent_workers=True, prefetch_factor=2)
+    runner = sim.SimRunner(sim.Host(16), sim.Clock(), seed=0)
+    measure = MeasureSpec(window_s=1.0, tight_spread=0.02)
+    steps = [(r.data_wait_s_per_step + r.compute_s_per_step) for r in (runner(None, c, measure) for _ in range(20))]
+    exact = c.batch_size / sim.Host(16).end_to_end(c)[0]
+    assert len(set(steps)) == 20 and 0.02 < statistics.stdev(steps) / exact < 0.3, (steps, exact)
+    shm = sim.HOSTS["shm64"][0]
+    fits = TrialConfig(batch_size=32, num_workers=6, prefetch_factor=1, pin_memory=True)  # 7 of 8 batches of 32
+    assert not shm.shm_over(fits) and dataclasses.replace(shm, shm_others=0.15).shm_over(fits)
+    crowded = sim.SimRunner(dataclasses.replace(shm, shm_others=0.15), sim.Clock(), seed=0)
+    result = crowded(None, fits, MeasureSpec(window_s=1.0, tight_spread=0.02))
+    assert result.status == "shm" and "No space left on device" in result.reason and result.wall_s < 20
+
+
+@pytest.mark.slow  # one simulated 3-minute cell in a child: ~12 s of CPU, most of it importing torch
 def test_gpu_host_sim_exits_1_when_a_cell_misses_the_goal(tmp_path):
-    """The real script on one 3-minute cell: its exit status is 1 exactly when the cell it wrote misses 0.95 of the
-    best (issue 52 item 12: it exited 0 on a miss), and its goal line says which."""
+    """The real script as a child process on one 3-minute cell, at a goal no recommendation reaches (1.01 of the
+    best): its exit status is 1 and its goal line names the cell (issue 52 item 12: it exited 0 on a miss)."""
     out = tmp_path / "cell.json"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_host_sim.py"), "--hosts", "membw16",
-                           "--minutes", "3", "--counterfactual", "--json", str(out)], cwd=str(REPO_ROOT),
-                          env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_host_sim.py"), "--hosts", "jpeg8",
+                           "--minutes", "3", "--counterfactual", "--goal", "1.01", "--json", str(out)],
+                          cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=600)
     (cell,) = json.loads(out.read_text())["cells"]
-    met = cell["rec_over_best"] >= 0.95
-    assert proc.returncode == (0 if met else 1), proc.stdout[-2000:]
-    assert ("met in all 1 cells" if met else "NOT met in 1 of 1 cells") in proc.stdout
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"0 of 1 cells reach it; MISSED by jpeg8 seed 0 {cell['rec_over_best']:.3f}" in proc.stdout
 
 
 def test_claims_clean_room_is_the_trials_clean_room():
