@@ -130,6 +130,7 @@ def test_a_full_disk_under_export_and_show_csv_keeps_the_old_files(stored, full_
     assert sorted(os.listdir(full_disk)) == ["best.yaml", "filler", "trials.csv"]  # no temporary left
 
 
+@pytest.mark.slow  # 5-7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_full_disk_under_run_loses_no_stored_trial(stored, full_disk):
     """The run's lock file and folders are there from an earlier run, so the first write to fail is SQLite's."""
     db = full_disk / "t.db"

@@ -203,6 +203,7 @@ def test_a_workload_that_cannot_be_called_is_refused_before_a_study_is_written(t
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_workload_whose_build_raises_ends_the_run_at_its_first_trial(tmp_path, monkeypatch):
     """Any exception from the user's callable is the workload's, not a config's: the first trial ends the run
     (it used to fail every trial until the patience ran out, then report "converged"). The workload builds in

@@ -318,6 +318,7 @@ def test_the_reference_table_marks_cut_and_failed_cells():
                                                        "bs 64"]
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_the_reference_measures_one_config_on_the_cpu(tmp_path):
     _load("make_jpegs").make(tmp_path / "jpegs", count=8, classes=2, size=(48, 40))
     one = {"data": str(tmp_path / "jpegs"), "device": "cpu", "res": 32, "bs": 4, "classes": 10, "windows": 2,

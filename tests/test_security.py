@@ -156,6 +156,7 @@ def _marks(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.glob("imported-*"))
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_trial_does_not_import_modules_planted_in_the_working_folder(project):
     """`autotune trial --model mymod:build` from the project folder: the trial runs the user's module (and its
     helper beside it) and imports none of the json.py, random.py, queue.py there (every child used to)."""
@@ -297,6 +298,7 @@ def test_an_unreachable_storage_error_masks_the_password(command):
     assert "tuner:***@127.0.0.1:1/runs" in out.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # 5-7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_recommendation_keeps_no_password_in_its_yaml_report_or_mlflow(report_study, tmp_path):
     """A recommendation stored with a password in its storage URL (as every earlier autotune stored it): the
     exported YAML, the HTML report and what MLflow receives hold ``tuner:***@``, never the password."""

@@ -294,6 +294,7 @@ def test_finalists_fit_the_time_left_or_the_search_best_is_returned_provisional(
                                                           for n in rec.notes)
 
 
+@pytest.mark.slow  # 5-7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_configs_the_study_already_answered_do_not_use_up_the_trials_budget(tmp_path):
     """A 4-config space: --trials 10 measures each config once, then stops on exhaustion instead of looping."""
     from autotune.search.backends.local import EXHAUSTED_AFTER

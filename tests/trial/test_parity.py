@@ -91,6 +91,7 @@ def test_bf16_channels_last_on_tiny_passes(tmp_path):
     assert log.exists()
 
 
+@pytest.mark.slow  # 5-7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_loss_that_diverges_under_bf16_is_rejected():
     r = parity_check(_workload("tests.workloads_fixtures:bf16_diverges"), TrialConfig(batch_size=8, amp="bf16"),
                      steps=STEPS)
@@ -148,6 +149,7 @@ def test_a_child_that_hangs_is_killed_at_the_timeout():
     assert not r.ok and "did not finish in 3 s" in r.reason
 
 
+@pytest.mark.slow  # 5-7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_the_check_runs_under_the_trials_memory_cap():
     """A config whose check grows without bound (200 MiB a step) is killed at the cap the trials ran under, as a
     trial is, and fails the check with the reason; nothing of its tree is left. (It ran uncapped before: the

@@ -118,6 +118,7 @@ def test_a_user_step_accumulates_through_the_context():
     assert changed == [False, False, True, False, False, True]
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_real_trial_steps_the_optimizer_once_per_global_batch(tmp_path, monkeypatch):
     """A trial in a child with global batch 16, micro-batch 4: the workload's optimizer stepped once every 4
     micro-batches and zeroed the gradients only after a step; samples per step is the global batch."""

@@ -72,6 +72,7 @@ def test_a_lucky_winners_claim_falls_back_to_what_the_confirmation_measured(tmp_
     assert c["headline"] in rec.summary()
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_runner_up_the_selection_measured_above_the_confirmed_claim_is_said(tmp_path):
     """channels_last at bs 16 truly runs 90/s but chose itself at 117/s; the runner-up, bs 16 alone, ran its true
     105/s (x2.10 over the baseline's 50) in the selection: above the winner's confirmed x1.80, and the notes say so.
@@ -474,6 +475,7 @@ def test_a_baseline_the_selection_did_not_re_measure_is_the_confirmations_in_the
         stand_in + "; the claim's baseline is the confirmation's own rounds"]
 
 
+@pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29: the suite at 317-342 s)
 def test_a_failed_confirmation_leaves_no_selection_figure_in_the_claims_fields_and_every_reader_copes(tmp_path):
     """The winner's confirmation run crashes: the claim is unconfirmed and says why; samples/s, the baseline's and
     the speedup are empty (the selection's x2.73 stays in ``selection`` alone); the YAML reads back, and `show`,
