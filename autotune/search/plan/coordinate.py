@@ -22,7 +22,7 @@ IQR of the study's trials up to the later of the two, or the median gap between 
 the plan measured twice by then where that is larger, at least 5%: fixed once both are measured). Within the noise above
 it one trial each says nothing, so both are measured once more, side by side (a trial with ``repeat_of``), and the
 candidate wins only if the second round, paired (the machine's drift cancels in it), is above 1 too and the mean of the
-two rounds' log ratios clears ``REPEAT_Z`` (1.28) standard errors of a two-round mean (``noise``: how far one
+two rounds' log ratios clears ``noise.REPEAT_Z`` (1.28) standard errors of a two-round mean (``noise``: how far one
 comparison of two fresh processes strays, from the gaps of the plan's repeats, shrunk towards the 5% floor while they
 are few). The test does not read the spread of the two rounds themselves (Student's t with one degree of freedom,
 the rule before, kept a no-op on two rounds that happened to agree: round 1 was chosen for landing above 1, then
@@ -51,11 +51,10 @@ from autotune.search.record import trials as keys
 from autotune.search.plan.batch_walk import next_steps, walked
 from autotune.config import device_family
 from autotune.measure import NOISY_REL_IQR
-from autotune.search.plan.noise import REPEAT_Z, comparison_sd, repeat_keeps, single_noise
+from autotune.search.plan.noise import comparison_sd, repeat_keeps, single_noise
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
 
-__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT",
-           "REPEAT_Z"]
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
@@ -357,13 +356,14 @@ class _Replay:
         return True
 
     def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The batch walk goes first, from the bundle where it beat the baseline beyond the noise, else from the
-        baseline (which no knob can harm), and the bundle is taken apart at the batch it found: the batch is the
-        largest lever on a GPU and often on a CPU, and a short budget that separated first reached the walk last or
-        never (issue 50; ``benchmarks/keep_rule.py --batch-curve ... --max-trials 10``: the pick's true rate 0.82-0.84
-        of the best before, 0.85-0.93 with the walk first). Where the bundle won it is the incumbent, its knobs
-        reverted at the walked batch beside the baseline moved there; else each knob is tried alone on the baseline
-        at that batch, the bundle staying where it was measured (``run`` walks on where the knobs move the best)."""
+        """The batch walk goes first, from the bundle where it beat the baseline beyond the noise (on a GPU, where it
+        came within the noise of it), else from the baseline (which no knob can harm), and the bundle is taken apart at
+        the batch it found: the batch is the largest lever on a GPU and often on a CPU, and a short budget that
+        separated first reached the walk last or never (issue 50; ``benchmarks/keep_rule.py --batch-curve ... --max-
+        trials 10``: the pick's true rate 0.82-0.84 of the best before, 0.85-0.93 with the walk first). Where the bundle
+        won it is the incumbent, its knobs reverted at the walked batch beside the baseline moved there; else each knob
+        is tried alone on the baseline at that batch, the bundle staying where it was measured (``run`` walks on where
+        the knobs move the best)."""
         b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
         noise = self.noise_at(max(b.number, lw.number))
         won = lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + noise)

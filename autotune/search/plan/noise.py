@@ -54,5 +54,5 @@ def repeat_keeps(logs: list[float], sd: float) -> tuple[bool, float]:
     ``bar``, ``REPEAT_Z`` standard errors of a two-round mean. Not the two rounds' own spread: Student's t with one
     degree of freedom (the rule before 2026-11-29) tested whether they agreed, and round 1 was chosen for landing
     above 1; two rounds at +3% that agree are no gain where one comparison strays 8%."""
-    bar = REPEAT_Z * sd / math.sqrt(2)
-    return logs[1] > 0 and sum(logs) / len(logs) > bar, bar
+    bar = REPEAT_Z * sd / math.sqrt(len(logs))
+    return logs[-1] > 0 and sum(logs) / len(logs) > bar, bar
