@@ -256,6 +256,10 @@ class HostStepTimer:
         self._wait = self._compute = 0.0
         self._last = time.perf_counter()
 
+    def resume(self) -> None:
+        """The time since the last mark is neither (the trial waited for its turn, ``trial.windows.Turns``)."""
+        self._last = time.perf_counter()
+
     def fetched(self) -> None:
         now = time.perf_counter()
         self._wait += now - self._last

@@ -28,6 +28,7 @@ from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, fina
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap
+from autotune.search.choose import finalist_rounds as fin_rounds
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
 from autotune.search.choose.settle import ExtraRounds
@@ -348,9 +349,10 @@ class Tuner:
             rec, saved = (self._choose(study, planned, runner) if planned is not None
                           else (fin.provisional(study, storage=self.storage_url), None))
             run = self.phases.around("confirmation", runner or self.runner)
+            pair = [confirm.trial_of(rec, top), baseline_trial(study)] if rec is not None else []
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
-                                    budget=budget)
+                                    budget=budget, by_turns=self._by_turns(pair, runner))
         if rec is not None and planned is not None:  # a shortcut says what it skipped and why; the sibling's rounds
             had_rounds = chosen.sibling is not None and chosen.sibling in planned[1]
             rec = dataclasses.replace(rec, notes=rec.notes + chosen.left_out
@@ -373,6 +375,12 @@ class Tuner:
         return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
                                                                                         budget.window_noise))
 
+    def _by_turns(self, trials: list, runner: Runner | None) -> bool:
+        """Whether a round of ``trials``' configs takes turns (``finalist_rounds.turns_fit``): only with this tuner's
+        own runner on this machine (a backend's runner, or one given to the Tuner, runs each trial as it will)."""
+        return runner is None and self.runner == self._run_trial and fin_rounds.turns_fit(
+            trials, self.workload, margin=self.measure.memory_margin, cap_mb=self.measure.memory_cap_mb)
+
     def _choose(self, study: Study, planned: tuple, runner: Runner | None):
         """``(recommendation, saved rounds)``: the finalists' interleaved rounds (``planned``), extra rounds where
         two are close, and the checks of the winner (``final_checks.choose``)."""
@@ -381,14 +389,16 @@ class Tuner:
         rounds = rounds if len(configs) > 1 else 1
         saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
         run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
+        turns = self._by_turns(list(cands), runner)  # the round's children alive at once, by turns
         evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,
-                                 measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end)
+                                 measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end,
+                                 by_turns=turns)
         if evidence.rounds_run == 1:  # one round is not a comparison: the search trials count as a second
             fin.pool_search_round(evidence, configs, cands)
         # the numerics check runs here too (a remote node's device is not here), and the latency bound and the
         # worst-case batch (final_checks), whose child runs here or remotely
         more = ExtraRounds(runner=phase("extra rounds", run), workload=self.workload, measure=measure, saved=saved,
-                           log_dir=self.artifacts_dir, log=self.log, deadline=end, run=self.run_length)
+                           log_dir=self.artifacts_dir, log=self.log, deadline=end, run=self.run_length, by_turns=turns)
         from autotune.trial.parity import parity_check  # a finished check, an extra pair: kept for a resumed run
         ctx = fin.FinalistContext(
             workload=self.workload, hardware=self.hardware, measure=self.measure, limit=self.limit,

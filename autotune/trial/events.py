@@ -2,7 +2,8 @@
 parent (``runner``), one JSON line per event on the event pipe.
 
 In order: ``Started``, ``Ranks`` (a trial of several DDP ranks, ``trial.ddp``), ``Built``, ``Warmup``, one
-``Window`` per measured window, ``Profiled`` (with a profile folder), then ``Done`` or ``Failed``. Both sides
+``Window`` per measured window (each after a ``Turn`` where the round measures by turns, ``trial.lockstep``),
+``Profiled`` (with a profile folder), then ``Done`` or ``Failed``. Both sides
 build and read these classes, never the raw dict, so a field renamed or added on one side fails loudly: the child
 cannot build an event with a field the class does not have, the parent cannot read one it lacks, and a line whose
 fields are not the class's (a child of another version) is an ``EventError``, not a silently missing figure. A
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-__all__ = ["Started", "Ranks", "Built", "Warmup", "Window", "Profiled", "Done", "Failed", "Event", "EVENTS",
+__all__ = ["Started", "Ranks", "Built", "Warmup", "Window", "Turn", "Profiled", "Done", "Failed", "Event", "EVENTS",
            "EventError", "encode", "decode", "to_dict", "from_dict"]
 
 # a field left out of the line while it holds its default (None): as the child sent it before the schema
@@ -110,6 +111,15 @@ class Window(_Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Turn(_Event):
+    """The child is at its gate, waiting for its turn to measure the next window (a round measured by turns,
+    ``trial.lockstep``); ``index``: the turns it had before this one."""
+
+    NAME: ClassVar[str] = "turn"
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profiled(_Event):
     """The profiler's run after the windows wrote a Chrome trace and its top operators (``trial.profile``)."""
 
@@ -152,9 +162,9 @@ class Failed(_Event):
     traceback: str
 
 
-Event = Union[Started, Ranks, Built, Warmup, Window, Profiled, Done, Failed]
-EVENTS: dict[str, type[_Event]] = {cls.NAME: cls for cls in (Started, Ranks, Built, Warmup, Window, Profiled, Done,
-                                                              Failed)}
+Event = Union[Started, Ranks, Built, Warmup, Window, Turn, Profiled, Done, Failed]
+EVENTS: dict[str, type[_Event]] = {cls.NAME: cls for cls in (Started, Ranks, Built, Warmup, Window, Turn, Profiled,
+                                                              Done, Failed)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

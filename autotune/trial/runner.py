@@ -28,11 +28,12 @@ from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 from autotune.machine.launch_env import clean_env, launch_env
 from autotune.errors import ConfigError
 from autotune.trial import events
-from autotune.trial.events import Built, Done, Event, Failed, Ranks, Warmup, Window
+from autotune.trial.events import Built, Done, Event, Failed, Ranks, Turn, Warmup, Window
 from autotune.trial.forkserver import ForkServers, default_servers, forkable
 from autotune.machine.limits import MIN_MEMORY_CAP_MB, check_min_cap
 from autotune.measure import median_or_none
 from autotune.trial.loader_watch import LostBatchWatch
+from autotune.trial.lockstep import Gate
 from autotune.trial.memwatch import MemoryWatch
 from autotune.trial.triallog import CappedLog
 
@@ -133,6 +134,7 @@ def run_trial(
     compile_cache_dir: str | Path | None = None,
     servers: ForkServers | None = None,
     placement: dict[str, str] | None = None,
+    gate: Gate | None = None,
 ) -> TrialResult:
     """Measure one config in a fresh child process and return what happened; never raises for trial failures.
 
@@ -144,6 +146,8 @@ def run_trial(
     ``servers``: the fork servers that start CPU trials without importing torch each time (default: the
     process's own, ``AUTOTUNE_FORK_SERVER=0`` turns them off; ``ForkServers(enabled=False)``: always cold).
     ``placement``: environment the place bounds the trial by, under its config's (``child_env``).
+    ``gate``: the child is one of a round's, measuring by turns (``trial.lockstep``; its time stopped between turns is
+    off its time limit).
 
     >>> r = run_trial(Workload(model="resnet18", image_size=32), TrialConfig(batch_size=8),
     ...               MeasureSpec(windows=2, window_s=0.2))   # doctest: +SKIP
@@ -167,6 +171,8 @@ def run_trial(
                "spawned_at": time.time()}
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
+    if gate is not None:  # each window at its turn (trial.windows.Turns)
+        payload["turns"] = str(gate.path)
     rfd, wfd = os.pipe()
     env = child_env(config, compile_cache_dir=compile_cache_dir, placement=placement)
     servers = default_servers() if servers is None else servers
@@ -180,14 +186,16 @@ def run_trial(
                 env=env, start_new_session=True,  # own process group: one kill reaches the workers
             )
     os.close(wfd)
+    if gate is not None:
+        gate.started(proc.pid)
     memory = MemoryWatch(proc.pid, lender=getattr(proc, "server_pid", None))
-    channel = _Channel(on_window, on_event)
+    channel = _Channel(on_window, on_event, gate)
     try:
         _watch(proc, rfd, channel, memory, measure, t0, lost)
     finally:
         os.close(rfd)
         log.join()  # the tree is gone: the log is complete
-    wall_s = time.monotonic() - t0
+    wall_s = time.monotonic() - t0 - (gate.stopped_s() if gate is not None else 0.0)  # its own time, not its turns'
     status, reason, sig, user_error, traceback_text = _verdict(channel, proc, log_path)
     if status in ("ok", "crashed", "timeout") and lost.kind is not None:  # the child did not name it: the log did
         status, reason = "shm", lost.verdict(time.monotonic(), _first_batch(channel), ended=True) or reason
@@ -215,8 +223,9 @@ class _Channel:
     """The child's events as they arrive (JSON lines of ``events``), the measured windows, and the parent's decision
     to stop (``stop``: (status, reason)), which ``on_window`` may make."""
 
-    def __init__(self, on_window: WindowCallback | None, on_event: EventCallback | None) -> None:
-        self.on_window, self.on_event = on_window, on_event
+    def __init__(self, on_window: WindowCallback | None, on_event: EventCallback | None, gate: Gate | None = None
+                 ) -> None:
+        self.on_window, self.on_event, self.gate = on_window, on_event, gate
         self.events: list[Event] = []
         self.windows: list[Window] = []
         self.stop: tuple[str, str] | None = None
@@ -242,6 +251,8 @@ class _Channel:
         self.events.append(ev)
         if self.on_event is not None:
             self.on_event(events.to_dict(ev))
+        if isinstance(ev, Turn) and self.gate is not None and self.stop is None:
+            self.gate.at_gate()
         if isinstance(ev, Window):
             if self.stop is not None:  # arrived after the decision to stop (same read, or drained after the kill)
                 return
@@ -277,7 +288,8 @@ def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: Meas
                                     f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
             if channel.stop is None and (why := lost.verdict(now, _first_batch(channel))) is not None:
                 channel.stop = ("shm", why)
-            if channel.stop is None and now - t0 > measure.timeout_s:
+            stopped_s = channel.gate.stopped_s() if channel.gate is not None else 0.0  # a round's turns
+            if channel.stop is None and now - t0 - stopped_s > measure.timeout_s:
                 channel.stop = ("timeout", f"killed after {measure.timeout_s:.0f} s (time limit)")
             if channel.stop is None and not ready and proc.poll() is not None:
                 break

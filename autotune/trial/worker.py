@@ -20,7 +20,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autotune.trial.events import Built, Done, Event, Failed, Profiled, Started, Warmup, Window, encode
+from autotune.trial.events import Built, Done, Event, Failed, Profiled, Started, Warmup, encode
+from autotune.trial.windows import Turns, measure_windows
 from autotune.workloads.contract import StepOut, split_batch
 from autotune.machine.proctree import (adopt_orphans, children_die_with_me, die_with_parent, kill_descendants,
                                       loader_workers_die_with_me)
@@ -188,11 +189,14 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
                 return ranks.follow(stepper)
             stepper = ranks.lead(stepper)
         warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none", watch=watch)
+        # a round measured by turns (trial.lockstep): each window at its turn, the waits off the clock
+        turns = Turns(payload["turns"], send) if payload.get("turns") and ranks is None else None
         ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
         tree0 = tree_cpu_s(whole_trial=ranks is not None)  # N ranks: rank 0 reads the trial's whole tree
-        totals = _measure(stepper, spec, warm, send)
+        totals = measure_windows(stepper, spec, warm, send, turns)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     tree1 = tree_cpu_s(whole_trial=ranks is not None)
+    waited = turns.waited_s if turns is not None else 0.0  # stopped by the parent: no CPU, no wall of its own
     user, kernel = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     out = {
         # time the kernel spent for the training process (page faults, zeroing pages, syscalls) as a share of its
@@ -207,8 +211,8 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
         "samples_per_step": totals["samples"] / max(1, totals["steps"]),
         # the cores the trial's processes (its ranks) and their DataLoader workers kept busy while measuring
         # (CPU s / wall s)
-        "cpu_cores_used": ((tree1[0] - tree0[0]) / (tree1[1] - tree0[1])
-                           if tree0 is not None and tree1 is not None and tree1[1] > tree0[1] else None),
+        "cpu_cores_used": ((tree1[0] - tree0[0]) / (tree1[1] - tree0[1] - waited)
+                           if tree0 is not None and tree1 is not None and tree1[1] - tree0[1] > waited else None),
         **({"latency": latency.figures(totals["spans"])} if latency is not None else {}),
     }
     if payload.get("profile_dir"):  # after the windows, so profiling never touches the measured figures
@@ -297,21 +301,33 @@ class _Stepper:
             )
         return value
 
-    def window(self, spec: Any) -> dict:
+    def window(self, spec: Any, turns: Any = None) -> dict:
         """One measured window of at least ``spec.window_s`` seconds and ``spec.min_window_steps`` steps: the
-        device is synchronised once, at its end, so the host runs ahead as a real training loop does."""
+        device is synchronised once, at its end, so the host runs ahead as a real training loop does. With
+        ``turns`` (``trial.windows.Turns``, a round by turns) the child waits for its next turn whenever its turn is
+        over, between two steps; the window's time is its own, the waits left out (its ``spans``)."""
         samples = steps = 0
         tokens0 = self.tokens
+        waited0 = turns.waited_s if turns is not None else 0.0
         self.timer.start()
-        start = time.perf_counter()
-        while steps < spec.min_window_steps or time.perf_counter() - start < spec.window_s:
+        spans: list[tuple[float, float]] = []
+        mark, before = time.perf_counter(), 0.0  # this turn's start; the window's time in its turns before it
+        while steps < spec.min_window_steps or before + time.perf_counter() - mark < spec.window_s:
+            if turns is not None and turns.over():
+                spans.append((mark, time.perf_counter()))
+                before += spans[-1][1] - mark
+                turns.wait()
+                self.timer.resume()  # the wait is neither data wait nor compute
+                mark = time.perf_counter()
             samples += self.step(self.timer)
             steps += 1
         w_wait, w_comp = self.timer.finish()
-        elapsed = time.perf_counter() - start
+        spans.append((mark, time.perf_counter()))
+        elapsed = sum(b - a for a, b in spans)
         counted = {"tokens_per_s": (self.tokens - tokens0) / elapsed} if self.counts_tokens else {}
         return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
-                "compute_s": w_comp / steps, "started": start, "elapsed": elapsed, "samples": samples, **counted}
+                "compute_s": w_comp / steps, "started": spans[0][0], "elapsed": elapsed, "samples": samples,
+                "spans": spans, "waited_before": waited0, **counted}
 
 
 @dataclass
@@ -343,7 +359,7 @@ class _WarmUp:
             if self.compiling:
                 print("autotune: this torch keeps no compile-time counters; compile_s inferred from the first step",
                       flush=True)
-        return Warmup(warmup_s=first["started"] - self.t_warm,
+        return Warmup(warmup_s=first["started"] - self.t_warm - first.get("waited_before", 0.0),  # not its turns
                       warmup_steps=1 + len(self.times) + sum(w["steps"] for w in unsettled), compile_s=compile_s,
                       step_s=steady, first_step_s=self.first_s,
                       warmup_windows=tuple(w["samples_per_s"] for w in unsettled), settled=confirmed,
@@ -382,69 +398,6 @@ def _warm_up(stepper: _Stepper, dev: Any, spec: Any, *, compiling: bool, watch: 
                 break
     return _WarmUp(t_warm, first_s, t_settle, times, k, compiling, compiled_before,
                    watch.figures() if watch is not None else {})
-
-
-def _measure(stepper: _Stepper, spec: Any, warm: _WarmUp, send: Send) -> dict:
-    """The measured windows, streamed as they finish; returns the totals over them.
-
-    The warm-up ends where the windows say it does: the first window is held until settle_windows more are in,
-    and is sent as measured only if it belongs with them (measure.window_settled); if not, it was the warm-up's
-    tail: it is re-labelled warm-up (its rate kept in ``warmup_windows``) and the next is judged."""
-    from autotune.measure import MAX_UNSETTLED_WINDOWS, window_settled
-
-    totals: dict[str, Any] = {"waits": [], "comps": [], "all_steps": 0, "steps": 0, "samples": 0, "spans": [],
-                              "rates": []}
-    held: list[dict] = []
-    unsettled: list[dict] = []
-    later = min(spec.settle_windows, spec.windows - 1)
-    settled = later == 0
-    sent = 0
-
-    def emit(w: dict) -> None:
-        nonlocal sent
-        totals["steps"] += w["steps"]
-        totals["samples"] += w["samples"]
-        totals["waits"].append(w["data_wait_s"])
-        totals["comps"].append(w["compute_s"])
-        totals["spans"].append((w["started"], w["started"] + w["elapsed"]))  # whose steps' latencies count
-        totals["rates"].append(w["samples_per_s"])
-        send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
-                    compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s"),
-                    rank_samples_per_s=w.get("rank_samples_per_s")))
-        sent += 1
-
-    while sent < spec.windows and not _tight(totals["rates"], spec.tight_spread):
-        w = stepper.window(spec)
-        totals["all_steps"] += w["steps"]
-        if settled:
-            if sent == 0:  # not checked: one window only, or settle_windows 0
-                send(warm.event(w, unsettled, None))
-            emit(w)
-            continue
-        held.append(w)
-        if len(held) <= later:
-            continue
-        rates = [x["samples_per_s"] for x in held]
-        confirmed = window_settled(rates[0], rates[1:], spec.settle_tolerance)
-        if (confirmed or len(unsettled) >= MAX_UNSETTLED_WINDOWS
-                or time.perf_counter() - warm.t_settle > spec.warmup_max_s):
-            settled = True
-            send(warm.event(held[0], unsettled, confirmed))
-            for x in held:
-                emit(x)
-            held = []
-        else:
-            unsettled.append(held.pop(0))
-    return totals
-
-
-def _tight(rates: list[float], spread: float) -> bool:
-    """Whether the measured windows may stop before ``MeasureSpec.windows``: at least three, all within ``spread``
-    of their median (the settled windows of a quiet device agree; a noisy machine's never do)."""
-    if not spread or len(rates) < 3:
-        return False
-    mid = statistics.median(rates)
-    return mid > 0 and (max(rates) - min(rates)) / mid <= spread
 
 
 def main(argv: list[str]) -> int:

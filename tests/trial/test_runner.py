@@ -543,6 +543,7 @@ EVERY = [
     E.Window(index=0, samples_per_s=100.0, steps=3, data_wait_s=0.001, compute_s=0.01, tokens_per_s=4000.0),
     E.Window(index=1, samples_per_s=110.0, steps=3, data_wait_s=0.001, compute_s=0.01,
              rank_samples_per_s=(55.0, 56.0)),
+    E.Turn(index=7),
     E.Profiled(trace="/p/trace.pt.trace.json", top_ops="/p/top_ops.json", steps=5),
     E.Done(kernel_cpu_share=0.1, minor_faults_per_step=12.0, final_loss=1.25, data_wait_s_per_step=0.002,
            compute_s_per_step=0.02, peak_device_mb=None, samples_per_step=8.0,

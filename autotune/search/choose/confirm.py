@@ -37,7 +37,7 @@ from autotune.search.choose.rewrite import apply, selection_record
 from autotune.search.choose.time_plan import expected_round_s
 
 __all__ = ["confirm", "confirmed", "planned_rounds", "planning_spread", "MIN_ROUNDS", "MAX_ROUNDS", "TARGET",
-           "NO_BUDGET_SHARE", "SPREAD_MIN_DF", "MIN_WINDOW_SHARE", "fit_windows", "format_timeout"]
+           "NO_BUDGET_SHARE", "SPREAD_MIN_DF", "MIN_WINDOW_SHARE", "fit_windows", "format_timeout", "trial_of"]
 
 MIN_ROUNDS = 2      # A B, B A: one round each way, so neither always runs first
 MAX_ROUNDS = 10     # the most confirmation rounds (20 short runs): the interval then ~0.1x as wide as two rounds'
@@ -140,15 +140,16 @@ def _no_time(budget: Any, round_s: float, rule: str, log: Callable[[str], None])
 
 def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
             log: Callable[[str], None], budget: Any, round_s: float = 0.0,
-            spread: float | None = None) -> Confirmation:
+            spread: float | None = None, by_turns: bool = False) -> Confirmation:
     """Run the confirmation rounds (module docstring) of ``winner`` against ``baseline`` (``TrialConfig``s), each
     run a fresh child through ``runner`` measured by ``measure`` (``budget.confirm_measure``): ``planned_rounds(
     spread)`` of them, fixed now, cut short only by time: ``budget`` (``search.budget.Budget``) with a deadline,
     a round starts only if it would end before it (the first as long as ``round_s``, its estimate:
     ``expected_round_s``; each later one as long as the last); without one, rounds past ``MIN_ROUNDS`` take at most
     ``NO_BUDGET_SHARE`` of the run so far. None starts when ``MIN_ROUNDS`` would not fit (the claim says what
-    --timeout would confirm it)."""
-    from autotune.search.choose.finalist_rounds import run_line, run_log
+    --timeout would confirm it). ``by_turns``: each round's two fresh processes take turns, window by window
+    (``finalist_rounds.run_configs``)."""
+    from autotune.search.choose.finalist_rounds import rounds_way, run_configs, run_line, run_log
 
     planned, deadline, search_s = planned_rounds(spread), budget.deadline, budget.elapsed_s()
     limit = ("the time left in the budget" if deadline is not None else
@@ -157,7 +158,8 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     measure, round_s = fit_windows(budget, measure, round_s)
     shorter = (f" of {measure.window_s:.1f} s (not {asked.window_s:g} s: the two rounds fit the time left only so)"
                if measure is not asked else "")
-    rule = (f"{planned} rounds of {measure.windows} windows{shorter}, fixed before the first "
+    rule = (f"{planned} rounds of {measure.windows} windows{shorter}"
+            + (f", the two {rounds_way(True)}" if by_turns else "") + ", fixed before the first "
             + (f"from the finalists' rounds (one round's ratio strays +/-{100 * spread:.1f}%)" if spread is not None
                else "(no estimate of the noise: the most)") + f", cut short only by {limit}")
     log(f"confirming the claim: {winner.short()} against the baseline {baseline.short()}, interleaved, in fresh "
@@ -177,9 +179,10 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
         if len(rounds) % 2:
             order.reverse()
         got: dict[str, list[float]] = {}
-        for role, c in order:
-            kw = {"log_path": run_log(log_dir, f"confirm-{len(rounds)}", c)} if log_dir is not None else {}
-            res = runner(workload, c, measure, **kw)
+        results = run_configs([c for _, c in order], [run_log(log_dir, f"confirm-{len(rounds)}", c)
+                                                      if log_dir is not None else None for _, c in order],
+                              runner=runner, workload=workload, measure=measure, by_turns=by_turns)
+        for (role, c), res in zip(order, results):
             log(run_line(f"confirmation {len(rounds) + 1}", c, res))
             if not res.ok or not res.samples_per_s:
                 return Confirmation(tuple(rounds), status="failed", rule=rule,
@@ -196,7 +199,7 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     return Confirmation(tuple(rounds), ratio=ratio, low=lo, high=hi, rule=rule)
 
 
-def _trial_of(rec: Any, trials: list) -> Any:
+def trial_of(rec: Any, trials: list) -> Any:
     """The search trial of ``rec``'s config among ``trials``; else the longest of them (None without any)."""
     from autotune.search.record import trials as keys
 
@@ -205,7 +208,7 @@ def _trial_of(rec: Any, trials: list) -> Any:
 
 
 def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
-              log: Callable[[str], None], budget: Any, trials: list = ()) -> Any:
+              log: Callable[[str], None], budget: Any, trials: list = (), by_turns: bool = False) -> Any:
     """``rec`` with its claim confirmed (``confirm`` then ``apply``); as it is when there is no recommendation or
     no baseline trial; a recommendation that is the baseline has nothing to confirm, and says so. ``trials``: the
     finalists' search trials, the winner's among them (a round's expected time, ``expected_round_s``: the
@@ -224,8 +227,8 @@ def confirmed(rec: Any, base_trial: Any, *, runner: Callable[..., Any], workload
                                                  "headline": "x1.00: the recommendation is PyTorch's defaults "
                                                  "(nothing to confirm)"})
     conf = confirm(rec.config, baseline, runner=runner, workload=workload, measure=measure, log_dir=log_dir, log=log,
-                   budget=budget, round_s=expected_round_s([_trial_of(rec, trials), base_trial], budget),
-                   spread=planning_spread(rec.selection))
+                   budget=budget, round_s=expected_round_s([trial_of(rec, trials), base_trial], budget),
+                   spread=planning_spread(rec.selection), by_turns=by_turns)
     log(f"claim: {conf.headline()}")
     return apply(rec, conf, baseline, reproduce=lambda c: reproduce_command(workload, c, measure.memory_cap_mb),
                  base_figures=dict(base_trial.user_attrs))

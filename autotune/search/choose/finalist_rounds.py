@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 
     from autotune.trial.parity import ParityResult
 
-__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line"]
+__all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line",
+           "run_configs", "rounds_way", "turns_fit"]
 
 
 def _digest(value: Any) -> str:
@@ -224,19 +226,72 @@ def run_line(label: str, config: TrialConfig, res: TrialResult) -> str:
             + (f"{res.median_samples_per_s:.1f} samples/s" if res.ok else res.reason))
 
 
+def run_configs(configs: list[TrialConfig], logs: list[Any], *, runner, workload, measure: MeasureSpec,
+                by_turns: bool = False, each: Callable[[TrialConfig, TrialResult], Any] | None = None
+                ) -> list[TrialResult]:
+    """Each of ``configs`` run once by ``runner``, in this order, its child's log at ``logs[i]`` (None: none): by turns
+    (``trial.lockstep``: all alive, in short turns, the machine's moments shared) where ``by_turns`` and there are
+    two or more, else one after the other. ``each(config, result)`` as each result is in (by turns: as the round
+    ends), so that a kill loses no run that finished."""
+    kws = [{} if path is None else {"log_path": path} for path in logs]
+    if by_turns and len(configs) > 1:
+        from autotune.trial.lockstep import run_round
+
+        index = {id(c): i for i, c in enumerate(configs)}
+        out = run_round(configs, lambda c, gate: runner(workload, c, measure, gate=gate, **kws[index[id(c)]]))
+        for c, res in zip(configs, out):
+            if each is not None:
+                each(c, res)
+        return out
+    out = []
+    for c, kw in zip(configs, kws):
+        out.append(runner(workload, c, measure, **kw))
+        if each is not None:
+            each(c, out[-1])
+    return out
+
+
+def turns_fit(trials: list, workload: Any, *, margin: float, available_mb: float | None = None,
+              cap_mb: float | None = None) -> bool:
+    """Whether a round of ``trials``' configs may take turns on this machine (``run_configs``): on its CPU, one
+    process a trial (a GPU would hold every child's model at once; DDP ranks are process groups of their own), and
+    their search trials' peak host memory, all alive at once, within ``available_mb`` (default: what the machine
+    has available now) less ``margin``, and within the user's memory cap (``cap_mb``, a trial's: the most the user
+    let autotune hold at once) less ``margin`` too."""
+    if workload.device != "cpu" or workload.nproc_per_node > 1 or len(trials) < 2:
+        return False
+    peaks = [t.user_attrs.get(keys.PEAK) if t is not None else None for t in trials]
+    if any(not p for p in peaks):
+        return False
+    if available_mb is None:
+        import psutil
+
+        available_mb = psutil.virtual_memory().available / 2**20
+    return sum(peaks) <= min(available_mb, cap_mb or math.inf) * (1 - margin)
+
+
+def rounds_way(by_turns: bool) -> str:
+    """How a round runs its configs, as the log and the record say it."""
+    return "all alive, taking turns window by window" if by_turns else "one after the other"
+
+
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,
-              log: Callable[[str], None], saved=None, deadline: float | None = None) -> Evidence:
+              log: Callable[[str], None], saved=None, deadline: float | None = None,
+              by_turns: bool = False) -> Evidence:
     """Run every config once a round, rotating the order each round; each run is kept in ``saved`` (a
     ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it.
     With a ``deadline`` (``time.monotonic()``), a round starts only when the round before, ``RUN_MARGIN`` longer,
     took less than the time left (the plan's estimate is the search trials' walls; a loaded machine's rounds take
-    longer): the rounds not run are said, and ``rounds_run`` counts those that ran."""
+    longer): the rounds not run are said, and ``rounds_run`` counts those that ran. ``by_turns``: each round's
+    children take turns (``run_configs``)."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
     ev.rounds_run = rounds
     saved = saved or SavedRounds(None, configs, rounds=rounds, measure=measure)
     log(f"re-measuring {len(configs)} finalist(s) x {rounds} interleaved round(s), "
-        f"{measure.windows} windows of >= {measure.window_s:g} s each")
+        f"{measure.windows} windows of >= {measure.window_s:g} s each"
+        + (f", each round's {len(configs)} fresh processes {rounds_way(True)}" if by_turns and len(configs) > 1
+           else ""))
     said = saved.said()
     if said:
         log(said)
@@ -252,9 +307,11 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
         kept = saved.round(r)
         if kept is not None:
             log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
-        for c in order:
-            res = kept[c.key()] if kept is not None else saved.put(r, c, runner(
-                workload, c, measure, log_path=run_log(log_dir, f"finalist-{r}", c)))
+        got = ([kept[c.key()] for c in order] if kept is not None else
+               run_configs(order, [run_log(log_dir, f"finalist-{r}", c) for c in order], runner=runner,
+                           workload=workload, measure=measure, by_turns=by_turns,
+                           each=lambda c, res: saved.put(r, c, res)))  # noqa: B023 - called within this round
+        for c, res in zip(order, got):
             ev.add(r, c, res)
             log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
         last_s = time.monotonic() - started

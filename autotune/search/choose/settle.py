@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from autotune.measure import summarize
 from autotune.search.budget import RUN_MARGIN
-from autotune.search.choose.finalist_rounds import run_line, run_log
+from autotune.search.choose.finalist_rounds import run_configs, run_line, run_log
 
 __all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "round_ratios", "round_spread", "paired_speeds",
            "t_quantile", "ExtraRounds"]
@@ -182,8 +182,9 @@ class ExtraRounds:
 
     def __init__(self, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
                  log: Callable[[str], None], deadline: float | None = None, run: Any = None,
-                 rounds: int = EXTRA_ROUNDS, saved: Any = None) -> None:
+                 rounds: int = EXTRA_ROUNDS, saved: Any = None, by_turns: bool = False) -> None:
         self.runner, self.workload, self.measure, self.log_dir = runner, workload, measure, log_dir
+        self.by_turns = by_turns  # the two take turns, window by window (``finalist_rounds.run_configs``)
         self.log, self.deadline, self.run, self.rounds, self.ran = log, deadline, run, rounds, 0
         self.saved = saved  # a ``SavedRounds``: each pair kept as it finishes, taken back by a resumed run
 
@@ -213,11 +214,12 @@ class ExtraRounds:
         r = max(len(ev.rounds[c.key()]) for c in pair)
         self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)"
                  + (": measured by an earlier, interrupted run; kept" if kept else ""))
-        for c in pair:
-            res = kept[c.key()] if kept else self.runner(
-                self.workload, c, self.measure, log_path=run_log(self.log_dir, f"finalist-extra-{self.ran}", c))
-            if not kept and self.saved is not None:
-                self.saved.put(tag, c, res)
+        keep = (lambda c, res: self.saved.put(tag, c, res)) if self.saved is not None else None
+        got = ([kept[c.key()] for c in pair] if kept else
+               run_configs(pair, [run_log(self.log_dir, f"finalist-extra-{self.ran}", c) for c in pair],
+                           runner=self.runner, workload=self.workload, measure=self.measure, by_turns=self.by_turns,
+                           each=keep))
+        for c, res in zip(pair, got):
             ev.add(r, c, res)
             self.log(run_line(f"extra round {self.ran}", c, res) + (" (kept)" if kept else ""))
         return True

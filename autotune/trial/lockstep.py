@@ -1,0 +1,150 @@
+"""One round of several configs measured by turns: each in a fresh child of its own, all alive, taking short turns
+(``trial.windows.TURN_S``, between two steps), so the configs a round compares meet the same moments of the machine.
+
+Why: a round compares configs on a machine whose speed moves. On the 2-core VMs here one config's rate moves 10-20%
+within seconds, in spells that last seconds; run one after the other, each config's run meets other spells, and the
+round's ratio carries them (two fresh processes of one config: 11-13% apart, sd of the log ratio). Taking turns every
+quarter second, they meet the same spells (2% apart; ``benchmarks/lockstep.py``). Each child is still a fresh process
+with its own warm-up and level, so the round stays the unit of repetition and every interval over rounds keeps its
+meaning.
+
+How: the children start one at a time, each after the one before is at its first gate (start-up, imports and the
+first step never share the cores). Then the turns: the parent gives one child its turn (``SIGCONT`` to its process
+group, one byte on its FIFO), waits until it is at its gate again (its ``Turn`` event) or has ended, stops its whole
+process group (``SIGSTOP``: the DataLoader workers' prefetching and the OpenMP threads' spinning do not run into the
+next child's turn) and gives the next child its turn. The child's side is ``trial.windows.Turns``; each child is
+watched by its own ``runner.run_trial`` in a thread (the memory cap, the time limit without the time it was stopped,
+the kill), and nothing in the parent times anything.
+
+Only on one machine's CPU, one process per trial: a GPU's memory would hold every child's model at once, and DDP
+ranks are process groups of their own. The callers decide (``search.choose.finalist_rounds.turns_fit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["Gate", "run_round"]
+
+
+class Gate:
+    """One child's place in a round (the parent's side): its FIFO, its process group, whether it is at its gate
+    (stopped), running, or ended, and how long it has been stopped."""
+
+    def __init__(self, path: Path, changed: threading.Condition) -> None:
+        self.path = path
+        os.mkfifo(path, 0o600)
+        self._fd = os.open(path, os.O_RDWR)  # held: the child's open does not block, and it reads EOF once closed
+        self._changed = changed
+        self.pid: int | None = None
+        self.state = "starting"  # -> waiting <-> running -> ended
+        self._stopped_at: float | None = None
+        self._stopped_s = 0.0
+
+    # --- from the child's watcher (``runner.run_trial``, in the child's thread) ---
+    def started(self, pid: int) -> None:
+        self.pid = pid
+
+    def at_gate(self) -> None:
+        """The child said it is at its gate: stop its group until its next turn."""
+        self._signal(signal.SIGSTOP)
+        with self._changed:
+            self._stopped_at = time.monotonic()
+            self.state = "waiting"
+            self._changed.notify_all()
+
+    def ended(self) -> None:
+        with self._changed:
+            self._resume_clock()
+            self.state = "ended"
+            self._changed.notify_all()
+
+    def stopped_s(self) -> float:
+        """The time the child spent stopped, so far (off its time limit)."""
+        with self._changed:
+            return self._stopped_s + (time.monotonic() - self._stopped_at if self._stopped_at is not None else 0.0)
+
+    # --- from the round ---
+    def give_turn(self) -> None:
+        with self._changed:
+            self._resume_clock()
+            self.state = "running"
+        self._signal(signal.SIGCONT)
+        os.write(self._fd, b"t")
+
+    def close(self) -> None:
+        """End the turns: a child still waiting reads EOF (and ends); its group is continued so that it can."""
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        if self.state != "ended":
+            self._signal(signal.SIGCONT)
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _resume_clock(self) -> None:
+        if self._stopped_at is not None:
+            self._stopped_s += time.monotonic() - self._stopped_at
+            self._stopped_at = None
+
+    def _signal(self, sig: int) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)  # the child leads its own group: it and its DataLoader workers
+
+
+def run_round(configs: list[Any], run: Callable[[Any, Gate], Any]) -> list[Any]:
+    """Each of ``configs`` run by ``run(config, gate)`` (a trial runner given the gate, returning its result) in a
+    thread of its own, started one at a time, then measured by turns (module docstring). Returns the results in
+    the order of ``configs``; an exception a run raised (a config no child could run) is raised after the round."""
+    changed = threading.Condition()
+    results: list[Any] = [None] * len(configs)
+    errors: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix="autotune-turns-") as folder:  # 0700: no other user's FIFO
+        gates = [Gate(Path(folder) / f"turn-{i}", changed) for i in range(len(configs))]
+
+        def one(i: int) -> None:
+            try:
+                results[i] = run(configs[i], gates[i])
+            except BaseException as exc:  # noqa: BLE001 - raised in the round's thread, after the round
+                errors.append(exc)
+            finally:
+                gates[i].ended()
+
+        threads = [threading.Thread(target=one, args=(i,), name=f"autotune turn {i}", daemon=True)
+                   for i in range(len(configs))]
+        try:
+            for t, g in zip(threads, gates):
+                t.start()
+                _until_still(g, changed)
+            while live := [g for g in gates if g.state == "waiting"]:
+                for g in live:
+                    g.give_turn()
+                    _until_still(g, changed)
+        except BaseException:  # Ctrl-C, SIGTERM: no child outlives the round (each watcher reaps its own)
+            for g in gates:
+                g.kill()
+            raise
+        finally:
+            for g in gates:
+                g.close()
+            for t in threads:
+                t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _until_still(gate: Gate, changed: threading.Condition) -> None:
+    """Until ``gate``'s child is at its gate or has ended."""
+    with changed:
+        changed.wait_for(lambda: gate.state in ("waiting", "ended"))

@@ -1,0 +1,76 @@
+"""The finalists' and the confirmation's rounds by turns (``finalist_rounds.run_configs``, ``trial.lockstep``): where a
+round's children may take turns, and that a round by turns measures each config in its own real child."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
+from autotune.search.choose.finalist_rounds import remeasure, run_configs, turns_fit
+from autotune.trial.runner import run_trial
+from tests.helpers import TINY, make_tuner
+
+SPEC = MeasureSpec(windows=2, window_s=0.2, settle_windows=0, timeout_s=120)
+CPU = Workload(model=TINY, image_size=16)
+
+
+def _trial(peak_mb):
+    return SimpleNamespace(user_attrs={"peak_host_mb": peak_mb})
+
+
+def test_a_round_takes_turns_only_on_this_cpu_with_one_process_a_trial_and_memory_for_all_of_them():
+    two = [_trial(900.0), _trial(1100.0)]
+    assert turns_fit(two, CPU, margin=0.1, available_mb=4000.0)
+    assert not turns_fit(two, CPU, margin=0.1, available_mb=2000.0)  # 2000 MiB together, over 1800 usable
+    assert not turns_fit(two, CPU, margin=0.1, available_mb=4000.0, cap_mb=2000.0)  # the user's cap, all at once
+    assert turns_fit(two, CPU, margin=0.1, available_mb=4000.0, cap_mb=3000.0)
+    assert not turns_fit(two, Workload(model=TINY, image_size=16, device="cuda"), margin=0.1, available_mb=1e6)
+    assert not turns_fit(two, Workload(model=TINY, image_size=16, nproc_per_node=2), margin=0.1, available_mb=1e6)
+    assert not turns_fit([_trial(900.0), _trial(None)], CPU, margin=0.1, available_mb=1e6)  # a peak unknown
+    assert not turns_fit([_trial(900.0)], CPU, margin=0.1, available_mb=1e6)  # one config: nothing to take turns
+
+
+def test_run_configs_gives_each_config_its_own_result_in_order_either_way(tmp_path):
+    seen = []
+
+    def fake(workload, config, measure, **kw):
+        seen.append((config.batch_size, "gate" in kw, kw.get("log_path")))
+        return TrialResult(status="ok", samples_per_s=(float(config.batch_size),), batch_size=config.batch_size)
+
+    configs = [TrialConfig(batch_size=8), TrialConfig(batch_size=16), TrialConfig(batch_size=32)]
+    logs = [tmp_path / f"{c.batch_size}.log" for c in configs]
+    for by_turns in (False, True):
+        seen.clear()
+        got = run_configs(configs, logs, runner=fake, workload=CPU, measure=SPEC, by_turns=by_turns)
+        assert [r.samples_per_s[0] for r in got] == [8.0, 16.0, 32.0]
+        assert sorted(seen) == [(b, by_turns, tmp_path / f"{b}.log") for b in (8, 16, 32)]
+
+
+def test_the_finalists_rounds_by_turns_measure_each_config_in_a_real_child_and_say_so(tmp_path):
+    configs = [TrialConfig(batch_size=8), TrialConfig(batch_size=16)]
+    logs: list[str] = []
+    ev = remeasure(configs, 2, runner=run_trial, workload=CPU, measure=SPEC, log_dir=tmp_path, log=logs.append,
+                   by_turns=True)
+    assert ev.rounds_run == 2
+    for c in configs:
+        assert len(ev.rounds[c.key()]) == 2 and all(len(r) == 2 for r in ev.rounds[c.key()]), ev
+        assert not ev.failures[c.key()]
+    assert "each round's 2 fresh processes all alive, taking turns window by window" in logs[0], logs
+    # each child wrote its own log where the round said
+    assert sorted(p.name.split("-")[1] for p in tmp_path.glob("finalist-*.log")) == ["0", "0", "1", "1"]
+
+
+@pytest.mark.slow
+def test_a_tuner_with_its_own_runner_takes_turns_in_its_finalists_and_its_confirmation(tmp_path):
+    """The whole run on the tiny workload (real children): the finalists' rounds and the confirmation's say they
+    took turns, and the claim's rule, stored with the recommendation, says it too."""
+    logs: list[str] = []
+    tuner = make_tuner(tmp_path, log=logs.append, finalist_rounds=2)
+    rec = tuner.run(trials=4)
+    assert rec is not None
+    text = "\n".join(logs)
+    assert "fresh processes all alive, taking turns window by window" in text, text
+    if rec.confirmation.get("status") not in ("baseline", None):
+        assert "taking turns window by window" in rec.confirmation["rule"], rec.confirmation

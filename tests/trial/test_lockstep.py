@@ -1,0 +1,111 @@
+"""A round by turns (``trial.lockstep``): real trial children, all alive, one window at a time, the others stopped."""
+
+from __future__ import annotations
+
+import threading
+
+import psutil
+import pytest
+
+from autotune.config import MeasureSpec, TrialConfig, Workload
+from autotune.errors import ConfigError
+from autotune.trial.lockstep import run_round
+from autotune.trial.runner import run_trial
+from tests.helpers import TINY
+
+# settle_windows 0: each window is sent as it ends, so the order the parent reads them in is the order they ran
+SPEC = MeasureSpec(windows=3, window_s=0.3, settle_windows=0, timeout_s=120)
+WL = Workload(model=TINY, image_size=32, num_classes=10)
+
+
+def _status(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
+@pytest.fixture(scope="module")
+def round_by_turns():
+    """Two configs (one with a DataLoader worker) by turns; each event as the parent read it, with the state of the
+    other child's whole tree at that moment."""
+    configs = [TrialConfig(batch_size=8, num_workers=1), TrialConfig(batch_size=16)]
+    seen: list[tuple[int, str, dict]] = []
+    pids: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def run(config, gate):
+        i = configs.index(config)
+
+        def on_event(ev: dict) -> None:
+            with lock:
+                if ev["event"] == "started":
+                    pids[i] = ev["pid"]
+                other = pids.get(1 - i)
+                tree = {}
+                if ev["event"] == "window" and other is not None:
+                    try:
+                        procs = [psutil.Process(other), *psutil.Process(other).children(recursive=True)]
+                    except psutil.NoSuchProcess:
+                        procs = []
+                    tree = {p.pid: _status(p.pid) for p in procs}
+                seen.append((i, ev["event"], tree))
+
+        return run_trial(WL, config, SPEC, gate=gate, on_event=on_event)
+
+    results = run_round(configs, run)
+    return configs, results, seen
+
+
+def test_each_config_of_a_round_by_turns_measures_all_its_windows_in_a_child_of_its_own(round_by_turns):
+    configs, results, seen = round_by_turns
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert [len(r.samples_per_s) for r in results] == [3, 3]
+    assert all(x > 0 for r in results for x in r.samples_per_s)
+    assert results[0].batch_size == 8 and results[1].batch_size == 16
+    for i in (0, 1):  # each was at its gate before it measured anything, and its windows took several turns
+        mine = [e for j, e, _ in seen if j == i and e in ("turn", "window")]
+        assert mine[0] == "turn" and mine.count("window") == 3 and mine.count("turn") > 3, mine
+
+
+def test_the_children_of_a_round_take_turns(round_by_turns):
+    _, _, seen = round_by_turns
+    # the second child started only once the first was at its gate
+    first_turn = next(k for k, (i, e, _) in enumerate(seen) if i == 0 and e == "turn")
+    second_start = next(k for k, (i, e, _) in enumerate(seen) if i == 1 and e == "started")
+    assert first_turn < second_start
+    # then, while both are alive, each turn ends with the other's: never two of one child's in a row
+    done = {i: next(k for k, (j, e, _) in enumerate(seen) if j == i and e == "done") for i in (0, 1)}
+    turns = [i for k, (i, e, _) in enumerate(seen) if e == "turn" and k > second_start and k < min(done.values())]
+    assert len(turns) >= 4 and all(a != b for a, b in zip(turns, turns[1:])), turns
+
+
+def test_while_one_child_measures_the_other_and_its_dataloader_workers_are_stopped(round_by_turns):
+    _, _, seen = round_by_turns
+    # the second child's windows: the first child (one DataLoader worker) is stopped, workers and all
+    trees = [tree for i, e, tree in seen if i == 1 and e == "window"]
+    assert trees and all(tree for tree in trees[:2])
+    for tree in trees[:2]:  # its last window may come after the first child ended
+        assert set(tree.values()) == {psutil.STATUS_STOPPED}, tree
+        assert len(tree) >= 2  # the child and its worker
+
+
+def test_a_round_by_turns_keeps_each_childs_time_its_own(round_by_turns):
+    """A child's wall is its own time, not the time it stood stopped while the other measured."""
+    _, results, _ = round_by_turns
+    for r in results:
+        assert r.wall_s is not None and r.wall_s > 0
+        assert r.cpu_cores_used is None or r.cpu_cores_used > 0.3  # busy while it ran, not diluted by its stops
+
+
+def test_a_config_no_child_can_run_fails_the_round_after_the_others_are_measured():
+    configs = [TrialConfig(batch_size=8), TrialConfig(batch_size=8, amp="fp16")]  # fp16 on the CPU: refused
+    with pytest.raises(ConfigError, match="fp16"):
+        run_round(configs, lambda c, g: run_trial(WL, c, SPEC, gate=g))
+
+
+def test_a_child_that_fails_at_its_turn_ends_the_round_for_itself_only():
+    configs = [TrialConfig(batch_size=8), TrialConfig(batch_size=10_000)]  # larger than the tiny dataset
+    results = run_round(configs, lambda c, g: run_trial(WL, c, SPEC, gate=g))
+    assert results[0].status == "ok" and len(results[0].samples_per_s) == 3
+    assert results[1].status != "ok"
