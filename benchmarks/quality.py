@@ -59,6 +59,7 @@ from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
 from autotune.measure import summarize  # noqa: E402
+from autotune.trial.lockstep import run_round  # noqa: E402
 from autotune.trial.runner import run_trial  # noqa: E402
 from autotune.search.space.search_space import load_space, space_from_dict  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
@@ -69,6 +70,7 @@ from autotune._units import parse_duration_s  # noqa: E402
 from autotune.search.space.search_space import fit_workload  # noqa: E402
 from autotune.workloads.build import check  # noqa: E402
 
+TURNS = " (each round's configs in fresh processes alive at once, taking turns of half a second)"
 WORKLOADS = ("resnet18", "mobilenet_v3_small", "benchmarks.workloads:tiny_vit", "transformer_tiny")
 FULL = {"image_size": 128, "batches": "16,32,64", "space": "stock", "windows": 3, "window_seconds": 2.0, "rounds": 3,
         "finalist_rounds": 2, "parity_steps": 30, "dataset_size": 4096}
@@ -104,10 +106,32 @@ def ground_truth(space) -> list[TrialConfig]:
     return list({c.key(): c for c in out}.values())
 
 
-def measure_all(workload, configs, measure, label: str) -> dict[tuple, dict]:
+# How many configs' children take turns at once (``--by-turns``): each holds its model and, from a fork server, a
+# torch of its own (~0.7 GiB resident), so a 12-config grid goes in groups, and fewer where memory is short
+TURN_GROUP = 6
+TURN_CHILD_MB = 1500.0
+
+
+def run_each(workload, configs: list[TrialConfig], measure, by_turns: bool):
+    """Each of ``configs`` once, yielding ``(config, result)`` as each (by turns: each group) is done: by turns in
+    groups of at most ``TURN_GROUP`` (``autotune.trial.lockstep``: all of a group alive, in short turns, meeting the
+    same moments of the machine; groups sized to the memory available), or one after the other."""
+    if not by_turns:
+        for c in configs:
+            yield c, run_trial(workload, c, measure)
+        return
+    import psutil
+
+    size = max(2, min(TURN_GROUP, int(psutil.virtual_memory().available / 2**20 * 0.8 / TURN_CHILD_MB)))
+    for i in range(0, len(configs), size):
+        group = configs[i:i + size]
+        yield from zip(group, run_round(group, lambda k, gate: run_trial(workload, group[k], measure,  # noqa: B023
+                                                                            gate=gate)))
+
+
+def measure_all(workload, configs, measure, label: str, by_turns: bool = False) -> dict[tuple, dict]:
     rows = {}
-    for i, c in enumerate(configs):
-        r = run_trial(workload, c, measure)
+    for i, (c, r) in enumerate(run_each(workload, configs, measure, by_turns)):
         rows[c.key()] = {"config": c.to_dict(), "short": c.short(), "status": r.status,
                          "median": r.median_samples_per_s if r.ok else 0.0, "wall_s": r.wall_s}
         print(f"  {label} {i + 1}/{len(configs)} {c.short():<38} {r.status:<6} "
@@ -115,14 +139,16 @@ def measure_all(workload, configs, measure, label: str) -> dict[tuple, dict]:
     return rows
 
 
-def interleaved(workload, contenders: dict[str, TrialConfig], measure, rounds: int) -> dict[str, list[list[float]]]:
+def interleaved(workload, contenders: dict[str, TrialConfig], measure, rounds: int,
+                by_turns: bool = False) -> dict[str, list[list[float]]]:
     """Each contender once per round, the order rotating; per contender, each round's windows ([] where that
-    round's trial failed), so ratios can be taken within a round (the VM drifts 5-20% between minutes)."""
+    round's trial failed), so ratios can be taken within a round (the VM drifts 5-20% between minutes); with
+    ``by_turns`` a round's contenders take turns (``run_each``)."""
     names = list(contenders)
     out: dict[str, list[list[float]]] = {n: [] for n in names}
     for r in range(rounds):
-        for n in names[r % len(names):] + names[: r % len(names)]:
-            res = run_trial(workload, contenders[n], measure)
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n, (_, res) in zip(order, run_each(workload, [contenders[n] for n in order], measure, by_turns)):
             out[n].append(list(res.samples_per_s) if res.ok else [])
             print(f"  round {r + 1}/{rounds} {n:<22} {contenders[n].short():<38} {res.status:<6} "
                   f"{(res.median_samples_per_s or 0):8.1f}/s", flush=True)
@@ -179,7 +205,7 @@ def one_workload(name: str, a, hw, measure) -> dict:
     random.Random(a.seed).shuffle(configs)
     print(f"\n## {workload.label()}: ground truth of {len(configs)} configs", flush=True)
     t0 = time.monotonic()
-    grid = measure_all(workload, configs, measure, "grid")
+    grid = measure_all(workload, configs, measure, "grid", a.by_turns)
     grid_s = time.monotonic() - t0
     print(f"## {workload.label()}: autotune, no budget", flush=True)
     t0 = time.monotonic()
@@ -195,7 +221,7 @@ def one_workload(name: str, a, hw, measure) -> dict:
             contenders[f"best + {mode}"] = best.replace(malloc=mode)
     contenders["best + affinity close"] = best.replace(affinity="close")
     print(f"## {workload.label()}: re-measured, {a.rounds} interleaved rounds", flush=True)
-    xs = interleaved(workload, contenders, measure.replace(window_s=2 * measure.window_s), a.rounds)
+    xs = interleaved(workload, contenders, measure.replace(window_s=2 * measure.window_s), a.rounds, a.by_turns)
     pooled = {n: [w for r in rounds for w in r] for n, rounds in xs.items()}
     med = {n: summarize(v).median if v else None for n, v in pooled.items()}
     rec_name = next((n for n, c in contenders.items() if rec is not None and c.key() == rec.config.key()), None)
@@ -250,7 +276,7 @@ def budget_rows(name: str, a, hw, measure, budgets: list[float]) -> list[dict]:
     configs = ground_truth(grid_space)
     random.Random(a.seed).shuffle(configs)
     print(f"\n## {workload.label()}: ground truth of {len(configs)} configs", flush=True)
-    grid = measure_all(workload, configs, measure, "grid")
+    grid = measure_all(workload, configs, measure, "grid", a.by_turns)
     ok = sorted((g for g in grid.values() if g["median"]), key=lambda g: -g["median"])
     top = [TrialConfig.from_dict(g["config"]) for g in ok[:3]]
     runs = {}
@@ -266,8 +292,8 @@ def budget_rows(name: str, a, hw, measure, budgets: list[float]) -> list[dict]:
     if defaults.key() not in {c.key() for c in contenders.values()}:
         contenders["defaults"] = defaults
     rounds = max(3, a.rounds)
-    print(f"## {workload.label()}: re-measured, {rounds} interleaved rounds", flush=True)
-    xs = interleaved(workload, contenders, measure, rounds)
+    print(f"## {workload.label()}: re-measured, {rounds} interleaved rounds{TURNS if a.by_turns else ''}", flush=True)
+    xs = interleaved(workload, contenders, measure, rounds, a.by_turns)
     return [{**judged(workload, tag, budget, rec, tuner, took, contenders, xs, grid),
              "grid": list(grid.values()),  # each config's figure: likely_winners.py --from reads them
              "contender_configs": {n: c.to_dict() for n, c in contenders.items()}}
@@ -340,7 +366,8 @@ def budget_table(rows: list[dict], hw, a, total_s: float) -> str:
           f"--timeout` (stock space, {SEARCH_WINDOWS} windows of 3 s); the best known: the ground truth's grid "
           f"(batch sizes "
           f"{'/'.join(map(str, a.batches))} x the likely winners' knobs, {a.windows} windows of {a.window_seconds:g} s)"
-          f" and every budget's recommendation, re-measured together in {max(3, a.rounds)} interleaved rounds; "
+          f" and every budget's recommendation, re-measured together in {max(3, a.rounds)} interleaved rounds"
+          f"{TURNS if a.by_turns else ''}; "
           f"whole benchmark {total_s / 60:.1f} min.", "",
           "| workload | budget | recommendation / best | the same, best held out | recommendation / best other, paired "
           "95% interval | claim | trials | run | recommendation |",
@@ -362,7 +389,8 @@ def budget_table(rows: list[dict], hw, a, total_s: float) -> str:
 def table(rows: list[dict], hw, a, total_s: float) -> str:
     md = [f"Machine: {hw.summary_line()}; {time.strftime('%Y-%m-%d')}; {a.image_size} px, batch sizes "
           f"{'/'.join(map(str, a.batches))}, space: {a.space}; each trial {a.windows} windows of "
-          f"{a.window_seconds:g} s; re-measured {a.rounds} rounds interleaved (windows twice as long); "
+          f"{a.window_seconds:g} s; re-measured {a.rounds} rounds interleaved (windows twice as long)"
+          f"{TURNS if a.by_turns else ''}; "
           f"whole benchmark {total_s / 60:.1f} min.", "",
           "| workload | recommendation / best | recommendation / best other, per round: median [low, high] | "
           "trials (s) to 95% of best | autotune trials | autotune run | "
@@ -409,6 +437,10 @@ def main(argv=None) -> int:
                    help="defaults for a smoke run: 32 px, batch 16/32, the grid's space, windows of 0.5 s, 4 rounds, "
                         "autotune's default 2 finalist rounds, 10 parity steps (15-30 min on 2 cores for the four "
                         "workloads)")
+    p.add_argument("--by-turns", action=argparse.BooleanOptionalAction, default=True,
+                   help="the ground truth's grid and each re-measured round with its configs' children taking turns, "
+                        "in short turns (autotune.trial.lockstep; the default), or one after the other "
+                        "(--no-by-turns, as before 2026-11-29)")
     p.add_argument("--out", default=None, help="JSON file (default benchmarks/results/quality-multi-<time>.json)")
     a = p.parse_args(argv)
     for k, v in (QUICK if a.quick else FULL).items():

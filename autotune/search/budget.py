@@ -170,6 +170,9 @@ class Budget:
     rounds: int = 2
     # the finalists' search trials' windows' median relative IQR (``finalist_windows``), once they are known
     window_noise: float | None = None
+    # where the rounds after the search take turns (``trial.lockstep``): the measured time's share that each turn's
+    # untimed first step adds (``finalist_rounds.turn_extra``); 0 one after the other
+    turn_extra: float = 0.0
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -198,13 +201,14 @@ class Budget:
     def run_s(self, wall: float, measure: MeasureSpec | None = None) -> float:
         """One more run of a config whose search trial took ``wall`` seconds, measured by ``measure`` (default the
         finalists', ``finalist_measure`` at ``window_noise``; the confirmation's is ``confirm_measure``): the same
-        start-up and warm-up (the trial's wall less its windows, at least 0), with ``measure``'s windows. The one
-        estimate that prices the finalists' reserve and plan and the confirmation's rounds."""
+        start-up and warm-up (the trial's wall less its windows, at least 0), with ``measure``'s windows (and, by
+        turns, the untimed steps: ``turn_extra``). The one estimate that prices the finalists' reserve and plan and
+        the confirmation's rounds."""
         if self.measure is None:
             return wall or 0.0
         target = measure or finalist_measure(self.measure, self.window_noise)
         fixed = max(0.0, (wall or 0.0) - self.measure.windows * self.measure.window_s)
-        return fixed + target.windows * target.window_s
+        return fixed + target.windows * target.window_s * (1.0 + self.turn_extra)
 
     def round_s(self, walls: list[float], measure: MeasureSpec | None = None) -> float:
         """One round over configs whose search trials took ``walls``: a run of each (``run_s``)."""

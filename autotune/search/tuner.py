@@ -114,6 +114,7 @@ class Tuner:
         self.pruner = pruner or NoHopePruner(margin=prune_margin)  # a test passes its own
         self.pruner.limit = self.limit
         self.compile_gate, self.progress, self.runner = CompileGate(), progress, runner or self._run_trial
+        self._turns = False  # the rounds after the search take turns (``finalize``: decided there, per run)
         self.run_length = run_length or RunLength.default()  # a compile config must pay its compile back over it
         self.parity_steps, self.parity, self.warm_start = parity_steps, parity, warm_start
         self.stop_reason = ""  # why the last search stopped (set by the backend), for the closing summary
@@ -341,7 +342,10 @@ class Tuner:
         # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``)
         chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
         top = chosen.top
-        budget = dataclasses.replace(budget, window_noise=window_noise(top))
+        # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps
+        self._turns = self._by_turns([*top, baseline_trial(study)], runner)
+        budget = dataclasses.replace(budget, window_noise=window_noise(top),
+                                     turn_extra=fin_rounds.turn_extra(top) if self._turns else 0.0)
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
@@ -352,7 +356,7 @@ class Tuner:
             pair = [confirm.trial_of(rec, top), baseline_trial(study)] if rec is not None else []
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
-                                    budget=budget, by_turns=self._by_turns(pair, runner))
+                                    budget=budget, by_turns=self._turns and self._by_turns(pair, runner))
         if rec is not None and planned is not None:  # a shortcut says what it skipped and why; the sibling's rounds
             had_rounds = chosen.sibling is not None and chosen.sibling in planned[1]
             rec = dataclasses.replace(rec, notes=rec.notes + chosen.left_out
@@ -387,9 +391,9 @@ class Tuner:
         end, cands, rounds, check_steps, measure = planned
         configs = [keys.config_of(t) for t in cands]
         rounds = rounds if len(configs) > 1 else 1
-        saved = SavedRounds(study, configs, rounds=rounds, measure=measure)  # a kill here loses no finished round
+        turns = self._turns and self._by_turns(list(cands), runner)  # the round's children alive at once, by turns
+        saved = SavedRounds(study, configs, rounds=rounds, measure=measure, by_turns=turns)  # a kill loses no round
         run, phase = runner or self.runner, self.phases.around  # each phase recorded as its first child starts
-        turns = self._by_turns(list(cands), runner)  # the round's children alive at once, by turns
         evidence = fin.remeasure(configs, rounds, runner=phase("finalists", run), workload=self.workload,
                                  measure=measure, log_dir=self.artifacts_dir, log=self.log, saved=saved, deadline=end,
                                  by_turns=turns)

@@ -112,8 +112,8 @@ class Window(_Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Turn(_Event):
-    """The child is at its gate, waiting for its turn to measure the next window (a round measured by turns,
-    ``trial.lockstep``); ``index``: the turns it had before this one."""
+    """The child is at its gate, waiting for its next turn (a round measured by turns, ``trial.lockstep``: turns of
+    ``trial.windows.TURN_S``, between two steps); ``index``: the turns it had before this one."""
 
     NAME: ClassVar[str] = "turn"
     index: int

@@ -307,6 +307,14 @@ class ForkServers:
     def _busy(self, server: ForkServer) -> bool:
         return server.busy or id(server) in self._launching
 
+    def trim(self) -> None:
+        """Close idle servers, least recently used first, down to ``max_servers`` (a round by turns, ``trial.lockstep``,
+        had one busy server per child at once)."""
+        with self._lock:
+            idle = [s for _, s in self._servers if not self._busy(s)]
+            while len(self._servers) > self.max_servers and idle:
+                self._drop(idle.pop(0))
+
     def pids(self) -> list[int]:
         """The live servers' pids (tests and diagnostics)."""
         return [s.pid for _, s in self._servers if s.alive()]

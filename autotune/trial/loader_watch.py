@@ -132,6 +132,9 @@ class LostBatchWatch:
         self.line = ""
         self.at: float | None = None
         self._carry = b""
+        # the trial's own clock: a child of a round by turns stands stopped between its turns, and cannot end on its
+        # own then (``run_trial`` gives the round's clock: the wall less the time stopped)
+        self.clock = time.monotonic
 
     def feed(self, chunk: bytes) -> None:
         if self.kind is not None:
@@ -142,7 +145,7 @@ class LostBatchWatch:
             line = raw.decode(errors="replace").strip()
             kind = failure_kind(line)
             if kind is not None:
-                self.kind, self.line, self.at = kind, line[:400], time.monotonic()
+                self.kind, self.line, self.at = kind, line[:400], self.clock()
                 return
 
     def verdict(self, now: float, batch: tuple[float, int] | None = None, *, ended: bool = False) -> str | None:

@@ -31,18 +31,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from autotune.trial.windows import TURN_S
+
 __all__ = ["Gate", "run_round"]
+
+_POLL_S = 0.5  # how often the round looks again at a child it waits for (its thread may have ended)
 
 
 class Gate:
     """One child's place in a round (the parent's side): its FIFO, its process group, whether it is at its gate
-    (stopped), running, or ended, and how long it has been stopped."""
+    (stopped), running, or ended (final), and how long it has been stopped."""
 
-    def __init__(self, path: Path, changed: threading.Condition) -> None:
-        self.path = path
+    def __init__(self, path: Path, changed: threading.Condition, aborted: threading.Event,
+                 turn_s: float = TURN_S) -> None:
+        self.path, self.turn_s = path, turn_s
         os.mkfifo(path, 0o600)
         self._fd = os.open(path, os.O_RDWR)  # held: the child's open does not block, and it reads EOF once closed
-        self._changed = changed
+        self._changed, self._aborted = changed, aborted
         self.pid: int | None = None
         self.state = "starting"  # -> waiting <-> running -> ended
         self._stopped_at: float | None = None
@@ -50,12 +55,17 @@ class Gate:
 
     # --- from the child's watcher (``runner.run_trial``, in the child's thread) ---
     def started(self, pid: int) -> None:
-        self.pid = pid
+        with self._changed:
+            self.pid = pid
+        if self._aborted.is_set():  # the round ended while this child was being launched
+            self._signal(signal.SIGKILL)
 
     def at_gate(self) -> None:
         """The child said it is at its gate: stop its group until its next turn."""
-        self._signal(signal.SIGSTOP)
         with self._changed:
+            if self.state == "ended":
+                return
+            self._signal(signal.SIGSTOP)
             self._stopped_at = time.monotonic()
             self.state = "waiting"
             self._changed.notify_all()
@@ -72,24 +82,32 @@ class Gate:
             return self._stopped_s + (time.monotonic() - self._stopped_at if self._stopped_at is not None else 0.0)
 
     # --- from the round ---
-    def give_turn(self) -> None:
+    def give_turn(self) -> bool:
+        """Continue the child and give it one turn; False (nothing done) unless it is at its gate."""
         with self._changed:
+            if self.state != "waiting":
+                return False
             self._resume_clock()
             self.state = "running"
-        self._signal(signal.SIGCONT)
-        os.write(self._fd, b"t")
-
-    def close(self) -> None:
-        """End the turns: a child still waiting reads EOF (and ends); its group is continued so that it can."""
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
-        if self.state != "ended":
             self._signal(signal.SIGCONT)
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        os.write(self._fd, b"t")
+        return True
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        with self._changed:
+            if self.state != "ended":
+                self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """End the turns: the FIFO goes first (a child that has not opened it yet cannot block on it), then the
+        parent's end (a child still waiting reads EOF and ends); its group is continued so that it can."""
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        with self._changed:
+            if self.state != "ended":
+                self._signal(signal.SIGCONT)
 
     def _resume_clock(self) -> None:
         if self._stopped_at is not None:
@@ -97,24 +115,27 @@ class Gate:
             self._stopped_at = None
 
     def _signal(self, sig: int) -> None:
-        if self.pid is not None:
+        """To the child's group (it and its DataLoader workers); never once it ended (its pid may be reused)."""
+        if self.pid is not None and self.state != "ended":
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)  # the child leads its own group: it and its DataLoader workers
+                os.killpg(self.pid, sig)
 
 
-def run_round(configs: list[Any], run: Callable[[Any, Gate], Any]) -> list[Any]:
-    """Each of ``configs`` run by ``run(config, gate)`` (a trial runner given the gate, returning its result) in a
-    thread of its own, started one at a time, then measured by turns (module docstring). Returns the results in
-    the order of ``configs``; an exception a run raised (a config no child could run) is raised after the round."""
-    changed = threading.Condition()
+def run_round(configs: list[Any], run: Callable[[int, Gate], Any], *, turn_s: float = TURN_S) -> list[Any]:
+    """Each of ``configs`` run by ``run(i, gate)`` (a trial runner of ``configs[i]`` given the gate, returning its
+    result) in a thread of its own, started one at a time, then measured by turns (module docstring). Returns the
+    results in the order of ``configs``; an exception a run raised (a config no child could run) is raised after the
+    round. A child that ends at any point (failed, killed over its cap or time limit) leaves the others to go on.
+    ``turn_s``: how long a turn lasts (at least one step)."""
+    changed, aborted = threading.Condition(), threading.Event()
     results: list[Any] = [None] * len(configs)
     errors: list[BaseException] = []
     with tempfile.TemporaryDirectory(prefix="autotune-turns-") as folder:  # 0700: no other user's FIFO
-        gates = [Gate(Path(folder) / f"turn-{i}", changed) for i in range(len(configs))]
+        gates = [Gate(Path(folder) / f"turn-{i}", changed, aborted, turn_s) for i in range(len(configs))]
 
         def one(i: int) -> None:
             try:
-                results[i] = run(configs[i], gates[i])
+                results[i] = run(i, gates[i])
             except BaseException as exc:  # noqa: BLE001 - raised in the round's thread, after the round
                 errors.append(exc)
             finally:
@@ -125,12 +146,13 @@ def run_round(configs: list[Any], run: Callable[[Any, Gate], Any]) -> list[Any]:
         try:
             for t, g in zip(threads, gates):
                 t.start()
-                _until_still(g, changed)
-            while live := [g for g in gates if g.state == "waiting"]:
-                for g in live:
-                    g.give_turn()
-                    _until_still(g, changed)
+                _until_still(g, t, changed)
+            while live := [(g, t) for g, t in zip(gates, threads) if g.state == "waiting"]:
+                for g, t in live:
+                    if g.give_turn():
+                        _until_still(g, t, changed)
         except BaseException:  # Ctrl-C, SIGTERM: no child outlives the round (each watcher reaps its own)
+            aborted.set()
             for g in gates:
                 g.kill()
             raise
@@ -138,13 +160,24 @@ def run_round(configs: list[Any], run: Callable[[Any, Gate], Any]) -> list[Any]:
             for g in gates:
                 g.close()
             for t in threads:
-                t.join()
+                if t.ident is not None:  # started
+                    t.join()
+            _trim_servers()
     if errors:
         raise errors[0]
     return results
 
 
-def _until_still(gate: Gate, changed: threading.Condition) -> None:
-    """Until ``gate``'s child is at its gate or has ended."""
+def _until_still(gate: Gate, thread: threading.Thread, changed: threading.Condition) -> None:
+    """Until ``gate``'s child is at its gate or has ended (its thread done, whatever it said)."""
     with changed:
-        changed.wait_for(lambda: gate.state in ("waiting", "ended"))
+        while gate.state not in ("waiting", "ended") and thread.is_alive():
+            changed.wait(_POLL_S)
+
+
+def _trim_servers() -> None:
+    """The fork servers a round started beside each other (one per child alive), back to the pool's size."""
+    from autotune.trial.forkserver import default_servers
+
+    with contextlib.suppress(Exception):
+        default_servers().trim()

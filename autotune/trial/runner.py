@@ -165,6 +165,8 @@ def run_trial(
     log_path = Path(log_path)
     # a batch a DataLoader worker's queue lost in /dev/shm is seen only in the log (trial.loader_watch)
     lost = LostBatchWatch(config, workload.data, ranks=workload.nproc_per_node)
+    if gate is not None:  # its grace runs on the child's own time, not while it stands stopped
+        lost.clock = lambda: time.monotonic() - gate.stopped_s()
     log = _open_log(log_path, lost.feed)
 
     payload = {"workload": workload.to_dict(), "config": config.to_dict(), "measure": measure.to_dict(),
@@ -172,7 +174,7 @@ def run_trial(
     if profile_dir is not None:  # after its windows, the child profiles a few steps into this folder
         payload["profile_dir"] = str(Path(profile_dir).resolve())
     if gate is not None:  # each window at its turn (trial.windows.Turns)
-        payload["turns"] = str(gate.path)
+        payload["turns"] = {"path": str(gate.path), "turn_s": gate.turn_s}
     rfd, wfd = os.pipe()
     env = child_env(config, compile_cache_dir=compile_cache_dir, placement=placement)
     servers = default_servers() if servers is None else servers
@@ -198,7 +200,7 @@ def run_trial(
     wall_s = time.monotonic() - t0 - (gate.stopped_s() if gate is not None else 0.0)  # its own time, not its turns'
     status, reason, sig, user_error, traceback_text = _verdict(channel, proc, log_path)
     if status in ("ok", "crashed", "timeout") and lost.kind is not None:  # the child did not name it: the log did
-        status, reason = "shm", lost.verdict(time.monotonic(), _first_batch(channel), ended=True) or reason
+        status, reason = "shm", lost.verdict(lost.clock(), _first_batch(channel), ended=True) or reason
     if own_log:
         if status != "ok" and not traceback_text:
             traceback_text = _tail(log_path) or None
@@ -286,7 +288,7 @@ def _watch(proc, rfd: int, channel: _Channel, memory: MemoryWatch, measure: Meas
                 if over is not None:
                     channel.stop = ("over_memory",
                                     f"killed at {format_mb(over)}, over the {format_mb(measure.memory_cap_mb)} cap")
-            if channel.stop is None and (why := lost.verdict(now, _first_batch(channel))) is not None:
+            if channel.stop is None and (why := lost.verdict(lost.clock(), _first_batch(channel))) is not None:
                 channel.stop = ("shm", why)
             stopped_s = channel.gate.stopped_s() if channel.gate is not None else 0.0  # a round's turns
             if channel.stop is None and now - t0 - stopped_s > measure.timeout_s:

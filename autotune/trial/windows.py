@@ -7,7 +7,8 @@ turns (``TURN_S``, between two steps) meets the same moments in each; each child
 level, its warm-up) and a window is still its own process's measurement: its steps over its own time, summed over its
 turns. Between its turns the parent stops the child's whole process group (its DataLoader workers and OpenMP threads
 too, ``trial.lockstep``): nothing it does while waiting is charged to the child whose turn it is, and its loader's
-queue is where it was. No step is spent on warming up again after a wait: a turn is many steps' cache traffic long.
+queue is where it was. The first step of each turn is not timed: after a wait the caches hold the other children's
+data, and that step ran 2-10% slower than the turn's later ones (resnet18 at 32 px, batch 8 and 64, 2-core Xeon).
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ __all__ = ["Turns", "TurnsEnded", "TURN_S", "measure_windows", "tight"]
 
 
 class TurnsEnded(Exception):
-    """The parent closed the round's turns (it is ending the round): the child ends with its windows so far."""
+    """The parent closed the round's turns while this child waited (it is ending the round): the child ends, failed
+    (its windows so far were sent as they finished)."""
 
 
-# How long one turn lasts (at least one step): far shorter than the machine's slow spells, which last seconds, so
-# the children of a round meet the same ones. Measured (benchmarks/lockstep.py, 2026-11-29, 2-core Xeon): two fresh
-# processes of one config taking turns every 0.2 s differed by 2.0% (sd of the log ratio over 9 s each), every 3 s
-# by 9.2%; run one after the other, 11-13%.
-TURN_S = 0.25
+# How long one turn lasts (at least one step, after its untimed first): far shorter than the machine's slow spells,
+# which last seconds, so the children of a round meet the same ones, and long enough that the untimed step costs
+# little. Measured on the 2-core Xeon, 2026-11-29 (docs/claims.md, "Rounds by turns"): two fresh processes of one
+# config taking turns of 0.2 s differed by 2.0% (sd of the log ratio over 9 s each), of 3 s by 9.2%; one after the
+# other, 7-13%.
+TURN_S = 0.5
 
 
 class Turns:
@@ -94,7 +97,7 @@ def measure_windows(stepper: Any, spec: Any, warm: Any, send: Callable[[Event], 
         turns.wait()  # the first turn: the round's next child starts only once this one is here
     while sent < spec.windows and not tight(totals["rates"], spec.tight_spread):
         w = stepper.window(spec, turns)
-        totals["all_steps"] += w["steps"]
+        totals["all_steps"] += w["steps"] + w.get("untimed_steps", 0)
         if settled:
             if sent == 0:  # not checked: one window only, or settle_windows 0
                 send(warm.event(w, unsettled, None))

@@ -190,7 +190,8 @@ def run(payload: dict, send: Send, *, device: Any = None, ranks: Any = None) -> 
             stepper = ranks.lead(stepper)
         warm = _warm_up(stepper, dev, spec, compiling=config.compile_mode != "none", watch=watch)
         # a round measured by turns (trial.lockstep): each window at its turn, the waits off the clock
-        turns = Turns(payload["turns"], send) if payload.get("turns") and ranks is None else None
+        turns = (Turns(payload["turns"]["path"], send, payload["turns"]["turn_s"])
+                 if payload.get("turns") and ranks is None else None)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)  # all of this process's threads, not its DataLoader workers
         tree0 = tree_cpu_s(whole_trial=ranks is not None)  # N ranks: rank 0 reads the trial's whole tree
         totals = measure_windows(stepper, spec, warm, send, turns)
@@ -305,8 +306,9 @@ class _Stepper:
         """One measured window of at least ``spec.window_s`` seconds and ``spec.min_window_steps`` steps: the
         device is synchronised once, at its end, so the host runs ahead as a real training loop does. With
         ``turns`` (``trial.windows.Turns``, a round by turns) the child waits for its next turn whenever its turn is
-        over, between two steps; the window's time is its own, the waits left out (its ``spans``)."""
-        samples = steps = 0
+        over, between two steps, and runs one untimed step once its turn comes (``_untimed_step``); the window's time
+        is its own, the waits and the untimed steps left out (its ``spans``)."""
+        samples = steps = untimed = 0
         tokens0 = self.tokens
         waited0 = turns.waited_s if turns is not None else 0.0
         self.timer.start()
@@ -317,7 +319,9 @@ class _Stepper:
                 spans.append((mark, time.perf_counter()))
                 before += spans[-1][1] - mark
                 turns.wait()
-                self.timer.resume()  # the wait is neither data wait nor compute
+                tokens0 += self._untimed_step()  # the caches back to this process's own; its tokens off the window
+                untimed += 1
+                self.timer.resume()  # neither data wait nor compute
                 mark = time.perf_counter()
             samples += self.step(self.timer)
             steps += 1
@@ -327,7 +331,15 @@ class _Stepper:
         counted = {"tokens_per_s": (self.tokens - tokens0) / elapsed} if self.counts_tokens else {}
         return {"samples_per_s": samples / elapsed, "steps": steps, "data_wait_s": w_wait / steps,
                 "compute_s": w_comp / steps, "started": spans[0][0], "elapsed": elapsed, "samples": samples,
-                "spans": spans, "waited_before": waited0, **counted}
+                "spans": spans, "waited_before": waited0, "untimed_steps": untimed, **counted}
+
+    def _untimed_step(self) -> int:
+        """One step outside any window's time, as the first of a turn after a wait (``window``): the other children
+        ran meanwhile and the caches hold their data, so this step would run slower than the same step in the
+        user's own run (5-10% of it measured: ``benchmarks/lockstep.py``'s notes). Returns the tokens it counted."""
+        tokens = self.tokens
+        self.step()
+        return self.tokens - tokens
 
 
 @dataclass

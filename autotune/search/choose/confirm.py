@@ -147,7 +147,7 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     a round starts only if it would end before it (the first as long as ``round_s``, its estimate:
     ``expected_round_s``; each later one as long as the last); without one, rounds past ``MIN_ROUNDS`` take at most
     ``NO_BUDGET_SHARE`` of the run so far. None starts when ``MIN_ROUNDS`` would not fit (the claim says what
-    --timeout would confirm it). ``by_turns``: each round's two fresh processes take turns, window by window
+    --timeout would confirm it). ``by_turns``: each round's two fresh processes alive at once, taking turns
     (``finalist_rounds.run_configs``)."""
     from autotune.search.choose.finalist_rounds import rounds_way, run_configs, run_line, run_log
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from autotune.trial.parity import ParityResult
 
 __all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line",
-           "run_configs", "rounds_way", "turns_fit"]
+           "run_configs", "rounds_way", "turns_fit", "loaders_fit", "turn_extra"]
 
 
 def _digest(value: Any) -> str:
@@ -54,14 +54,16 @@ class SavedRounds:
     >>> saved.round(0)      # {config key: TrialResult} of round 0 if it was finished, else None
     """
 
-    def __init__(self, study: Study | None, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec) -> None:
+    def __init__(self, study: Study | None, configs: list[TrialConfig], *, rounds: int, measure: MeasureSpec,
+                 by_turns: bool = False) -> None:
         self.study = study
         self.configs, self.rounds = list(configs), rounds
         # not the cap: by default a share of the memory free at start, so it moves between runs; ``choose``
         # judges every stored peak against the cap of the run that resumes anyway. Not the finalists nor the
         # rounds either: a run is kept by its round and config, and a round counts only where it is complete
         how = {k: v for k, v in measure.to_dict().items() if k != "memory_cap_mb"}
-        self.plan = _digest({"measure": how})
+        # and how a round runs (by turns or one after the other): a round measured one way is not kept for the other
+        self.plan = _digest({"measure": how, **({"by_turns": True} if by_turns else {})})
         stored = (study.user_attrs.get(keys.FINALIST_ROUNDS) if study is not None else None) or {}
         self.runs: dict[str, dict] = dict(stored.get("runs") or {}) if stored.get("plan") == self.plan else {}
 
@@ -237,8 +239,7 @@ def run_configs(configs: list[TrialConfig], logs: list[Any], *, runner, workload
     if by_turns and len(configs) > 1:
         from autotune.trial.lockstep import run_round
 
-        index = {id(c): i for i, c in enumerate(configs)}
-        out = run_round(configs, lambda c, gate: runner(workload, c, measure, gate=gate, **kws[index[id(c)]]))
+        out = run_round(configs, lambda i, gate: runner(workload, configs[i], measure, gate=gate, **kws[i]))
         for c, res in zip(configs, out):
             if each is not None:
                 each(c, res)
@@ -252,12 +253,13 @@ def run_configs(configs: list[TrialConfig], logs: list[Any], *, runner, workload
 
 
 def turns_fit(trials: list, workload: Any, *, margin: float, available_mb: float | None = None,
-              cap_mb: float | None = None) -> bool:
+              cap_mb: float | None = None, shm_free_bytes: float | None = None) -> bool:
     """Whether a round of ``trials``' configs may take turns on this machine (``run_configs``): on its CPU, one
     process a trial (a GPU would hold every child's model at once; DDP ranks are process groups of their own), and
     their search trials' peak host memory, all alive at once, within ``available_mb`` (default: what the machine
     has available now) less ``margin``, and within the user's memory cap (``cap_mb``, a trial's: the most the user
-    let autotune hold at once) less ``margin`` too."""
+    let autotune hold at once) less ``margin`` too, and their loaders' batches in flight within ``/dev/shm``
+    (``loaders_fit``)."""
     if workload.device != "cpu" or workload.nproc_per_node > 1 or len(trials) < 2:
         return False
     peaks = [t.user_attrs.get(keys.PEAK) if t is not None else None for t in trials]
@@ -267,12 +269,60 @@ def turns_fit(trials: list, workload: Any, *, margin: float, available_mb: float
         import psutil
 
         available_mb = psutil.virtual_memory().available / 2**20
-    return sum(peaks) <= min(available_mb, cap_mb or math.inf) * (1 - margin)
+    if sum(peaks) > min(available_mb, cap_mb or math.inf) * (1 - margin):
+        return False
+    return loaders_fit(trials, margin=margin, shm_free_bytes=shm_free_bytes)
+
+
+def turn_extra(trials: list) -> float:
+    """The share of a run's measured time that each turn's untimed first step adds (``trial.windows``), the most over
+    ``trials``: a step of ``s`` seconds (the trial's batch over its rate) each turn of ``max(TURN_S, s)``.
+
+    >>> from types import SimpleNamespace as T
+    >>> turn_extra([T(value=640.0, user_attrs={"config": {"batch_size": 64}})])   # 0.1 s steps, turns of 0.5 s
+    0.2
+    >>> turn_extra([T(value=32.0, user_attrs={"config": {"batch_size": 64}})])    # 2 s steps: one a turn, and one more
+    1.0
+    """
+    from autotune.trial.windows import TURN_S
+
+    shares = [0.0]
+    for t in trials:
+        rate = getattr(t, "value", None) if t is not None else None
+        c = (t.user_attrs.get(keys.CONFIG) or {}) if t is not None else {}
+        if rate and c.get("batch_size"):
+            step = c["batch_size"] / rate
+            shares.append(step / max(TURN_S, step))
+    return max(shares)
+
+
+def loaders_fit(trials: list, *, margin: float, shm_free_bytes: float | None = None) -> bool:
+    """Whether the DataLoaders of ``trials``' configs fit ``/dev/shm`` all at once (a child stopped between its turns
+    keeps its workers' batches there: ``machine.loader_memory``'s rule is for one loader at a time); a loader whose
+    batch size is unknown does not. Default: what ``/dev/shm`` has free now."""
+    from autotune.machine.loader_memory import detect_limits, in_flight_bytes
+
+    need = 0.0
+    for t in trials:
+        c = keys.config_of(t)
+        if c is None:
+            return False
+        if c.num_workers:
+            batch = t.user_attrs.get(keys.BATCH_BYTES)
+            if not batch:
+                return False
+            need += in_flight_bytes(batch, c.num_workers, c.prefetch_factor)
+    if not need:
+        return True
+    free = detect_limits().shm_free_bytes if shm_free_bytes is None else shm_free_bytes
+    return free is not None and need <= free * (1 - margin)
 
 
 def rounds_way(by_turns: bool) -> str:
     """How a round runs its configs, as the log and the record say it."""
-    return "all alive, taking turns window by window" if by_turns else "one after the other"
+    from autotune.trial.windows import TURN_S
+
+    return f"alive at once, taking turns of {TURN_S:g} s" if by_turns else "one after the other"
 
 
 def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, measure: MeasureSpec, log_dir,

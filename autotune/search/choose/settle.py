@@ -184,7 +184,7 @@ class ExtraRounds:
                  log: Callable[[str], None], deadline: float | None = None, run: Any = None,
                  rounds: int = EXTRA_ROUNDS, saved: Any = None, by_turns: bool = False) -> None:
         self.runner, self.workload, self.measure, self.log_dir = runner, workload, measure, log_dir
-        self.by_turns = by_turns  # the two take turns, window by window (``finalist_rounds.run_configs``)
+        self.by_turns = by_turns  # the two alive at once, taking turns (``finalist_rounds.run_configs``)
         self.log, self.deadline, self.run, self.rounds, self.ran = log, deadline, run, rounds, 0
         self.saved = saved  # a ``SavedRounds``: each pair kept as it finishes, taken back by a resumed run
 
