@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
            "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
-           "CONFIRM_WINDOWS", "RUN_MARGIN", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
+           "CONFIRM_WINDOWS", "RUN_MARGIN", "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",
+           "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -98,6 +99,11 @@ RUN_MARGIN = 1.15
 # The smallest spread (sd of log) between fresh processes of one config on these VMs: 5-20% (docs/measurement.md).
 # The smallest makes ``finalist_windows`` ask for the most windows.
 PROCESS_SPREAD = 0.05
+
+# What the rounds after the search cost more by turns (``Budget.turn_extra``) before the finalists are known, so
+# that the search keeps back enough: one untimed step every three timed ones, as with 0.2-s steps (resnet18 at 32 px,
+# batch 64: its rounds by turns took +36-52%, docs/claims.md); ``finalize`` prices it from the finalists' own steps
+TURN_EXTRA_PRIOR = 0.33
 
 
 # The expected IQR of n normal windows in sds, quartiles interpolated linearly (``measure.summarize``): small samples

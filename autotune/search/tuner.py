@@ -24,7 +24,7 @@ from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
-from autotune.search.budget import SEARCH_WINDOWS, Budget, confirm_measure, finalist_measure
+from autotune.search.budget import SEARCH_WINDOWS, TURN_EXTRA_PRIOR, Budget, confirm_measure, finalist_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap
@@ -294,6 +294,8 @@ class Tuner:
             # the budget, made once the caps of the place are known (its rounds are priced in its measurement)
             self.budget = Budget.of(timeout_s, started=started, measure=self.measure, finalists=self.finalists,
                                     rounds=self.finalist_rounds)
+            if finalist_runner is None and self._by_turns_here():  # the reserve kept back for rounds by turns
+                self.budget = dataclasses.replace(self.budget, turn_extra=TURN_EXTRA_PRIOR)
             with run_lock(self.storage_url, self.study_name), \
                     closing_default():  # the run's fork servers (autotune.trial.forkserver) end with it
                 return self._search_then_finalize(searcher, trials=trials, finalist_runner=finalist_runner)
@@ -343,9 +345,10 @@ class Tuner:
         chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
         top = chosen.top
         # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps
-        self._turns = self._by_turns([*top, baseline_trial(study)], runner)
+        base = baseline_trial(study)
+        self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
         budget = dataclasses.replace(budget, window_noise=window_noise(top),
-                                     turn_extra=fin_rounds.turn_extra(top) if self._turns else 0.0)
+                                     turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0)
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")
@@ -378,6 +381,11 @@ class Tuner:
                                                checks_s=checks_s, log=self.log)
         return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
                                                                                         budget.window_noise))
+
+    def _by_turns_here(self) -> bool:
+        """Whether this run's rounds after the search can take turns at all (``_by_turns`` decides per round)."""
+        return (self.runner == self._run_trial and self.workload.device == "cpu"
+                and self.workload.nproc_per_node == 1)
 
     def _by_turns(self, trials: list, runner: Runner | None) -> bool:
         """Whether a round of ``trials``' configs takes turns (``finalist_rounds.turns_fit``): only with this tuner's

@@ -3,10 +3,10 @@
 
 Why: a round compares configs on a machine whose speed moves. On the 2-core VMs here one config's rate moves 10-20%
 within seconds, in spells that last seconds; run one after the other, each config's run meets other spells, and the
-round's ratio carries them (two fresh processes of one config: 11-13% apart, sd of the log ratio). Taking turns every
-quarter second, they meet the same spells (2% apart; ``benchmarks/lockstep.py``). Each child is still a fresh process
-with its own warm-up and level, so the round stays the unit of repetition and every interval over rounds keeps its
-meaning.
+round's ratio carries them (two fresh processes of one config: 7-15% apart, sd of the log ratio). Taking turns of
+half a second, they meet the same spells (3.1% apart; ``benchmarks/lockstep.py``, docs/claims.md). Each child is
+still a fresh process with its own warm-up and level, so the round stays the unit of repetition and every interval
+over rounds keeps its meaning.
 
 How: the children start one at a time, each after the one before is at its first gate (start-up, imports and the
 first step never share the cores). Then the turns: the parent gives one child its turn (``SIGCONT`` to its process

@@ -47,10 +47,17 @@ class Turns:
         self.slice_s = slice_s
         self.turns = 0
         self.waited_s = 0.0
+        self.fresh = False  # a turn was given and its untimed first step not run yet (``_Stepper.window``)
         self._began = time.perf_counter()
 
     def over(self) -> bool:
+        """Whether this turn's timed steps have had ``slice_s``."""
         return time.perf_counter() - self._began >= self.slice_s
+
+    def begin(self) -> None:
+        """The turn's timed steps start now (after its untimed first)."""
+        self.fresh = False
+        self._began = time.perf_counter()
 
     def wait(self) -> None:
         t0 = time.perf_counter()
@@ -60,6 +67,7 @@ class Turns:
         self.turns += 1
         self._began = time.perf_counter()
         self.waited_s += self._began - t0
+        self.fresh = True
 
 
 def measure_windows(stepper: Any, spec: Any, warm: Any, send: Callable[[Event], None],

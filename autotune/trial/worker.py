@@ -319,8 +319,10 @@ class _Stepper:
                 spans.append((mark, time.perf_counter()))
                 before += spans[-1][1] - mark
                 turns.wait()
+            if turns is not None and turns.fresh:  # a turn begins (the first too): its first step off the clock
                 tokens0 += self._untimed_step()  # the caches back to this process's own; its tokens off the window
                 untimed += 1
+                turns.begin()  # the turn's time starts after it
                 self.timer.resume()  # neither data wait nor compute
                 mark = time.perf_counter()
             samples += self.step(self.timer)
@@ -336,7 +338,7 @@ class _Stepper:
     def _untimed_step(self) -> int:
         """One step outside any window's time, as the first of a turn after a wait (``window``): the other children
         ran meanwhile and the caches hold their data, so this step would run slower than the same step in the
-        user's own run (5-10% of it measured: ``benchmarks/lockstep.py``'s notes). Returns the tokens it counted."""
+        user's own run (2-10% of it: ``benchmarks/turn_first_step.py``). Returns the tokens it counted."""
         tokens = self.tokens
         self.step()
         return self.tokens - tokens

@@ -179,3 +179,47 @@ def test_ctrl_c_while_a_round_starts_its_children_leaves_none_behind(tmp_path):
     while time.monotonic() < deadline and any(_status(p) not in ("gone", psutil.STATUS_ZOMBIE) for p in pids):
         time.sleep(0.2)
     assert all(_status(p) in ("gone", psutil.STATUS_ZOMBIE) for p in pids), {p: _status(p) for p in pids}
+
+
+class _FakeTurns:
+    """``trial.windows.Turns`` without a parent: a turn is over after ``steps`` timed steps; a wait sleeps."""
+
+    def __init__(self, steps: int, wait_s: float) -> None:
+        self.steps, self.wait_s = steps, wait_s
+        self.fresh, self.waited_s, self.turns, self.count = False, 0.0, 0, 0
+
+    def over(self) -> bool:
+        return self.count >= self.steps
+
+    def wait(self) -> None:
+        time.sleep(self.wait_s)
+        self.waited_s += self.wait_s
+        self.turns += 1
+        self.fresh = True
+
+    def begin(self) -> None:
+        self.fresh, self.count = False, 0
+
+
+def test_a_window_by_turns_counts_neither_the_waits_nor_the_first_step_of_each_turn():
+    """Each step takes 10 ms, the first of a turn 40 ms (the caches held the others' data), and each wait 50 ms: the
+    window's rate is the 10-ms steps' (charged the waits it would be a third of it, the slow first steps four fifths),
+    every turn's first step is run but not counted, the first turn's too, and the wait is no data wait."""
+    from autotune.machine.device import CPUDevice, HostStepTimer
+    from autotune.trial.worker import _Stepper
+    from autotune.workloads.contract import StepOut
+
+    turns = _FakeTurns(steps=4, wait_s=0.05)
+
+    def step(batch):
+        time.sleep(0.04 if turns.fresh else 0.01)
+        turns.count += 0 if turns.fresh else 1
+        return StepOut(loss=None, output=None, samples=8)
+
+    stepper = _Stepper([0] * 10_000, step, 1, HostStepTimer(CPUDevice()), "off")
+    turns.wait()  # the first turn, as ``measure_windows`` waits for it before the first window
+    w = stepper.window(MeasureSpec(windows=1, window_s=0.3, min_window_steps=1), turns)
+    assert w["untimed_steps"] == turns.turns >= 7
+    assert 8 / 0.012 < w["samples_per_s"] < 8 / 0.0095, w  # 10 ms steps (sleep overshoots a little)
+    assert w["elapsed"] < 0.36 and w["data_wait_s"] < 0.002, w
+    assert len(w["spans"]) == turns.turns and all(b > a for a, b in w["spans"])

@@ -118,11 +118,13 @@ def fit_windows(budget: Any, measure: Any, round_s: float) -> tuple[Any, float]:
     left = budget.left_s() if budget.deadline is not None else None
     if left is None or round_s <= 0 or MIN_ROUNDS * round_s <= left:
         return measure, round_s
-    windows = MIN_ROUNDS * 2 * measure.windows  # the winner's and the baseline's in each round
+    # the winner's and the baseline's in each round; by turns a window's second costs 1 + turn_extra of the round's
+    per = 1.0 + (getattr(budget, "turn_extra", 0.0) or 0.0)
+    windows = MIN_ROUNDS * 2 * measure.windows * per
     cut = (MIN_ROUNDS * round_s - FIT_SLACK * left) / windows
     if measure.window_s - cut < MIN_WINDOW_SHARE * measure.window_s:
         return measure, round_s
-    return measure.replace(window_s=measure.window_s - cut), round_s - 2 * measure.windows * cut
+    return measure.replace(window_s=measure.window_s - cut), round_s - 2 * measure.windows * cut * per
 
 
 def _no_time(budget: Any, round_s: float, rule: str, log: Callable[[str], None]) -> Confirmation | None:

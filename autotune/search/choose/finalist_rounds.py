@@ -276,23 +276,29 @@ def turns_fit(trials: list, workload: Any, *, margin: float, available_mb: float
 
 def turn_extra(trials: list) -> float:
     """The share of a run's measured time that each turn's untimed first step adds (``trial.windows``), the most over
-    ``trials``: a step of ``s`` seconds (the trial's batch over its rate) each turn of ``max(TURN_S, s)``.
+    ``trials``: a step of ``s`` seconds (the trial's data wait and compute a step; else its batch over its rate) once
+    every turn of ``ceil(TURN_S / s)`` timed steps.
 
     >>> from types import SimpleNamespace as T
-    >>> turn_extra([T(value=640.0, user_attrs={"config": {"batch_size": 64}})])   # 0.1 s steps, turns of 0.5 s
+    >>> turn_extra([T(value=640.0, user_attrs={"config": {"batch_size": 64}})])   # 0.1 s steps: 5 a turn, and one
     0.2
-    >>> turn_extra([T(value=32.0, user_attrs={"config": {"batch_size": 64}})])    # 2 s steps: one a turn, and one more
+    >>> turn_extra([T(value=1.0, user_attrs={"data_wait_s_per_step": 0.05, "compute_s_per_step": 0.15})])  # 0.2 s
+    0.3333333333333333
+    >>> turn_extra([T(value=32.0, user_attrs={"config": {"batch_size": 64}})])    # 2 s steps: one a turn, and one
     1.0
     """
     from autotune.trial.windows import TURN_S
 
     shares = [0.0]
     for t in trials:
-        rate = getattr(t, "value", None) if t is not None else None
-        c = (t.user_attrs.get(keys.CONFIG) or {}) if t is not None else {}
-        if rate and c.get("batch_size"):
-            step = c["batch_size"] / rate
-            shares.append(step / max(TURN_S, step))
+        if t is None:
+            continue
+        ua, rate = t.user_attrs, getattr(t, "value", None)
+        step = (ua.get(keys.DATA_WAIT_S) or 0.0) + (ua.get(keys.COMPUTE_S) or 0.0)
+        if not step > 0 and rate and (ua.get(keys.CONFIG) or {}).get("batch_size"):
+            step = ua[keys.CONFIG]["batch_size"] / rate
+        if step > 0:
+            shares.append(1.0 / max(1, math.ceil(TURN_S / step - 1e-9)))
     return max(shares)
 
 

@@ -212,7 +212,8 @@ class ExtraRounds:
             return False
         self.ran += 1
         r = max(len(ev.rounds[c.key()]) for c in pair)
-        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra)"
+        self.log(f"{why}: one more round of the two ({self.ran} of at most {self.rounds} extra"
+                 + (", taking turns)" if self.by_turns else ")")
                  + (": measured by an earlier, interrupted run; kept" if kept else ""))
         keep = (lambda c, res: self.saved.put(tag, c, res)) if self.saved is not None else None
         got = ([kept[c.key()] for c in pair] if kept else

@@ -3,12 +3,13 @@ round's children may take turns, and that a round by turns measures each config 
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
 from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
-from autotune.search.choose.finalist_rounds import remeasure, run_configs, turns_fit
+from autotune.search.choose.finalist_rounds import SavedRounds, remeasure, run_configs, turn_extra, turns_fit
 from autotune.trial.runner import run_trial
 from tests.helpers import TINY, make_tuner
 
@@ -91,3 +92,37 @@ def test_a_tuner_with_its_own_runner_takes_turns_in_its_finalists_and_its_confir
     assert "fresh processes alive at once, taking turns of 0.5 s" in text, text
     if rec.confirmation.get("status") not in ("baseline", None):
         assert "the two alive at once, taking turns of 0.5 s" in rec.confirmation["rule"], rec.confirmation
+
+
+def test_rounds_by_turns_are_priced_with_their_untimed_steps():
+    """``turn_extra`` (each turn's untimed first step, from the trials' own steps; the baseline's too) and the
+    budget's run price with it; the module's examples hold."""
+    import doctest
+
+    from autotune.search.budget import Budget
+    from autotune.search.choose import finalist_rounds
+
+    assert doctest.testmod(finalist_rounds).failed <= 1  # SavedRounds' example needs a study (+SKIP'd but one)
+    fast = SimpleNamespace(value=640.0, user_attrs={"data_wait_s_per_step": 0.0, "compute_s_per_step": 0.1})
+    slow_base = SimpleNamespace(value=32.0, user_attrs={"data_wait_s_per_step": 0.5, "compute_s_per_step": 1.5})
+    assert turn_extra([fast]) == pytest.approx(0.2) and turn_extra([fast, slow_base]) == 1.0
+    m = MeasureSpec(windows=3, window_s=2.0)
+    plain = Budget.of(600, measure=m)
+    by_turns = dataclasses.replace(plain, turn_extra=0.5)
+    assert by_turns.run_s(20.0, m) - plain.run_s(20.0, m) == pytest.approx(0.5 * 3 * 2.0)
+
+
+def test_a_round_kept_from_an_interrupted_run_is_kept_only_by_a_run_that_measures_the_same_way():
+    class Study:
+        user_attrs: dict = {}
+
+        def set_user_attr(self, k, v):
+            self.user_attrs[k] = v
+
+    study = Study()
+    configs = [TrialConfig(batch_size=8), TrialConfig(batch_size=16)]
+    saved = SavedRounds(study, configs, rounds=2, measure=SPEC, by_turns=True)
+    for c in configs:
+        saved.put(0, c, TrialResult(status="ok", samples_per_s=(1.0,), batch_size=c.batch_size))
+    assert SavedRounds(study, configs, rounds=2, measure=SPEC, by_turns=True).round(0) is not None
+    assert SavedRounds(study, configs, rounds=2, measure=SPEC, by_turns=False).round(0) is None
