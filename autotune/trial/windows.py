@@ -94,7 +94,8 @@ def measure_windows(stepper: Any, spec: Any, warm: Any, send: Callable[[Event], 
         totals["samples"] += w["samples"]
         totals["waits"].append(w["data_wait_s"])
         totals["comps"].append(w["compute_s"])
-        totals["spans"] += w["spans"]  # whose steps' latencies count: the window's own time, its turns' waits out
+        # whose steps' latencies count: the window's own time, its turns' waits out
+        totals["spans"] += w.get("spans") or [(w["started"], w["started"] + w["elapsed"])]
         totals["rates"].append(w["samples_per_s"])
         send(Window(index=sent, samples_per_s=w["samples_per_s"], steps=w["steps"], data_wait_s=w["data_wait_s"],
                     compute_s=w["compute_s"], tokens_per_s=w.get("tokens_per_s"),
@@ -104,7 +105,7 @@ def measure_windows(stepper: Any, spec: Any, warm: Any, send: Callable[[Event], 
     if turns is not None:
         turns.wait()  # the first turn: the round's next child starts only once this one is here
     while sent < spec.windows and not tight(totals["rates"], spec.tight_spread):
-        w = stepper.window(spec, turns)
+        w = stepper.window(spec, turns) if turns is not None else stepper.window(spec)  # DDP's lead takes no turns
         totals["all_steps"] += w["steps"] + w.get("untimed_steps", 0)
         if settled:
             if sent == 0:  # not checked: one window only, or settle_windows 0
