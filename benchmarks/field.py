@@ -20,7 +20,7 @@ notice a slow-down and stay quiet when nothing changes?
    ``--steady-s`` seconds (the issue asks for 10 minutes: ``--steady-s 600``; the default is 120 s, to keep this
    short on a shared machine): how many false alarms.
 
-    python benchmarks/field.py                      # ~22 min (14 of them the overhead), and the tuning of the
+    python benchmarks/field.py                      # ~17 min (9 of them the overhead), and the tuning of the
                                                     # two workloads the first time
     python benchmarks/field.py --steady-s 600 --out benchmarks/results/field-YYYY-MM-DD.json
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -48,6 +49,8 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 import autotune  # noqa: E402
 from autotune.field import Claim, FieldRun, FieldSpec  # noqa: E402
 from autotune.search.choose.settle import ratio_interval  # noqa: E402
+
+WARMUP_STEPS = 50  # the overhead loop's untimed first steps (the allocator and oneDNN settle)
 
 
 def readme_loop(rec, model_name: str, image_size: int, seconds: float, field, steps: int = 10**5) -> dict:
@@ -113,6 +116,15 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
     'on' blocks carry all of the field run's work. Rounds of whole loops, each building its model and loader
     (this benchmark's first way), spread 10% between rounds: too wide to tell 1%.
 
+    Each block is timed from the end of the block before it to the end of its own last step, on one clock: the
+    pause or resume that starts a block, whatever the run's thread does on waking, and the block's first step are
+    all in it (the 'on' block carries the resume and anything due while paused: a bias against the field run, never
+    for it). Blocks are short (4 steps, ~0.25 s, by default): this VM's speed moves 10-20% in spells lasting
+    seconds (docs/claims.md, rounds by turns), so two blocks a fraction of a second apart share their spell and the
+    pair's ratio cancels it, where blocks of 40 steps (2.5 s each) straddled spells and 100 pairs gave +/-3%.
+    ``lag1`` is the lag-1 autocorrelation of the pairs' log ratios: Student's t takes them as independent, and near 0
+    says they are.
+
     ``data``: ``loader``, the README's DataLoader over FakeData with its transforms (the loop as users run it; its
     blocks spread ~23% on 2 cores, the workers' time-slicing, which hides a 1% cost); ``memory``, the same batches
     made once by that loader before the first block and cycled, so each block is the model's step and the hooks
@@ -143,8 +155,9 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
             made = [next(batches) for _ in range(min(16, steps))]
             batches = itertools.cycle(made)
 
+        clock = [0.0]  # the last block's end: blocks follow each other on one clock, with nothing left out
+
         def block(n: int) -> float:
-            ends = []
             for _ in range(n):
                 images, labels = next(batches)
                 images, labels = run.prepare_input(images), run.prepare_input(labels)
@@ -152,11 +165,12 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
                     loss = loss_fn(model(images), labels)
                 loss.backward()
                 optimizer.step()
-                ends.append(time.perf_counter())
                 optimizer.zero_grad(set_to_none=True)
-            return (len(ends) - 1) / (ends[-1] - ends[0])
+            end, clock[0] = clock[0], time.perf_counter()
+            return n / (clock[0] - end)
 
-        block(2 * block_steps)  # warm-up, measured
+        clock[0] = time.perf_counter()
+        block(max(2 * block_steps, WARMUP_STEPS))  # warm-up
         # the hooks timed where they run: every call of the field run's two hooks in the 'on' blocks, by the clock
         inside = [0.0]
 
@@ -173,6 +187,7 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
         field.pause()  # the next resume registers the timed step hook
         field.batch, field.step_end = timed(field.batch), timed(field.step_end)
         thread_s, on_s = 0.0, 0.0  # the run's thread's CPU time in the 'on' blocks, and their wall time
+        clock[0] = time.perf_counter()  # the pairs start here, after the warm-up and the set-up
         for p in range(pairs):
             for with_field in ((True, False) if p % 2 == 0 else (False, True)):
                 field.resume() if with_field else field.pause()
@@ -182,10 +197,25 @@ def overhead(rec, model_name: str, image_size: int, pairs: int, block_steps: int
                     thread_s, on_s = thread_s + field.thread_cpu_s - cpu0, on_s + time.perf_counter() - t0
         field.resume()
     ratio, lo, hi = ratio_interval([[x] for x in on], [[x] for x in off])
+    logs = [math.log(a / b) for a, b in zip(on, off)]
     return {"on_steps_per_s": on, "off_steps_per_s": off, "ratio": ratio, "low": lo, "high": hi,
+            "pair_sd": statistics.stdev(logs), "lag1": lag1(logs),
             "pairs": pairs, "block_steps": block_steps, "data": data,
             "in_loop_hook_s_per_step": inside[0] / (pairs * block_steps), "spec": spec or {},
             "thread_cpu_share_on": thread_s / on_s if on_s else None}
+
+
+def lag1(xs: list[float]) -> float:
+    """The lag-1 autocorrelation of ``xs`` (0 for fewer than 3).
+
+    >>> round(lag1([1.0, -1.0, 1.0, -1.0, 1.0, -1.0]), 2)
+    -0.83
+    """
+    if len(xs) < 3:
+        return 0.0
+    m = statistics.fmean(xs)
+    var = sum((x - m) ** 2 for x in xs)
+    return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:])) / var if var else 0.0
 
 
 def sampler_cost(calls: int = 200, every_s: float = FieldSpec().host_every_s) -> dict:
@@ -277,8 +307,8 @@ def main() -> None:
     p.add_argument("--workloads", default="mobilenet_v3_small,shufflenet_v2_x0_5")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60.0, help="the README loop's length, for the field figure")
-    p.add_argument("--pairs", type=int, default=150, help="paired overhead blocks, on and off (default: %(default)s)")
-    p.add_argument("--block-steps", type=int, default=40, help="steps in each overhead block (default: %(default)s)")
+    p.add_argument("--pairs", type=int, default=1000, help="paired overhead blocks, on and off (default: %(default)s)")
+    p.add_argument("--block-steps", type=int, default=4, help="steps in each overhead block (default: %(default)s)")
     p.add_argument("--overhead-data", choices=("memory", "loader"), default="memory",
                    help="the overhead loop's batches: made once and cycled, the model's step alone (memory, the "
                         "default: the hooks' largest share) or the README's DataLoader (loader)")
@@ -340,7 +370,8 @@ def _overhead(args, results: dict) -> None:
     print(f"overhead ({first}, {args.pairs} paired blocks of {args.block_steps} steps in one process, "
           + (f"the field run's {args.overhead_spec}, " if spec else "") + "batches "
           f"{'made once in memory' if args.overhead_data == 'memory' else 'from the DataLoader'}): on/off "
-          f"x{ov['ratio']:.4f} (95% interval x{ov['low']:.4f} to x{ov['high']:.4f}), {shown}; "
+          f"x{ov['ratio']:.4f} (95% interval x{ov['low']:.4f} to x{ov['high']:.4f}), {shown} (a pair's log "
+          f"ratio sd {100 * ov['pair_sd']:.1f}%, lag-1 autocorrelation {ov['lag1']:+.2f}); "
           f"the hooks alone {1e6 * cost['hook_s_per_step']:.1f} us a step, "
           f"{100 * cost['share_of_step']:.2g}% of a {1e3 / statistics.median(ov['off_steps_per_s']):.0f} ms step; "
           f"timed in the loop's 'on' blocks {1e6 * ov['in_loop_hook_s_per_step']:.1f} us a step, "
