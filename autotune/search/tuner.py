@@ -384,8 +384,7 @@ class Tuner:
 
     def _by_turns_here(self) -> bool:
         """Whether this run's rounds after the search can take turns at all (``_by_turns`` decides per round)."""
-        return (self.runner == self._run_trial and self.workload.device == "cpu"
-                and self.workload.nproc_per_node == 1)
+        return self.runner == self._run_trial and fin_rounds.turns_possible(self.workload)
 
     def _by_turns(self, trials: list, runner: Runner | None) -> bool:
         """Whether a round of ``trials``' configs takes turns (``finalist_rounds.turns_fit``): only with this tuner's

@@ -23,6 +23,7 @@ ranks are process groups of their own. The callers decide (``search.choose.final
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 from autotune.trial.windows import TURN_S
 
-__all__ = ["Gate", "run_round"]
+__all__ = ["Gate", "run_round", "available"]
 
 _POLL_S = 0.5  # how often the round looks again at a child it waits for (its thread may have ended)
 
@@ -166,6 +167,21 @@ def run_round(configs: list[Any], run: Callable[[int, Gate], Any], *, turn_s: fl
     if errors:
         raise errors[0]
     return results
+
+
+@functools.cache
+def available() -> bool:
+    """Whether rounds by turns can run on this machine at all: signals that stop and continue a process group, and
+    a FIFO in the temp folder (some filesystems have none, and some platforms neither); where not, the callers run
+    a round's configs one after the other (``search.choose.finalist_rounds.turns_possible``)."""
+    if not (hasattr(signal, "SIGSTOP") and hasattr(os, "mkfifo")):
+        return False
+    try:
+        with tempfile.TemporaryDirectory(prefix="autotune-turns-") as folder:
+            os.mkfifo(Path(folder) / "probe", 0o600)
+    except OSError:
+        return False
+    return True
 
 
 def _until_still(gate: Gate, thread: threading.Thread, changed: threading.Condition) -> None:

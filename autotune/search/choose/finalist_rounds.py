@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from autotune.trial.parity import ParityResult
 
 __all__ = ["SavedRounds", "record_parity", "Evidence", "remeasure", "pool_search_round", "run_log", "run_line",
-           "run_configs", "rounds_way", "turns_fit", "loaders_fit", "turn_extra"]
+           "run_configs", "rounds_way", "turns_possible", "turns_fit", "loaders_fit", "turn_extra"]
 
 
 def _digest(value: Any) -> str:
@@ -252,15 +252,23 @@ def run_configs(configs: list[TrialConfig], logs: list[Any], *, runner, workload
     return out
 
 
+def turns_possible(workload: Any) -> bool:
+    """Whether ``workload``'s rounds can take turns here at all: on this machine's CPU, one process a trial (a GPU
+    would hold every child's model at once; DDP ranks are process groups of their own), where a round by turns can
+    run (``trial.lockstep.available``: a FIFO in the temp folder, signals to stop a process group)."""
+    from autotune.trial.lockstep import available
+
+    return workload.device == "cpu" and workload.nproc_per_node == 1 and available()
+
+
 def turns_fit(trials: list, workload: Any, *, margin: float, available_mb: float | None = None,
               cap_mb: float | None = None, shm_free_bytes: float | None = None) -> bool:
-    """Whether a round of ``trials``' configs may take turns on this machine (``run_configs``): on its CPU, one
-    process a trial (a GPU would hold every child's model at once; DDP ranks are process groups of their own), and
-    their search trials' peak host memory, all alive at once, within ``available_mb`` (default: what the machine
-    has available now) less ``margin``, and within the user's memory cap (``cap_mb``, a trial's: the most the user
-    let autotune hold at once) less ``margin`` too, and their loaders' batches in flight within ``/dev/shm``
-    (``loaders_fit``)."""
-    if workload.device != "cpu" or workload.nproc_per_node > 1 or len(trials) < 2:
+    """Whether a round of ``trials``' configs may take turns on this machine (``run_configs``): where turns are
+    possible at all (``turns_possible``), and their search trials' peak host memory, all alive at once, within
+    ``available_mb`` (default: what the machine has available now) less ``margin``, and within the user's memory cap
+    (``cap_mb``, a trial's: the most the user let autotune hold at once) less ``margin`` too, and their loaders'
+    batches in flight within ``/dev/shm`` (``loaders_fit``)."""
+    if len(trials) < 2 or not turns_possible(workload):
         return False
     peaks = [t.user_attrs.get(keys.PEAK) if t is not None else None for t in trials]
     if any(not p for p in peaks):

@@ -34,6 +34,25 @@ def test_a_round_takes_turns_only_on_this_cpu_with_one_process_a_trial_and_memor
     assert not turns_fit([_trial(900.0)], CPU, margin=0.1, available_mb=1e6)  # one config: nothing to take turns
 
 
+def test_without_a_fifo_in_the_temp_folder_no_round_takes_turns(tmp_path, monkeypatch):
+    """A temp folder where no FIFO can be made (here: one that does not exist; elsewhere a filesystem without FIFOs):
+    rounds run one after the other instead of failing at their first gate."""
+    import tempfile
+
+    from autotune.trial import lockstep
+
+    two = [_trial(900.0), _trial(1100.0)]
+    lockstep.available.cache_clear()
+    try:
+        assert lockstep.available() and turns_fit(two, CPU, margin=0.1, available_mb=4000.0, shm_free_bytes=0)
+        lockstep.available.cache_clear()
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+        assert not lockstep.available()
+        assert not turns_fit(two, CPU, margin=0.1, available_mb=4000.0, shm_free_bytes=0)
+    finally:
+        lockstep.available.cache_clear()
+
+
 def test_a_round_takes_turns_only_where_every_loader_it_stops_keeps_its_batches_in_dev_shm_beside_the_others():
     """A child stopped between its turns keeps its workers' batches in /dev/shm: 2 workers x prefetch 2 + 1 = 5
     batches of 8 MiB each is 40 MiB a loader; two of them do not fit a container's 64 MiB, one beside a loader-less
