@@ -66,7 +66,9 @@ def space(batches=(32,)):
 def search(rng: random.Random, sp, gains: dict[tuple[str, object], float], spread: float, drift: float,
            *, max_trials: int = 40, curve: dict[int, float] | None = None) -> tuple[dict, int, bool]:
     """One planned search to its end (or ``max_trials``): the incumbent it ended on, the trials it ran, and whether
-    the bundle's members were each tried alone on the baseline (the bundle did not beat it beyond the noise)."""
+    the bundle's members were each tried alone on the baseline (it did not beat it beyond the noise; since
+    2026-11-29 a tie where the walk moved the batch runs the bundle again there first, and is counted here only
+    where each member is then tried alone)."""
     study = optuna.create_study(direction="maximize")
     dists = {p.name: CategoricalDistribution(list(p.choices)) for p in sp.params}
     level = [1.0]

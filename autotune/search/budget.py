@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from autotune.config import MeasureSpec
@@ -100,9 +100,10 @@ RUN_MARGIN = 1.15
 # The smallest makes ``finalist_windows`` ask for the most windows.
 PROCESS_SPREAD = 0.05
 
-# What the rounds after the search cost more by turns (``Budget.turn_extra``) before the finalists are known, so
-# that the search keeps back enough: one untimed step every three timed ones, as with 0.2-s steps (resnet18 at 32 px,
-# batch 64: its rounds by turns took +36-52%, docs/claims.md); ``finalize`` prices it from the finalists' own steps
+# What the rounds after the search cost more by turns (``Budget.turn_extra``) at the least while the finalists are not
+# known: one untimed step every three timed ones, as with 0.2-s steps (resnet18 at 32 px, batch 64: its rounds by
+# turns took +36-52%, docs/claims.md); during the search the price follows the best configs' own steps from it
+# (``Budget.turn_price``, ``Tuner.turn_price_so_far``), and ``finalize`` prices it from the finalists' own steps
 TURN_EXTRA_PRIOR = 0.33
 
 
@@ -177,8 +178,11 @@ class Budget:
     # the finalists' search trials' windows' median relative IQR (``finalist_windows``), once they are known
     window_noise: float | None = None
     # where the rounds after the search take turns (``trial.lockstep``): the measured time's share that each turn's
-    # untimed first step adds (``finalist_rounds.turn_extra``); 0 one after the other
+    # untimed first step adds (``finalist_rounds.turn_extra``); 0 one after the other. ``turn_price``, where given,
+    # says it instead as the search goes (every holder of this budget reads the same figure: the tuner's reserve, the
+    # compile gate, the phases)
     turn_extra: float = 0.0
+    turn_price: Callable[[], float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -214,7 +218,11 @@ class Budget:
             return wall or 0.0
         target = measure or finalist_measure(self.measure, self.window_noise)
         fixed = max(0.0, (wall or 0.0) - self.measure.windows * self.measure.window_s)
-        return fixed + target.windows * target.window_s * (1.0 + self.turn_extra)
+        return fixed + target.windows * target.window_s * (1.0 + self.turns())
+
+    def turns(self) -> float:
+        """What rounds by turns add to a run's measured time (``turn_extra``, or ``turn_price()`` where given)."""
+        return self.turn_extra if self.turn_price is None else self.turn_price()
 
     def round_s(self, walls: list[float], measure: MeasureSpec | None = None) -> float:
         """One round over configs whose search trials took ``walls``: a run of each (``run_s``)."""

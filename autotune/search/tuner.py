@@ -262,6 +262,21 @@ class Tuner:
         check_s = self.numerics_check_s(self.study()) if self.budget.deadline is not None and trial_walls else 0.0
         return self.budget.out_of_time(trial_walls, check_s=check_s)
 
+    def turn_price_so_far(self) -> float:
+        """The search's price of the rounds by turns after it (``Budget.turn_price``): what their untimed steps add
+        (``finalist_rounds.turn_extra``) for the configs that would be the finalists if the search ended now and the
+        baseline, at least ``TURN_EXTRA_PRIOR`` (a later best may step more slowly; a config at 0.8 s a step takes
+        one untimed step for each timed one: 1.0, three times the prior); 0 where they would not take turns here
+        (``_by_turns``: their memory or their loaders' batches all at once)."""
+        study = self.study()
+        feasible = feasible_by_config(study, self.hardware.fingerprint, self.limit)
+        base = baseline_trial(study)
+        group = sorted(feasible.values(), key=lambda t: -(t.value or 0))[: max(1, self.finalists)]
+        group += [base] if base is not None and base not in group else []
+        if len(group) >= 2 and not self._by_turns(group, None):
+            return 0.0
+        return max(TURN_EXTRA_PRIOR, fin_rounds.turn_extra(group))
+
     def numerics_check_s(self, study: Study, *, steps: int | None = None) -> float:
         """The expected time of the numerics check of the best feasible config so far, of ``steps`` steps (default
         ``parity_steps``; ``finalists.expected_check_s``); 0 without a check, such a config or a baseline."""
@@ -295,7 +310,7 @@ class Tuner:
             self.budget = Budget.of(timeout_s, started=started, measure=self.measure, finalists=self.finalists,
                                     rounds=self.finalist_rounds)
             if finalist_runner is None and self._by_turns_here():  # the reserve kept back for rounds by turns
-                self.budget = dataclasses.replace(self.budget, turn_extra=TURN_EXTRA_PRIOR)
+                self.budget = dataclasses.replace(self.budget, turn_price=self.turn_price_so_far)
             with run_lock(self.storage_url, self.study_name), \
                     closing_default():  # the run's fork servers (autotune.trial.forkserver) end with it
                 return self._search_then_finalize(searcher, trials=trials, finalist_runner=finalist_runner)
@@ -344,11 +359,14 @@ class Tuner:
         # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``)
         chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
         top = chosen.top
-        # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps
+        # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps.
+        # By turns a finalist runs the fewest windows (``finalist_windows``): the search trials' window noise, run one
+        # after another, is mostly the machine's spells, which every config of a round by turns meets alike
         base = baseline_trial(study)
         self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
-        budget = dataclasses.replace(budget, window_noise=window_noise(top),
-                                     turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0)
+        budget = dataclasses.replace(budget, window_noise=None if self._turns else window_noise(top),
+                                     turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0,
+                                     turn_price=None)
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")

@@ -171,9 +171,12 @@ class ForkServer:
 
     def launch(self, payload: dict, log_fd: int, chan_fd: int) -> ForkedChild:
         """Fork a trial child running ``_worker.main`` on ``payload``, its output to ``log_fd``, its events
-        to ``chan_fd`` (both are the caller's to close). Returns once the child is its own process group."""
+        to ``chan_fd`` (both are the caller's to close), in the caller's working folder now (as a cold child would
+        be: a Ray actor moves to each trial's folder, the server stays where it started). Returns once the child is
+        its own process group."""
+        request = {"payload": payload, "cwd": os.getcwd()}
         try:
-            socket.send_fds(self.sock, [json.dumps({"payload": payload}).encode() + b"\n"], [log_fd, chan_fd])
+            socket.send_fds(self.sock, [json.dumps(request).encode() + b"\n"], [log_fd, chan_fd])
         except OSError as exc:
             self.dead = True
             raise ForkServerError(f"fork server {self.pid}: {exc}") from exc

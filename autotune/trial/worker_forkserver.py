@@ -23,6 +23,7 @@ no parent-death signal of its own yet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -59,14 +60,18 @@ def cuda_initialised() -> bool:
         return False
 
 
-def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int, server: int) -> None:
+def _child(sock: socket.socket, payload: str, log_fd: int, chan_fd: int, led: int, server: int,
+           cwd: str | None = None) -> None:
     """In the forked child: die with the server (fork cleared the signal; a server killed since the fork is no
-    longer the parent, and the child goes), become a session leader, take the trial's log as stdout/stderr, run
-    the worker."""
+    longer the parent, and the child goes), become a session leader, move to the launcher's working folder
+    (``cwd``), take the trial's log as stdout/stderr, run the worker."""
     code = 1
     try:
         die_with_parent(server)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler (``take_down_with_parent``) is its own
+        if cwd:
+            with contextlib.suppress(OSError):  # a folder removed since: where the server is, as before
+                os.chdir(cwd)
         os.setsid()
         os.close(led)  # tells the server the process group exists: the parent may kill it from now on
         sock.close()
@@ -156,7 +161,7 @@ def serve(sock: socket.socket, *, idle_exit_s: float = IDLE_EXIT_S, children: se
             pid = os.fork()
             if pid == 0:
                 os.close(wait_r)
-                _child(sock, json.dumps(request["payload"]), log_fd, chan_fd, led_w, server)
+                _child(sock, json.dumps(request["payload"]), log_fd, chan_fd, led_w, server, request.get("cwd"))
             os.close(led_w)
             os.read(wait_r, 1)  # EOF once the child is its own session (or died trying)
             os.close(wait_r)

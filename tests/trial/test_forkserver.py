@@ -264,3 +264,24 @@ def test_a_server_that_does_not_start_sends_its_environment_down_the_cold_path()
     assert start.calls == 1  # not retried for every trial
     assert ForkServers(enabled=False, start=start).launch({}, sys.executable, {}, 1, 2) is None
     assert start.calls == 1
+
+
+@pytest.mark.slow  # a server's torch import and two trials
+def test_a_forked_child_works_in_the_folder_its_launcher_is_in_now(tmp_path, monkeypatch):
+    """As a cold child would: a Ray actor moves to each trial's folder, while its fork server stays where it was
+    started (the first trial's)."""
+    folders = [tmp_path / "a", tmp_path / "b"]
+    seen: list[str] = []
+
+    def on_event(ev: dict) -> None:
+        if ev["event"] == "started":
+            seen.append(psutil.Process(ev["pid"]).cwd())
+
+    with ForkServers() as servers:
+        for folder in folders:
+            folder.mkdir()
+            monkeypatch.chdir(folder)
+            r = run_trial(wl("tiny"), TrialConfig(batch_size=8), SPEC, servers=servers, on_event=on_event)
+            assert r.ok, r.reason
+        assert len(servers.pids()) == 1  # one server forked both
+    assert seen == [str(f) for f in folders]

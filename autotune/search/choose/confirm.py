@@ -119,7 +119,7 @@ def fit_windows(budget: Any, measure: Any, round_s: float) -> tuple[Any, float]:
     if left is None or round_s <= 0 or MIN_ROUNDS * round_s <= left:
         return measure, round_s
     # the winner's and the baseline's in each round; by turns a window's second costs 1 + turn_extra of the round's
-    per = 1.0 + (getattr(budget, "turn_extra", 0.0) or 0.0)
+    per = 1.0 + (budget.turns() if hasattr(budget, "turns") else 0.0)
     windows = MIN_ROUNDS * 2 * measure.windows * per
     cut = (MIN_ROUNDS * round_s - FIT_SLACK * left) / windows
     if measure.window_s - cut < MIN_WINDOW_SHARE * measure.window_s:

@@ -40,7 +40,6 @@ from autotune.search.record.trials import (MemoryLimit, baseline_trial, baseline
 if TYPE_CHECKING:
     from optuna import Study
     from optuna.trial import FrozenTrial
-
     from autotune.machine.hardware import Hardware
 
 __all__ = ["expected_check_s", "best_check_s", "check_steps_within", "MIN_CHECK_STEPS", "plan", "Evidence", "remeasure",
@@ -445,13 +444,14 @@ def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
 
 
 def provisional(study: Study, *, storage: str = "") -> Recommendation:
-    """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured
-    (the run was stopped before the end, or the budget left no time for them). Where the planned search kept a
-    config as its best (``keys.PLAN_KEPT``), that config is recommended instead of a faster single trial within the
-    noise of it (the windows' median spread, at least ``NOISY_REL_IQR``), unless ``same_loader`` picked by the
-    pipeline already: the plan kept no knob on a gain that small (it re-measured it, or would have), and the
-    fastest of many single trials is the luckiest as often as the best (issue 50: inter-op threads 1, +5.3% once,
-    +3.6% over two rounds with an interval through 0, was recommended over the config the plan kept)."""
+    """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured (the run
+    was stopped before the end, or the budget left no time for them). Where the planned search kept a config as its
+    best (``keys.PLAN_KEPT``), it is recommended over a faster one within the noise of it (the windows' median spread,
+    at least ``NOISY_REL_IQR``; over all of each config's measurements, ``config_level``, not its luckiest: on
+    2026-11-29 a repeat the plan had judged "not shown" won on its luckier trial), unless ``same_loader`` picked by the
+    pipeline already: the plan kept no knob on a gain that small (it re-measured it, or would have), and the fastest
+    of many single trials is the luckiest as often as the best (issue 50: inter-op threads 1, +5.3% once, +3.6% over
+    two rounds with an interval through 0, was recommended over the config the plan kept)."""
     checks = study.user_attrs.get(keys.PARITY) or {}
     feasible = {k: t for k, t in feasible_by_config(study).items()
                 if (checks.get(str(t.number)) or {}).get("ok", True)}  # not one that failed the numerics check
@@ -463,11 +463,11 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
     planned = study.user_attrs.get(keys.PLAN_KEPT)
     kept = feasible.get(TrialConfig.from_dict(planned).key()) if planned and not passed_over else None
-    noise = noise_of(study.get_trials(deepcopy=False))
-    if kept is not None and kept is not best and kept.value and (best.value or 0.0) <= kept.value * (1 + noise):
-        passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest "
-                       f"search trial (trial {best.number}, {100 * ((best.value or 0.0) / kept.value - 1):+.1f}%): "
-                       f"within the noise ({noise:.0%}) of it")
+    noise, level = noise_of(study.get_trials(deepcopy=False)), lambda t: keys.config_level(study, t)
+    if kept is not None and kept is not best and kept.value and level(best) <= level(kept) * (1 + noise):
+        passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest search "
+                       f"trial (trial {best.number}, {100 * (level(best) / level(kept) - 1):+.1f}% over all their "
+                       f"measurements): within the noise ({noise:.0%}) of it")
         best = kept
     ua = best.user_attrs
     xs = ua.get(keys.SAMPLES) or [best.value]

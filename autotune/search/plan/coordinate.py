@@ -8,8 +8,8 @@ bundle member is measured apart, whichever way the evidence makes more informati
 
 * the bundle beat the baseline by more than the noise: the bundle with that knob **reverted** (leave one out:
   near the best config so far, each probe says what one knob adds there);
-* otherwise (a tie, a loss, or the bundle failed): the baseline with that knob **alone** (add one in: the
-  bundle is no anchor, each probe says what the knob does by itself).
+* otherwise (a loss, the bundle failed, a tie where the batch did not move; a tie measures the bundle again at the
+  walked batch first): the baseline with that knob **alone** (add one in: each probe says what it does by itself).
 
 Either way the batch is walked first (``walk_first``). The knobs that helped are combined (one more trial, unless
 measured already) and the best config measured so far is kept (an earlier study's winner, ``warm_start``, among
@@ -17,18 +17,13 @@ them); where that is off the walked line, the walk (``batch_walk``) goes on from
 other knob in the space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on
 the best config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
-Noise: a candidate beats the incumbent when its median is above it by more than the noise (the median window
-IQR of the study's trials up to the later of the two, or the median gap between the two fresh processes of each config
-the plan measured twice by then where that is larger, at least 5%: fixed once both are measured). Within the noise above
-it one trial each says nothing, so both are measured once more, side by side (a trial with ``repeat_of``), and the
-candidate wins only if the second round, paired (the machine's drift cancels in it), is above 1 too and the mean of the
-two rounds' log ratios clears ``noise.REPEAT_Z`` (1.28) standard errors of a two-round mean (``noise``: how far one
-comparison of two fresh processes strays, from the gaps of the plan's repeats, shrunk towards the 5% floor while they
-are few). The test does not read the spread of the two rounds themselves (Student's t with one degree of freedom,
-the rule before, kept a no-op on two rounds that happened to agree: round 1 was chosen for landing above 1, then
-counted: two rounds at +3% that agree are no gain where one process strays 8%; docs/search.md). A candidate at or
-below the incumbent has shown no gain and is not repeated. A comparison reads each config's first one or two
-measurements in trial order, so a later repeat never changes a decision taken before it.
+Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``:
+the study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the
+noise above it both are measured once more, side by side (a trial with ``repeat_of``), and the candidate wins only if
+the second round, paired, is above 1 too and the two rounds' mean log ratio clears ``noise.REPEAT_Z`` standard errors
+of one comparison of fresh processes (``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over the
+two rounds, kept no-ops that happened to agree). A candidate at or below the incumbent is not repeated. A comparison
+reads each config's first one or two measurements in trial order: a later repeat never changes a decision before it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
 the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that
@@ -99,15 +94,13 @@ class Plan:
     needs: list[Need] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def done(self) -> bool:
-        return self.phase == "done"
+    done = property(lambda self: self.phase == "done")
 
     def label(self) -> str:
         """For the progress bar."""
-        return {"bundle": "baseline and likely winners", "separate": "likely winners one at a time",
-                "warm": "earlier studies' winners",
-                "walk": "batch walk", "sweep": "one knob at a time", "done": "sampler"}[self.phase]
+        return {"bundle": "baseline and likely winners", "separate": "likely winners one at a time", "warm":
+                "earlier studies' winners", "walk": "batch walk", "sweep": "one knob at a time", "done": "sampler"}[
+            self.phase]
 
 
 def complete(space, params: dict[str, Any]) -> dict[str, Any]:
@@ -356,14 +349,14 @@ class _Replay:
         return True
 
     def walk_first(self, base: dict[str, Any], likely: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The batch walk goes first, from the bundle where it beat the baseline beyond the noise (on a GPU, where it
-        came within the noise of it), else from the baseline (which no knob can harm), and the bundle is taken apart at
-        the batch it found: the batch is the largest lever on a GPU and often on a CPU, and a short budget that
-        separated first reached the walk last or never (issue 50; ``benchmarks/keep_rule.py --batch-curve ... --max-
-        trials 10``: the pick's true rate 0.82-0.84 of the best before, 0.85-0.93 with the walk first). Where the bundle
-        won it is the incumbent, its knobs reverted at the walked batch beside the baseline moved there; else each knob
-        is tried alone on the baseline at that batch, the bundle staying where it was measured (``run`` walks on where
-        the knobs move the best)."""
+        """The batch walk goes first (the largest lever on a GPU and often on a CPU; a short budget that separated
+        first reached the walk last or never: ``benchmarks/keep_rule.py --batch-curve``, the pick's true rate 0.82-0.84
+        of the best before, 0.85-0.93 after), from the bundle where it beat the baseline beyond the noise (on a GPU,
+        came within it), else from the baseline (which no knob can harm). Where the bundle won, its knobs are reverted
+        at the walked batch beside the baseline moved there; where it tied, it runs again at that batch and is taken
+        apart there (resnet18 at 32 px, AMX Xeon, 2026-11-29: channels_last and tcmalloc tied at batch 64; at 256 each
+        alone stayed within the noise, the two together ran x1.15 of neither, re-measured by turns); where it lost,
+        each knob is tried alone on the baseline at that batch (``run`` walks on where the knobs move the best)."""
         b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
         noise = self.noise_at(max(b.number, lw.number))
         won = lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + noise)
@@ -377,6 +370,15 @@ class _Replay:
         walked = self.walk(start)
         if walked.get("batch_size") == start.get("batch_size"):
             return base, likely
+        if (not ahead and lw.value > 0 and lw.value * (1 + noise) >= b.value
+                and likely.get("batch_size") != walked["batch_size"]):
+            # a tie at one batch need not be one at another: the bundle again there (the docstring's example)
+            moved = complete(self.space, {**likely, "batch_size": walked["batch_size"]})
+            self.why.setdefault(self.key(moved), f"queued: the likely winners at batch {walked['batch_size']}")
+            self.steps.setdefault(self.key(moved), f"likely winners at batch {walked['batch_size']}")
+            self.notes.append(f"the likely winners came within the noise of the baseline: the walk went from the "
+                              f"baseline first, to batch {walked['batch_size']}, where they run again")
+            return walked, moved
         if not ahead:
             self.notes.append(f"the likely winners did not beat the baseline beyond the noise: the walk went from "
                               f"the baseline first, to batch {walked['batch_size']}, where each of them is tried "
@@ -411,7 +413,7 @@ class _Replay:
                    if p.name != "batch_size" and likely.get(p.name) != base.get(p.name)]
         self.tested = {(k, v) for k in members for v in (base.get(k), likely.get(k))}
         revert = lw.value > 0 and (b.value <= 0 or lw.value > b.value * (1 + self.noise_at(max(b.number, lw.number))))
-        at = (f" at batch {base['batch_size']}" if "batch_size" in base
+        at = (f" at batch {base['batch_size']} (they ran at {likely['batch_size']})" if "batch_size" in base
               and base.get("batch_size") != likely.get("batch_size") else "")
         outcome = (f"ran {lw.value / b.value:.2f}x the baseline{at}" if b.value > 0 and lw.value > 0 else
                    "ran, the baseline did not" if lw.value > 0 else

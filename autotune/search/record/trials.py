@@ -13,7 +13,7 @@ a FAIL would be ignored and re-proposed); pruned or timed out -> PRUNED; anythin
 from __future__ import annotations
 
 import dataclasses
-
+import math
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -338,6 +338,16 @@ def feasible_by_config(study: Study, fingerprint: str | None = None,
         if key not in out or (t.value or 0) > (out[key].value or 0):
             out[key] = t
     return out
+
+
+def config_level(study: Study, trial) -> float:
+    """The geometric mean of every measurement (status ok, not a copy) of ``trial``'s config on its hardware, the
+    plan's repeats among them: a config measured twice is not judged by the luckier of its two trials."""
+    key, fp = TrialConfig.from_dict(trial.user_attrs[CONFIG]).key(), trial.user_attrs.get(FINGERPRINT)
+    logs = [math.log(t.value) for t in study.get_trials(deepcopy=False) if t.value and t.value > 0
+            and t.user_attrs.get(STATUS) == "ok" and t.user_attrs.get(DUPLICATE_OF) is None
+            and t.user_attrs.get(FINGERPRINT) == fp and TrialConfig.from_dict(t.user_attrs[CONFIG]).key() == key]
+    return math.exp(sum(logs) / len(logs)) if logs else float(trial.value or 0.0)
 
 
 def known(study: Study, fingerprint: str, limit: MemoryLimit | None = None

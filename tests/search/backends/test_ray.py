@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
+import time
+from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
 from autotune.machine.hardware import detect
+from autotune.trial.forkserver import ENV_SWITCH
 from autotune.search.plan.pruning import NoHopePruner
 
 from tests.helpers import TINY, assert_queued_are_walk_steps_or_reruns, run_cli
@@ -34,6 +40,19 @@ def test_ray_backend_runs_a_study_into_the_same_storage(tmp_path):
     cores = detect(with_torch=False).usable_cores
     assert f"{cores:g} CPU per trial, up to 1 at once" in out.stderr  # a whole node per trial
     assert "recommended:" in out.stdout
+    # Tune reused an actor for the next trial (reuse_actors, the actor's reset_config; a shortcut trial between two
+    # would take a fresh one: other resources), and the actor's fork server served the trials it ran: the same
+    # server pid in the last result of each measured trial of one actor (Tune's own ``pid``)
+    root = Path(re.search(r"Tune's files in (\S+)", out.stderr).group(1))
+    last = [json.loads(f.read_text().splitlines()[-1]) for f in root.glob("*/trial-*/result.json")]
+    by_actor: dict[int, list[set]] = {}
+    for r in last:
+        if r.get("fork_servers") is not None:  # measured (not a shortcut, not pruned)
+            by_actor.setdefault(r["pid"], []).append(set(r["fork_servers"]))
+    if os.environ.get(ENV_SWITCH) != "0":  # fork servers on (the default)
+        assert max(map(len, by_actor.values()), default=0) >= 2, last
+        for pid, servers in by_actor.items():
+            assert set.intersection(*servers), (pid, servers)
 
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
@@ -90,18 +109,38 @@ def test_ray_prunes_through_the_scheduler_and_kills_the_trial_child(tmp_path):
 
 
 def _trial_children_writing_under(root) -> list[int]:
-    """Trial children (of this test: their log is under ``root``) still alive; others' tests may run too."""
+    """Trial children of this test (working in, or writing to, a folder under ``root``; their DataLoader workers
+    too) still alive; others' tests may run too. A fork server is no trial: it runs no trial code."""
     import psutil
 
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "autotune.trial.worker" in " ".join(p.info["cmdline"] or ()) and any(
-                    f.path.startswith(str(root)) for f in p.open_files()):
+            line = " ".join(p.info["cmdline"] or ())
+            if "autotune.trial.worker" not in line or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            parent = p.parent()
+            if "worker_forkserver" in line and "worker_forkserver" not in " ".join(parent.cmdline() if parent else ()):
+                continue  # the server itself (a trial it forked has its command line, and it as parent)
+            if p.cwd().startswith(str(root)) or any(f.path.startswith(str(root)) for f in p.open_files()):
                 found.append(p.pid)
         except psutil.Error:
             pass
     return found
+
+
+def _forked_here() -> set[int]:
+    """The live children of this process's fork servers: its forked trial children (and their workers)."""
+    import psutil
+
+    out = set()
+    for server in psutil.Process().children():
+        try:
+            if "worker_forkserver" in " ".join(server.cmdline()):
+                out |= {c.pid for c in server.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}
+        except psutil.Error:
+            pass
+    return out
 
 
 @pytest.mark.slow
@@ -163,3 +202,57 @@ def test_connect_starts_its_own_ray_unless_given_an_address(monkeypatch):
         seen += ray.calls
     assert seen == [{"address": "local", "num_cpus": 3}, {"address": "local", "num_cpus": 3},
                     {"address": "10.0.0.5:6379"}, {"address": "auto"}]
+
+
+@pytest.mark.slow  # a fork server's torch import and two trials: ~15 s
+def test_a_kept_actor_ends_a_stopped_trial_at_once_and_its_fork_server_serves_the_next(tmp_path):
+    """The actor as Tune drives it with reuse_actors: a trial measuring, the scheduler's STOP (``end_trial``: Tune
+    calls nothing else on an actor it keeps), the next trial (``reset_config``), the run's end (``cleanup``). The
+    stopped trial's child (forked by the actor's fork server: a grandchild) dies at once; the server lives on and
+    forks the next trial's child."""
+    import psutil
+    from ray import tune
+
+    from autotune.config import MeasureSpec, TrialConfig, Workload
+    from autotune.search.backends.ray.actor import METRIC, make_trainable
+    from autotune.search.backends.ray.cluster import PLAN_KEY
+
+    class Here(make_trainable(tune)):
+        def node_cap(self, device, cap_mb):  # the node query needs a Ray worker; all else runs as in one
+            return "here", cap_mb
+
+    actor = Here.__new__(Here)  # Tune's own set-up of an actor (logdir, storage) is Tune's; autotune's part runs
+    actor._logdir = str(tmp_path)
+    endless = MeasureSpec(windows=5, window_s=30.0, warmup_min_steps=2, warmup_min_s=0.0, timeout_s=300)
+
+    def plan(number: int) -> dict:
+        return {PLAN_KEY: {"config": TrialConfig(batch_size=2).to_dict(), "number": number}}
+
+    def measuring(before: set[int]) -> psutil.Process:
+        """The trial's child, forked since ``before``, running (in its first 30-second window or before it: a stop
+        that waited for a window's end would take that long)."""
+        assert actor.step()[METRIC] == 0.0  # started: the node and the cap
+        deadline = time.monotonic() + 120
+        while not (_forked_here() - before) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (child,) = _forked_here() - before
+        time.sleep(1.0)  # past its start: a session of its own
+        return psutil.Process(child)
+
+    before = _forked_here()
+    actor.setup(plan(1), workload=Workload(model="tests.study_fixtures:sleepy", image_size=16).to_dict(),
+                measure=endless.to_dict())
+    first = measuring(before)
+    server = first.ppid()
+    assert "worker_forkserver" in " ".join(psutil.Process(server).cmdline())
+    t0 = time.monotonic()
+    actor.end_trial()  # pruned
+    assert time.monotonic() - t0 < 10, "the stopped trial did not end at once"
+    assert not first.is_running() or first.status() == psutil.STATUS_ZOMBIE
+    assert psutil.Process(server).is_running()
+    before = _forked_here()
+    assert actor.reset_config(plan(2)) is True
+    second = measuring(before)
+    assert second.ppid() == server  # the same server: torch was not imported again
+    actor.cleanup()
+    assert not second.is_running() or second.status() == psutil.STATUS_ZOMBIE

@@ -4,6 +4,7 @@ round's children may take turns, and that a round by turns measures each config 
 from __future__ import annotations
 
 import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -109,6 +110,8 @@ def test_a_tuner_with_its_own_runner_takes_turns_in_its_finalists_and_its_confir
     assert rec is not None
     text = "\n".join(logs)
     assert "fresh processes alive at once, taking turns of 0.5 s" in text, text
+    # by turns a finalist runs the fewest windows, whatever the search's windows spread (``Tuner.finalize``)
+    assert re.search(r"interleaved round\(s\), 2 windows of", text), text
     if rec.confirmation.get("status") not in ("baseline", None):
         assert "the two alive at once, taking turns of 0.5 s" in rec.confirmation["rule"], rec.confirmation
 
@@ -145,3 +148,35 @@ def test_a_round_kept_from_an_interrupted_run_is_kept_only_by_a_run_that_measure
         saved.put(0, c, TrialResult(status="ok", samples_per_s=(1.0,), batch_size=c.batch_size))
     assert SavedRounds(study, configs, rounds=2, measure=SPEC, by_turns=True).round(0) is not None
     assert SavedRounds(study, configs, rounds=2, measure=SPEC, by_turns=False).round(0) is None
+
+
+def test_the_search_prices_the_rounds_by_turns_from_the_best_configs_steps_so_far(tmp_path):
+    """During the search the rounds after it are priced with the untimed steps of the configs that would be the
+    finalists now (``Tuner.turn_price_so_far``, as ``Tuner.run`` gives it to the budget): the prior where their steps
+    are short, one untimed step per timed one where a step outlasts a turn; and every holder of the budget (the
+    compile gate too) reads the same price."""
+    import optuna
+
+    from autotune.search.budget import TURN_EXTRA_PRIOR, Budget
+    from autotune.search.record.trials import STUDY_FINGERPRINT
+
+    tuner = make_tuner(tmp_path)
+    study = tuner.study()
+    study.set_user_attr(STUDY_FINGERPRINT, tuner.hardware.fingerprint)
+    budget = dataclasses.replace(Budget.of(600.0, measure=SPEC), turn_price=tuner.turn_price_so_far)
+    tuner.compile_gate.start(budget, [])
+
+    def add(batch: int, value: float, step_s: float, baseline: bool = False) -> None:
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={
+            "status": "ok", "config": TrialConfig(batch_size=batch).to_dict(), "baseline": baseline,
+            "fingerprint": tuner.hardware.fingerprint, "peak_host_mb": 500.0, "wall_s": 20.0,
+            "data_wait_s_per_step": 0.0, "compute_s_per_step": step_s}))
+
+    add(8, 160.0, 0.05, baseline=True)
+    add(16, 200.0, 0.08)
+    assert budget.turns() == TURN_EXTRA_PRIOR  # 0.05-0.08 s steps: one untimed in 7-10, under the prior
+    before = budget.run_s(20.0)
+    add(256, 320.0, 0.8)  # the best now, at 0.8 s a step: a turn is its untimed step and one timed
+    assert budget.turns() == tuner.compile_gate.budget.turns() == 1.0
+    assert budget.run_s(20.0) > before
+    tuner.compile_gate.stop()

@@ -18,9 +18,12 @@ Design (why it looks like this):
   ``OMP_NUM_THREADS`` default is undone in the actor, so "PyTorch defaults" mean the same as locally.
 * **One pruning mechanism: Tune's scheduler.** ``OptunaSearch`` uses Optuna's ``NopPruner``; ``PruneScheduler``
   (a FIFO scheduler) applies the tuner's ``NoHopePruner`` rule to each window a trial reports and returns
-  ``STOP``. The actor (``actor.py``) is a class ``Trainable`` so that Tune's stop reaches ``cleanup``, which kills the
-  trial's child process group at once (a function trainable's thread would be abandoned with the child
-  still running and stealing cores from the next trial).
+  ``STOP``, and with it calls the trial's actor (``actor.py``, a class ``Trainable``) to kill the trial's child
+  process group at once (``end_trial``: Tune calls nothing on an actor it keeps for the next trial, and a function
+  trainable's thread would be abandoned with the child still running and stealing cores from the next trial);
+  ``cleanup`` does the same at the run's end. Tune reuses an actor for the next trial of the same resources
+  (``reuse_actors=True``): its ``reset_config`` ends the trial before and keeps the actor's fork servers, so a
+  trial in a kept actor skips torch's import, as locally (docs/cluster.md says when an actor is not kept).
 * **Hardware.** A probe task with a trial's resources reports what the trial nodes are. When they differ
   from this machine (a laptop driving a cluster), the study is the nodes' (named after their fingerprint,
   space trimmed to their cores) and the finalists are re-measured on one such node
@@ -127,7 +130,7 @@ class RayBackend(SearchBackend):
             trainable,
             tune_config=tune.TuneConfig(search_alg=search, scheduler=make_scheduler(search),
                                         num_samples=trials if trials is not None else -1,
-                                        max_concurrent_trials=self._capacity, reuse_actors=False,
+                                        max_concurrent_trials=self._capacity, reuse_actors=True,
                                         trial_dirname_creator=lambda t: f"trial-{t.trial_id}"),
             run_config=tune.RunConfig(name=f"{ctx.study_name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=str(root), verbose=0,

@@ -258,6 +258,11 @@ def make_scheduler(search):
     class PruneScheduler(FIFOScheduler):
         def on_trial_result(self, tune_controller, trial: TuneTrial, result: dict) -> str:
             if search.window(trial.trial_id, result, failures=trial.num_failures):
+                # the child ends now: Tune keeps a stopped trial's actor for the next trial (reuse_actors) without
+                # calling anything on it until that trial starts (``actor.end_trial``)
+                actor = getattr(trial.temporary_state, "ray_actor", None)
+                if actor is not None:
+                    actor.end_trial.remote()
                 return TrialScheduler.STOP
             return TrialScheduler.CONTINUE
 
