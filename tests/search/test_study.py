@@ -61,6 +61,22 @@ def test_pruner_compares_best_window_with_margin_against_best_feasible():
     assert not pruner.prune(study, study.trials[-1])  # 90 * 1.15 >= 100: within noise, keep measuring
 
 
+def test_pruner_never_cuts_short_a_repeat_the_plan_decides_on():
+    """The same slow windows that prune a trial do not prune a repeat of trial 0 (``repeat_of``): the plan's
+    decision within the noise reads the repeat's whole median (2026-11-29g: a pruned repeat of the incumbent kept
+    resnet18's batch walk at 64)."""
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=100.0))
+    pruner = NoHopePruner(margin=0.15, min_windows=2)
+    for attrs, pruned in (({}, True), ({"repeat_of": 0}, False), ({"baseline": True}, False)):
+        t = study.ask()
+        for k, v in attrs.items():
+            t.set_user_attr(k, v)
+        t.report(80.0, 0)
+        t.report(80.0, 1)
+        assert pruner.prune(study, study.trials[-1]) is pruned, attrs
+
+
 def test_pruner_does_not_decide_on_windows_whose_spread_is_itself_noise():
     """Same median (75) and best window under the bar either way: windows spread over 16% of their median (a
     stall, a slow data batch) are no evidence, so the trial measures on; windows that agree are pruned."""

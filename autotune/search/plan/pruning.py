@@ -20,7 +20,10 @@ class NoHopePruner:
     """Prune a trial whose best window so far, even ``margin`` faster, cannot beat the best feasible trial.
 
     Optimistic on purpose: on a noisy machine a config is dropped only when its best window is clearly
-    below the best median. Needs ``min_windows`` windows first; the baseline trial is never pruned. Never
+    below the best median. Needs ``min_windows`` windows first; the baseline trial is never pruned, nor a repeat
+    (``repeat_of``): the plan measures a config again where one trial came within the noise of another, and its
+    decision reads both repeats' medians side by side (``coordinate.better``), so a repeat cut short would decide
+    it on the moment the machine had. Never
     decides on windows whose own spread is above the noise threshold (their IQR over their median above
     ``measure.NOISY_REL_IQR``, the figure `show` flags as noisy): a stall (another program, a slow data
     batch) then says nothing about the config, so the trial measures on, and is pruned at a later window once
@@ -38,7 +41,8 @@ class NoHopePruner:
         from optuna.trial import TrialState
 
         values = trial.intermediate_values
-        if len(values) < self.min_windows or trial.user_attrs.get(keys.BASELINE):
+        if len(values) < self.min_windows or trial.user_attrs.get(keys.BASELINE) \
+                or trial.user_attrs.get(keys.REPEAT_OF) is not None:
             return False
         if summarize(list(values.values())).rel_iqr > self.noisy_rel_iqr:
             return False
