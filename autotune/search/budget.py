@@ -183,6 +183,10 @@ class Budget:
     # compile gate, the phases)
     turn_extra: float = 0.0
     turn_price: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+    # where given, whether the search's best so far has a claim to confirm (False: it is PyTorch's defaults;
+    # ``Tuner.pick_needs_confirming``): with no finalist round in the budget the confirmation's reserve then goes to
+    # the search (``confirm_released``)
+    confirm_needed: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -281,8 +285,33 @@ class Budget:
         return 60.0 * math.ceil(want / 60.0)
 
     def search_reserve_s(self, walls: list[float]) -> float:
-        """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's."""
-        return self.finalists_reserve_s(walls) + self.confirm_reserve_s(walls)
+        """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's (not
+        the confirmation's while ``confirm_released``)."""
+        return self.finalists_reserve_s(walls) + (0.0 if self.confirm_released(walls) else self.confirm_reserve_s(walls))
+
+    def confirm_released(self, walls: list[float]) -> bool:
+        """Whether the search may spend the confirmation's reserve: no finalist round fits the finalists' (not even
+        one finalist's beside the baseline, so the search's best is the recommendation) and that best is PyTorch's
+        defaults (``confirm_needed``), which have nothing to confirm. The tiny_vit 4-minute run of 2026-11-29 ended
+        at 155 s of 240 that way, its reserve unspent. Once the search finds a better config the reserve is back,
+        and the search stops; the confirmation then runs in what is left (or says what --timeout would confirm it).
+
+        >>> from autotune.config import MeasureSpec
+        >>> b = Budget.of(240.0, started=0.0, measure=MeasureSpec(windows=3, window_s=3.0))
+        >>> walls = [14.0] * 8
+        >>> b.confirm_reserve_s(walls), b.finalists_reserve_s(walls)
+        (56.0, 16.0)
+        >>> import dataclasses
+        >>> [dataclasses.replace(b, confirm_needed=lambda: need).search_reserve_s(walls) for need in (True, False)]
+        [72.0, 16.0]
+        >>> dataclasses.replace(b, budget_s=600.0, confirm_needed=lambda: False).confirm_released(walls)  # a round fits
+        False
+        """
+        if self.confirm_needed is None or not walls or not _typical(walls):
+            return False
+        if self.finalists_reserve_s(walls) >= self.round_s([_typical(walls)] * 2):
+            return False
+        return not self.confirm_needed()
 
     def check_share_s(self, check_s: float) -> float:
         """The part of a numerics check expected to take ``check_s`` that the search keeps back: at most

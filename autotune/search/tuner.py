@@ -123,6 +123,7 @@ class Tuner:
         # the run's time budget (``search.budget``), one frozen record made by ``run``; none until then
         self.budget = Budget.of(None, measure=self.measure, finalists=finalists, rounds=finalist_rounds)
         self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
+        self._pick: tuple[int, bool] | None = None  # (finished trials, whether the best so far has a claim to confirm)
         self._asked_s: float | None = None  # the --timeout the user gave (not the ceiling): the split's shares
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
@@ -260,7 +261,32 @@ class Tuner:
         """True when no further search trial may start within the run's budget: the phases after it need the
         time left (``Budget.out_of_time``, the numerics check of the best config so far reserved too)."""
         check_s = self.numerics_check_s(self.study()) if self.budget.deadline is not None and trial_walls else 0.0
-        return self.budget.out_of_time(trial_walls, check_s=check_s)
+        out = self.budget.out_of_time(trial_walls, check_s=check_s)
+        if not out and self.budget.confirm_released(trial_walls):
+            held = dataclasses.replace(self.budget, confirm_needed=None)
+            study = self.study()
+            if held.out_of_time(trial_walls, check_s=check_s) and study.user_attrs.get(keys.CONFIRM_TO_SEARCH) is None:
+                reserve = held.confirm_reserve_s(trial_walls)
+                study.set_user_attr(keys.CONFIRM_TO_SEARCH, round(reserve, 1))
+                self.log(f"the best so far is PyTorch's defaults, which have no claim to confirm: the search goes on "
+                         f"into the confirmation's {reserve:.0f} s (a better config found in them is confirmed in "
+                         "what is left, or says what --timeout would confirm it)")
+        return out
+
+    def pick_needs_confirming(self) -> bool:
+        """Whether the recommendation, were the search to end now with no finalist round, has a claim to confirm:
+        the provisional pick (``finalists.provisional``) is not PyTorch's defaults (``Budget.confirm_needed``). Read
+        once per finished trial: every reserve of the budget asks it."""
+        study = self.study()
+        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+        if self._pick is None or self._pick[0] != finished:
+            base = baseline_trial(study)
+            try:
+                pick = fin.provisional(study, storage=self.storage_url).config.key()
+            except AutotuneError:  # nothing feasible yet
+                pick = None
+            self._pick = (finished, base is None or pick is None or keys.config_of(base).key() != pick)
+        return self._pick[1]
 
     def turn_price_so_far(self) -> float:
         """The search's price of the rounds by turns after it (``Budget.turn_price``): what their untimed steps add
@@ -311,6 +337,7 @@ class Tuner:
                                     rounds=self.finalist_rounds)
             if finalist_runner is None and self._by_turns_here():  # the reserve kept back for rounds by turns
                 self.budget = dataclasses.replace(self.budget, turn_price=self.turn_price_so_far)
+            self.budget = dataclasses.replace(self.budget, confirm_needed=self.pick_needs_confirming)
             with run_lock(self.storage_url, self.study_name), \
                     closing_default():  # the run's fork servers (autotune.trial.forkserver) end with it
                 return self._search_then_finalize(searcher, trials=trials, finalist_runner=finalist_runner)
@@ -331,6 +358,8 @@ class Tuner:
         self.stop_reason = then.stop_reason
         if then.search:
             self.prepare(study)
+            if study.user_attrs.get(keys.CONFIRM_TO_SEARCH) is not None:  # an earlier run's, not this one's
+                study.set_user_attr(keys.CONFIRM_TO_SEARCH, None)
             outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
             self.stop_reason = phases.search_done(outcome, study, trials=trials, log=self.log)
         self.phases.keep(stop_reason=self.stop_reason)
@@ -366,7 +395,7 @@ class Tuner:
         self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
         budget = dataclasses.replace(budget, window_noise=None if self._turns else window_noise(top),
                                      turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0,
-                                     turn_price=None)
+                                     turn_price=None, confirm_needed=None)
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")

@@ -62,12 +62,24 @@ def tuner_trials(tmp_path) -> list:
     return [t for t in optuna.load_study(study_name=name, storage=url).trials if t.user_attrs.get("config")]
 
 
-def _run(tmp_path, budget: float, rate_scale: float = 1.0):
+def defaults_win(workload, c, measure, **kw):
+    """As ``runner``, where every knob away from PyTorch's defaults (batch 32, fp32, contiguous) runs slower."""
+    import math
+
+    wall = STARTUP_S + measure.windows * measure.window_s
+    time.sleep(wall)
+    v = 100.0 * (0.7 if c.amp == "bf16" else 1.0) * (0.8 if c.channels_last else 1.0) \
+        * (1.0 - 0.1 * abs(math.log2(c.batch_size / 32)))
+    return TrialResult(status="ok", samples_per_s=(0.99 * v, v, 1.01 * v), wall_s=wall, peak_host_mb=10.0,
+                       batch_size=c.batch_size, startup_s=STARTUP_S)
+
+
+def _run(tmp_path, budget: float, rate_scale: float = 1.0, run=runner, batches=(16, 32, 64)):
     from autotune.machine.envstamp import collect_env_stamp
 
     collect_env_stamp()  # the stamp the recommendation keeps (a child importing torch): cached, before the clock
     space = space_from_dict({"name": "b", "device": "cpu", "parameters": {
-        "batch_size": {"type": "int", "choices": [16, 32, 64]},
+        "batch_size": {"type": "int", "choices": list(batches)},
         "amp": {"type": "categorical", "choices": ["off", "bf16"]},
         "channels_last": {"type": "bool"}},
         "baseline": {"batch_size": 32, "amp": "off", "channels_last": False}}, hardware=HW)
@@ -80,7 +92,7 @@ def _run(tmp_path, budget: float, rate_scale: float = 1.0):
     RATE[0] = rate_scale
     checks.clear()
     tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=space, hardware=HW,
-                  measure=SPEC, storage=f"sqlite:///{tmp_path}/b.db", progress=False, runner=runner, parity=parity,
+                  measure=SPEC, storage=f"sqlite:///{tmp_path}/b.db", progress=False, runner=run, parity=parity,
                   parity_steps=20, seed=0, finalists=3, finalist_rounds=2, log=log)
     start = t0 = time.monotonic()
     rec = tuner.run(timeout_s=budget)
@@ -120,6 +132,29 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
     assert (c["status"] in ("confirmed", "unconfirmed") and c["rounds"]) or c["status"] == "baseline" or (
         c["status"] == "failed" and c["why"].startswith("no time was left in the budget for the 2 confirmation rounds")
         and "--timeout" in c["why"]), c
+
+
+@pytest.mark.slow  # a 10 s run
+def test_a_short_budget_whose_best_is_the_defaults_searches_on_into_the_confirmations_reserve(tmp_path):
+    """10 s, trials of 0.65 s: no finalist round fits beside the confirmation's two rounds (2.6 s), and every knob
+    away from PyTorch's defaults loses. The defaults have no claim to confirm, so the search goes on into those
+    2.6 s (the tiny_vit 4-minute run of 2026-11-29 ended at 155 s of 240, its reserve unspent), says so, and the
+    run still ends by its budget."""
+    rec, took, logs = _run(tmp_path, 10.0, run=defaults_win, batches=(8, 16, 32, 64, 128))
+    said = [i for i, m in enumerate(logs) if "the best so far is PyTorch's defaults, which have no claim to "
+            "confirm: the search goes on into the confirmation's" in m]
+    assert len(said) == 1, "\n".join(logs)
+    done = next(i for i, m in enumerate(logs) if "] search done:" in m)
+    assert said[0] < done and "it went on into the confirmation's" in logs[done], "\n".join(logs)
+    assert rec.config.key() == TrialConfig(batch_size=32).key() and rec.confirmation["status"] == "baseline"
+    assert took <= 10.0 + 2.5, (took, "\n".join(logs))
+    # a trial (0.65 s) at least ran after the point where the search would have stopped (the line's moment; the
+    # trials' clock starts with the first, when the run said its first line)
+    trials = [t for t in tuner_trials(tmp_path) if t.datetime_complete is not None]
+    first = min(t.datetime_start for t in trials)
+    last = max(t.datetime_complete for t in trials)
+    assert (last - first).total_seconds() + float(logs[0][1:6]) >= float(logs[said[0]][1:6]) + 0.6, \
+        ([((t.datetime_start - first).total_seconds(), t.number) for t in trials], "\n".join(logs))
 
 
 def _untried_holds(rec, trials) -> None:

@@ -103,6 +103,7 @@ WALK_ANCHOR = "batch_walk_anchor"
 PLAN = "search_plan"             # the planned search drives the first trials (coordinate.py); absent: older studies
 PLAN_KEPT = "plan_kept"          # the config the planned search keeps as its best so far (coordinate.Plan.incumbent)
 COMPILE_NO_ROOM = "compile_no_room"  # why a budget kept no room for compile on this CPU kind (search/plan/phases.py)
+CONFIRM_TO_SEARCH = "confirm_to_search"  # the confirmation's reserve (s) the search went on into (Budget.confirm_released)
 EAGER_SETTLED = "eager_settled"  # {"why": ...}: the eager search has settled; compile is tried last (compile_last.py)
 PARITY = "parity"  # trial number -> ParityResult.to_dict(): the numerics checks of the finalists
 FINALIST_ROUNDS = "finalist_rounds"  # the finalists' runs so far: {"plan": digest, "runs": {...}} (finalist_rounds)
