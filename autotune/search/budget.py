@@ -10,9 +10,9 @@ what one more run of a measured config costs (``Budget.run_s``: its search trial
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
 confirmation's rounds agree on what a round takes.
 
-The finalists and the confirmation run short processes: windows as long as a search trial's, only as many as the
-noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are noisy), and
-the confirmation ``CONFIRM_WINDOWS``. Both compare configs over rounds: each fresh process has its own level (5-20%
+The finalists and the confirmation run short processes: the finalists windows as long as a search trial's, only as
+many as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are
+noisy), and the confirmation ``CONFIRM_WINDOWS`` of ``CONFIRM_WINDOW_S``. Both compare configs over rounds: each fresh process has its own level (5-20%
 apart on these VMs), which no window length averages away, so a budget buys a sharper comparison with more, shorter
 rounds (Kalibera and Jones, ISMM 2013). Until issue 50 a finalist ran its windows twice as long as a search trial's:
 three finalists and the baseline took 37% of a 10-minute budget in two rounds.
@@ -31,14 +31,17 @@ the tuner's state. It imports nothing else in ``search``: every room may read it
 8.0
 >>> b.confirm_reserve_s([10.0, 20.0, 30.0])     # the confirmation's 2 rounds of 36 s: over 20% (60 s), within 35%
 72.0
->>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 2 finalists and the baseline, 2 rounds of 18 s: 108 s > 30% (90 s),
-18.0
->>> b.search_reserve_s([10.0, 20.0, 30.0])      # ... less the confirmation's 72 s, which come first: 30% in all
-90.0
+>>> b.finalists_reserve_s([10.0, 20.0, 30.0])   # 300 s less those 72 s hold no more than the search's first 12
+0.0
+>>> long = Budget.of(600.0, started=0.0, measure=b.measure, finalists=2, rounds=2)
+>>> long.finalists_reserve_s([10.0, 20.0, 30.0])  # 2 finalists and the baseline, 2 rounds of 54 s: 108 s <= 30%
+108.0
+>>> long.search_reserve_s([10.0, 20.0, 30.0])     # ... and the confirmation's 3 rounds of 36 s, within its 20%
+216.0
 >>> Budget.of(200.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s > 35%: none
 0.0
->>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 72 s <= 80 s
-72.0
+>>> Budget.of(400.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])   # 3 rounds <= 35%
+108.0
 >>> Budget.of(3600.0, started=0.0, measure=b.measure).confirm_reserve_s([10.0, 20.0, 30.0])  # 6 rounds at most
 216.0
 >>> b.confirm_timeout_s(36.0, left_s=40.0)   # 2 rounds of 36 s, 40 s left: a budget whose 20% holds them, 6 min
@@ -57,7 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
            "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
-           "CONFIRM_WINDOWS", "RUN_MARGIN", "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",
+           "CONFIRM_WINDOWS", "CONFIRM_WINDOW_S", "CONFIRM_USEFUL_ROUNDS", "SEARCH_FIRST_TRIALS",
+           "RUN_MARGIN", "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",
            "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
@@ -69,8 +73,12 @@ NUMERICS_SHARE = 0.30
 CONFIRM_SHARE = 0.20
 # The confirmation's rounds a budget reserves when they fit its share: A B, B A (one round each way); fewer state no
 # interval, so none are reserved then; at most CONFIRM_MAX_RESERVED (a 95% interval within +/-5% when one round's
-# ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share
+# ratio strays 4%: ``confirm.planned_rounds``), as many as fit the share. Where fewer than CONFIRM_USEFUL_ROUNDS fit
+# it, that many are reserved if they fit CONFIRM_MAX_SHARE: two rounds' interval is 12.7 / sqrt(2) = 9 sds of a
+# round wide each way, three rounds' 2.5 (the 4-minute claims of 2026-11-29f: two rounds, "no gain shown" at x1.33
+# and x4.17)
 CONFIRM_MIN_ROUNDS = 2
+CONFIRM_USEFUL_ROUNDS = 3
 CONFIRM_MAX_RESERVED = 6
 # When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, out of the finalists' (whose one
 # round on a short budget says less than a confirmed claim does): the search keeps what it would without them, or
@@ -78,14 +86,27 @@ CONFIRM_MAX_RESERVED = 6
 # ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
 # (0.99 -> 0.75) when the two rounds came on top of the finalists' share
 CONFIRM_MAX_SHARE = 0.35
+# The search's trials that come before the finalists' rounds get any time: about what the planned search takes to
+# walk the batch, take the likely winners apart and try the loader and the threads once (12-13 trials in the 4-minute
+# runs of 2026-11-29f). On a budget with room for fewer after the confirmation's reserve, the finalists' reserve
+# shrinks to make room (``finalists_reserve_s``): there the search's trials decide the recommendation, and a finalists'
+# round re-measures configs the search did not get to find (mobilenet_v3_small and tiny_vit at 4 minutes)
+SEARCH_FIRST_TRIALS = 12
 # A search trial's windows (``autotune run``'s and ``recommend()``'s default; ``autotune trial`` keeps 5): configs
 # are compared across fresh processes, whose levels differ far more than one process's windows do (on these VMs
 # 17-36% sd of log between processes against 4-11% between 0.3 s windows of one, benchmarks/results/coverage-windows
 # -2026-11-28-*.json; less within 3 s windows), so the median of 3 windows is as good a figure of its process as
 # that of 5, and a trial costs 6 s less of a 20 s one: 40% more trials in a budget (issue 50 item 4)
 SEARCH_WINDOWS = 3
-# A confirmation run's windows (each as long as a search trial's; fewer if the search measures fewer)
+# A confirmation run's windows: 3 (fewer if the search measures fewer) of CONFIRM_WINDOW_S (or the search's, if
+# shorter). The interval is Student's t over the rounds, so on a short budget the count of rounds decides its width
+# (t is 12.7 with two rounds, 4.3 with three): paired by turns, a round of three 1 s windows a config strayed about
+# as much as one of three 3 s windows (sd of its log ratio 3.1% against 2.0% on mobilenet_v3_small, 3.7% against
+# 3.5% on resnet18, 12 rounds each) and took 11-12 s, not 29-32 s, so in 90 s of rounds the interval was +/-2.4% and
+# +/-3.3%, not +/-4.3% and +/-26%, and no wider at 240 s (benchmarks/confirm_windows.py, 2026-11-30, AMX Xeon;
+# docs/claims.md)
 CONFIRM_WINDOWS = 3
+CONFIRM_WINDOW_S = 1.0
 # The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move;
 # at most FINALIST_MAX_WINDOWS (or the search's, if more), however noisy the windows
 FINALIST_WINDOWS = 3
@@ -144,8 +165,10 @@ def finalist_measure(search: MeasureSpec, rel_iqr: float | None = None) -> Measu
 
 def confirm_measure(search: MeasureSpec) -> MeasureSpec:
     """How a confirmation run is measured: as a search trial, with ``CONFIRM_WINDOWS`` windows (fewer if the search
-    measures fewer): short runs, so the budget buys more rounds (the module docstring)."""
-    return search.replace(windows=min(CONFIRM_WINDOWS, search.windows))
+    measures fewer) of ``CONFIRM_WINDOW_S`` (the search's, if shorter): short runs, so the budget buys more rounds
+    (the module docstring)."""
+    return search.replace(windows=min(CONFIRM_WINDOWS, search.windows),
+                          window_s=min(CONFIRM_WINDOW_S, search.window_s))
 
 
 def long_trial_s(trial_walls: list[float]) -> float:
@@ -237,28 +260,33 @@ class Budget:
         """The finalists' rounds: the finalists and the baseline, ``rounds`` rounds of runs as long as the typical
         search trial's (``run_s``), at most ``FINALIST_SHARE`` of the budget; when the confirmation's two rounds fit
         only beyond their own share (``confirm_rounds_s``: a short budget), what is left of it after them (often
-        nothing: the best search trial is then recommended and its claim confirmed, ``time_plan.plan_finalists``)."""
+        nothing: the best search trial is then recommended and its claim confirmed, ``time_plan.plan_finalists``).
+        Never so much that the search, after the confirmation's reserve, has no room for ``SEARCH_FIRST_TRIALS``
+        typical trials: on a short budget the search's trials decide the recommendation."""
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
         if not self.budget_s:
             return full
         share, confirm = min(full, FINALIST_SHARE * self.budget_s), self.confirm_reserve_s(walls)
+        share = min(share, max(0.0, self.budget_s - confirm - SEARCH_FIRST_TRIALS * _typical(walls)))
         return max(0.0, share - confirm) if confirm > CONFIRM_SHARE * self.budget_s else share
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
         """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
-        budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_MIN_ROUNDS`` fit (those without a budget);
-        else those two when they fit ``CONFIRM_MAX_SHARE`` (out of the finalists' share); else nothing (one
-        round states no interval; the confirmation then runs only if the phases before it leave the time, and else
-        says what --timeout would do, ``confirm_timeout_s``)."""
+        budget, at most ``CONFIRM_MAX_RESERVED``, when at least ``CONFIRM_USEFUL_ROUNDS`` fit (``CONFIRM_MIN_ROUNDS``
+        without a budget); else three, or else two, when they fit ``CONFIRM_MAX_SHARE`` (out of the finalists'
+        share); else nothing (one round states no interval; the confirmation then runs only if the phases before it
+        leave the time, and else says what --timeout would do, ``confirm_timeout_s``)."""
         if not self.budget_s:
             return CONFIRM_MIN_ROUNDS * one_round_s
         fit = min(CONFIRM_MAX_RESERVED, int(CONFIRM_SHARE * self.budget_s // one_round_s)) if one_round_s > 0 else 0
-        if fit >= CONFIRM_MIN_ROUNDS:
+        if fit >= CONFIRM_USEFUL_ROUNDS:
             return fit * one_round_s
-        least = CONFIRM_MIN_ROUNDS * one_round_s  # from the finalists' share, up to CONFIRM_MAX_SHARE in all
-        return least if 0 < least <= CONFIRM_MAX_SHARE * self.budget_s else 0.0
+        for n in (CONFIRM_USEFUL_ROUNDS, CONFIRM_MIN_ROUNDS):  # from the finalists' share, up to CONFIRM_MAX_SHARE
+            if 0 < n * one_round_s <= CONFIRM_MAX_SHARE * self.budget_s:
+                return max(n, fit) * one_round_s
+        return 0.0
 
     def confirm_reserve_s(self, walls: list[float]) -> float:
         """The confirmation's rounds, each a run of the winner and of the baseline as the confirmation measures
@@ -299,11 +327,11 @@ class Budget:
         >>> from autotune.config import MeasureSpec
         >>> b = Budget.of(240.0, started=0.0, measure=MeasureSpec(windows=3, window_s=3.0))
         >>> walls = [14.0] * 8
-        >>> b.confirm_reserve_s(walls), b.finalists_reserve_s(walls)
-        (56.0, 16.0)
+        >>> b.confirm_reserve_s(walls), b.finalists_reserve_s(walls)  # 3 rounds of 16 s; 240 - 48 - 12 x 14 s
+        (48.0, 24.0)
         >>> import dataclasses
         >>> [dataclasses.replace(b, confirm_needed=lambda: need).search_reserve_s(walls) for need in (True, False)]
-        [72.0, 16.0]
+        [72.0, 24.0]
         >>> dataclasses.replace(b, budget_s=600.0, confirm_needed=lambda: False).confirm_released(walls)  # a round fits
         False
         """
