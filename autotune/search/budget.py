@@ -10,12 +10,12 @@ what one more run of a measured config costs (``Budget.run_s``: its search trial
 run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
 confirmation's rounds agree on what a round takes.
 
-The finalists and the confirmation run short processes: the finalists windows as long as a search trial's, only as
-many as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are
-noisy), and the confirmation ``CONFIRM_WINDOWS`` of ``CONFIRM_WINDOW_S``. Both compare configs over rounds: each fresh process has its own level (5-20%
-apart on these VMs), which no window length averages away, so a budget buys a sharper comparison with more, shorter
-rounds (Kalibera and Jones, ISMM 2013). Until issue 50 a finalist ran its windows twice as long as a search trial's:
-three finalists and the baseline took 37% of a 10-minute budget in two rounds.
+The finalists and the confirmation run short processes: the finalists windows as long as a search trial's, only as many
+as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are noisy),
+and the confirmation ``CONFIRM_WINDOWS`` of ``CONFIRM_WINDOW_S``. Both compare configs over rounds: each fresh process
+has its own level (5-20% apart on these VMs), which no window length averages away, so a budget buys a sharper
+comparison with more, shorter rounds (Kalibera and Jones, ISMM 2013). Until issue 50 a finalist ran its windows twice as
+long as a search trial's: three finalists and the baseline took 37% of a 10-minute budget in two rounds.
 
 The tuner makes one ``Budget`` when a run starts and hands it to the plan (``plan.phases``, ``plan.compile_gate``),
 the backends (through ``SearchContext.budget``), the finalists and the confirmation (``choose``); none of them reads
@@ -60,9 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
            "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
-           "CONFIRM_WINDOWS", "CONFIRM_WINDOW_S", "CONFIRM_USEFUL_ROUNDS", "SEARCH_FIRST_TRIALS",
-           "RUN_MARGIN", "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",
-           "confirm_measure", "long_trial_s"]
+           "CONFIRM_WINDOWS", "CONFIRM_WINDOW_S", "CONFIRM_USEFUL_ROUNDS", "SEARCH_FIRST_TRIALS", "RUN_MARGIN",
+           "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",            "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -315,7 +314,8 @@ class Budget:
     def search_reserve_s(self, walls: list[float]) -> float:
         """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's (not
         the confirmation's while ``confirm_released``)."""
-        return self.finalists_reserve_s(walls) + (0.0 if self.confirm_released(walls) else self.confirm_reserve_s(walls))
+        confirm = 0.0 if self.confirm_released(walls) else self.confirm_reserve_s(walls)
+        return self.finalists_reserve_s(walls) + confirm
 
     def confirm_released(self, walls: list[float]) -> bool:
         """Whether the search may spend the confirmation's reserve: no finalist round fits the finalists' (not even

@@ -492,10 +492,11 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
     late long trial would eat the re-measurement that decides the recommendation, or the rounds that confirm its
     claim."""
     tuner = make_tuner(tmp_path, finalists=2, finalist_rounds=1)
-    # every run after the search is priced alike (Budget.run_s): a 20 s trial again with the finalists' longer
-    # windows (2 x 0.2 s more) is 20.4 s, as a confirmation run (its 2 windows as long as the search's) 20 s.
-    # 400 s: the finalists' min(20.4 * 3 finalists incl. baseline, 0.3 * 400) = 61.2 s; the confirmation's two
-    # rounds of two 20 s runs, 80 s, within 0.2 * 400 = 80 s; 141.2 s in all
+    # every run after the search is priced alike (Budget.run_s): a 20 s trial again as a finalist (its 2 windows as
+    # the search's) is 20 s, as a confirmation run (2 windows of 0.2 s, as the search's) 20 s.
+    # 400 s: the confirmation's rounds of two 20 s runs: two fit 0.2 * 400 = 80 s, three (120 s) fit 35%, and two
+    # rounds' interval says little, so three; the finalists' min(20 * 3 finalists incl. baseline, 0.3 * 400,
+    # 400 - 120 - 12 trials of 20 s) = 40 s come out of them (the confirmation is over its 20%): 120 s in all
     walls = [5.0, 20.0]
 
     def out_of_time(walls, left_s, budget_s):
@@ -505,13 +506,17 @@ def test_search_stops_while_the_longest_trial_still_fits_before_the_finalists(tm
                                measure=tuner.measure, finalists=2, rounds=1))
         return tuner.out_of_time(walls)
 
-    assert not out_of_time(walls, 166.2, 400.0)  # 25 s beyond the reserve: a 20 s trial fits
-    assert out_of_time(walls, 156.2, 400.0)      # 15 s: the 20 s trial would not
+    assert not out_of_time(walls, 145.0, 400.0)  # 25 s beyond the reserve: a 20 s trial fits
+    assert out_of_time(walls, 135.0, 400.0)      # 15 s: the 20 s trial would not
     assert not out_of_time([], 10.0, 400.0)     # no trial yet: nothing to reserve for
-    assert out_of_time(walls, 130.0, 400.0)      # inside the reserve
-    # 100 s: two confirmation rounds do not fit 20 s, so none is reserved (one would state no interval; none
-    # starts that would not fit): the finalists' 30 s alone
-    assert not out_of_time(walls, 55.0, 100.0) and out_of_time(walls, 45.0, 100.0)
+    assert out_of_time(walls, 110.0, 400.0)      # inside the reserve
+    # 100 s: two confirmation rounds do not fit 35 s, so none is reserved (one would state no interval; none
+    # starts that would not fit), and the search's first 12 trials leave the finalists nothing: the search has it all
+    assert not out_of_time(walls, 25.0, 100.0) and out_of_time(walls, 15.0, 100.0)
+    # 900 s: four rounds (160 s) fit 20%, and the finalists get their 60 s: 220 s in all, and a 20 s trial before it
+    tuner.budget = Budget.of(900.0, measure=tuner.measure, finalists=2, rounds=1)
+    assert tuner.budget.finalists_reserve_s(walls) == 60.0 and tuner.budget.confirm_reserve_s(walls) == 160.0
+    assert not out_of_time(walls, 240.0 + 0.5, 900.0) and out_of_time(walls, 240.0 - 0.5, 900.0)
     assert not out_of_time(walls, None, None)         # no deadline: --trials alone
     # one trial that ran into a 600 s time limit among twenty of ~10 s does not end a 20-minute search
     many = [10.0] * 19 + [600.0]
@@ -711,19 +716,22 @@ def test_the_winners_numerics_check_is_reserved_in_the_budget_and_announced(tmp_
     assert tuner.numerics_check_s(study) == pytest.approx(10.0 + 5 * 16 / 30.0 + 2 * 5 * 16 / 10.0)
     assert check_seconds(TrialConfig(batch_size=16), samples_per_s=20.0, fp32_samples_per_s=10.0) == 0.0
     assert checked and any(m.startswith("checking the numerics of") and "s expected" in m for m in logs), logs
-    walls = [5.0, 20.0]  # the finalists' reserve: 30 s of a 100 s budget (see the test above)
+    # a 400 s budget: the finalists' reserve is 60 s (3 runs of 20 s, one round; within 30%, and beside the search's
+    # first 12 trials of 20 s), no measure, so no confirmation's; the longest trial 20 s
+    walls = [5.0, 20.0]
 
-    def out_of_time(left_s: float, check_s: float = 0.0) -> bool:  # a 100 s budget with left_s seconds left
+    def out_of_time(left_s: float, check_s: float = 0.0) -> bool:  # a 400 s budget with left_s seconds left
         now = time.monotonic()
-        return Budget(started=now + left_s - 100.0, deadline=now + left_s, budget_s=100.0, finalists=2,
+        return Budget(started=now + left_s - 400.0, deadline=now + left_s, budget_s=400.0, finalists=2,
                       rounds=1).out_of_time(walls, check_s=check_s)
 
-    assert not out_of_time(55.0)
-    assert out_of_time(55.0, check_s=20.0)  # 5 s left: too few
-    assert not out_of_time(85.0, check_s=20.0)
-    # a check longer than NUMERICS_SHARE of the budget reserves that share only: the search keeps 40%
-    assert not out_of_time(85.0, check_s=500.0)
-    assert out_of_time(75.0, check_s=500.0)
+    assert Budget.of(400.0, finalists=2, rounds=1).search_reserve_s(walls) == 60.0
+    assert not out_of_time(95.0)
+    assert out_of_time(95.0, check_s=20.0)  # 15 s left: too few for a 20 s trial
+    assert not out_of_time(125.0, check_s=20.0)
+    # a check longer than NUMERICS_SHARE of the budget reserves that share only (120 s): the search keeps 40%
+    assert not out_of_time(205.0, check_s=500.0)
+    assert out_of_time(195.0, check_s=500.0)
 
 
 @pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)

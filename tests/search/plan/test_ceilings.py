@@ -221,9 +221,9 @@ def test_a_trial_at_every_core_still_input_bound_is_told_the_levers_beyond_worke
 
 
 def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
-    """A 100 s budget: the search's share after the finalists' reserve (30 s) and one more 20 s trial is 50 s, under
-    the climb's least (the model and two data points, ~20 s each): skipped, said once, not re-decided after each
-    trial."""
+    """A 60 s budget: no finalists' reserve (it holds not even the search's first 12 trials of 20 s), and after one
+    more 20 s trial the search's share is 40 s, under the climb's least (the model and two data points, ~20 s each):
+    skipped, said once, not re-decided after each trial."""
     import optuna
 
     from autotune.search.budget import Budget
@@ -238,9 +238,9 @@ def test_ceilings_a_budget_skips_are_asked_once_a_run(tmp_path):
     said: set[str] = set()
     for _ in range(3):
         assert ceiling_runs.measure_if_wanted(study, _space(), runner=None, workload=Workload(), measure=QUICK,
-                                              log_dir=None, log=logs.append, budget=Budget.of(100.0), said=said) is None
+                                              log_dir=None, log=logs.append, budget=Budget.of(60.0), said=said) is None
     assert sum(m.startswith("ceilings not measured") for m in logs) == 1, logs
-    assert "does not fit the 50 s the search's share of the budget leaves it after one more trial" in logs[0]
+    assert "does not fit the 40 s the search's share of the budget leaves it after one more trial" in logs[0]
     assert ceilings.load(study).why.startswith("not measured: ~60 s")
     # the baseline is input-bound all the same: the planned search feeds every config a guess, a rank's cores less one
     space = _space()
@@ -448,15 +448,16 @@ def _gpu_space(cores: int):
         device="cuda")
 
 
-@pytest.mark.parametrize("budget_s, cut", [(133.0, True), (180.0, False), (600.0, False)])
+@pytest.mark.parametrize("budget_s, cut", [(95.0, True), (180.0, False), (600.0, False)])
 def test_the_climb_is_priced_inside_the_search_share_and_stops_where_its_next_point_would_not_fit(
         budget_s, cut, tmp_path, monkeypatch):
-    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 133 s
-    (trials 0 and 1 took 30 s; the finalists keep 30%: the confirmation's two rounds of 30 s do not fit 35%) the
-    search's share after the reserves and one more trial holds fewer: the climb stops before its next point would
-    end past it, says so, and keeps what it measured. With 3 minutes (the confirmation's two rounds out of the
-    finalists' share: 60 s kept back in all, not 54 + 60) and with 10 it finishes. Either way the count it gives
-    the search is one it measured, with no more threads than its workers leave."""
+    """64 cores, a data path that peaks at 21 workers: the climb wants 5 or more data points of 6 s. With 95 s
+    (trials 0 and 1 took 30 s; no finalists' reserve: the budget holds not even the search's first 12 trials; the
+    confirmation's two rounds of 30 s do not fit 35%) the search's share after one more trial holds fewer: the
+    climb stops before its next point would end past it, says so, and keeps what it measured. With 3 minutes (the
+    confirmation's two rounds, 60 s, kept back; the finalists' share none, for the same 12 trials) and with 10 it
+    finishes. Either way the count it gives the search is one it measured, with no more threads than its workers
+    leave."""
     import time
 
     import optuna
