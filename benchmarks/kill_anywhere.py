@@ -284,7 +284,7 @@ def kill(run: Run, study: Study, sig: signal.Signals, *, lock_paths: list[Path],
     t_dead = time.monotonic()
     # the phase the run recorded last, read once it is dead: between the read above and the signal it may have
     # moved on (the listing of its tree takes a moment), and the resume goes on from where it died
-    rec = study.phase() or rec
+    rec = study.phase() or {}
     time.sleep(max(0.0, t_dead + GONE_WITHIN_S - time.monotonic()))
     alive = [d for p, d in zip(tree, described) if not _dead(p)]
     zombies = sum(1 for p in tree if _zombie(p))

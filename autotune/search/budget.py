@@ -1,14 +1,14 @@
 """A run's time budget as one frozen record: when it began, how long it is, and what each phase keeps back.
 
 ``autotune run --timeout T`` must end by T (plus a little: a trial is never cut short). The search runs first and
-must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE``
-of the budget), the confirmation's rounds (two to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``; else two within
+must stop early enough to leave the phases after it their time: the finalists' rounds (at most ``FINALIST_SHARE`` of
+the budget, and never so much that the search has no room for its first ``SEARCH_FIRST_TRIALS``), the confirmation's
+rounds (three to ``CONFIRM_MAX_RESERVED``, within ``CONFIRM_SHARE``; else three, or two, within
 ``CONFIRM_MAX_SHARE``, out of the finalists' share, so the search's share shrinks by 5% at most; else none: one
-round states no interval)
-and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced from the same estimate of
-what one more run of a measured config costs (``Budget.run_s``: its search trial's wall, with the windows of the
-run's own measurement in place of the search's), so the search's reserve, the finalists' plan and the
-confirmation's rounds agree on what a round takes.
+round states no interval) and the winner's numerics check (at most ``NUMERICS_SHARE``). Every one of those is priced
+from the same estimate of what one more run of a measured config costs (``Budget.run_s``: its search trial's wall,
+with the windows of the run's own measurement in place of the search's), so the search's reserve, the finalists'
+plan and the confirmation's rounds agree on what a round takes.
 
 The finalists and the confirmation run short processes: the finalists windows as long as a search trial's, only as many
 as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are noisy),
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -79,10 +79,10 @@ CONFIRM_SHARE = 0.20
 CONFIRM_MIN_ROUNDS = 2
 CONFIRM_USEFUL_ROUNDS = 3
 CONFIRM_MAX_RESERVED = 6
-# When even two rounds do not fit CONFIRM_SHARE, they may take up to this share, out of the finalists' (whose one
-# round on a short budget says less than a confirmed claim does): the search keeps what it would without them, or
-# at most 5% less (1 - CONFIRM_MAX_SHARE of the budget at least). On a short budget the search's trials and the
-# ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
+# When fewer than three rounds fit CONFIRM_SHARE, three (else two) may take up to this share, out of the finalists'
+# (whose one round on a short budget says less than a confirmed claim does): the search keeps what it would without
+# them, or at most 5% less (1 - CONFIRM_MAX_SHARE of the budget at least). On a short budget the search's trials and
+# the ceilings' climb decide the recommendation itself: gpu_host_sim's 3-minute cells lost a quarter of the best
 # (0.99 -> 0.75) when the two rounds came on top of the finalists' share
 CONFIRM_MAX_SHARE = 0.35
 # The search's trials that come before the finalists' rounds get any time: about what the planned search takes to
@@ -101,9 +101,9 @@ SEARCH_WINDOWS = 3
 # shorter). The interval is Student's t over the rounds, so on a short budget the count of rounds decides its width
 # (t is 12.7 with two rounds, 4.3 with three): paired by turns, a round of three 1 s windows a config strayed about
 # as much as one of three 3 s windows (sd of its log ratio 3.1% against 2.0% on mobilenet_v3_small, 3.7% against
-# 3.5% on resnet18, 12 rounds each) and took 11-12 s, not 29-32 s, so in 90 s of rounds the interval was +/-2.4% and
-# +/-3.3%, not +/-4.3% and +/-26%, and no wider at 240 s (benchmarks/confirm_windows.py, 2026-11-30, AMX Xeon;
-# docs/claims.md)
+# 3.5% on resnet18, 12 rounds each) and cost 11-12 s, not 29-32 s (both children's start-up and warm-up, plus the
+# windows' share of the measured round), so in 90 s of rounds the expected interval was +/-2.4% and +/-3.3%, not
+# +/-4.3% and +/-26%, and no wider at 240 s (benchmarks/confirm_windows.py, 2026-11-30, AMX Xeon; docs/claims.md)
 CONFIRM_WINDOWS = 3
 CONFIRM_WINDOW_S = 1.0
 # The fewest windows a finalist run has (each as long as a search trial's): a median one stray window does not move;
@@ -164,10 +164,12 @@ def finalist_measure(search: MeasureSpec, rel_iqr: float | None = None) -> Measu
 
 def confirm_measure(search: MeasureSpec) -> MeasureSpec:
     """How a confirmation run is measured: as a search trial, with ``CONFIRM_WINDOWS`` windows (fewer if the search
-    measures fewer) of ``CONFIRM_WINDOW_S`` (the search's, if shorter): short runs, so the budget buys more rounds
-    (the module docstring)."""
+    measures fewer) of ``CONFIRM_WINDOW_S`` (the search's, if shorter), a step at least each (not the search's two:
+    a window of steps over half a second would run two steps, twice as long as ``run_s`` prices it; measured so in
+    ``benchmarks/confirm_windows.py``): short runs, so the budget buys more rounds (the module docstring). A window
+    still closes at a step's end, so steps over a second run longer than priced (``RUN_MARGIN``)."""
     return search.replace(windows=min(CONFIRM_WINDOWS, search.windows),
-                          window_s=min(CONFIRM_WINDOW_S, search.window_s))
+                          window_s=min(CONFIRM_WINDOW_S, search.window_s), min_window_steps=1)
 
 
 def long_trial_s(trial_walls: list[float]) -> float:
@@ -209,6 +211,9 @@ class Budget:
     # ``Tuner.pick_needs_confirming``): with no finalist round in the budget the confirmation's reserve then goes to
     # the search (``confirm_released``)
     confirm_needed: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    # the study's measured trials before this run (a resumed or re-run study): they count towards the search's
+    # first ``SEARCH_FIRST_TRIALS``
+    trials_before: int = 0
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -265,11 +270,18 @@ class Budget:
         if not walls or self.finalists <= 0:
             return 0.0
         full = self.run_s(_typical(walls)) * (self.finalists + 1) * self.rounds
+        return self._finalists_room(full, self.confirm_reserve_s(walls), _typical(walls))
+
+    def _finalists_room(self, full: float, confirm: float, trial_s: float) -> float:
+        """``finalists_reserve_s`` for the finalists' rounds of ``full`` seconds beside a confirmation's ``confirm``,
+        the search's trials taking ``trial_s`` each."""
         if not self.budget_s:
             return full
-        share, confirm = min(full, FINALIST_SHARE * self.budget_s), self.confirm_reserve_s(walls)
-        share = min(share, max(0.0, self.budget_s - confirm - SEARCH_FIRST_TRIALS * _typical(walls)))
-        return max(0.0, share - confirm) if confirm > CONFIRM_SHARE * self.budget_s else share
+        share = min(full, FINALIST_SHARE * self.budget_s)
+        if confirm > CONFIRM_SHARE * self.budget_s:  # a short budget: the confirmation's rounds out of this share
+            share = max(0.0, share - confirm)
+        first = max(0, SEARCH_FIRST_TRIALS - self.trials_before) * trial_s
+        return min(share, max(0.0, self.budget_s - confirm - first))
 
     def confirm_rounds_s(self, one_round_s: float) -> float:
         """What the confirmation keeps back: as many rounds of ``one_round_s`` as fit ``CONFIRM_SHARE`` of the
@@ -295,13 +307,26 @@ class Budget:
             return 0.0
         return self.confirm_rounds_s(2 * self.run_s(_typical(walls), confirm_measure(self.measure)))
 
-    def timeout_for_s(self, finalist_round_s: float, confirm_round_s: float) -> float:
-        """The --timeout (s, rounded up to a minute) whose shares hold the finalists' ``rounds`` rounds of
-        ``finalist_round_s`` (``FINALIST_SHARE``) and the confirmation's ``CONFIRM_MIN_ROUNDS`` of ``confirm_round_s``
-        (``CONFIRM_SHARE``), and at least this budget: what a run too short for either would need."""
-        want = max(self.budget_s or 0.0, max(1, self.rounds) * finalist_round_s / FINALIST_SHARE,
-                   CONFIRM_MIN_ROUNDS * confirm_round_s / CONFIRM_SHARE)
-        return 60.0 * math.ceil(want / 60.0)
+    def timeout_for_s(self, finalist_round_s: float, confirm_round_s: float, trial_s: float) -> float:
+        """The shortest --timeout (whole minutes, at least this budget) whose reserves hold the finalists' ``rounds``
+        rounds of ``finalist_round_s`` (``RUN_MARGIN`` longer, as ``time_plan.plan_finalists`` plans them) and the
+        confirmation's rounds of ``confirm_round_s``, the search's trials taking ``trial_s`` (the reserves as a run
+        of that budget keeps them: ``confirm_rounds_s``, ``finalists_reserve_s``): what a run too short for either
+        would need.
+
+        >>> b = Budget.of(240.0, started=0.0, finalists=2, rounds=1)
+        >>> b.timeout_for_s(45.0, 16.0, 15.0) / 60   # 48 s of rounds, a 52 s round beside 12 trials of 15 s: 300 s
+        5.0
+        """
+        want = max(1, self.rounds) * finalist_round_s * RUN_MARGIN
+        minutes = max(1, math.ceil((self.budget_s or 0.0) / 60.0))
+        while minutes < 7 * 24 * 60:
+            b = replace(self, budget_s=60.0 * minutes)
+            confirm = b.confirm_rounds_s(confirm_round_s)
+            if confirm > 0 and b._finalists_room(want, confirm, trial_s) >= want:
+                break
+            minutes += 1
+        return 60.0 * minutes
 
     def confirm_timeout_s(self, one_round_s: float, *, left_s: float) -> float:
         """The --timeout (s, rounded up to a minute) under which the confirmation's ``CONFIRM_MIN_ROUNDS`` rounds of
@@ -337,8 +362,8 @@ class Budget:
         """
         if self.confirm_needed is None or not walls or not _typical(walls):
             return False
-        if self.finalists_reserve_s(walls) >= self.round_s([_typical(walls)] * 2):
-            return False
+        if self.finalists_reserve_s(walls) >= RUN_MARGIN * self.round_s([_typical(walls)] * 2):
+            return False  # a finalists' round fits (as ``time_plan.plan_finalists`` plans it): it may change the pick
         return not self.confirm_needed()
 
     def check_share_s(self, check_s: float) -> float:

@@ -123,7 +123,7 @@ class Tuner:
         # the run's time budget (``search.budget``), one frozen record made by ``run``; none until then
         self.budget = Budget.of(None, measure=self.measure, finalists=finalists, rounds=finalist_rounds)
         self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
-        self._pick: tuple[int, bool] | None = None  # (finished trials, whether the best so far has a claim to confirm)
+        self._pick: tuple[tuple, bool] | None = None  # (what the pick read, whether it has a claim to confirm)
         self._asked_s: float | None = None  # the --timeout the user gave (not the ceiling): the split's shares
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
@@ -269,8 +269,8 @@ class Tuner:
                 reserve = held.confirm_reserve_s(trial_walls)
                 study.set_user_attr(keys.CONFIRM_TO_SEARCH, round(reserve, 1))
                 self.log(f"the best so far is PyTorch's defaults, which have no claim to confirm: the search goes on "
-                         f"into the confirmation's {reserve:.0f} s (a better config found in them is confirmed in "
-                         "what is left, or says what --timeout would confirm it)")
+                         f"into the confirmation's {reserve:.0f} s while they are (a better config found in them is "
+                         "confirmed in what is left, or says what --timeout would confirm it)")
         return out
 
     def pick_needs_confirming(self) -> bool:
@@ -278,14 +278,19 @@ class Tuner:
         the provisional pick (``finalists.provisional``) is not PyTorch's defaults (``Budget.confirm_needed``). Read
         once per finished trial: every reserve of the budget asks it."""
         study = self.study()
-        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
-        if self._pick is None or self._pick[0] != finished:
+        trials = study.get_trials(deepcopy=False)
+        state = (sum(1 for t in trials if t.state.is_finished()), str(study.user_attrs.get(keys.PLAN_KEPT)),
+                 len(study.user_attrs.get(keys.PARITY) or {}))  # what the provisional pick reads
+        if self._pick is None or self._pick[0] != state:
             base = baseline_trial(study)
             try:
                 pick = fin.provisional(study, storage=self.storage_url).config.key()
             except AutotuneError:  # nothing feasible yet
                 pick = None
-            self._pick = (finished, base is None or pick is None or keys.config_of(base).key() != pick)
+            # the defaults win only against something measured: a study of the baseline alone decides nothing
+            others = base is not None and any(t.state.is_finished() and t.value and t.number != base.number
+                                              and t.user_attrs.get(keys.CONFIG) for t in trials)
+            self._pick = (state, not others or pick is None or keys.config_of(base).key() != pick)
         return self._pick[1]
 
     def turn_price_so_far(self) -> float:
@@ -360,6 +365,8 @@ class Tuner:
             self.prepare(study)
             if study.user_attrs.get(keys.CONFIRM_TO_SEARCH) is not None:  # an earlier run's, not this one's
                 study.set_user_attr(keys.CONFIRM_TO_SEARCH, None)
+            # what the study measured before this run counts towards the search's first trials (a resumed study)
+            self.budget = dataclasses.replace(self.budget, trials_before=len(self._reported))
             outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
             self.stop_reason = phases.search_done(outcome, study, trials=trials, log=self.log)
         self.phases.keep(stop_reason=self.stop_reason)

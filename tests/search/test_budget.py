@@ -157,6 +157,37 @@ def test_a_short_budget_whose_best_is_the_defaults_searches_on_into_the_confirma
         ([((t.datetime_start - first).total_seconds(), t.number) for t in trials], "\n".join(logs))
 
 
+@pytest.mark.slow  # three short tuner runs, ~10 s
+def test_the_defaults_free_the_confirmations_reserve_only_once_they_beat_something_measured(tmp_path):
+    """``Tuner.pick_needs_confirming`` (``Budget.confirm_needed``): a study of the baseline alone decides nothing (the
+    reserve stays); once configs measured beside it lost, the defaults are the pick and have nothing to confirm; a
+    config found beyond the noise of them makes the pick one with a claim again (read afresh: the study changed)."""
+    import optuna
+
+    space = space_from_dict({"name": "b", "device": "cpu", "parameters": {
+        "batch_size": {"type": "int", "choices": [16, 32, 64]},
+        "channels_last": {"type": "bool"}}, "baseline": {"batch_size": 32, "channels_last": False}}, hardware=HW)
+    tuner = Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=space, hardware=HW,
+                  measure=SPEC, storage=f"sqlite:///{tmp_path}/b.db", progress=False, runner=defaults_win,
+                  parity=parity, parity_steps=20, seed=0, finalists=2, finalist_rounds=1, log=lambda m: None)
+    study = tuner.study()
+    study.enqueue_trial({}, user_attrs={"baseline": True, "config": TrialConfig(batch_size=32).to_dict()})
+    tuner.prepare(study)
+    assert tuner.pick_needs_confirming()  # nothing measured yet
+    tuner.run(trials=1)
+    assert [t.user_attrs.get("baseline") for t in study.trials if t.state.is_finished()] == [True]
+    assert tuner.pick_needs_confirming()  # the baseline alone
+    tuner.run(trials=3)
+    assert len([t for t in study.trials if t.state.is_finished()]) >= 3
+    assert not tuner.pick_needs_confirming()  # everything beside it lost
+    best = next(t for t in study.trials if t.user_attrs.get("baseline"))
+    faster = TrialConfig(batch_size=16, channels_last=True)
+    study.add_trial(optuna.trial.create_trial(value=2 * best.value, user_attrs={
+        **best.user_attrs, "baseline": False, "config": faster.to_dict(), "samples_per_s": [2 * best.value]},
+        constraints=dict(best.constraints)))
+    assert tuner.pick_needs_confirming()
+
+
 def _untried_holds(rec, trials) -> None:
     """The YAML's ``try`` (issue 50) lists exactly the values of the space's knobs that no finished trial ran (the
     batch size aside), and a note says them; none listed, no note."""
@@ -281,8 +312,9 @@ def test_the_confirmations_two_rounds_on_a_short_budget_come_out_of_the_finalist
                 borrowed += 1  # three rounds where they fit 35%, else two: the search keeps 65% at least
                 n = 3 if 3 * one <= CONFIRM_MAX_SHARE * budget_s else 2
                 assert confirm == n * one <= CONFIRM_MAX_SHARE * budget_s, (budget_s, wall, confirm, one)
-                assert kept == max(confirm, min(FINALIST_SHARE * budget_s, b.run_s(wall) * 4 * 2,
-                                                budget_s - confirm - SEARCH_FIRST_TRIALS * wall)), (budget_s, wall)
+                share = max(0.0, min(FINALIST_SHARE * budget_s, b.run_s(wall) * 4 * 2) - confirm)
+                assert kept == confirm + min(share, max(0.0, budget_s - confirm - SEARCH_FIRST_TRIALS * wall)), \
+                    (budget_s, wall)
             if b.finalists_reserve_s(walls) > 0:  # the finalists' rounds come after the search's first 12 trials
                 assert budget_s - kept >= SEARCH_FIRST_TRIALS * wall - 1e-9, (budget_s, wall, kept)
     assert borrowed >= 2  # the grid reaches the short-budget case

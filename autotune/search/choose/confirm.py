@@ -14,8 +14,8 @@ count (``planned_rounds``) is the fewest, at least ``MIN_ROUNDS``, whose expecte
 ``settle.round_spread``), at most ``MAX_ROUNDS``; time alone can cut it short: a round starts only if it is expected
 to end within the budget (the first priced by ``Budget.run_s``, each later one as long as the last) or, with no
 budget, while the rounds past the first two take at most ``NO_BUDGET_SHARE`` of the run so far. Each round is short
-(``budget.confirm_measure``: 3 windows): the interval is over rounds, so more short rounds narrow it more than fewer
-long ones. The interval is ``settle.ratio_interval`` (Student's t over the rounds' log ratios), whose coverage at
+(``budget.confirm_measure``: 3 windows of 1 s): the interval is over rounds, so more short rounds narrow it more than
+fewer long ones. The interval is ``settle.ratio_interval`` (Student's t over the rounds' log ratios), whose coverage at
 every round count this stops at is shown by ``benchmarks/coverage.py`` (docs/claims.md). When not even
 ``MIN_ROUNDS`` rounds fit the time left, none runs and the claim says how long a --timeout would confirm it
 (``Budget.confirm_timeout_s``).

@@ -136,7 +136,8 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
         confirm_s = budget.round_s(pair, confirm_measure(budget.measure) if budget.measure is not None else None)
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
             "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it"
-            + (f" (a --timeout of {budget.timeout_for_s(round_s(cands), confirm_s) / 60:.0f} min would re-measure "
+            + (f" (a --timeout of {budget.timeout_for_s(round_s(cands), confirm_s, max(pair)) / 60:.0f} min would "
+               "re-measure "
                "and confirm it)" if budget.budget_s else ""))
         return None
     if cands != options[0] or fit < rounds:

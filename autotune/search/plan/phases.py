@@ -217,7 +217,7 @@ def search_done(outcome: SearchOutcome, study: Study, *, trials: int | None, log
     if not outcome.stop_reason and no_room and study.user_attrs.get(keys.EAGER_SETTLED) is None:
         why += f"; compile not tried: {no_room}"
     released = study.user_attrs.get(keys.CONFIRM_TO_SEARCH)
-    if not outcome.stop_reason and released:
+    if released:
         why += (f"; it went on into the confirmation's {released:.0f} s while its best was PyTorch's defaults "
                 "(no claim to confirm)")
     log(f"search done: {n} trial(s) this run, {len(study.trials)} in the study; search stopped: {why}")

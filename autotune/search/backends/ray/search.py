@@ -83,11 +83,13 @@ class _SearchMixin:
         import optuna
 
         self._resolve_deferred()
-        if self.abort is not None or self.ctx.out_of_time(self.walls):
+        if self.abort is not None:
             return self.FINISHED
         why = phases.stop_reason(self.ctx, self._ot_study, walls=self.walls)
         if why is not None:  # the eager search settled and compile was tried last (``phases``)
             self.stop_reason = why
+            return self.FINISHED
+        if self.ctx.out_of_time(self.walls):  # after the stop reason, as the local loop: a trial starts if neither
             return self.FINISHED
         storage = storage_of(self._ot_study)
         with warnings.catch_warnings():
