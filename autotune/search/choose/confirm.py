@@ -159,7 +159,7 @@ def confirm(winner: Any, baseline: Any, *, runner: Callable[..., Any], workload:
     asked = measure
     measure, round_s = fit_windows(budget, measure, round_s)
     shorter = (f" of {measure.window_s:.1f} s (not {asked.window_s:g} s: the two rounds fit the time left only so)"
-               if measure is not asked else "")
+               if measure is not asked else f" of {measure.window_s:g} s")
     rule = (f"{planned} rounds of {measure.windows} windows{shorter}"
             + (f", the two {rounds_way(True)}" if by_turns else "") + ", fixed before the first "
             + (f"from the finalists' rounds (one round's ratio strays +/-{100 * spread:.1f}%)" if spread is not None
