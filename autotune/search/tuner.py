@@ -409,6 +409,8 @@ class Tuner:
         with local_lock:  # no finalist round fits: the best search trial, provisional, its claim confirmed
             rec, saved = (self._choose(study, planned, runner) if planned is not None
                           else (fin.provisional(study, storage=self.storage_url), None))
+            if planned is None and self.parity_steps:  # a provisional pick's numerics are not checked: said
+                rec = fin.numerics_unchecked(rec)
             run = self.phases.around("confirmation", runner or self.runner)
             pair = [confirm.trial_of(rec, top), baseline_trial(study)] if rec is not None else []
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,

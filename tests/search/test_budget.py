@@ -134,20 +134,20 @@ def test_a_short_timeout_ends_by_its_budget_and_says_the_numerics_check_did_not_
         and "--timeout" in c["why"]), c
 
 
-@pytest.mark.slow  # a 10 s run
+@pytest.mark.slow  # a 14 s run
 def test_a_short_budget_whose_best_is_the_defaults_searches_on_into_the_confirmations_reserve(tmp_path):
-    """10 s, trials of 0.65 s: no finalist round fits beside the confirmation's two rounds (2.6 s), and every knob
-    away from PyTorch's defaults loses. The defaults have no claim to confirm, so the search goes on into those
-    2.6 s (the tiny_vit 4-minute run of 2026-11-29 ended at 155 s of 240, its reserve unspent), says so, and the
-    run still ends by its budget."""
-    rec, took, logs = _run(tmp_path, 10.0, run=defaults_win, batches=(8, 16, 32, 64, 128))
+    """14 s, trials of 0.65-1.1 s (a loaded VM): no finalist round fits (the search's first 12 trials leave the
+    finalists no room) beside the confirmation's two or three rounds, and every knob away from PyTorch's defaults
+    loses. The defaults have no claim to confirm, so the search goes on into those seconds (the tiny_vit 4-minute
+    run of 2026-11-29 ended at 155 s of 240, its reserve unspent), says so, and the run still ends by its budget."""
+    rec, took, logs = _run(tmp_path, 14.0, run=defaults_win, batches=(8, 16, 32, 64, 128))
     said = [i for i, m in enumerate(logs) if "the best so far is PyTorch's defaults, which have no claim to "
             "confirm: the search goes on into the confirmation's" in m]
     assert len(said) == 1, "\n".join(logs)
     done = next(i for i, m in enumerate(logs) if "] search done:" in m)
     assert said[0] < done and "it went on into the confirmation's" in logs[done], "\n".join(logs)
     assert rec.config.key() == TrialConfig(batch_size=32).key() and rec.confirmation["status"] == "baseline"
-    assert took <= 10.0 + 2.5, (took, "\n".join(logs))
+    assert took <= 14.0 + 2.5, (took, "\n".join(logs))
     # a trial (0.65 s) at least ran after the point where the search would have stopped (the line's moment; the
     # trials' clock starts with the first, when the run said its first line)
     trials = [t for t in tuner_trials(tmp_path) if t.datetime_complete is not None]

@@ -444,6 +444,15 @@ def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
     return max(seen), (min(seen) if len(seen) > 1 else None)
 
 
+def numerics_unchecked(rec: Recommendation) -> Recommendation:
+    """``rec`` (a provisional pick: no finalist round, so no numerics check ran) with the note that its numerics were
+    not checked, where its config changes the arithmetic (``needs_parity``)."""
+    if not needs_parity(rec.config, world_size=world_of(rec.workload)):
+        return rec
+    return dataclasses.replace(rec, notes=(*rec.notes, "numerics not checked against fp32 eager: the budget left no "
+                                                       "time for the check (a longer --timeout checks it)"))
+
+
 def provisional(study: Study, *, storage: str = "") -> Recommendation:
     """The best feasible trial as a recommendation, flagged provisional: its finalists were not re-measured (the run
     was stopped before the end, or the budget left no time for them). Where the planned search kept a config as its
