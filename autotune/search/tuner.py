@@ -31,6 +31,7 @@ from autotune.search.choose.contenders import contenders, lost_gap
 from autotune.search.choose import finalist_rounds as fin_rounds
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
+from autotune.search.choose.rewrite import numerics_unchecked
 from autotune.search.choose.settle import ExtraRounds
 from autotune.search.plan import phases, resume
 from autotune.search.plan import queue as study_queue
@@ -122,8 +123,8 @@ class Tuner:
         self.on_trial = tuple(on_trial)  # called with (study, FrozenTrial) for each trial this run finishes
         # the run's time budget (``search.budget``), one frozen record made by ``run``; none until then
         self.budget = Budget.of(None, measure=self.measure, finalists=finalists, rounds=finalist_rounds)
-        self._backend, self._reported = "local", set()  # where the run's trials run; trials told to on_trial
-        self._pick: tuple[tuple, bool] | None = None  # (what the pick read, whether it has a claim to confirm)
+        # where the run's trials run; trials told to on_trial; what ``pick_needs_confirming`` read, and its answer
+        self._backend, self._reported, self._pick = "local", set(), None
         self._asked_s: float | None = None  # the --timeout the user gave (not the ceiling): the split's shares
         self._memo = phases.PlanMemo()  # the planned search's decisions said so far, and its plan
         self._storage = self._study = None
@@ -263,33 +264,28 @@ class Tuner:
         check_s = self.numerics_check_s(self.study()) if self.budget.deadline is not None and trial_walls else 0.0
         out = self.budget.out_of_time(trial_walls, check_s=check_s)
         if not out and self.budget.confirm_released(trial_walls):
-            held = dataclasses.replace(self.budget, confirm_needed=None)
-            study = self.study()
+            held, study = dataclasses.replace(self.budget, confirm_needed=None), self.study()
             if held.out_of_time(trial_walls, check_s=check_s) and study.user_attrs.get(keys.CONFIRM_TO_SEARCH) is None:
-                reserve = held.confirm_reserve_s(trial_walls)
-                study.set_user_attr(keys.CONFIRM_TO_SEARCH, round(reserve, 1))
+                study.set_user_attr(keys.CONFIRM_TO_SEARCH, round(reserve := held.confirm_reserve_s(trial_walls), 1))
                 self.log(f"the best so far is PyTorch's defaults, which have no claim to confirm: the search goes on "
                          f"into the confirmation's {reserve:.0f} s while they are (a better config found in them is "
                          "confirmed in what is left, or says what --timeout would confirm it)")
         return out
 
     def pick_needs_confirming(self) -> bool:
-        """Whether the recommendation, were the search to end now with no finalist round, has a claim to confirm:
-        the provisional pick (``finalists.provisional``) is not PyTorch's defaults (``Budget.confirm_needed``). Read
-        once per finished trial: every reserve of the budget asks it."""
-        study = self.study()
-        trials = study.get_trials(deepcopy=False)
+        """Whether the provisional pick (``finalists.provisional``: the search ending now) has a claim to confirm, not
+        being PyTorch's defaults (``Budget.confirm_needed``); read afresh only when what it reads changed."""
+        study, trials = self.study(), self.study().get_trials(deepcopy=False)  # and what the provisional pick reads:
         state = (sum(1 for t in trials if t.state.is_finished()), str(study.user_attrs.get(keys.PLAN_KEPT)),
-                 len(study.user_attrs.get(keys.PARITY) or {}))  # what the provisional pick reads
+                 len(study.user_attrs.get(keys.PARITY) or {}))
         if self._pick is None or self._pick[0] != state:
             base = baseline_trial(study)
             try:
                 pick = fin.provisional(study, storage=self.storage_url).config.key()
             except AutotuneError:  # nothing feasible yet
                 pick = None
-            # the defaults win only against something measured: a study of the baseline alone decides nothing
             others = base is not None and any(t.state.is_finished() and t.value and t.number != base.number
-                                              and t.user_attrs.get(keys.CONFIG) for t in trials)
+                                              and t.user_attrs.get(keys.CONFIG) for t in trials)  # not alone
             self._pick = (state, not others or pick is None or keys.config_of(base).key() != pick)
         return self._pick[1]
 
@@ -365,8 +361,7 @@ class Tuner:
             self.prepare(study)
             if study.user_attrs.get(keys.CONFIRM_TO_SEARCH) is not None:  # an earlier run's, not this one's
                 study.set_user_attr(keys.CONFIRM_TO_SEARCH, None)
-            # what the study measured before this run counts towards the search's first trials (a resumed study)
-            self.budget = dataclasses.replace(self.budget, trials_before=len(self._reported))
+            self.budget = dataclasses.replace(self.budget, trials_before=len(self._reported))  # a resumed study's
             outcome: SearchOutcome = searcher.search(self.search_context(), study, trials=trials)
             self.stop_reason = phases.search_done(outcome, study, trials=trials, log=self.log)
         self.phases.keep(stop_reason=self.stop_reason)
@@ -410,7 +405,7 @@ class Tuner:
             rec, saved = (self._choose(study, planned, runner) if planned is not None
                           else (fin.provisional(study, storage=self.storage_url), None))
             if planned is None and self.parity_steps:  # a provisional pick's numerics are not checked: said
-                rec = fin.numerics_unchecked(rec)
+                rec = numerics_unchecked(rec)
             run = self.phases.around("confirmation", runner or self.runner)
             pair = [confirm.trial_of(rec, top), baseline_trial(study)] if rec is not None else []
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,

@@ -137,8 +137,7 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
         log(f"no time left in the budget to re-measure the finalists (~{round_s(cands):.0f} s a round): "
             "recommending the best search trial, provisional; `autotune run --trials 0` with more time checks it"
             + (f" (a --timeout of {budget.timeout_for_s(round_s(cands), confirm_s, max(pair)) / 60:.0f} min would "
-               "re-measure "
-               "and confirm it)" if budget.budget_s else ""))
+               "re-measure and confirm it)" if budget.budget_s else ""))
         return None
     if cands != options[0] or fit < rounds:
         log(f"the time budget leaves room for {len(cands)} finalist(s) "
@@ -442,15 +441,6 @@ def _compile_times(study: Study, config: TrialConfig, trial: FrozenTrial,
     if not seen:  # not measured (a study from before compile_s was): priced as free, said in the YAML row
         return 0.0, None
     return max(seen), (min(seen) if len(seen) > 1 else None)
-
-
-def numerics_unchecked(rec: Recommendation) -> Recommendation:
-    """``rec`` (a provisional pick: no finalist round, so no numerics check ran) with the note that its numerics were
-    not checked, where its config changes the arithmetic (``needs_parity``)."""
-    if not needs_parity(rec.config, world_size=world_of(rec.workload)):
-        return rec
-    return dataclasses.replace(rec, notes=(*rec.notes, "numerics not checked against fp32 eager: the budget left no "
-                                                       "time for the check (a longer --timeout checks it)"))
 
 
 def provisional(study: Study, *, storage: str = "") -> Recommendation:

@@ -101,3 +101,14 @@ def _runner_up_above(rec: Any, conf: Confirmation, baseline: Any) -> list[str]:
                     f"x{conf.high:.2f}): the evidence of the two disagrees; the recommendation stays the selection's "
                     "choice, its claim the confirmation's (more finalist rounds settle it)"]
     return []
+
+
+def numerics_unchecked(rec: Any) -> Any:
+    """``rec`` (a provisional pick: no finalist round, so no numerics check ran) with the note that its numerics were
+    not checked, where its config changes the arithmetic (``parity.needs_parity``)."""
+    from autotune.trial.parity import needs_parity, world_of
+
+    if not needs_parity(rec.config, world_size=world_of(rec.workload)):
+        return rec
+    return dataclasses.replace(rec, notes=(*rec.notes, "numerics not checked against fp32 eager: the budget left no "
+                                                       "time for the check (a longer --timeout checks it)"))
