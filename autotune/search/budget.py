@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["Budget", "FINALIST_SHARE", "NUMERICS_SHARE", "CONFIRM_SHARE", "CONFIRM_MIN_ROUNDS", "CONFIRM_MAX_RESERVED",
            "CONFIRM_MAX_SHARE", "FINALIST_WINDOWS", "FINALIST_MAX_WINDOWS", "PROCESS_SPREAD", "SEARCH_WINDOWS",
            "CONFIRM_WINDOWS", "CONFIRM_WINDOW_S", "CONFIRM_USEFUL_ROUNDS", "SEARCH_FIRST_TRIALS", "RUN_MARGIN",
-           "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows",            "confirm_measure", "long_trial_s"]
+           "TURN_EXTRA_PRIOR", "finalist_measure", "finalist_windows", "confirm_measure", "long_trial_s"]
 
 # The most of a --timeout budget the finalists' re-measurement may take; the search gets the rest.
 FINALIST_SHARE = 0.30
@@ -339,10 +339,10 @@ class Budget:
     def search_reserve_s(self, walls: list[float]) -> float:
         """What the search leaves after it, the numerics check aside: the finalists' and the confirmation's (not
         the confirmation's while ``confirm_released``)."""
-        confirm = 0.0 if self.confirm_released(walls) else self.confirm_reserve_s(walls)
-        return self.finalists_reserve_s(walls) + confirm
+        finalists = self.finalists_reserve_s(walls)
+        return finalists + (0.0 if self.confirm_released(walls, finalists) else self.confirm_reserve_s(walls))
 
-    def confirm_released(self, walls: list[float]) -> bool:
+    def confirm_released(self, walls: list[float], finalists_s: float | None = None) -> bool:
         """Whether the search may spend the confirmation's reserve: no finalist round fits the finalists' (not even
         one finalist's beside the baseline, so the search's best is the recommendation) and that best is PyTorch's
         defaults (``confirm_needed``), which have nothing to confirm. The tiny_vit 4-minute run of 2026-11-29 ended
@@ -362,7 +362,8 @@ class Budget:
         """
         if self.confirm_needed is None or not walls or not _typical(walls):
             return False
-        if self.finalists_reserve_s(walls) >= RUN_MARGIN * self.round_s([_typical(walls)] * 2):
+        finalists_s = self.finalists_reserve_s(walls) if finalists_s is None else finalists_s  # given: known already
+        if finalists_s >= RUN_MARGIN * self.round_s([_typical(walls)] * 2):
             return False  # a finalists' round fits (as ``time_plan.plan_finalists`` plans it): it may change the pick
         return not self.confirm_needed()
 
