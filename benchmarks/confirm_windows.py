@@ -115,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="source", default=None, help="an earlier run's JSON: analyse it, measure nothing")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    budgets = [float(b) for b in a.budgets.split(",")]
+    try:
+        budgets = [float(b) for b in a.budgets.split(",")]
+    except ValueError:
+        p.error(f"--budgets {a.budgets!r}: give seconds, comma-separated, e.g. 60,90,120")
+    unknown = [n for n in a.workloads.split(",") if n not in PAIRS]
+    if unknown and not a.source:
+        p.error(f"--workloads: no pair for {', '.join(unknown)} (pairs: {', '.join(PAIRS)})")
     if a.source:
         data = json.loads(Path(a.source).read_text())
     else:
