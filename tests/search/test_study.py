@@ -775,3 +775,29 @@ def test_with_no_finalist_round_a_model_bound_trial_ahead_within_the_noise_yield
         assert rec.provisional and rec.config.batch_size == 16 and rec.config.channels_last is channels_last, ahead
         said = [n for n in rec.notes if "cannot pass the loader that feeds it" in n]
         assert len(said) == channels_last and (not said or said[0].startswith(f"trial {rec.trial_number} over "))
+
+
+def test_a_prune_one_knob_explains_is_not_rerun():
+    """Far below neighbours that all differ from it in one knob (channels_last off where every fast neighbour
+    has it on; batch 32 where only larger batches ran far faster), the loss is that knob's step, not a hiccup:
+    no re-run. Far faster neighbours across two knobs, or a batch size down and up both far faster, are a hiccup
+    the likelier story (``test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_so``)."""
+    from types import SimpleNamespace
+
+    from autotune.search.plan.queue import one_knob_explains
+
+    def n(knob, **kw):
+        return knob, SimpleNamespace(user_attrs={"config": TrialConfig(**kw).to_dict()})
+
+    slow = TrialConfig(batch_size=256, channels_last=False, malloc="tcmalloc")
+    assert one_knob_explains(slow, [n("channels_last", batch_size=256, channels_last=True, malloc="tcmalloc")] * 2)
+    assert not one_knob_explains(slow, [n("channels_last", batch_size=256, channels_last=True, malloc="tcmalloc"),
+                                        n("malloc", batch_size=256, channels_last=False, malloc="default")])
+    small = TrialConfig(batch_size=32, channels_last=True)
+    up = [n("batch_size", batch_size=b, channels_last=True) for b in (64, 128, 256)]
+    assert one_knob_explains(small, up)
+    assert not one_knob_explains(TrialConfig(batch_size=128, channels_last=True),
+                                 [n("batch_size", batch_size=64, channels_last=True),
+                                  n("batch_size", batch_size=256, channels_last=True)])
+    assert one_knob_explains(TrialConfig(intra_op_threads=1), [n("intra_op_threads", intra_op_threads=None)] * 2)
+    assert not one_knob_explains(small, [])
