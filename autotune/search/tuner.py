@@ -215,7 +215,7 @@ class Tuner:
             patience=self.patience,
             finalists=self.finalists, finalist_rounds=self.finalist_rounds, progress=self.progress, log=self.log,
             budget=self.budget, after_trial=self.after_trial, out_of_time=self.out_of_time, plan=self.plan,
-            convergence=self.convergence, numerics_check_s=self.numerics_check_s)
+            convergence=self.convergence, numerics_check_s=self.numerics_check_s, pair_by_turns=self._by_turns)
 
     # --- plan: what the study needs before and after each trial ------------------------------------------------
     def prepare(self, study: Study) -> None:
@@ -437,7 +437,7 @@ class Tuner:
         """Whether this run's rounds after the search can take turns at all (``_by_turns`` decides per round)."""
         return self.runner == self._run_trial and fin_rounds.turns_possible(self.workload)
 
-    def _by_turns(self, trials: list, runner: Runner | None) -> bool:
+    def _by_turns(self, trials: list, runner: Runner | None = None) -> bool:
         """Whether a round of ``trials``' configs takes turns (``finalist_rounds.turns_fit``): only with this tuner's
         own runner on this machine (a backend's runner, or one given to the Tuner, runs each trial as it will)."""
         return runner is None and self.runner == self._run_trial and fin_rounds.turns_fit(

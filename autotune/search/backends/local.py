@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 from autotune.search.plan import phases
-from autotune.search.backends import protocol
+from autotune.search.backends import pairs, protocol
 from autotune.search.record import trials as keys
 from autotune.machine.safefs import private_dir
 from autotune.config import TrialConfig
@@ -73,6 +73,15 @@ class LocalBackend(SearchBackend):
                     break
                 if ctx.out_of_time(walls):
                     break
+                if (trials is None or n + 2 <= trials) and pairs.waiting_pair(ctx, study, walls) is not None:
+                    numbers, wall = pairs.run_pair(ctx, study)  # a decision's two repeats, paired by turns
+                    ctx.after_trial(study)
+                    walls += [wall / 2] * 2  # each child ran about half the pair's time
+                    n += 2
+                    bar.update(2)
+                    last = next(t for t in study.get_trials(deepcopy=False) if t.number == numbers[-1])
+                    bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study)), refresh=True)
+                    continue
                 t0 = time.monotonic()
                 study.optimize(objective, n_trials=1, catch=(protocol.TrialError,), gc_after_trial=False)
                 wall = time.monotonic() - t0  # the trial's own: the ceilings' climb after it is not a trial's wall

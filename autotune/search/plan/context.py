@@ -109,3 +109,5 @@ class SearchContext:
     plan: Callable[[Study], Plan | None]
     convergence: Callable[[Study], Convergence]
     numerics_check_s: Callable[[Study], float]
+    # whether two search trials' configs may run again as a pair by turns (``backends.pairs``); None: never
+    pair_by_turns: Callable[[list], bool] | None = None

@@ -53,6 +53,7 @@ BATCH_LINE = "batch_line"        # -1 / +1: a step of the batch-size walk down /
 WARM_START = "warm_start_from"   # "<study name> #<trial>": an earlier study's winner (warm_start.py)
 KNOB_STEP = "knob_step"          # "amp=off": a one-knob step of the planned search (coordinate.py)
 REPEAT_OF = "repeat_of"          # the number of the trial whose config this one measures again (a noise decision)
+BY_TURNS = "by_turns"            # a repeat run by turns beside another (backends.pairs): the s it stood stopped
 COMPILE_LAST = "compile_last"    # the compile mode tried on the best eager config once the eager search settled
 PLAN_STEP = "plan_step"          # "baseline at batch 32": another config the planned search queued (coordinate.py)
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
@@ -452,7 +453,7 @@ def role(user_attrs: dict[str, Any], fingerprint: str | None = None) -> str:
     elif ua.get(KNOB_STEP):
         what = f"one knob: {ua[KNOB_STEP]}"
     elif ua.get(REPEAT_OF) is not None:
-        what = f"repeat of #{ua[REPEAT_OF]}"
+        what = f"repeat of #{ua[REPEAT_OF]}" + (", by turns" if ua.get(BY_TURNS) is not None else "")
     elif ua.get(COMPILE_LAST):
         what = f"compile last: {ua[COMPILE_LAST]}"
     elif ua.get(PLAN_STEP):

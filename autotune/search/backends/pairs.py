@@ -1,0 +1,92 @@
+"""The planned search's repeats run as a pair, by turns: where a candidate came within the noise of the best so far,
+the plan queues both again (``coordinate``: two trials with ``repeat_of``), and the local backend runs the two
+alive at once, taking turns (``trial.lockstep``), so the second round's ratio is paired moment by moment.
+
+Why: one after the other, the second round's ratio carries the machine's spells as the first did (two fresh
+processes of one config 7-15% apart on the 2-core VMs here), and a real gain the size of the noise is as often
+lost as kept. By turns a round's log ratio strays 3-4% (``benchmarks/confirm_windows.py``). Issue 50: on resnet18
+with a 4-minute budget, tcmalloc (worth ~8%) was measured alone within the noise, once at a time, and the pick kept
+PyTorch's allocator; the finalists' one round by turns then measured the bundle with it +6.6%.
+
+The rule that reads the pair is unchanged (``noise.repeat_keeps``, in units of an unpaired comparison's spread:
+conservative for a paired round). Only on this machine's CPU, with the tuner's own runner, both search trials'
+memory at once within the cap and ``/dev/shm`` (``SearchContext.pair_by_turns``), and with SQLite (one run holds
+the study: no other worker waits on a heartbeat these trials do not send). Otherwise each runs alone, as before.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+from autotune.search.backends import protocol
+from autotune.search.record import trials as keys
+from autotune.search.record.storage import sqlite_path
+
+if TYPE_CHECKING:
+    from optuna import Study
+
+    from autotune.search.plan.context import SearchContext
+
+__all__ = ["waiting_pair", "run_pair"]
+
+
+def waiting_pair(ctx: SearchContext, study: Study, walls: list[float]) -> list[Any] | None:
+    """The search trials the next two queued repeats measure again (``repeat_of``), when those two are next in the
+    queue, may take turns (``ctx.pair_by_turns``) and both fit the budget (one trial's wall more, the pair taking
+    about two); else None."""
+    from optuna.trial import TrialState
+
+    if ctx.pair_by_turns is None or sqlite_path(ctx.storage_url) is None:
+        return None
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))[:2]
+    if len(waiting) < 2 or any(t.user_attrs.get(keys.REPEAT_OF) is None for t in waiting):
+        return None
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    firsts = [by_number.get(t.user_attrs[keys.REPEAT_OF]) for t in waiting]
+    if any(t is None for t in firsts) or not ctx.pair_by_turns(firsts):
+        return None
+    if walls and ctx.out_of_time(walls + [statistics.median(walls)]):
+        return None  # the pair takes about two trials' time: the budget has one at most
+    return firsts
+
+
+def run_pair(ctx: SearchContext, study: Study) -> tuple[list[int], float]:
+    """Ask Optuna for the two queued repeats, run them by turns (``lockstep.run_round``) and tell it each result,
+    recorded as a search trial is (``protocol``). Returns their trial numbers and the pair's wall time. A stop
+    (Ctrl-C) marks both interrupted, to be re-queued by the next run, and is raised again."""
+    from optuna.trial import TrialState
+
+    from autotune.machine.safefs import private_dir
+    from autotune.trial.lockstep import run_round
+
+    pair = [study.ask(), study.ask()]
+    configs = [ctx.space.suggest(t) for t in pair]
+    for t, c in zip(pair, configs):
+        protocol.begin(t, c, fingerprint=ctx.fingerprint)
+    private_dir(ctx.artifacts_dir)
+    logs = [ctx.artifacts_dir / f"trial-{t.number}.log" for t in pair]
+    stopped = [0.0, 0.0]  # the seconds each child stood stopped while the other had its turn
+
+    def run(i: int, gate) -> Any:
+        try:
+            return ctx.runner(ctx.workload, configs[i], ctx.measure, gate=gate, log_path=logs[i])
+        finally:
+            stopped[i] = gate.stopped_s()
+
+    t0 = time.monotonic()
+    try:
+        results = run_round(configs, run)
+    except KeyboardInterrupt:
+        for t in pair:
+            t.set_user_attr(keys.STATUS, "interrupted")
+            t.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
+            study.tell(t, state=TrialState.FAIL)
+        raise
+    wall = time.monotonic() - t0
+    for t, res, waited in zip(pair, results, stopped):
+        t.set_user_attr(keys.BY_TURNS, round(waited, 2))
+        state, value = protocol.settle(lambda: protocol.record(t, res, limit=ctx.limit))
+        study.tell(t, value, state=state)
+    return [t.number for t in pair], wall
