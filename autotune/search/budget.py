@@ -10,9 +10,10 @@ from the same estimate of what one more run of a measured config costs (``Budget
 with the windows of the run's own measurement in place of the search's), so the search's reserve, the finalists'
 plan and the confirmation's rounds agree on what a round takes.
 
-The finalists and the confirmation run short processes: the finalists windows as long as a search trial's, only as many
-as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``, more only where the windows themselves are noisy),
-and the confirmation ``CONFIRM_WINDOWS`` of ``CONFIRM_WINDOW_S``. Both compare configs over rounds: each fresh process
+The finalists and the confirmation run short processes: the confirmation ``CONFIRM_WINDOWS`` of ``CONFIRM_WINDOW_S``,
+and the finalists, where their rounds take turns, the same (``Budget.finalist_measure``; since 2026-11-30), else
+windows as long as a search trial's, only as many as the noise asks for (``finalist_windows``: ``FINALIST_WINDOWS``,
+more only where the windows themselves are noisy). Both compare configs over rounds: each fresh process
 has its own level (5-20% apart on these VMs), which no window length averages away, so a budget buys a sharper
 comparison with more, shorter rounds (Kalibera and Jones, ISMM 2013). Until issue 50 a finalist ran its windows twice as
 long as a search trial's: three finalists and the baseline took 37% of a 10-minute budget in two rounds.
@@ -247,9 +248,19 @@ class Budget:
         the confirmation's rounds."""
         if self.measure is None:
             return wall or 0.0
-        target = measure or finalist_measure(self.measure, self.window_noise)
+        target = measure or self.finalist_measure()
         fixed = max(0.0, (wall or 0.0) - self.measure.windows * self.measure.window_s)
         return fixed + target.windows * target.window_s * (1.0 + self.turns())
+
+    def finalist_measure(self) -> MeasureSpec:
+        """How a finalist run is measured: by turns (``turns()`` above 0), as a confirmation run is
+        (``confirm_measure``: three 1 s windows; a round by turns strays about as much as with the search's 3 s
+        windows and costs a third, so the budget buys more rounds, ``CONFIRM_WINDOW_S``); one after the other, as a
+        search trial with the windows its noise asks for (``finalist_measure``, at ``window_noise``)."""
+        assert self.measure is not None
+        if self.turns() > 0:
+            return confirm_measure(self.measure)
+        return finalist_measure(self.measure, self.window_noise)
 
     def turns(self) -> float:
         """What rounds by turns add to a run's measured time (``turn_extra``, or ``turn_price()`` where given)."""

@@ -24,7 +24,7 @@ from autotune.config import MeasureSpec, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
-from autotune.search.budget import SEARCH_WINDOWS, TURN_EXTRA_PRIOR, Budget, confirm_measure, finalist_measure
+from autotune.search.budget import SEARCH_WINDOWS, TURN_EXTRA_PRIOR, Budget, confirm_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
 from autotune.search.choose.contenders import contenders, lost_gap
@@ -391,8 +391,8 @@ class Tuner:
         chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
         top = chosen.top
         # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps.
-        # By turns a finalist runs the fewest windows (``finalist_windows``): the search trials' window noise, run one
-        # after another, is mostly the machine's spells, which every config of a round by turns meets alike
+        # By turns a finalist runs as a confirmation run does (``Budget.finalist_measure``): the search trials' window
+        # noise, run one after another, is mostly the machine's spells, which every config of a round by turns meets
         base = baseline_trial(study)
         self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
         budget = dataclasses.replace(budget, window_noise=None if self._turns else window_noise(top),
@@ -430,8 +430,7 @@ class Tuner:
                     if budget.deadline is not None and local else 0.0)
         end, chosen = time_plan.plan_finalists(top, baseline_trial(study), plan=fin.plan, budget=budget,
                                                checks_s=checks_s, log=self.log)
-        return None if chosen is None else (end, *chosen, check_steps, finalist_measure(self.measure,
-                                                                                        budget.window_noise))
+        return None if chosen is None else (end, *chosen, check_steps, budget.finalist_measure())
 
     def _by_turns_here(self) -> bool:
         """Whether this run's rounds after the search can take turns at all (``_by_turns`` decides per round)."""

@@ -21,8 +21,8 @@ Noise: a candidate beats the incumbent when its median is above it by more than 
 the study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the
 noise above it both are measured once more, side by side (trials with ``repeat_of``; by turns where they may,
 ``backends.pairs``), and the candidate wins only if the second round, paired, is above 1 too and the two rounds'
-mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of fresh processes (``noise.repeat_keeps``;
-docs/search.md: the rule before, Student's t over the two rounds, kept no-ops that happened to agree). A candidate at or below the incumbent is not repeated. A comparison
+mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of fresh processes
+(``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over two rounds, kept no-ops that agreed). A candidate at or below the incumbent is not repeated. A comparison
 reads each config's first one or two measurements in trial order: a later repeat never changes a decision before it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
