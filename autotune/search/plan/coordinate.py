@@ -19,11 +19,11 @@ the best config so far, the best of them kept if it beats it. Only then does the
 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``:
 the study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the
-noise above it both are measured once more, side by side (trials with ``repeat_of``; by turns where they may,
-``backends.pairs``), and the candidate wins only if the second round, paired, is above 1 too and the two rounds'
-mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of fresh processes
-(``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over two rounds, kept no-ops that agreed). A candidate at or below the incumbent is not repeated. A comparison
-reads each config's first one or two measurements in trial order: a later repeat never changes a decision before it.
+noise above it both are measured once more, side by side (``repeat_of``; by turns where they may, ``backends.pairs``),
+and the candidate wins only if the second round, paired, is above 1 too and the two rounds' mean log ratio clears
+``noise.REPEAT_Z`` standard errors of one comparison of fresh processes (``noise.repeat_keeps``; docs/search.md: the
+rule before, Student's t over two rounds, kept no-ops that agreed). A candidate at or below the incumbent is not
+repeated. A comparison reads each config's first one or two measurements in trial order: no later repeat reopens it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
 the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that
