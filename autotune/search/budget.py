@@ -208,6 +208,8 @@ class Budget:
     # compile gate, the phases)
     turn_extra: float = 0.0
     turn_price: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+    # where known (the finalists planned), whether their rounds take turns; None: where ``turns()`` is above 0
+    by_turns: bool | None = None
     # where given, whether the search's best so far has a claim to confirm (False: it is PyTorch's defaults;
     # ``Tuner.pick_needs_confirming``): with no finalist round in the budget the confirmation's reserve then goes to
     # the search (``confirm_released``)
@@ -253,12 +255,12 @@ class Budget:
         return fixed + target.windows * target.window_s * (1.0 + self.turns())
 
     def finalist_measure(self) -> MeasureSpec:
-        """How a finalist run is measured: by turns (``turns()`` above 0), as a confirmation run is
+        """How a finalist run is measured: by turns (``by_turns``, else ``turns()`` above 0), as a confirmation run is
         (``confirm_measure``: three 1 s windows; a round by turns strays about as much as with the search's 3 s
         windows and costs a third, so the budget buys more rounds, ``CONFIRM_WINDOW_S``); one after the other, as a
         search trial with the windows its noise asks for (``finalist_measure``, at ``window_noise``)."""
         assert self.measure is not None
-        if self.turns() > 0:
+        if self.by_turns if self.by_turns is not None else self.turns() > 0:
             return confirm_measure(self.measure)
         return finalist_measure(self.measure, self.window_noise)
 

@@ -397,7 +397,7 @@ class Tuner:
         self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
         budget = dataclasses.replace(budget, window_noise=None if self._turns else window_noise(top),
                                      turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0,
-                                     turn_price=None, confirm_needed=None)
+                                     turn_price=None, confirm_needed=None, by_turns=self._turns)
         planned = self._plan_finalists(study, top, budget, local=runner is None)
         # this machine's lock while the finalists run on it (a backend's runner runs them elsewhere: none)
         local_lock = contextlib.nullcontext() if runner is not None else machine_lock(f"finalists of {self.study_name}")

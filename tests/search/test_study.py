@@ -777,6 +777,35 @@ def test_with_no_finalist_round_a_model_bound_trial_ahead_within_the_noise_yield
         assert len(said) == channels_last and (not said or said[0].startswith(f"trial {rec.trial_number} over "))
 
 
+@pytest.mark.slow  # scripted trials through a whole tuner, as the hiccup's test above
+def test_a_trial_pruned_far_below_neighbours_one_knob_apart_on_one_side_is_not_rerun(tmp_path):
+    """Batch 8 'pruned' at 30 samples/s every time while batches 16 and 32 (the only far faster neighbours, both
+    above it) run ~104-108: the batch explains it, so it is not queued again (the rule before re-ran it)."""
+    ran: list[TrialConfig] = []
+
+    def fake(workload, config, measure, **kw):
+        if search_run(measure, kw):
+            ran.append(config)
+        if config.batch_size == 8:
+            return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
+                               batch_size=8, reason="stopped after 2 window(s)")
+        v = 100.0 + config.batch_size / 4
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    logs: list[str] = []
+    space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16, 32]},
+                                   "channels_last": {"type": "bool"}}, baseline={"batch_size": 16})
+    tuner = make_tuner(tmp_path, space=space, runner=fake, log=logs.append, finalists=1)
+    tuner.run(trials=10)
+    trials = tuner.study().trials
+    small = [t for t in trials if (t.user_attrs.get("config") or {}).get("batch_size") == 8
+             and t.state.name == "PRUNED" and "duplicate_of" not in t.user_attrs]
+    assert small and {c.batch_size for c in ran} >= {16, 32}, [(t.number, t.user_attrs) for t in trials]
+    assert not [t for t in trials if t.user_attrs.get("requeue_of") is not None]
+    assert not any("re-queued once" in m for m in logs)
+
+
 def test_a_prune_one_knob_explains_is_not_rerun():
     """Far below neighbours that all differ from it in one knob (channels_last off where every fast neighbour
     has it on; batch 32 where only larger batches ran far faster), the loss is that knob's step, not a hiccup:

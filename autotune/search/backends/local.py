@@ -74,10 +74,10 @@ class LocalBackend(SearchBackend):
                 if ctx.out_of_time(walls):
                     break
                 if (trials is None or n + 2 <= trials) and pairs.waiting_pair(ctx, study, walls) is not None:
-                    numbers, wall = pairs.run_pair(ctx, study)  # a decision's two repeats, paired by turns
+                    numbers, own = pairs.run_pair(ctx, study)  # a decision's two repeats, paired by turns
                     ctx.after_trial(study)
-                    walls += [wall / 2] * 2  # each child ran about half the pair's time
-                    n += 2
+                    walls += own  # each child's own time: what a trial of it costs
+                    n, free_in_a_row = n + 2, 0
                     bar.update(2)
                     last = next(t for t in study.get_trials(deepcopy=False) if t.number == numbers[-1])
                     bar.set_postfix_str(_postfix(study, last, phases.status_line(ctx, study)), refresh=True)

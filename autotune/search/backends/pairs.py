@@ -10,13 +10,14 @@ PyTorch's allocator; the finalists' one round by turns then measured the bundle 
 
 The rule that reads the pair is unchanged (``noise.repeat_keeps``, in units of an unpaired comparison's spread:
 conservative for a paired round). Only on this machine's CPU, with the tuner's own runner, both search trials'
-memory at once within the cap and ``/dev/shm`` (``SearchContext.pair_by_turns``), and with SQLite (one run holds
-the study: no other worker waits on a heartbeat these trials do not send). Otherwise each runs alone, as before.
+memory at once within the cap and ``/dev/shm`` (``SearchContext.pair_by_turns``), with SQLite (one run holds the
+study: no other worker waits on a heartbeat these trials do not send), and where the search's time holds the pair
+(``pair_fits``). Otherwise each runs alone, as before; so does a repeat queued alone (its other config was measured
+twice already, and a decision reads each config's first two measurements: ``coordinate._Replay.get``).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +35,8 @@ __all__ = ["waiting_pair", "run_pair"]
 
 def waiting_pair(ctx: SearchContext, study: Study, walls: list[float]) -> list[Any] | None:
     """The search trials the next two queued repeats measure again (``repeat_of``), when those two are next in the
-    queue, may take turns (``ctx.pair_by_turns``) and both fit the budget (one trial's wall more, the pair taking
-    about two); else None."""
+    queue, may take turns (``ctx.pair_by_turns``) and both end before the reserves of the phases after the search
+    (``pair_fits``); else None."""
     from optuna.trial import TrialState
 
     if ctx.pair_by_turns is None or sqlite_path(ctx.storage_url) is None:
@@ -45,48 +46,73 @@ def waiting_pair(ctx: SearchContext, study: Study, walls: list[float]) -> list[A
         return None
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     firsts = [by_number.get(t.user_attrs[keys.REPEAT_OF]) for t in waiting]
-    if any(t is None for t in firsts) or not ctx.pair_by_turns(firsts):
+    if any(t is None for t in firsts) or not ctx.pair_by_turns(firsts) or not pair_fits(ctx, study, walls, firsts):
         return None
-    if walls and ctx.out_of_time(walls + [statistics.median(walls)]):
-        return None  # the pair takes about two trials' time: the budget has one at most
     return firsts
 
 
-def run_pair(ctx: SearchContext, study: Study) -> tuple[list[int], float]:
+def pair_fits(ctx: SearchContext, study: Study, walls: list[float], firsts: list[Any]) -> bool:
+    """Whether a pair of repeats of ``firsts`` ends before the search's time is up (``Budget.search_left_s``, the
+    numerics check's share too, as ``Tuner.out_of_time`` reads it): two long trials (``long_trial_s`` of ``walls``),
+    at least the two first trials' own walls, and each one's windows again for the untimed first step of its turns
+    (``Budget.turns``). Always without a time budget."""
+    from autotune.search.budget import long_trial_s
+
+    budget = ctx.budget
+    if budget.deadline is None:
+        return True
+    check_s = ctx.numerics_check_s(study) if walls else 0.0
+    own = sum(t.user_attrs.get(keys.WALL_S) or 0.0 for t in firsts)
+    need = max(2 * long_trial_s(walls), own) + 2 * ctx.measure.windows * ctx.measure.window_s * budget.turns()
+    return budget.search_left_s(walls, check_s=check_s) >= need
+
+
+def run_pair(ctx: SearchContext, study: Study) -> tuple[list[int], list[float]]:
     """Ask Optuna for the two queued repeats, run them by turns (``lockstep.run_round``) and tell it each result,
-    recorded as a search trial is (``protocol``). Returns their trial numbers and the pair's wall time. A stop
-    (Ctrl-C) marks both interrupted, to be re-queued by the next run, and is raised again."""
+    recorded as a search trial is (``protocol``). Returns their trial numbers and each child's own wall time (its
+    stopped time left out: what a trial of it costs). A stop (Ctrl-C) or an error marks both failed ("interrupted"
+    for a stop), to be re-queued by the next run, and is raised again; a workload wrong for every config ends the
+    search as a trial of it does (``WorkloadError``)."""
     from optuna.trial import TrialState
 
+    from autotune.errors import WorkloadError
     from autotune.machine.safefs import private_dir
     from autotune.trial.lockstep import run_round
 
     pair = [study.ask(), study.ask()]
-    configs = [ctx.space.suggest(t) for t in pair]
-    for t, c in zip(pair, configs):
-        protocol.begin(t, c, fingerprint=ctx.fingerprint)
-    private_dir(ctx.artifacts_dir)
-    logs = [ctx.artifacts_dir / f"trial-{t.number}.log" for t in pair]
+    told: set[int] = set()
     stopped = [0.0, 0.0]  # the seconds each child stood stopped while the other had its turn
-
-    def run(i: int, gate) -> Any:
-        try:
-            return ctx.runner(ctx.workload, configs[i], ctx.measure, gate=gate, log_path=logs[i])
-        finally:
-            stopped[i] = gate.stopped_s()
-
-    t0 = time.monotonic()
     try:
+        configs = [ctx.space.suggest(t) for t in pair]
+        for t, c in zip(pair, configs):
+            protocol.begin(t, c, fingerprint=ctx.fingerprint)
+        private_dir(ctx.artifacts_dir)
+        logs = [ctx.artifacts_dir / f"trial-{t.number}.log" for t in pair]
+
+        def run(i: int, gate) -> Any:
+            try:
+                return ctx.runner(ctx.workload, configs[i], ctx.measure, gate=gate, log_path=logs[i])
+            finally:
+                stopped[i] = gate.stopped_s()
+
+        t0 = time.monotonic()
         results = run_round(configs, run)
-    except KeyboardInterrupt:
+        wall = time.monotonic() - t0
+        for t, res, waited in zip(pair, results, stopped):
+            t.set_user_attr(keys.BY_TURNS, round(waited, 2))
+            state, value = protocol.settle(lambda: protocol.record(t, res, limit=ctx.limit))
+            study.tell(t, value, state=state)
+            told.add(t.number)
+    except BaseException as exc:
         for t in pair:
-            t.set_user_attr(keys.STATUS, "interrupted")
-            t.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
-            study.tell(t, state=TrialState.FAIL)
+            if t.number not in told:
+                if isinstance(exc, KeyboardInterrupt):
+                    t.set_user_attr(keys.STATUS, "interrupted")
+                    t.set_user_attr(keys.REASON, "the tuner was stopped during this trial")
+                study.tell(t, state=TrialState.FAIL)
         raise
-    wall = time.monotonic() - t0
-    for t, res, waited in zip(pair, results, stopped):
-        t.set_user_attr(keys.BY_TURNS, round(waited, 2))
-        state, value = protocol.settle(lambda: protocol.record(t, res, limit=ctx.limit))
-        study.tell(t, value, state=state)
-    return [t.number for t in pair], wall
+    for t, res, log in zip(pair, results, logs):
+        if res.user_error:  # wrong for every config: the search stops with the one-line reason
+            raise WorkloadError(f"{res.reason.removeprefix('WorkloadError: ')} (trial {t.number}; its traceback "
+                                f"is in {log})")
+    return [t.number for t in pair], [res.wall_s or wall / 2 for res in results]

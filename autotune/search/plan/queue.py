@@ -26,9 +26,10 @@ __all__ = ["enqueue", "queue_first_trials", "recover", "advance_batch_walk", "ad
            "one_knob_explains", "REQUEUE_BELOW", "REQUEUE_NEIGHBOURS"]
 
 # A pruned trial is re-queued once when the median of the windows it ran is below this share of the median of
-# its measured neighbours (the same config with one knob changed, status ok). A hiccup of the machine (a stall,
-# another program) sank the windows, not the config: a well-chosen knob seldom costs 40% next to configs that
-# are otherwise the same, and the case seen (0.59x the baseline between neighbours at 1.6-1.7x) is at 0.36.
+# its measured neighbours (the same config with one knob changed, status ok), unless one knob explains it
+# (``one_knob_explains``): a hiccup of the machine (a stall, another program) sinks the windows, not the config (the
+# case seen: 0.59x the baseline between neighbours at 1.6-1.7x, 0.36), but one knob can cost that much too
+# (channels_last off on mobilenet_v3_small ran 0.45x its neighbours with it on, three times in one 4-minute run).
 REQUEUE_BELOW = 0.6
 # ... and only with at least this many measured neighbours: one knob alone may well cost that much (batch 2
 # next to batch 64); two neighbours on either side of it (a batch size down and up), both far faster, say the
@@ -192,9 +193,11 @@ def one_knob_explains(config: TrialConfig, far_faster: list[tuple[str, Any]]) ->
         return False
     (knob,) = knobs
     mine = getattr(config, knob)
-    if isinstance(mine, bool) or not isinstance(mine, (int, float)):
-        return True  # a switch or a choice: every far faster neighbour has another value than this one
-    theirs = [getattr(TrialConfig.from_dict(n.user_attrs[keys.CONFIG]), knob) for _, n in far_faster]
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in theirs):
-        return True  # a default (None: the library's own) against a number is a choice too
-    return len({v > mine for v in theirs}) == 1
+    if not _number(mine):
+        return True  # a switch or a choice (None: the library's own): every far faster one has another value
+    theirs = [v for _, n in far_faster if _number(v := getattr(TrialConfig.from_dict(n.user_attrs[keys.CONFIG]), knob))]
+    return len({v > mine for v in theirs}) <= 1  # the numbers all on one side (a default beside them is a choice)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -118,7 +118,7 @@ ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, 
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
-                     WALL_S, RAY_RETRIES)
+                     WALL_S, RAY_RETRIES, BY_TURNS)
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}

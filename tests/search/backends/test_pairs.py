@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
+import pytest
 from optuna.trial import TrialState
+
+from autotune.config import MeasureSpec
+from autotune.search.budget import Budget
 
 from autotune.search.backends import pairs
 from autotune.search.backends.local import LocalBackend
@@ -18,6 +25,7 @@ def _set_aside_queued(study) -> None:
         study.tell(study.ask(), state=TrialState.FAIL)
 
 
+@pytest.mark.slow  # ~14 s of real children on a 2-core VM
 def test_the_two_repeats_of_a_decision_run_at_once_by_turns_each_recorded_as_a_search_trial(tmp_path):
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16]}}, baseline={"batch_size": 8})
     tuner = make_tuner(tmp_path, space=space)
@@ -48,3 +56,24 @@ def test_the_two_repeats_of_a_decision_run_at_once_by_turns_each_recorded_as_a_s
     assert min(waited) >= 0.1 and max(waited) > 0.5, waited
     assert [r["role"] for r in keys.trial_rows(study) if r["trial"] in {t.number for t in pair}] == \
         [f"repeat of #{first.number}, by turns"] * 2
+
+
+def test_a_pair_starts_only_where_the_search_time_left_holds_two_long_trials_and_their_turns():
+    """A pair takes two trials' time and more (each turn's untimed first step): it starts only where the search's
+    time before the reserves holds that, not where one more trial would fit; without a budget, always."""
+    measure = MeasureSpec(windows=3, window_s=3.0)
+    firsts = [SimpleNamespace(user_attrs={"wall_s": 14.0})] * 2
+
+    def ctx(started_ago: float, budget_s: float | None = 600.0):
+        budget = Budget.of(budget_s, started=time.monotonic() - started_ago, measure=measure, finalists=2,
+                           rounds=2)
+        return SimpleNamespace(budget=budget, measure=measure, numerics_check_s=lambda study: 0.0)
+
+    walls = [14.0] * 6
+    fresh = ctx(0.0)
+    left = fresh.budget.search_left_s(walls)
+    assert pairs.pair_fits(fresh, None, walls, firsts)
+    # time for one long trial but not two: out_of_time says go on, the pair waits
+    one = ctx(left - 20.0)
+    assert not one.budget.out_of_time(walls) and not pairs.pair_fits(one, None, walls, firsts)
+    assert pairs.pair_fits(ctx(1e6, None), None, walls, firsts)
