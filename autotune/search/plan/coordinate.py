@@ -14,7 +14,7 @@ bundle member is measured apart, whichever way the evidence makes more informati
 Either way the batch is walked first (``walk_first``). The knobs that helped are combined (one more trial, unless
 measured already) and the best config measured so far is kept (an earlier study's winner, ``warm_start``, among
 them); where that is off the walked line, the walk (``batch_walk``) goes on from it. Then one coordinate step: each
-other knob in the space's order (compile excluded: it is tried last, ``compile_last``), its other values measured on
+other knob in the space's order (``likely.sweep_order``; compile last, ``compile_last``), its other values measured on
 the best config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``:
@@ -25,9 +25,8 @@ and the candidate wins only if the second round, paired, is above 1 too and the 
 rule before, Student's t over two rounds, kept no-ops that agreed). A candidate at or below the incumbent is not
 repeated. A comparison reads each config's first one or two measurements in trial order: no later repeat reopens it.
 
-``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is:
-the order in which trials finish, a resumed run, or several workers change nothing, and what it needs that
-the study does not have yet is queued once (``Plan.needs``).
+``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is: the order
+in which trials finish, a resumed run, or several workers change nothing; what it lacks is queued once (``Plan.needs``).
 
 >>> p = plan(space, study.get_trials(), noise=0.05)    # doctest: +SKIP
 >>> p.phase, p.incumbent, [n.roles for n in p.needs]   # doctest: +SKIP
@@ -48,6 +47,7 @@ from autotune.config import device_family
 from autotune.measure import NOISY_REL_IQR
 from autotune.search.plan.noise import comparison_sd, repeat_keeps, single_noise
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
+from autotune.search.space.likely import sweep_order
 
 __all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
 
@@ -476,7 +476,7 @@ class _Replay:
     def sweep(self, inc: dict[str, Any]) -> dict[str, Any]:
         """One coordinate step over the knobs the separation and the walk left (module docstring)."""
         self.phase = "sweep"
-        for p in self.space.params:
+        for p in sweep_order(self.space):  # the space's order, a CPU kind's widest lever first (likely.yaml)
             if p.name in NOT_SWEPT or p.name not in complete(self.space, inc):
                 continue
             self.incumbent = inc

@@ -692,3 +692,18 @@ def test_on_a_gpu_the_likely_winners_feed_the_loader_as_every_recipe_does():
     assert for_ranks(sp, 4).likely_params()["num_workers"] == 3
     cpu = load_space(CPU_YAML, hardware=fake_hw(cores=16))
     assert cpu.likely_params() is None or cpu.likely_params().get("num_workers", 0) == 0  # the CPU measures first
+
+
+def test_the_coordinate_step_tries_a_cpu_kinds_widest_lever_first_and_the_space_order_elsewhere():
+    """On the AMX Xeon bf16 left the bundle yet was tiny_vit's largest gain: the stock space's coordinate step there
+    tries amp before the loader and the threads (``likely.yaml`` sweep_first); on other kinds, the space's order."""
+    from autotune.search.space.likely import sweep_order
+
+    amx = load_space(hardware=fake_hw(cores=2, flags=("avx2", "avx512_bf16", "amx_bf16")))
+    avx2 = load_space(hardware=fake_hw(cores=2, flags=("avx2", "fma")))
+    assert amx.cpu_kind == "amx" and avx2.cpu_kind == "avx2"
+    names = [p.name for p in sweep_order(amx)]
+    assert names[0] == "amp" and sorted(names) == sorted(p.name for p in amx.params)
+    assert names.index("amp") < names.index("num_workers") < names.index("intra_op_threads")
+    assert [p.name for p in sweep_order(avx2)] == [p.name for p in avx2.params]
+    assert [p.name for p in amx.params].index("amp") > [p.name for p in amx.params].index("num_workers")
