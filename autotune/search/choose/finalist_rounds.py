@@ -362,8 +362,9 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     last_s = 0.0
     for r in range(rounds):
         if deadline is not None and r > 0 and time.monotonic() + last_s * RUN_MARGIN > deadline:
-            log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, more than the "
-                f"{max(0.0, deadline - time.monotonic()):.0f} s left in the budget")
+            log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, priced "
+                f"{last_s * RUN_MARGIN:.1f} s with the {RUN_MARGIN - 1:.0%} a run may run over, more than the "
+                f"{max(0.0, deadline - time.monotonic()):.1f} s left in the budget")
             ev.rounds_run = r
             break
         started = time.monotonic()
