@@ -582,6 +582,22 @@ def test_one_knob_apart_folds_worker_fields_and_finds_neighbours():
     assert [(k, t.number) for k, t in neighbours(trials, base, knob="amp")] == [("amp", 0)]
 
 
+def _pruned_where(slow, ran: list):
+    """A scripted runner: a config for which ``slow(config)`` holds is 'pruned' at ~30 samples/s every time, the
+    others run 100 + batch/4; each search trial's config is appended to ``ran``."""
+    def fake(workload, config, measure, **kw):
+        if search_run(measure, kw):
+            ran.append(config)
+        if slow(config):
+            return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
+                               batch_size=config.batch_size, reason="stopped after 2 window(s)")
+        v = 100.0 + config.batch_size / 4
+        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
+                           batch_size=config.batch_size)
+
+    return fake
+
+
 @pytest.mark.slow  # over 7 s of a 2-core VM (--durations, 2026-11-29)
 def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_so(tmp_path):
     """bs=16 with channels_last is 'pruned' at 30 samples/s (a hiccup, every time here) while the same
@@ -592,16 +608,7 @@ def test_a_trial_pruned_far_below_its_neighbours_is_requeued_once_and_show_says_
 
     hiccup = TrialConfig(batch_size=16, channels_last=True)
     ran: list[TrialConfig] = []
-
-    def fake(workload, config, measure, **kw):
-        if search_run(measure, kw):
-            ran.append(config)
-        if config == hiccup:
-            return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
-                               batch_size=16, reason="stopped after 2 window(s)")
-        v = 100.0 + config.batch_size / 4
-        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
-                           batch_size=config.batch_size)
+    fake = _pruned_where(lambda c: c == hiccup, ran)
 
     logs: list[str] = []
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16, 32]},
@@ -782,16 +789,7 @@ def test_a_trial_pruned_far_below_neighbours_one_knob_apart_on_one_side_is_not_r
     """Batch 8 'pruned' at 30 samples/s every time while batches 16 and 32 (the only far faster neighbours, both
     above it) run ~104-108: the batch explains it, so it is not queued again (the rule before re-ran it)."""
     ran: list[TrialConfig] = []
-
-    def fake(workload, config, measure, **kw):
-        if search_run(measure, kw):
-            ran.append(config)
-        if config.batch_size == 8:
-            return TrialResult(status="pruned", samples_per_s=(29.0, 31.0), wall_s=1.0, peak_host_mb=10.0,
-                               batch_size=8, reason="stopped after 2 window(s)")
-        v = 100.0 + config.batch_size / 4
-        return TrialResult(status="ok", samples_per_s=(v, v, v), wall_s=1.0, peak_host_mb=10.0,
-                           batch_size=config.batch_size)
+    fake = _pruned_where(lambda c: c.batch_size == 8, ran)
 
     logs: list[str] = []
     space = tiny_space(parameters={"batch_size": {"type": "int", "choices": [8, 16, 32]},

@@ -13,7 +13,7 @@ from autotune.search.backends import pairs, protocol
 from autotune.search.record import trials as keys
 from autotune.machine.safefs import private_dir
 from autotune.config import TrialConfig
-from autotune.errors import AutotuneError, WorkloadError
+from autotune.errors import AutotuneError
 from autotune.search.record.optuna_compat import trial_id
 from autotune.search.record.storage import machine_lock, sqlite_path
 from autotune.search.record.trials import baseline_value
@@ -145,8 +145,7 @@ class _Objective:
             trial.set_user_attr(keys.REASON, result.reason)
             if result.traceback:
                 trial.set_user_attr(keys.TRACEBACK, result.traceback[-4000:])
-            raise WorkloadError(f"{result.reason.removeprefix('WorkloadError: ')} (trial {trial.number}; its "
-                                f"traceback is in {log_path})")
+            raise protocol.workload_error(trial.number, result.reason, log_path)
         return protocol.record(trial, result, limit=ctx.limit)
 
     def _wait_for_twin_in_flight(self, trial: Trial, config: TrialConfig) -> None:

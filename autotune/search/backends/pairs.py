@@ -75,7 +75,6 @@ def run_pair(ctx: SearchContext, study: Study) -> tuple[list[int], list[float]]:
     search as a trial of it does (``WorkloadError``)."""
     from optuna.trial import TrialState
 
-    from autotune.errors import WorkloadError
     from autotune.machine.safefs import private_dir
     from autotune.trial.lockstep import run_round
 
@@ -113,6 +112,5 @@ def run_pair(ctx: SearchContext, study: Study) -> tuple[list[int], list[float]]:
         raise
     for t, res, log in zip(pair, results, logs):
         if res.user_error:  # wrong for every config: the search stops with the one-line reason
-            raise WorkloadError(f"{res.reason.removeprefix('WorkloadError: ')} (trial {t.number}; its traceback "
-                                f"is in {log})")
+            raise protocol.workload_error(t.number, res.reason, log)
     return [t.number for t in pair], [res.wall_s or wall / 2 for res in results]

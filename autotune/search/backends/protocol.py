@@ -32,7 +32,8 @@ from autotune.search.record.trials import OWN_ATTRS, MemoryLimit, known, outcome
 if TYPE_CHECKING:
     from optuna import Study, Trial
 
-__all__ = ["TrialError", "make_sampler", "begin", "claim", "wait_for", "answer_from_study", "record", "settle"]
+__all__ = ["TrialError", "make_sampler", "begin", "claim", "wait_for", "answer_from_study", "record", "settle",
+           "workload_error"]
 
 
 class TrialError(Exception):
@@ -190,3 +191,12 @@ def settle(call):
         return optuna.trial.TrialState.PRUNED, None
     except TrialError:
         return optuna.trial.TrialState.FAIL, None
+
+
+def workload_error(trial_number: int, reason: str, log_path) -> Exception:
+    """The one-line error that stops a search whose workload is wrong for every config (a trial's ``user_error``):
+    its reason, the trial and where its traceback is."""
+    from autotune.errors import WorkloadError
+
+    return WorkloadError(f"{reason.removeprefix('WorkloadError: ')} (trial {trial_number}; its traceback is in "
+                         f"{log_path})")
