@@ -35,7 +35,8 @@ import optuna  # noqa: E402
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from autotune.search.plan.coordinate import complete, plan  # noqa: E402
+from autotune.search.plan.coordinate import plan  # noqa: E402
+from autotune.search.space.complete import complete  # noqa: E402
 from autotune.search.space.search_space import space_from_dict  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

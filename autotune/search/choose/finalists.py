@@ -3,11 +3,11 @@ re-measurement, and the recommendation chosen from it.
 
 A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
 measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
-is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter on memory
-(device, then host, then threads, then knobs changed) wins if its median is within ``settle.TIE_TOLERANCE`` of the
-fastest's; further behind, the two are measured in more rounds first (``settle.ExtraRounds``). A winner with reduced
-precision, channels_last, compile or N DDP ranks must pass the numerics check (``parity``) first. What the rounds
-measured is ``finalist_rounds.Evidence``.
+is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter (memory,
+device then host, by more than 10%; then threads, inter-op ones too; then knobs changed) wins if its median is within
+``settle.TIE_TOLERANCE`` of the fastest's; further behind, the two are measured in more rounds first
+(``settle.ExtraRounds``). A winner with reduced precision, channels_last, compile or N DDP ranks must pass the
+numerics check (``parity``) first. What the rounds measured is ``finalist_rounds.Evidence``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, 
                                    needs_parity, world_of)
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
-from autotune.search.choose.settle import TIE_TOLERANCE, paired_speeds, ratio_interval, round_spread
+from autotune.search.choose.settle import TIE_TOLERANCE, lightest, paired_speeds, ratio_interval, round_spread
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.search.choose.time_plan import rerun_wall_s
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
 from autotune.recommendation import Recommendation
-from autotune.search.record.trials import (MemoryLimit, baseline_trial, baseline_value, departures, feasible_by_config,
+from autotune.search.record.trials import (MemoryLimit, baseline_trial, baseline_value, feasible_by_config,
                                            noise_of)
 
 if TYPE_CHECKING:
@@ -195,12 +195,6 @@ def _memory_out(limit, c: TrialConfig, ev: Evidence) -> list[str]:
     return why
 
 
-def _lightness(x: Scored, ev: Evidence) -> tuple:
-    """What wins a tie, least first: device memory, host memory (64 MB steps), threads, knobs changed."""
-    return (round((ev.device_peaks[x.config.key()] or 0.0) / 64), round(x.peak_mb / 64),
-            (x.config.intra_op_threads or 99) + x.config.num_workers, departures(x.config))
-
-
 def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
                notes: list[str]) -> tuple[list[Scored], list[tuple]]:
     """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
@@ -282,7 +276,7 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
         # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
         close = [best] + [x for x in scored[1:]
                           if ratio_interval(rounds[best.config.key()], rounds[x.config.key()])[1] <= 1.0]
-        chosen = min(close, key=lambda x: _lightness(x, ev))
+        chosen = lightest(close, ev.device_peaks)
         gap = speed[best.config.key()] / speed[chosen.config.key()] - 1
         if chosen is best or gap <= TIE_TOLERANCE:
             break
@@ -293,8 +287,8 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
             notes.append(f"{best.config.short()} kept over the lighter {chosen.config.short()}: {100 * gap:.1f}% "
                          f"ahead, paired over {len(rounds[best.config.key()])} rounds, within noise; a lighter "
                          f"config wins a tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
-            chosen = min((x for x in close if speed[best.config.key()] / speed[x.config.key()] - 1 <= TIE_TOLERANCE),
-                         key=lambda x: _lightness(x, ev))
+            chosen = lightest([x for x in close if speed[best.config.key()] / speed[x.config.key()] - 1
+                               <= TIE_TOLERANCE], ev.device_peaks)
             break
         extra += 1
         for x in (best, chosen):  # an extra round can put either out, as any round can
@@ -321,14 +315,14 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     left too little memory, or failed the numerics check).
 
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
-    whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins,
-    unless another is within noise of it and lighter on memory (device memory first, then host, then threads,
-    then knobs changed from PyTorch's defaults: ``trials.departures``) and its median within ``TIE_TOLERANCE`` of
-    the fastest's: "within noise" means the 95% interval of the ratio of their medians over the interleaved rounds
-    (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config within noise but
-    further behind is measured against the fastest in more rounds while ``more(ev, fastest, lighter, why, gap)`` runs
-    one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the numerics guard: a
-    winner with bf16/fp16 or compile must train like fp32 eager (``parity.parity_check``, in a
+    whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins, unless
+    another is within noise of it and lighter (device memory, then host, each by more than ``settle.MEMORY_TIE``,
+    then threads, then knobs changed from PyTorch's defaults: ``settle.lightest``) and its median within
+    ``TIE_TOLERANCE`` of the fastest's: "within noise" means the 95% interval of the ratio of their medians over the
+    interleaved rounds (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config
+    within noise but further behind is measured against the fastest in more rounds while ``more(ev, fastest,
+    lighter, why, gap)`` runs one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the
+    numerics guard: a winner with bf16/fp16 or compile must train like fp32 eager (``parity.parity_check``, in a
     child), else the next best (one fp32 eager process passes)."""
     notes: list[str] = []
     limit = ctx.limit

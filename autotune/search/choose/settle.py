@@ -34,15 +34,45 @@ from typing import Any, Callable
 from autotune.measure import summarize
 from autotune.search.budget import RUN_MARGIN
 from autotune.search.choose.finalist_rounds import run_configs, run_line, run_log
+from autotune.search.record.trials import departures
 
-__all__ = ["TIE_TOLERANCE", "EXTRA_ROUNDS", "ratio_interval", "round_ratios", "round_spread", "paired_speeds",
-           "t_quantile", "ExtraRounds"]
+__all__ = ["TIE_TOLERANCE", "MEMORY_TIE", "MEMORY_TIE_MB", "EXTRA_ROUNDS", "lightest", "ratio_interval",
+           "round_ratios", "round_spread", "paired_speeds", "t_quantile", "ExtraRounds"]
 
 # A lighter config wins a tie with the fastest only within this much of its median (the quality goal: >= 0.98).
 TIE_TOLERANCE = 0.02
+# A config is lighter on memory than another in a tie only by more than this share of the lesser peak, and at least
+# MEMORY_TIE_MB: fresh processes of one config peak a few percent apart, and fixed steps split equal peaks at their
+# edges (a 64 MB step let a noisy host peak decide ties the threads should have).
+MEMORY_TIE = 0.10
+MEMORY_TIE_MB = 64.0
 # At most this many extra rounds of the two configs in dispute, per finalists' choice (5 rounds in all with the
 # default 2: the interval ~0.6x as wide); each is two runs, about 2 min at 160 px on 2 cores.
 EXTRA_ROUNDS = 3
+
+
+def lightest(close: list, device_peaks: dict) -> Any:
+    """The config that wins a tie among ``close`` (each with ``.config`` and its host ``.peak_mb``; fastest first):
+    the least device memory (``device_peaks`` by config key), then host memory, each lighter only by more than
+    ``MEMORY_TIE`` of the least (at least ``MEMORY_TIE_MB``); then the fewest threads (intra-op, inter-op and
+    workers: PyTorch's inter-op pool is threads too; unset counts as many); then the fewest knobs changed from
+    PyTorch's defaults (``trials.departures``); the faster among equals.
+
+    >>> from types import SimpleNamespace as S
+    >>> from autotune.config import TrialConfig
+    >>> a = S(config=TrialConfig(batch_size=64, intra_op_threads=2, inter_op_threads=2), peak_mb=1000.0)
+    >>> b = S(config=TrialConfig(batch_size=64, intra_op_threads=2, inter_op_threads=1), peak_mb=1040.0)
+    >>> lightest([a, b], {}) is b          # 4% more host memory is within the noise: one thread fewer decides
+    True
+    >>> lightest([a, S(config=b.config, peak_mb=1200.0)], {}) is a
+    True
+    """
+    pool = list(close)
+    for peak in (lambda x: device_peaks.get(x.config.key()) or 0.0, lambda x: x.peak_mb):
+        least = min(peak(x) for x in pool)
+        pool = [x for x in pool if peak(x) <= least + max(MEMORY_TIE_MB, MEMORY_TIE * least)]
+    return min(pool, key=lambda x: ((x.config.intra_op_threads or 99) + (x.config.inter_op_threads or 99)
+                                    + x.config.num_workers, departures(x.config)))
 
 
 @functools.lru_cache(maxsize=256)

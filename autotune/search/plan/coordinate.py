@@ -36,7 +36,6 @@ in which trials finish, a resumed run, or several workers change nothing; what i
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -47,19 +46,16 @@ from autotune.config import device_family
 from autotune.measure import NOISY_REL_IQR
 from autotune.search.plan.noise import comparison_sd, repeat_keeps, single_noise
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
+from autotune.search.space.complete import complete
 from autotune.search.space.likely import sweep_order
 
-__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "complete", "candidates", "MAX_TRIED", "NOT_SWEPT"]
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
 MAX_TRIED = 4
 # Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
 NOT_SWEPT = ("batch_size", "compile_mode")
-
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-        "!=": operator.ne}
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -101,24 +97,6 @@ class Plan:
         return {"bundle": "baseline and likely winners", "separate": "likely winners one at a time", "warm":
                 "earlier studies' winners", "walk": "batch walk", "sweep": "one knob at a time", "done": "sampler"}[
             self.phase]
-
-
-def complete(space, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` as a full set of the space's Optuna params: a conditional knob whose condition now holds
-    (prefetch once there are workers) gets its baseline value, else its first choice; one whose condition
-    does not hold is dropped. So the queued trial runs exactly the config the plan reads back."""
-    out: dict[str, Any] = {}
-    for p in space.params:
-        if p.when is not None:
-            ref, op, value = p.when
-            if ref not in out or not _OPS[op](out[ref], value):
-                continue
-        v = params.get(p.name)
-        if p.name not in params or v not in p.choices:
-            base = space.baseline.get(p.name)
-            v = base if base in p.choices else p.choices[0]
-        out[p.name] = v
-    return out
 
 
 def candidates(param, current: Any) -> list[Any]:

@@ -90,7 +90,7 @@ def keep_incumbent(study: Study, space: SearchSpace, planned: Plan) -> None:
     """The config the plan keeps as its best so far, on the study (``keys.PLAN_KEPT``): a provisional recommendation
     prefers it over a faster single trial within the noise of it (``finalists.provisional``), whoever builds one
     (the run, ``autotune export``, the report) and whether or not the plan is worked out there."""
-    from autotune.search.plan.coordinate import complete
+    from autotune.search.space.complete import complete
 
     if planned.incumbent is None:
         return

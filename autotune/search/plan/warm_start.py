@@ -22,7 +22,6 @@ trial 2 is a warm start: the winner of resnet18-train-64px-synthetic-cpu-... #14
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,8 +39,6 @@ __all__ = ["WARM_START_MAX", "Winner", "earlier_winners", "params_for", "queue_w
 # not transfer, so a few, not every study in the storage.
 WARM_START_MAX = 3
 
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-        "!=": operator.ne}
 
 
 @dataclass(frozen=True)
@@ -123,10 +120,8 @@ def params_for(config: TrialConfig, space) -> dict[str, Any]:
     """
     values: dict[str, Any] = {}
     for p in space.params:
-        if p.when is not None:
-            ref, op, value = p.when
-            if ref not in values or not _OPS[op](values[ref], value):
-                continue
+        if not p.holds(values):
+            continue
         v = getattr(config, p.name, None)
         if p.type == "int" and isinstance(v, int) and not isinstance(v, bool) and v not in p.choices:
             v = min(p.choices, key=lambda c: (abs(c - v), c))

@@ -20,7 +20,6 @@ with no workers).
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Any, Iterable
 
 from autotune.search.record.trials import CONFIG, config_of
@@ -30,8 +29,6 @@ __all__ = ["untried", "untried_in_study", "untried_line", "NOT_LISTED"]
 # walked by its own plan (batch_walk) and so never "untried" in the coordinate step's sense
 NOT_LISTED = ("batch_size",)
 
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-        "!=": operator.ne}
 
 
 def untried(space: Any, ran: Iterable[dict[str, Any]], recommended: dict[str, Any]) -> dict[str, list]:
@@ -46,10 +43,8 @@ def untried(space: Any, ran: Iterable[dict[str, Any]], recommended: dict[str, An
     for p in space.params:
         if p.name in NOT_LISTED or len(p.choices) < 2:
             continue
-        if p.when is not None:
-            ref, op, value = p.when
-            if ref not in recommended or not _OPS[op](recommended[ref], value):
-                continue
+        if not p.holds(recommended):
+            continue
         missing = [c for c in p.choices if _hashable(c) not in seen.get(p.name, set())]
         if missing:
             out[p.name] = missing

@@ -15,7 +15,6 @@ threads together stay within the cores; DDP's own arguments (``config.DDP_KNOBS`
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,8 +36,6 @@ __all__ = ["Param", "SearchSpace", "load_space", "default_space_path", "fit_work
 
 _KNOBS = {f.name for f in dataclasses.fields(TrialConfig)}
 _TYPES = ("int", "bool", "categorical")
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-        "!=": operator.ne}
 _WHEN = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 _TOP_KEYS = {"name", "device", "oversubscribe", "parameters", "fixed", "baseline", "description"}
 
@@ -73,7 +70,7 @@ class SearchSpace:
         """Ask an Optuna trial for one point and return the config that will really run (see ``effective``)."""
         values: dict[str, Any] = {}
         for p in self.params:
-            if p.when is not None and not _holds(p.when, values):
+            if not p.holds(values):
                 continue
             if p.type == "int" and _is_range(p.choices):
                 values[p.name] = trial.suggest_int(p.name, p.choices[0], p.choices[-1])
@@ -176,13 +173,6 @@ class SearchSpace:
 def _is_range(choices: tuple) -> bool:
     return len(choices) > 2 and all(isinstance(c, int) for c in choices) and \
         list(choices) == list(range(choices[0], choices[-1] + 1))
-
-
-def _holds(when: tuple, values: dict[str, Any]) -> bool:
-    name, op, value = when
-    if name not in values:
-        return False
-    return bool(_OPS[op](values[name], value))
 
 
 def default_space_path(device: str) -> Path:

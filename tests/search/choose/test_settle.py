@@ -138,3 +138,26 @@ def test_the_planned_rounds_grow_with_the_noise_and_never_read_the_confirmation(
     assert [planned_rounds(s) for s in (0.0, 0.01, 0.02, 0.03, 0.05, 0.2)] == sorted(
         planned_rounds(s) for s in (0.0, 0.01, 0.02, 0.03, 0.05, 0.2))
     assert planned_rounds(0.0) == 2 and planned_rounds(None) == planned_rounds(1.0) == MAX_ROUNDS
+
+
+def test_a_tie_goes_to_fewer_threads_when_the_host_peaks_differ_by_noise_only():
+    """transformer_tiny, 2026-11-30 (quality-budget-2026-11-30b): t=2/2 and t=2/1 within noise in the finalists'
+    rounds; the grid then measured one inter-op thread 1-5% ahead in 4 of 4 rounds. The tie went to t=2/2: the
+    threads counted intra-op threads and workers only, and host peaks in 64 MB steps split two peaks a few MB apart.
+    Now the inter-op pool counts, and a peak is lighter only by more than 10% (at least 64 MB) of the least."""
+    from autotune.search.choose.settle import MEMORY_TIE, lightest
+
+    def fin_(inter, peak, workers=0):
+        c = TrialConfig(batch_size=256, intra_op_threads=2, inter_op_threads=inter, num_workers=workers)
+        return SimpleNamespace(config=c, peak_mb=peak)
+
+    two, one = fin_(2, 1000.0), fin_(1, 1000.0 + 1000.0 * MEMORY_TIE * 0.9)
+    assert lightest([two, one], {}) is one                      # 9% more host memory: within the noise of peaks
+    assert lightest([two, fin_(1, 1000.0 * (1 + 2 * MEMORY_TIE))], {}) is two  # 20% more: memory decides first
+    edge_b = fin_(1, 2017.0)
+    assert lightest([fin_(2, 2015.0), edge_b], {}) is edge_b    # the two sides of a 64 MB step's edge
+    assert lightest([fin_(1, 1000.0, workers=1), one], {}) is one  # a worker is a thread too
+    # device memory first: the lighter device peak wins whatever the threads
+    assert lightest([one, two], {one.config.key(): 900.0, two.config.key(): 500.0}) is two
+    twin = fin_(1, 1000.0)
+    assert lightest([twin, one], {}) is twin                    # equal in all: the faster (first) stays

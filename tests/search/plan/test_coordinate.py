@@ -19,7 +19,8 @@ from autotune import MeasureSpec, Workload
 from autotune.config import TrialConfig, TrialResult
 from autotune.search.budget import Budget
 from autotune.search.plan import phases
-from autotune.search.plan.coordinate import candidates, complete, plan
+from autotune.search.plan.coordinate import candidates, plan
+from autotune.search.space.complete import complete
 from autotune.machine.hardware import detect
 from autotune.search.space.search_space import Param, space_from_dict
 from autotune.search.record.trials import role

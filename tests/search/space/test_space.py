@@ -707,3 +707,23 @@ def test_the_coordinate_step_tries_a_cpu_kinds_widest_lever_first_and_the_space_
     assert names.index("amp") < names.index("num_workers") < names.index("intra_op_threads")
     assert [p.name for p in sweep_order(avx2)] == [p.name for p in avx2.params]
     assert [p.name for p in amx.params].index("amp") > [p.name for p in amx.params].index("num_workers")
+
+
+def test_a_step_to_workers_comes_with_persistent_workers_and_a_step_can_still_turn_them_off():
+    """The coordinate step's loader move (``num_workers=1``) on the stock space: persistent workers come with it
+    (``complete.COMES_ON``; without them every epoch's start forks the workers anew), PyTorch's prefetch of 2 too;
+    a config that says otherwise keeps what it says, and without workers neither knob is set."""
+    import doctest
+
+    from autotune.search.space import complete as complete_module, param as param_module
+    from autotune.search.space.complete import complete
+
+    sp = load_space(CPU_YAML, hardware=fake_hw(cores=2, flags=("avx2", "fma")))
+    base = sp.baseline_params()
+    on = complete(sp, {**base, "num_workers": 1})
+    assert on["persistent_workers"] is True and on["prefetch_factor"] == 2, on
+    assert sp.effective(on).persistent_workers is True
+    assert complete(sp, {**base, "num_workers": 1, "persistent_workers": False})["persistent_workers"] is False
+    off = complete(sp, {**base, "num_workers": 0, "persistent_workers": True})
+    assert "persistent_workers" not in off and "prefetch_factor" not in off
+    assert doctest.testmod(complete_module).failed == 0 and doctest.testmod(param_module).failed == 0
