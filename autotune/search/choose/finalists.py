@@ -316,11 +316,11 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
 
     A finalist that failed any round (out of memory, over the cap or the margin, timed out, crashed) is out,
     whatever its other rounds measured, and the recommendation's notes say so. The fastest by median wins, unless
-    another is within noise of it and lighter (device memory, then host, each by more than ``settle.MEMORY_TIE``,
-    then threads, then knobs changed from PyTorch's defaults: ``settle.lightest``) and its median within
-    ``TIE_TOLERANCE`` of the fastest's: "within noise" means the 95% interval of the ratio of their medians over the
-    interleaved rounds (``ratio_interval``) includes 1, not that their windows spread widely. A lighter config
-    within noise but further behind is measured against the fastest in more rounds while ``more(ev, fastest,
+    another is within noise of it and lighter (device memory, then host, each by more than ``settle.MEMORY_TIE`` and
+    ``MEMORY_TIE_MB``, then threads, then knobs changed from PyTorch's defaults: ``settle.lightest``) and its median
+    within ``TIE_TOLERANCE`` of the fastest's: "within noise" means the 95% interval of the ratio of their medians
+    over the interleaved rounds (``ratio_interval``) includes 1, not that their windows spread widely. A lighter
+    config within noise but further behind is measured against the fastest in more rounds while ``more(ev, fastest,
     lighter, why, gap)`` runs one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the
     numerics guard: a winner with bf16/fp16 or compile must train like fp32 eager (``parity.parity_check``, in a
     child), else the next best (one fp32 eager process passes)."""

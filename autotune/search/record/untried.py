@@ -8,10 +8,11 @@ measured somewhere in the study, if not beside the recommendation's other knobs.
 knobs fixed by the space are left out; so is a knob whose condition the recommendation does not meet (prefetch
 with no workers).
 
->>> from types import SimpleNamespace as P
->>> space = P(params=[P(name="malloc", choices=("default", "retain", "tcmalloc"), when=None),
-...                   P(name="prefetch_factor", choices=(2, 4), when=("num_workers", ">", 0)),
-...                   P(name="batch_size", choices=(16, 32), when=None)])
+>>> from types import SimpleNamespace
+>>> from autotune.search.space.param import Param as P
+>>> space = SimpleNamespace(params=[P("malloc", "categorical", ("default", "retain", "tcmalloc")),
+...                                 P("prefetch_factor", "int", (2, 4), when=("num_workers", ">", 0)),
+...                                 P("batch_size", "int", (16, 32))])
 >>> untried(space, [{"malloc": "default"}, {"malloc": "retain", "num_workers": 0}], {"malloc": "retain",
 ...         "num_workers": 0, "batch_size": 32})
 {'malloc': ['tcmalloc']}
@@ -30,10 +31,9 @@ __all__ = ["untried", "untried_in_study", "untried_line", "NOT_LISTED"]
 NOT_LISTED = ("batch_size",)
 
 
-
 def untried(space: Any, ran: Iterable[dict[str, Any]], recommended: dict[str, Any]) -> dict[str, list]:
-    """``{knob: [values no finished trial ran]}`` over ``space.params`` (each with ``name``, ``choices``,
-    ``when``), given the configs the study ``ran`` (dicts of knob values) and the ``recommended`` config's; empty
+    """``{knob: [values no finished trial ran]}`` over ``space.params`` (``Param``s: a name, choices and a condition,
+    ``Param.holds``), given the configs the study ``ran`` (dicts of knob values) and the ``recommended`` config's; empty
     when every value was measured."""
     seen: dict[str, set] = {}
     for config in ran:

@@ -17,16 +17,19 @@ COMES_ON = {"persistent_workers": True}
 
 
 def complete(space, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` as a full set of the space's Optuna params: a conditional knob whose condition now holds
-    (prefetch once there are workers) gets its baseline value, else its value in ``COMES_ON`` where the space offers
-    it, else its first choice; one whose condition does not hold is dropped. So the queued trial runs exactly the
-    config the plan reads back.
+    """``params`` as a full set of the space's Optuna params: a conditional knob whose condition now holds (prefetch
+    once there are workers) gets its baseline value, else, where ``params`` does not name it, its value in
+    ``COMES_ON`` where the space offers it, else its first choice (a knob named with a value the space lacks, as a
+    separation's revert to a baseline that has none, takes the first: persistent workers off); one whose condition
+    does not hold is dropped. So the queued trial runs exactly the config the plan reads back.
 
     >>> from autotune.search.space.search_space import Param, SearchSpace
     >>> space = SearchSpace("s", "cpu", [Param("num_workers", "int", (0, 1)), Param("persistent_workers", "bool",
     ...     (False, True), when=("num_workers", ">", 0))], fixed={}, baseline={"num_workers": 0})
     >>> complete(space, {"num_workers": 1}), complete(space, {"num_workers": 0, "persistent_workers": True})
     ({'num_workers': 1, 'persistent_workers': True}, {'num_workers': 0})
+    >>> complete(space, {"num_workers": 1, "persistent_workers": None})
+    {'num_workers': 1, 'persistent_workers': False}
     """
     out: dict[str, Any] = {}
     for p in space.params:
@@ -35,6 +38,7 @@ def complete(space, params: dict[str, Any]) -> dict[str, Any]:
         v = params.get(p.name)
         if p.name not in params or v not in p.choices:
             base = space.baseline.get(p.name)
-            v = base if base in p.choices else COMES_ON[p.name] if COMES_ON.get(p.name) in p.choices else p.choices[0]
+            on = COMES_ON.get(p.name) if p.name not in params else None  # a revert to None means the plainest
+            v = base if base in p.choices else on if on is not None and on in p.choices else p.choices[0]
         out[p.name] = v
     return out

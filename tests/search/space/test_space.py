@@ -724,6 +724,11 @@ def test_a_step_to_workers_comes_with_persistent_workers_and_a_step_can_still_tu
     assert on["persistent_workers"] is True and on["prefetch_factor"] == 2, on
     assert sp.effective(on).persistent_workers is True
     assert complete(sp, {**base, "num_workers": 1, "persistent_workers": False})["persistent_workers"] is False
+    # a separation's revert to a baseline that has no value for it (a GPU's likely loader has them on): off
+    assert complete(sp, {**base, "num_workers": 1, "persistent_workers": None})["persistent_workers"] is False
     off = complete(sp, {**base, "num_workers": 0, "persistent_workers": True})
     assert "persistent_workers" not in off and "prefetch_factor" not in off
-    assert doctest.testmod(complete_module).failed == 0 and doctest.testmod(param_module).failed == 0
+    from autotune.search.record import untried as untried_module  # its example reads conditions by Param.holds
+
+    for module in (complete_module, param_module, untried_module):
+        assert doctest.testmod(module).failed == 0, module.__name__
