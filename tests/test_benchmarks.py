@@ -548,3 +548,37 @@ def test_the_quality_judge_holds_the_best_out_of_the_rounds_it_divides_by():
         held.append(math.log(quality.held_out(xs, "a", list(xs))))
     assert statistics.mean(plain) < -0.03, statistics.mean(plain)
     assert abs(statistics.mean(held)) < 0.02, statistics.mean(held)
+
+
+@pytest.mark.slow
+def test_inter_op_script_pairs_each_pick_with_one_inter_op_thread_by_turns(tmp_path):
+    """benchmarks/inter_op.py: the longest budget's pick of each workload in a quality JSON against the same with
+    one inter-op thread, rounds by turns, the order rotating; a pick with one already is skipped."""
+    import dataclasses
+
+    from autotune.config import TrialConfig, Workload
+
+    wl = dataclasses.asdict(Workload(model=TINY, image_size=32, num_classes=10, dataset_size=64))
+    pick = TrialConfig(batch_size=8, intra_op_threads=1, inter_op_threads=2)
+    quality = {"workloads": [
+        {"label": "tiny", "workload": wl, "budget": "4m", "budget_s": 240.0,
+         "contender_configs": {"recommendation 4m": dataclasses.replace(pick, batch_size=4).to_dict()}},
+        {"label": "tiny", "workload": wl, "budget": "10m", "budget_s": 600.0,
+         "contender_configs": {"recommendation 10m": pick.to_dict()}},
+        {"label": "one already", "workload": {**wl, "image_size": 33}, "budget": "10m", "budget_s": 600.0,
+         "contender_configs": {"recommendation": dataclasses.replace(pick, inter_op_threads=1).to_dict()}}]}
+    src, out = tmp_path / "quality.json", tmp_path / "inter_op.json"
+    src.write_text(json.dumps(quality))
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "inter_op.py"), str(src), "--rounds", "2", "--windows", "2",
+         "--window-seconds", "0.2", "--out", str(out)],
+        cwd=str(REPO_ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rounds = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("round ")]
+    assert [r[2] for r in rounds] == ["own", "one", "one", "own"], rounds  # each first in every other round
+    assert proc.stdout.count("one inter-op thread already; skipped") == 1
+    raw = json.loads(out.read_text())["workloads"]
+    assert len(raw) == 1 and raw[0]["config"]["batch_size"] == 8  # the 10-minute pick, not the 4-minute one
+    assert [len(w) for w in raw[0]["windows"].values()] == [2, 2]
+    assert len(raw[0]["one_over_own"]["rounds"]) == 2

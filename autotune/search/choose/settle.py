@@ -43,7 +43,7 @@ __all__ = ["TIE_TOLERANCE", "MEMORY_TIE", "MEMORY_TIE_MB", "EXTRA_ROUNDS", "ligh
 TIE_TOLERANCE = 0.02
 # A config is lighter on memory than another in a tie only by more than this share of the lesser peak, and at least
 # MEMORY_TIE_MB: fresh processes of one config peak a few percent apart, and fixed steps split equal peaks at their
-# edges (a 64 MB step let a noisy host peak decide ties the threads should have).
+# edges (two peaks a few MB apart fell on either side of one).
 MEMORY_TIE = 0.10
 MEMORY_TIE_MB = 64.0
 # At most this many extra rounds of the two configs in dispute, per finalists' choice (5 rounds in all with the
