@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.config import MeasureSpec, TrialConfig, Workload  # noqa: E402
 from autotune.machine.hardware import detect  # noqa: E402
 from autotune.search.choose.settle import ratio_interval  # noqa: E402
-from benchmarks.quality import interleaved  # noqa: E402
+from benchmarks.quality import interleaved, paired  # noqa: E402
 
 
 def picks(quality: dict) -> list[tuple[Workload, TrialConfig]]:
@@ -68,8 +68,7 @@ def main(argv=None) -> int:
         contenders = {"own": config, "one inter-op": dataclasses.replace(config, inter_op_threads=1)}
         xs = interleaved(workload, contenders, measure, a.rounds, by_turns=True)
         ratio, lo, hi = ratio_interval(xs["one inter-op"], xs["own"])
-        per_round = [sorted(o)[len(o) // 2] / sorted(w)[len(w) // 2] for o, w in zip(xs["one inter-op"], xs["own"])
-                     if o and w]
+        per_round = (paired(xs, "one inter-op", "own") or {"rounds": []})["rounds"]  # each round's ratio of medians
         rows.append((workload.label(), config.short(), ratio, lo, hi, per_round))
         raw.append({"workload": workload.label(), "config": config.to_dict(), "windows": xs,
                     "one_over_own": {"ratio": ratio, "low": lo, "high": hi, "rounds": per_round}})
