@@ -60,7 +60,12 @@ def main(argv=None) -> int:
     print(f"# {machine}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     measure = MeasureSpec(windows=a.windows, window_s=a.window_seconds, min_window_steps=1, timeout_s=600)
     rows, raw = [], []
-    for workload, config in picks(json.loads(Path(a.quality_json).read_text())):
+    try:
+        chosen = picks(json.loads(Path(a.quality_json).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.exit(f"inter_op.py: {a.quality_json} is not a benchmarks/quality.py --out JSON ({type(exc).__name__}: "
+                 f"{exc})")
+    for workload, config in chosen:
         if config.inter_op_threads == 1:
             print(f"## {workload.label()}: its pick has one inter-op thread already; skipped", flush=True)
             continue
