@@ -27,7 +27,7 @@ from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, TURN_EXTRA_PRIOR, Budget, confirm_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
-from autotune.search.choose.contenders import contenders, lost_gap
+from autotune.search.choose.contenders import contenders, lost_gap, planned_trial
 from autotune.search.choose import finalist_rounds as fin_rounds
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
@@ -387,8 +387,9 @@ class Tuner:
         ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
         gap = lost_gap(study.get_trials(deepcopy=False))
-        # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``)
-        chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study))
+        # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``),
+        chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study),
+                            planned=planned_trial(study, feasible))  # and the planned search's best
         top = chosen.top
         # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps.
         # By turns a finalist runs as a confirmation run does (``Budget.finalist_measure``): the search trials' window

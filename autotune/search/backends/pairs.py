@@ -12,8 +12,10 @@ The rule that reads the pair is unchanged (``noise.repeat_keeps``, in units of a
 conservative for a paired round). Only on this machine's CPU, with the tuner's own runner, both search trials'
 memory at once within the cap and ``/dev/shm`` (``SearchContext.pair_by_turns``), with SQLite (one run holds the
 study: no other worker waits on a heartbeat these trials do not send), and where the search's time holds the pair
-(``pair_fits``). Otherwise each runs alone, as before; so does a repeat queued alone (its other config was measured
-twice already, and a decision reads each config's first two measurements: ``coordinate._Replay.get``).
+(``pair_fits``). Otherwise each runs alone, as before. The plan queues both of a comparison's repeats together even
+where the incumbent was measured twice already (``round_of``: 2026-11-30, tiny_vit at 10 minutes read a candidate's
+repeat run alone against the incumbent's repeat from another comparison a minute before:
+"+11.0%, side by side", and channels_last was reverted; re-measured by turns the pick ran x0.84 of the 4-minute one).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
 
-__all__ = ["Contenders", "contenders", "lighter_sibling", "lost_gap", "LOSER_SPREAD"]
+__all__ = ["Contenders", "contenders", "planned_trial", "lighter_sibling", "lost_gap", "LOSER_SPREAD"]
 
 # The spread between fresh processes of one config (sd of log) ``lost_gap`` assumes at least: the middle of what these
 # VMs show (5-20%; 17-36% between processes of 0.3 s windows under load, benchmarks/results/coverage-windows-*).
@@ -22,8 +22,8 @@ LOSER_SPREAD = 0.10
 
 
 class Contenders(NamedTuple):
-    """Who gets a finalist round: ``top`` (best first), the notes on those left out (``left_out``), and the best
-    config's lighter sibling where it was added second (``sibling``, None where not) with its note."""
+    """Who gets a finalist round: ``top`` (best first), the notes on those left out or added (``left_out``), the best
+    config's lighter sibling where it was added (``sibling``, None where not) with its note."""
 
     top: list
     left_out: tuple[str, ...] = ()
@@ -31,13 +31,17 @@ class Contenders(NamedTuple):
     sibling_note: tuple[str, ...] = ()
 
 
-def contenders(ranked: list, *, k: int, gap: float, base=None) -> Contenders:
+def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> Contenders:
     """The finalists: the first ``k`` of ``ranked`` (feasible trials, best first), less those the best outran by
     more than ``gap`` (``lost_gap``: best / it > 1 + gap, beyond what two fresh processes of one config differ by);
     their rounds would buy nothing but time the search spends better (issue 50). The best always stays. With
     ``base`` (the baseline trial) and ``k`` >= 2, the best config's ``lighter_sibling`` comes second where it is not
     among them already, the last making room when there are ``k``: the finalists' plan drops from the end when
-    time is short, so the sibling stays longer than the search's third.
+    time is short, so the sibling stays longer than the search's third. Before it comes ``planned``, the planned
+    search's best config (its trial, ``keys.PLAN_KEPT``), where it is not among them and not beyond ``gap``: its place
+    rests on decisions paired where they were close (``coordinate``), the search's fastest trials on one draw each,
+    and a spell of the machine lifts several trials in a row (2026-11-30, tiny_vit at 10 minutes: three sampler trials
+    at 415-419 samples/s took every finalist place from the plan's 394; the one recommended ran 325-362 re-measured).
 
     >>> from types import SimpleNamespace as T
     >>> c = contenders([T(number=3, value=100.0), T(number=7, value=90.0), T(number=1, value=70.0)], k=3, gap=0.262)
@@ -55,10 +59,17 @@ def contenders(ranked: list, *, k: int, gap: float, base=None) -> Contenders:
                   f"x{best.value / t.value:.2f} its figure in the search: beyond the x{1 + gap:.2f} that two fresh "
                   "processes of one config differ by at 95%" for t in out if t.value)
     top = [t for t in top if t not in out]
+    at = 1  # where the sibling goes: after the planned search's best, where that is added
+    if (k >= 2 and planned is not None and planned.value and all(t is not planned for t in top)
+            and best.value / planned.value <= 1.0 + gap):
+        top, at = [best, planned] + top[1:k - 1], 2
+        notes += (f"finalist trial {planned.number}: the planned search's best config (its close calls measured "
+                  f"twice), beside the search's fastest trial (trial {best.number}), x{best.value / planned.value:.2f} "
+                  "its figure on one draw",)
     sib = lighter_sibling(ranked, base, gap=gap) if k >= 2 else None
-    if sib is None or any(t is sib for t in top):
+    if sib is None or any(t is sib for t in top) or at >= k:
         return Contenders(top, notes)
-    kept = ([top[0], sib] + top[1:])[:k]
+    kept = (top[:at] + [sib] + top[at:])[:k]
     dropped = [t for t in top if t not in kept]
     apart = _apart(top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG])
     one = len(apart) == 1
@@ -66,6 +77,13 @@ def contenders(ranked: list, *, k: int, gap: float, base=None) -> Contenders:
             f"has {'it' if one else 'them'}, so the rounds measure what {'it buys' if one else 'they buy'}, paired"
             + (f" (in place of trial {dropped[0].number}, the search's next best)" if dropped else ""))
     return Contenders(kept, notes, sib, (note,))
+
+
+def planned_trial(study, feasible: dict):
+    """The trial of the config the planned search keeps as its best (``keys.PLAN_KEPT``) in ``feasible`` (config key ->
+    trial, ``trials.feasible_by_config``); None where the plan kept none or that config is not among them."""
+    kept = study.user_attrs.get(keys.PLAN_KEPT)
+    return feasible.get(TrialConfig.from_dict(kept).key()) if kept else None
 
 
 def lighter_sibling(ranked: list, base, *, gap: float):

@@ -27,6 +27,7 @@ from autotune.errors import AutotuneError
 from autotune.measure import summarize
 from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, compared_with, first_passing,
                                    needs_parity, world_of)
+from autotune.search.choose.contenders import planned_trial
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import TIE_TOLERANCE, lightest, paired_speeds, ratio_interval, round_spread
@@ -455,8 +456,7 @@ def provisional(study: Study, *, storage: str = "") -> Recommendation:
     workload = Workload.from_dict(study.user_attrs[keys.STUDY_WORKLOAD])
     # the fastest, or on its loader one that waited for data within the noise of it (a GPU's pipeline)
     best, passed_over = provisional_best(feasible.values(), device=workload.device_family)
-    planned = study.user_attrs.get(keys.PLAN_KEPT)
-    kept = feasible.get(TrialConfig.from_dict(planned).key()) if planned and not passed_over else None
+    kept = planned_trial(study, feasible) if not passed_over else None
     noise, level = noise_of(study.get_trials(deepcopy=False)), lambda t: keys.config_level(study, t)
     if kept is not None and kept is not best and kept.value and level(best) <= level(kept) * (1 + noise):
         passed_over = (f"the planned search's best config (trial {kept.number}) is recommended over the fastest search "

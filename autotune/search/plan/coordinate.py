@@ -17,13 +17,15 @@ them); where that is off the walked line, the walk (``batch_walk``) goes on from
 other knob in the space's order (``likely.sweep_order``; compile last, ``compile_last``), its other values measured on
 the best config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
-Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``:
-the study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the
-noise above it both are measured once more, side by side (``repeat_of``; by turns where they may, ``backends.pairs``),
-and the candidate wins only if the second round, paired, is above 1 too and the two rounds' mean log ratio clears
-``noise.REPEAT_Z`` standard errors of one comparison of fresh processes (``noise.repeat_keeps``; docs/search.md: the
-rule before, Student's t over two rounds, kept no-ops that agreed). A candidate at or below the incumbent is not
-repeated. A comparison reads each config's first one or two measurements in trial order: no later repeat reopens it.
+Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``: the
+study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the noise
+above it both are measured once more, side by side (``repeat_of``; by turns where they may, ``backends.pairs``), each
+comparison its own pair (``round_of``: an incumbent measured twice already is measured again beside the candidate's
+repeat, not read from another comparison's round minutes before), and the candidate wins only if the second round,
+paired, is above 1 too and the two rounds' mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of
+fresh processes (``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over two rounds, kept no-ops that
+agreed). A candidate at or below the incumbent is not repeated. A comparison reads each config's first measurement and
+its own second round: no later repeat reopens it.
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is: the order
 in which trials finish, a resumed run, or several workers change nothing; what it lacks is queued once (``Plan.needs``).
@@ -60,12 +62,15 @@ NOT_SWEPT = ("batch_size", "compile_mode")
 @dataclass(frozen=True)
 class Measured:
     """One measurement of a config: its trial, its median (0.0 when it failed, was pruned or does not fit the
-    memory limit), its windows and their relative IQR (None when unknown)."""
+    memory limit), its windows and their relative IQR (None when unknown); for a repeat, the comparison it is the
+    second round of (``keys.ROUND_OF``) and whether it ran by turns beside the other config (``keys.BY_TURNS``)."""
 
     number: int
     value: float
     windows: tuple[float, ...]
     rel_iqr: float | None = None
+    round_of: str | None = None
+    by_turns: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,9 +121,9 @@ def candidates(param, current: Any) -> list[Any]:
 
 
 def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, fingerprint: str | None = None):
-    """``(by_key, present, roles)`` from a study's trials: each config's measurements in trial order, how many
-    trials (any state, copies left out) each config has, and the params of the first finished baseline and
-    likely-winner trials and of the warm starts (``roles[key]``: a list of params)."""
+    """``(by_key, present, roles)`` from a study's trials: each config's measurements in trial order, how many trials
+    (any state, copies left out) each config has (and each ``(key, round_of)`` of a repeat), and the params of the first
+    finished baseline and likely-winner trials and of the warm starts (``roles[key]``: a list of params)."""
     from optuna.trial import TrialState
 
     by_key: dict[tuple, list[Measured]] = {}
@@ -136,6 +141,8 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
             continue  # stopped (its retry is queued), or killed under a lower cap than now: as if never tried
         key = config.key()
         present[key] += 1
+        if ua.get(keys.ROUND_OF) is not None:
+            present[(key, ua[keys.ROUND_OF])] += 1
         params = dict(t.params) if t.params else dict(t.system_attrs.get(keys.FIXED_PARAMS) or {})
         for role, found in roles.items():
             if ua.get(role) and (finished or role == keys.WARM_START):
@@ -145,7 +152,8 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
             value = float(t.value or 0.0) if ok else 0.0
             windows = tuple(float(x) for x in (ua.get(keys.SAMPLES) or ())) or (value,)
             spread = ua.get(keys.REL_IQR) if isinstance(ua.get(keys.REL_IQR), (int, float)) else None
-            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread))
+            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread,
+                                                       ua.get(keys.ROUND_OF), ua.get(keys.BY_TURNS) is not None))
     return by_key, present, roles
 
 
@@ -196,22 +204,24 @@ class _Replay:
     def key(self, params: dict[str, Any]) -> tuple:
         return self.space.effective(complete(self.space, params)).key()
 
-    def get(self, group: list[tuple[dict[str, Any], dict[str, Any]]], n: int = 1) -> list[list[Measured]]:
-        """The first ``n`` measurements of each ``(params, roles)``; what is missing is queued (a repeat
-        carries ``repeat_of``) and the replay waits for all of the group at once (several workers run them
-        side by side)."""
+    def get(self, group: list[tuple[dict[str, Any], dict[str, Any]]],
+            round_of: str | None = None) -> list[list[Measured]]:
+        """The first measurement of each ``(params, roles)``, or with ``round_of`` its repeat in that comparison's
+        second round; what is missing is queued (a repeat carries ``repeat_of`` and ``round_of``) and the replay
+        waits for all of the group at once (several workers, or a pair by turns, run them side by side)."""
         out, missing = [], False
         for params, roles in group:
             key = self.key(params)
-            got = self.by_key.get(key, [])
-            if len(got) >= n:
-                out.append(got[:n])
-                self.seen = max(self.seen, *(m.number for m in got[:n]))
+            got = [m for m in self.by_key.get(key, []) if round_of is None or m.round_of == round_of][:1]
+            if got:
+                out.append(got)
+                self.seen = max(self.seen, got[0].number)
                 continue
-            missing = True
-            if self.present[key] < n and key not in self._asked:
-                self._asked.add(key)
-                extra = {keys.REPEAT_OF: got[0].number} if got else {}
+            missing, ask = True, key if round_of is None else (key, round_of)
+            got = self.by_key.get(key, [])
+            if self.present[ask] < 1 and ask not in self._asked:
+                self._asked.add(ask)
+                extra = {keys.REPEAT_OF: got[0].number, keys.ROUND_OF: round_of} if round_of else {}
                 if not roles and not extra:  # every trial the plan queues says why (`show`, convergence.PLANNED_ROLES)
                     extra = {keys.PLAN_STEP: self.steps.get(key, "planned")}
                 label = self.describe(params)
@@ -239,14 +249,14 @@ class _Replay:
         ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
-        twice = self.get([(cand, roles or {}), (inc, {})], n=2)
-        if any(m.value <= 0 for pair in twice for m in pair):
+        (a2,), (b2,) = self.get([(cand, roles or {}), (inc, {})], round_of=f"{a.number}/{b.number}")
+        if a2.value <= 0 or b2.value <= 0:
             return False  # a repeat failed or was pruned: no gain shown
-        logs = [math.log(x.value / y.value) for x, y in zip(*twice)]
-        won, bar = repeat_keeps(logs, comparison_sd(*self.upto(max(m.number for pair in twice for m in pair)),
-                                                    self.floor))
+        logs = [math.log(a.value / b.value), math.log(a2.value / b2.value)]
+        won, bar = repeat_keeps(logs, comparison_sd(*self.upto(max(a2.number, b2.number)), self.floor))
+        again = "again, by turns" if a2.by_turns and b2.by_turns else "again, one after the other"
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                          f"({100 * noise:.0f}%); again, side by side, {100 * math.expm1(logs[1]):+.1f}%; over both "
+                          f"({100 * noise:.0f}%); {again}, {100 * math.expm1(logs[1]):+.1f}%; over both "
                           f"rounds {100 * math.expm1(sum(logs) / 2):+.1f}%, against the {100 * math.expm1(bar):.1f}% "
                           "a gain must clear: " + ("kept" if won else "not shown, the config before stays"))
         return won

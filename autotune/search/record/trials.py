@@ -54,6 +54,7 @@ WARM_START = "warm_start_from"   # "<study name> #<trial>": an earlier study's w
 KNOB_STEP = "knob_step"          # "amp=off": a one-knob step of the planned search (coordinate.py)
 REPEAT_OF = "repeat_of"          # the number of the trial whose config this one measures again (a noise decision)
 BY_TURNS = "by_turns"            # a repeat run by turns beside another (backends.pairs): the s it stood stopped
+ROUND_OF = "round_of"            # "a/b": the comparison (its two configs' first trials) a repeat is the 2nd round of
 COMPILE_LAST = "compile_last"    # the compile mode tried on the best eager config once the eager search settled
 PLAN_STEP = "plan_step"          # "baseline at batch 32": another config the planned search queued (coordinate.py)
 RETRY_OF = "retry_of"            # the number of the interrupted trial this one repeats
@@ -114,7 +115,7 @@ RUN_PHASE = "run_phase"  # + ":<host>": where that machine's run (in progress, o
 NOT_MEASURED = (None, "interrupted")
 
 # A queued trial's role in the study, kept by its retry.
-ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, COMPILE_LAST, PLAN_STEP)
+ROLES = (BASELINE, LIKELY_WINNER, BATCH_LINE, WARM_START, KNOB_STEP, REPEAT_OF, ROUND_OF, COMPILE_LAST, PLAN_STEP)
 
 # A trial's own attributes, which a copy of its figures (a duplicate config) does not take over.
 OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUPLICATE_OF, WAITED_FOR, REASON,
@@ -122,8 +123,6 @@ OWN_ATTRS = ROLES + (CONFIG, QUEUED_CONFIG, RETRY_OF, REQUEUE_OF, HELD_BACK, DUP
 
 # what `show` says of a trial that has no result yet
 _UNFINISHED = {"RUNNING": "running", "WAITING": "queued"}
-
-
 
 
 @dataclass(frozen=True)
