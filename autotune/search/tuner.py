@@ -412,10 +412,8 @@ class Tuner:
             rec = confirm.confirmed(rec, baseline_trial(study), runner=run, workload=self.workload, trials=top,
                                     measure=confirm_measure(self.measure), log_dir=self.artifacts_dir, log=self.log,
                                     budget=budget, by_turns=self._turns and self._by_turns(pair, runner))
-        if rec is not None and planned is not None:  # a shortcut says what it skipped and why; the sibling's rounds
-            had_rounds = chosen.sibling is not None and chosen.sibling in planned[1]
-            rec = dataclasses.replace(rec, notes=rec.notes + chosen.left_out
-                                      + (chosen.sibling_note if had_rounds else ()))
+        if rec is not None and planned is not None:  # a shortcut says what it skipped and why; added finalists' rounds
+            rec = dataclasses.replace(rec, notes=rec.notes + chosen.notes_for(planned[1]))
         return self._record(study, rec, saved)
 
     def _plan_finalists(self, study: Study, top: list, budget: Budget, *, local: bool):

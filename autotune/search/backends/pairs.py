@@ -37,8 +37,8 @@ __all__ = ["waiting_pair", "run_pair"]
 
 def waiting_pair(ctx: SearchContext, study: Study, walls: list[float]) -> list[Any] | None:
     """The search trials the next two queued repeats measure again (``repeat_of``), when those two are next in the
-    queue, may take turns (``ctx.pair_by_turns``) and both end before the reserves of the phases after the search
-    (``pair_fits``); else None."""
+    queue, are one comparison's (the same ``round_of``), may take turns (``ctx.pair_by_turns``) and both end before
+    the reserves of the phases after the search (``pair_fits``); else None."""
     from optuna.trial import TrialState
 
     if ctx.pair_by_turns is None or sqlite_path(ctx.storage_url) is None:
@@ -46,6 +46,9 @@ def waiting_pair(ctx: SearchContext, study: Study, walls: list[float]) -> list[A
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))[:2]
     if len(waiting) < 2 or any(t.user_attrs.get(keys.REPEAT_OF) is None for t in waiting):
         return None
+    if len({t.user_attrs.get(keys.ROUND_OF) for t in waiting}) > 1:  # two comparisons' repeats (a study from before
+        return None  # ``round_of`` resumed): each runs alone, as its decision was planned
+
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     firsts = [by_number.get(t.user_attrs[keys.REPEAT_OF]) for t in waiting]
     if any(t is None for t in firsts) or not ctx.pair_by_turns(firsts) or not pair_fits(ctx, study, walls, firsts):

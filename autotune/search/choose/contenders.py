@@ -22,13 +22,22 @@ LOSER_SPREAD = 0.10
 
 
 class Contenders(NamedTuple):
-    """Who gets a finalist round: ``top`` (best first), the notes on those left out or added (``left_out``), the best
-    config's lighter sibling where it was added (``sibling``, None where not) with its note."""
+    """Who gets a finalist round: ``top`` (best first), the notes on those left out (``left_out``), the best config's
+    lighter sibling where it was added (``sibling``, None where not) with its note, and the planned search's best
+    where it was added (``planned``) with its note."""
 
     top: list
     left_out: tuple[str, ...] = ()
     sibling: Any = None
     sibling_note: tuple[str, ...] = ()
+    planned: Any = None
+    planned_note: tuple[str, ...] = ()
+
+    def notes_for(self, ran: list) -> tuple[str, ...]:
+        """The notes a recommendation keeps, ``ran`` the finalists whose rounds ran: those left out, and each added
+        finalist's where it had rounds."""
+        return (self.left_out + (self.planned_note if self.planned is not None and self.planned in ran else ())
+                + (self.sibling_note if self.sibling is not None and self.sibling in ran else ()))
 
 
 def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> Contenders:
@@ -37,10 +46,11 @@ def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> 
     their rounds would buy nothing but time the search spends better (issue 50). The best always stays. With
     ``base`` (the baseline trial) and ``k`` >= 2, the best config's ``lighter_sibling`` comes second where it is not
     among them already, the last making room when there are ``k``: the finalists' plan drops from the end when
-    time is short, so the sibling stays longer than the search's third. Before it comes ``planned``, the planned
-    search's best config (its trial, ``keys.PLAN_KEPT``), where it is not among them and not beyond ``gap``: its place
-    rests on decisions paired where they were close (``coordinate``), the search's fastest trials on one draw each,
-    and a spell of the machine lifts several trials in a row (2026-11-30, tiny_vit at 10 minutes: three sampler trials
+    time is short, so the sibling stays longer than the search's third. Before it (so the sibling needs ``k`` >= 3
+    then) comes ``planned``, the planned search's best config (its trial, ``keys.PLAN_KEPT``), where it is not among
+    them, not the baseline (re-measured in every round anyway) and not beyond ``gap``: its place rests on one-knob
+    decisions, the close ones measured twice (``coordinate``), the search's fastest trials on one draw each, and a
+    spell of the machine lifts several trials in a row (2026-11-30, tiny_vit at 10 minutes: three sampler trials
     at 415-419 samples/s took every finalist place from the plan's 394; the one recommended ran 325-362 re-measured).
 
     >>> from types import SimpleNamespace as T
@@ -59,16 +69,20 @@ def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> 
                   f"x{best.value / t.value:.2f} its figure in the search: beyond the x{1 + gap:.2f} that two fresh "
                   "processes of one config differ by at 95%" for t in out if t.value)
     top = [t for t in top if t not in out]
-    at = 1  # where the sibling goes: after the planned search's best, where that is added
+    at, added, pushed = 1, (), []  # where the sibling goes: after the planned search's best, where that is added
     if (k >= 2 and planned is not None and planned.value and all(t is not planned for t in top)
-            and best.value / planned.value <= 1.0 + gap):
+            and best.value / planned.value <= 1.0 + gap
+            and (base is None or planned.user_attrs.get(keys.CONFIG) != base.user_attrs.get(keys.CONFIG))):
+        pushed = top[k - 1:]
         top, at = [best, planned] + top[1:k - 1], 2
-        notes += (f"finalist trial {planned.number}: the planned search's best config (its close calls measured "
-                  f"twice), beside the search's fastest trial (trial {best.number}), x{best.value / planned.value:.2f} "
-                  "its figure on one draw",)
+        added = (f"finalist trial {planned.number}: the planned search's best config, beside the search's fastest "
+                 f"trial (trial {best.number}), which measured x{best.value / planned.value:.2f} its figure on one "
+                 "draw",)
     sib = lighter_sibling(ranked, base, gap=gap) if k >= 2 else None
     if sib is None or any(t is sib for t in top) or at >= k:
-        return Contenders(top, notes)
+        if added and pushed:  # no sibling after it: it took the search's next best's place
+            added = (added[0] + f" (in place of trial {pushed[0].number}, the search's next best)",)
+        return Contenders(top, notes, planned=planned if added else None, planned_note=added)
     kept = (top[:at] + [sib] + top[at:])[:k]
     dropped = [t for t in top if t not in kept]
     apart = _apart(top[0].user_attrs[keys.CONFIG], sib.user_attrs[keys.CONFIG])
@@ -76,7 +90,7 @@ def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> 
     note = (f"finalist trial {sib.number}: the best (trial {top[0].number}) with {', '.join(apart)} as the baseline "
             f"has {'it' if one else 'them'}, so the rounds measure what {'it buys' if one else 'they buy'}, paired"
             + (f" (in place of trial {dropped[0].number}, the search's next best)" if dropped else ""))
-    return Contenders(kept, notes, sib, (note,))
+    return Contenders(kept, notes, sib, (note,), planned if added else None, added)
 
 
 def planned_trial(study, feasible: dict):

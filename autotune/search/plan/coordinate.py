@@ -71,6 +71,7 @@ class Measured:
     rel_iqr: float | None = None
     round_of: str | None = None
     by_turns: bool = False
+    legacy: bool = False  # a repeat from before ``round_of`` (a study older than 2026-11-30's evening)
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,9 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
             value = float(t.value or 0.0) if ok else 0.0
             windows = tuple(float(x) for x in (ua.get(keys.SAMPLES) or ())) or (value,)
             spread = ua.get(keys.REL_IQR) if isinstance(ua.get(keys.REL_IQR), (int, float)) else None
+            legacy = ua.get(keys.REPEAT_OF) is not None and ua.get(keys.ROUND_OF) is None
             by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread,
-                                                       ua.get(keys.ROUND_OF), ua.get(keys.BY_TURNS) is not None))
+                                                       ua.get(keys.ROUND_OF), keys.BY_TURNS in ua, legacy))
     return by_key, present, roles
 
 
@@ -225,7 +227,8 @@ class _Replay:
                 if not roles and not extra:  # every trial the plan queues says why (`show`, convergence.PLANNED_ROLES)
                     extra = {keys.PLAN_STEP: self.steps.get(key, "planned")}
                 label = self.describe(params)
-                why = (f"measuring {label} again (trial {got[0].number}): within the noise of the best so far"
+                pair = f", round 2 of trials {round_of.replace('/', ' and ')}" if round_of else ""
+                why = (f"measuring {label} again (trial {got[0].number}{pair}): within the noise of the best so far"
                        if got else self.why.get(key, f"queued: {label}"))
                 self.needs.append(Need(complete(self.space, params), {**roles, **extra}, why))
         if missing:
@@ -249,12 +252,17 @@ class _Replay:
         ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
-        (a2,), (b2,) = self.get([(cand, roles or {}), (inc, {})], round_of=f"{a.number}/{b.number}")
+        old = self.by_key[self.key(cand)][1:2] + self.by_key[self.key(inc)][1:2]  # a study from before ``round_of``:
+        if len(old) == 2 and old[0].legacy:  # its decision read each config's second measurement, as it still does
+            a2, b2 = old
+            self.seen = max(self.seen, a2.number, b2.number)
+        else:
+            (a2,), (b2,) = self.get([(cand, roles or {}), (inc, {})], round_of=f"{a.number}/{b.number}")
         if a2.value <= 0 or b2.value <= 0:
             return False  # a repeat failed or was pruned: no gain shown
         logs = [math.log(a.value / b.value), math.log(a2.value / b2.value)]
         won, bar = repeat_keeps(logs, comparison_sd(*self.upto(max(a2.number, b2.number)), self.floor))
-        again = "again, by turns" if a2.by_turns and b2.by_turns else "again, one after the other"
+        again = "again, by turns" if a2.by_turns and b2.by_turns else "again, not by turns"
         self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
                           f"({100 * noise:.0f}%); {again}, {100 * math.expm1(logs[1]):+.1f}%; over both "
                           f"rounds {100 * math.expm1(sum(logs) / 2):+.1f}%, against the {100 * math.expm1(bar):.1f}% "

@@ -36,6 +36,10 @@ def test_the_two_repeats_of_a_decision_run_at_once_by_turns_each_recorded_as_a_s
     _set_aside_queued(study)
     ctx = tuner.search_context()
     assert pairs.waiting_pair(ctx, study, []) is None  # nothing queued
+    for other in (8, 9):  # two comparisons' repeats (a resumed study from before round_of): not one pair
+        enqueue(study, space, dict(first.params), **{keys.REPEAT_OF: first.number, keys.ROUND_OF: f"{other}/0"})
+    assert pairs.waiting_pair(ctx, study, []) is None
+    _set_aside_queued(study)
     enqueue(study, space, dict(first.params), **{keys.REPEAT_OF: first.number})
     assert pairs.waiting_pair(ctx, study, []) is None  # one repeat alone runs as a trial does
     enqueue(study, space, dict(first.params), **{keys.REPEAT_OF: first.number})

@@ -525,10 +525,17 @@ def test_the_planned_searchs_best_gets_a_finalist_round_beside_faster_single_dra
     c = contenders(ranked, k=3, gap=0.262, base=base, planned=planned)
     assert [x.number for x in c.top] == [39, 12, 35], [x.number for x in c.top]  # 35: the best's lighter sibling
     assert c.sibling is spell[2]
-    assert any(n.startswith("finalist trial 12: the planned search's best config") and "x1.06" in n
-               for n in c.left_out), c.left_out
+    assert c.planned is planned and len(c.planned_note) == 1 and not c.left_out, c
+    assert c.planned_note[0].startswith("finalist trial 12: the planned search's best config") \
+        and "(trial 39), which measured x1.06" in c.planned_note[0] and "in place of trial 38" in c.sibling_note[0]
+    alone = contenders(ranked, k=3, gap=0.262, planned=planned)  # no baseline, no sibling: it took trial 35's place
+    assert "(in place of trial 35, the search's next best)" in alone.planned_note[0], alone
+    assert c.notes_for([spell[0], planned, spell[2], base]) == c.planned_note + c.sibling_note
+    assert c.notes_for([spell[0], base]) == ()  # dropped for time: no note says they ran
     assert [x.number for x in contenders(ranked, k=3, gap=0.262, planned=planned).top] == [39, 12, 38]
     assert [x.number for x in contenders(ranked, k=3, gap=0.05, planned=planned).top] == [39, 38, 35]  # x1.06: out
     assert [x.number for x in contenders(ranked, k=1, gap=0.262, planned=planned).top] == [39]
     assert [x.number for x in contenders(ranked, k=3, gap=0.262, planned=spell[1]).top] == [39, 38, 35]
     assert [x.number for x in contenders(ranked, k=2, gap=0.262, base=base, planned=planned).top] == [39, 12]
+    # the plan kept the baseline: re-measured in every round anyway, it takes no finalist place
+    assert [x.number for x in contenders(ranked, k=3, gap=0.262, base=base, planned=base).top] == [39, 38, 35]

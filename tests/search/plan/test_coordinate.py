@@ -300,8 +300,14 @@ def test_two_rounds_that_agree_are_no_gain_where_each_config_moved_more_between_
     space, study = _study(rows)
     p = plan(space, study.get_trials(), noise=0.05)
     assert not p.incumbent["channels_last"], p.notes
-    assert any(n.startswith("channels_last=True: +3.0% once") and "again, one after the other, +3.9%" in n
+    assert any(n.startswith("channels_last=True: +3.0% once") and "again, not by turns, +3.9%" in n
                and n.endswith("not shown, the config before stays") for n in p.notes), p.notes
+    # a study from before round_of (its repeats untagged): the decision reads them as it did, and queues none
+    old = [(c, v, {k: x for k, x in roles.items() if k != "round_of"}) for c, v, roles in rows]
+    space, study = _study(old)
+    again = plan(space, study.get_trials(), noise=0.05)
+    assert again.notes == p.notes and [n.roles for n in again.needs] == [n.roles for n in p.needs], _needs(again)
+    assert not any(n.roles.get("repeat_of") == 5 for n in again.needs), _needs(again)  # the next decision's only
 
 
 def test_an_incumbent_measured_twice_already_is_measured_again_beside_the_next_candidates_repeat():
@@ -330,6 +336,7 @@ def test_an_incumbent_measured_twice_already_is_measured_again_beside_the_next_c
     assert any(n.startswith("malloc=retain: +3.5% once, within the noise (5%); again, by turns, +5.3%;")
                for n in p.notes), p.notes
     assert not any("+11.1%" in n for n in p.notes), p.notes
+    assert not any(n.roles.get("round_of") == "6/0" for n in p.needs), _needs(p)
 
 
 def test_the_plan_waits_for_what_is_queued_and_queues_nothing_twice():
