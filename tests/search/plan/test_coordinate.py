@@ -283,18 +283,24 @@ def test_a_bundle_within_the_noise_of_the_baseline_is_walked_from_on_a_gpu_and_t
         assert all(n.params["amp"] == start["amp"] for n in p.needs), (device, likely_rate, _needs(p))
 
 
+def _separation(*, retain: float) -> list:
+    """The baseline, the likely winners 1% ahead, the walk that did not move, and each bundle member alone on the
+    baseline: bf16 70, channels_last 103 (within the 5% noise), retain at ``retain``."""
+    return [(BASE, 100.0, {"baseline": True}), (LIKELY, 101.0, {"likely_winner": True}),
+            ({**BASE, "batch_size": 8}, 60.0, {"batch_line": -1}), ({**BASE, "batch_size": 32}, 95.0,
+                                                                   {"batch_line": 1}),
+            ({**BASE, "amp": "bf16"}, 70.0, {"knob_step": "amp=bf16"}),
+            ({**BASE, "channels_last": True}, 103.0, {"knob_step": "channels_last=True"}),
+            ({**BASE, "malloc": "retain"}, retain, {"knob_step": "malloc=retain"})]
+
+
 def test_two_rounds_that_agree_are_no_gain_where_each_config_moved_more_between_its_own_processes():
     """Issue 52 item 2: round 1 (+3%) was repeated because it landed within the noise above 1, so it is chosen, not
     drawn; the second round agreed (+3.9%), but the baseline moved 10% between its two processes and channels_last
     9%. A test on the two rounds' own spread (Student's t, one degree of freedom: the rule before) kept it; the gain
     is well inside what one comparison strays by here (about 8%), so the config before stays. Where the processes
     held (the test above, 100 and 100, 103 and 104) the same +3.5% is kept."""
-    rows = [(BASE, 100.0, {"baseline": True}), (LIKELY, 101.0, {"likely_winner": True}),
-            ({**BASE, "batch_size": 8}, 60.0, {"batch_line": -1}), ({**BASE, "batch_size": 32}, 95.0,
-                                                                   {"batch_line": 1}),
-            ({**BASE, "amp": "bf16"}, 70.0, {"knob_step": "amp=bf16"}),
-            ({**BASE, "channels_last": True}, 103.0, {"knob_step": "channels_last=True"}),
-            ({**BASE, "malloc": "retain"}, 98.0, {"knob_step": "malloc=retain"}),
+    rows = _separation(retain=98.0) + [
             ({**BASE, "channels_last": True}, 93.5, {"repeat_of": 5, "round_of": "5/0"}),
             (BASE, 90.0, {"repeat_of": 0, "round_of": "5/0"})]
     space, study = _study(rows)
@@ -316,12 +322,7 @@ def test_an_incumbent_measured_twice_already_is_measured_again_beside_the_next_c
     comparison, and the decision reads that pair (+5.3% by turns), not the baseline's 90 from the round before (it
     would read +11%). 2026-11-30, tiny_vit at 10 minutes on a machine speeding up: a candidate's repeat run alone
     against the incumbent's from another comparison a minute before read "+11.0%, side by side", and was kept."""
-    rows = [(BASE, 100.0, {"baseline": True}), (LIKELY, 101.0, {"likely_winner": True}),
-            ({**BASE, "batch_size": 8}, 60.0, {"batch_line": -1}), ({**BASE, "batch_size": 32}, 95.0,
-                                                                   {"batch_line": 1}),
-            ({**BASE, "amp": "bf16"}, 70.0, {"knob_step": "amp=bf16"}),
-            ({**BASE, "channels_last": True}, 103.0, {"knob_step": "channels_last=True"}),
-            ({**BASE, "malloc": "retain"}, 103.5, {"knob_step": "malloc=retain"}),
+    rows = _separation(retain=103.5) + [
             ({**BASE, "channels_last": True}, 93.5, {"repeat_of": 5, "round_of": "5/0", "by_turns": 0.4}),
             (BASE, 90.0, {"repeat_of": 0, "round_of": "5/0", "by_turns": 0.4})]
     space, study = _study(rows)
