@@ -258,6 +258,63 @@ def test_a_finalist_round_starts_only_while_the_last_one_fits_the_time_left(tmp_
     assert priced > left, line  # what the line says holds as printed (2026-11-30: "took 16 s, more than the 18 s")
 
 
+@pytest.mark.parametrize("run_s, spend, k", [(0.5, 4.1, 3), (0.4, 2.752, 2)])
+def test_where_a_round_of_all_no_longer_fits_the_fastest_so_far_run_it_and_the_slowest_is_out(tmp_path, run_s,
+                                                                                                spend, k):
+    """2026-11-30: a round of four priced at 24 s took 27 s, the second round of all four no longer fitted, and the
+    choice rested on one round where a round of three fitted. Four finalists of ``run_s`` a run, one after the
+    other, with ``spend`` seconds: after round 1 (4 runs), a round of all, 15% over, does not fit the time left; one
+    of the ``k`` fastest of round 1 does (3: 3/4 of a round 15% over fits 1.05 rounds left, all 1.15 do not; 2:
+    1/2 of one fits 0.72 rounds left, 3/4 do not; each with 5-10% of a round to spare either way). The others are
+    out, saying why; those that ran round 2 have both rounds. A run killed after it resumes both rounds as they ran,
+    from a real SQLite study."""
+    import optuna
+
+    from autotune.search.choose.finalist_rounds import SavedRounds, remeasure
+
+    rates = {16: 100.0, 32: 120.0, 64: 90.0, 128: 110.0}
+
+    def run(workload, c, measure, **kw):
+        time.sleep(run_s)
+        x = rates[c.batch_size]
+        return TrialResult(status="ok", samples_per_s=(x, x, x), wall_s=run_s, batch_size=c.batch_size)
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{tmp_path}/s.db"
+    configs = [TrialConfig(batch_size=b) for b in rates]
+    logs: list[str] = []
+    saved = SavedRounds(optuna.create_study(storage=url, study_name="s"), configs, rounds=2, measure=SPEC)
+    start = time.monotonic()
+    ev = remeasure(configs, 2, runner=run, workload=Workload(model="tests.workloads_fixtures:tiny"), measure=SPEC,
+                   log_dir=tmp_path, log=logs.append, saved=saved, deadline=start + spend)
+    assert time.monotonic() - start < spend, logs
+    line = next(m for m in logs if m.startswith("  round 2/2 of all 4 priced"))
+    priced, left = (float(x) for x in re.search(r"priced ([\d.]+) s .* the ([\d.]+) s left", line).groups())
+    assert priced > left and f"a round of the {k} fastest so far, ~" in line, logs
+    fastest = sorted(rates, key=lambda b: -rates[b])[:k]
+    assert ev.rounds_run == 2 and not any(ev.failures.values())
+    assert {c.batch_size: len(ev.rounds[c.key()]) for c in configs} == {b: 2 if b in fastest else 1 for b in rates}
+    assert ev.left_out[configs[2].key()] == (
+        f"left out of round 2: the time left fitted a round of the {k} fastest only (90.0 samples/s over 1 round(s), "
+        "25.0% behind the fastest)")
+    assert set(ev.left_out) == {c.key() for c in configs if c.batch_size not in fastest}
+    assert f"  {configs[2].short()} {ev.left_out[configs[2].key()]}" in logs
+
+    # killed after it: the next run of the plan keeps both rounds as they ran, the narrowed one too, and runs nothing
+    again = SavedRounds(optuna.load_study(study_name="s", storage=url), configs, rounds=2, measure=SPEC)
+    assert again.said() == ("  from the interrupted run: round(s) 1, 2 of 2 kept whole (round 1: 4 finalist(s), "
+                            f"round 2: {k} finalist(s))")
+
+    def never(*a, **kw):
+        raise AssertionError("measured again")
+
+    ev2 = remeasure(configs, 2, runner=never, workload=Workload(model="tests.workloads_fixtures:tiny"), measure=SPEC,
+                    log_dir=tmp_path, log=logs.append, saved=again, deadline=time.monotonic() + 0.1)
+    assert (ev2.rounds, ev2.left_out, ev2.rounds_run) == (ev.rounds, ev.left_out, 2)
+    assert any(m.startswith(f"  round 2/2: an interrupted run ran it with {k} of the 4 finalists still in")
+               for m in logs)
+
+
 def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate_of_a_run():
     """``search.budget``: its own examples hold, and the finalists' reserve, their plan and the confirmation's rounds
     price a run alike (``Budget.run_s``: the search trial's wall plus the finalists' longer windows), so what the

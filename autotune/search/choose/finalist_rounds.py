@@ -47,6 +47,12 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _each(kept: list[int], counts: list[int]) -> str:
+    """How many finalists each kept round holds, as ``SavedRounds.said`` says it."""
+    return (f"{counts[0]} finalist(s) each" if len(set(counts)) == 1
+            else ", ".join(f"round {r + 1}: {n} finalist(s)" for r, n in zip(kept, counts)))
+
+
 class SavedRounds:
     """The store of one plan's finalist runs, in ``study``'s user attributes (``study=None``: kept nowhere).
 
@@ -75,11 +81,11 @@ class SavedRounds:
         stored = [(int(tag), d) for tag, d in (k.split(":", 1) for k in self.runs) if tag.isdigit()]
         if not stored:
             return None  # only later phases' runs (extra rounds, checks): their own lines say what is kept
-        kept = [r for r in range(self.rounds) if self.round(r) is not None]
+        kept, counts = self._kept_rounds()
         again = sum(1 for r, d in stored if r < self.rounds and r not in kept and d in mine)
         unused = sum(1 for r, d in stored if d not in mine or r >= self.rounds)
         line = (f"  from the interrupted run: round(s) {', '.join(str(r + 1) for r in kept)} of {self.rounds} kept "
-                f"whole ({len(self.configs)} finalist(s) each)" if kept else
+                f"whole ({_each(kept, counts)})" if kept else
                 f"  from the interrupted run: none of the {self.rounds} round(s) of these {len(self.configs)} "
                 "finalist(s) kept")
         if again:
@@ -103,6 +109,31 @@ class SavedRounds:
         if any(x is None for x in found):
             return None
         return {c.key(): TrialResult.from_dict(x) for c, x in zip(configs, found)}
+
+    def _kept_rounds(self) -> tuple[list[int], list[int]]:
+        """The rounds stored whole, each of every finalist still in it (``narrowed``), and how many each holds."""
+        kept, counts, active = [], [], list(self.configs)
+        for r in range(self.rounds):
+            active = self.narrowed(r, active) or active
+            if self.kept(r, active) is None:
+                break
+            kept.append(r)
+            counts.append(len(active))
+        return kept, counts
+
+    def narrow(self, r: int, of: list[TrialConfig], configs: list[TrialConfig]) -> None:
+        """Round ``r`` runs ``configs`` only, of the finalists still in, ``of`` (``remeasure``: a round of all did
+        not fit)."""
+        self._store(f"fewer-{r}:configs", {"of": sorted(_digest(c.to_dict()) for c in of),
+                                           "ran": sorted(_digest(c.to_dict()) for c in configs)})
+
+    def narrowed(self, r: int, of: list[TrialConfig]) -> list[TrialConfig] | None:
+        """Those of ``of`` (the finalists still in) that an interrupted run of this plan ran round ``r`` with, where
+        it ran it with fewer of the same finalists (``narrow``); else None."""
+        got = self.runs.get(f"fewer-{r}:configs")
+        if not isinstance(got, dict) or got.get("of") != sorted(_digest(c.to_dict()) for c in of):
+            return None
+        return [c for c in of if _digest(c.to_dict()) in got.get("ran", ())] or None
 
     def put(self, r: int | str, config: TrialConfig, result: TrialResult) -> TrialResult:
         """Store one run's result now (its traceback stays in its log: the study keeps the figures); returns it."""
@@ -194,6 +225,13 @@ class Evidence:
     latency: dict[tuple, dict] = dataclasses.field(default_factory=dict)
 
     walls: dict[tuple, list[float]] = dataclasses.field(default_factory=dict)  # each run's wall time, s
+    # left out of the later rounds, with why (``remeasure``: a round of all did not fit); out unless no config
+    # measured in every round qualifies (``finalists._qualified``); their rounds are a prefix of the others'
+    left_out: dict[tuple, str] = dataclasses.field(default_factory=dict)
+
+    def why_out(self, key: tuple) -> str:
+        """Why the config of ``key`` is out, in one line: each failed round and check, or its leaving out."""
+        return "; ".join(self.failures[key] + ([self.left_out[key]] if key in self.left_out else []))
 
     def samples(self, key: tuple) -> list[float]:
         return [x for r in self.rounds[key] for x in r]
@@ -346,8 +384,11 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     ``finalist_rounds.SavedRounds``) as it returns, and a round an interrupted run finished is taken from it.
     With a ``deadline`` (``time.monotonic()``), a round starts only when the round before, ``RUN_MARGIN`` longer,
     took less than the time left (the plan's estimate is the search trials' walls; a loaded machine's rounds take
-    longer): the rounds not run are said, and ``rounds_run`` counts those that ran. ``by_turns``: each round's
-    children take turns (``run_configs``)."""
+    longer). Where a round of all no longer fits, a round of the fastest so far may (``_fewer``: at least two, each
+    run priced as the last round's share): they run it, and the others are out, each with why; else the rounds not
+    run are said, and ``rounds_run`` counts those that ran. (2026-11-30: a round of four priced at 24 s took 27 s,
+    and the second round of all four did not fit: the choice rested on one round, where three fitted two.)
+    ``by_turns``: each round's children take turns (``run_configs``)."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
                   {c.key(): None for c in configs})
     ev.rounds_run = rounds
@@ -359,17 +400,39 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     said = saved.said()
     if said:
         log(said)
-    last_s = 0.0
+    last_s, active = 0.0, list(configs)
     for r in range(rounds):
-        if deadline is not None and r > 0 and time.monotonic() + last_s * RUN_MARGIN > deadline:
-            log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, priced "
-                f"{last_s * RUN_MARGIN:.1f} s with the {RUN_MARGIN - 1:.0%} a run may run over, more than the "
-                f"{max(0.0, deadline - time.monotonic()):.1f} s left in the budget")
-            ev.rounds_run = r
-            break
+        left = None if deadline is None else deadline - time.monotonic()
+        fewer = saved.narrowed(r, active) if r > 0 else None
+        if fewer is not None and saved.kept(r, fewer) is not None:
+            log(f"  round {r + 1}/{rounds}: an interrupted run ran it with {len(fewer)} of the {len(active)} "
+                "finalists still in, the fastest before it, as the time left then allowed")
+        elif left is not None and r > 0 and last_s * RUN_MARGIN > left:
+            fewer = _fewer(active, ev, round_s=last_s, left_s=left)
+            all_s = (f"round {r + 1}/{rounds} of {'all' if len(active) == len(configs) else 'the'} {len(active)}"
+                     f"{'' if len(active) == len(configs) else ' still in'} priced {_up(last_s * RUN_MARGIN)} s "
+                     f"with the {RUN_MARGIN - 1:.0%} a run may run over, more than the {_down(left)} s left in the "
+                     "budget")
+            if not fewer:
+                log(f"  round {r + 1}/{rounds} and after not run: the last took {last_s:.0f} s, priced "
+                    f"{_up(last_s * RUN_MARGIN)} s with the {RUN_MARGIN - 1:.0%} a run may run over, more than the "
+                    f"{_down(max(0.0, left))} s left in the budget")
+                ev.rounds_run = r
+                break
+            log(f"  {all_s}: a round of the {len(fewer)} fastest so far, ~{last_s * len(fewer) / len(active):.0f} s")
+            saved.narrow(r, active, fewer)
+        else:
+            fewer = None
+        if fewer is not None:
+            mine = {c.key() for c in fewer}
+            for c in active:
+                if c.key() not in mine and not ev.failures[c.key()]:
+                    ev.left_out[c.key()] = _left_out(c, fewer, ev, r)
+                    log(f"  {c.short()} {ev.left_out[c.key()]}")
+            active = fewer
         started = time.monotonic()
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
-        kept = saved.round(r)
+        order = active[r % len(active):] + active[: r % len(active)]
+        kept = saved.kept(r, active)
         if kept is not None:
             log(f"  round {r + 1}/{rounds}: measured by an earlier, interrupted run of these finalists; kept")
         got = ([kept[c.key()] for c in order] if kept is not None else
@@ -381,3 +444,45 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
             log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
         last_s = time.monotonic() - started
     return ev
+
+
+def _up(x: float) -> str:
+    """``x`` to one decimal, rounded up: a price printed beside ``_down``'s time left says what it compared."""
+    return f"{math.ceil(x * 10) / 10:.1f}"
+
+
+def _down(x: float) -> str:
+    return f"{math.floor(x * 10) / 10:.1f}"
+
+
+def _so_far(ev: Evidence, c: TrialConfig) -> float:
+    """``c``'s median over the rounds it has run."""
+    xs = sorted(ev.samples(c.key()))
+    if not xs:
+        return 0.0
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _fewer(active: list[TrialConfig], ev: Evidence, *, round_s: float, left_s: float) -> list[TrialConfig]:
+    """The most of ``active``'s fastest so far (``_so_far``), at least two and fewer than all, none that failed a
+    round (it is out whatever it measured), whose round fits ``left_s``, each run priced as ``round_s`` over
+    ``len(active)`` and ``RUN_MARGIN`` longer; in ``active``'s order. [] when not even two fit. Another round of the
+    fastest is worth more than none: a choice on one round rests on one draw of each, and the slowest of a round is
+    the least likely to be the fastest. (It may be the lighter one a tie would have chosen (``settle.lightest``):
+    left out, it cannot be.)"""
+    ranked = sorted((c for c in active if not ev.failures[c.key()]), key=lambda c: -_so_far(ev, c))
+    for k in range(min(len(ranked), len(active) - 1), 1, -1):
+        if round_s * k / len(active) * RUN_MARGIN <= left_s:
+            keep = {c.key() for c in ranked[:k]}
+            return [c for c in active if c.key() in keep]
+    return []
+
+
+def _left_out(c: TrialConfig, fewer: list[TrialConfig], ev: Evidence, r: int) -> str:
+    """Why ``c`` is out: left out of round ``r + 1`` (``_fewer``), its figure so far against the fastest's."""
+    top = max(_so_far(ev, x) for x in fewer)
+    mine = _so_far(ev, c)
+    behind = f", {100 * max(0.0, 1 - mine / top):.1f}% behind the fastest" if top > 0 and mine > 0 else ""
+    return (f"left out of round {r + 1}: the time left fitted a round of the {len(fewer)} fastest only "
+            f"({mine:.1f} samples/s over {r} round(s){behind})")

@@ -199,16 +199,20 @@ def _memory_out(limit, c: TrialConfig, ev: Evidence) -> list[str]:
 def _qualified(limit, configs: list[TrialConfig], trials: list, ev: Evidence,
                notes: list[str]) -> tuple[list[Scored], list[tuple]]:
     """The finalists that finished every round with the margin to spare (``Scored``), and those that are out
-    (config, trial), each out with a note saying why."""
-    scored, out = [], []
-    for c, t in zip(configs, trials):
+    (config, trial), each out with a note saying why. One left out of the later rounds (``Evidence.left_out``: a
+    round of all did not fit the time left) is out too, unless none measured in them qualifies: then those left
+    out are judged on the rounds they ran, and a note says so."""
+    for c in configs:
         ev.failures[c.key()] += _memory_out(limit, c, ev)
-        if ev.failures[c.key()]:
-            out.append((c, t))
-            notes.append(f"{c.short()} (trial {t.number}) is out: {'; '.join(ev.failures[c.key()])}")
-        elif ev.rounds[c.key()]:
-            scored.append(Scored(c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]))
-    return scored, out
+    ok = [(c, t) for c, t in zip(configs, trials) if not ev.failures[c.key()] and ev.rounds[c.key()]]
+    if ok and all(c.key() in ev.left_out for c, _ in ok):
+        notes.append("none of the finalists of the later rounds qualified: "
+                     + ", ".join(c.short() for c, _ in ok) + " judged on the rounds before they were left out")
+        ev.left_out = {}
+    out = [(c, t) for c, t in zip(configs, trials) if ev.failures[c.key()] or c.key() in ev.left_out]
+    notes += [f"{c.short()} (trial {t.number}) is out: {ev.why_out(c.key())}" for c, t in out]
+    return [Scored(c, t, summarize(ev.samples(c.key())), ev.peaks[c.key()]) for c, t in ok
+            if c.key() not in ev.left_out], out
 
 
 def _numerics_pass(ctx: FinalistContext, study: Study, chosen: Scored, scored: list[Scored], base_trial, ev: Evidence,
@@ -243,7 +247,8 @@ def _baseline_median(base_trial, ev: Evidence, notes: list[str]) -> float | None
 def _spread(configs: list[TrialConfig], ev: Evidence) -> dict | None:
     """How far one paired round's log ratio strays, from the finalists' rounds of those that finished them all
     (``settle.round_spread``): the noise estimate the confirmation plans its rounds by, kept in ``selection``."""
-    got = round_spread([ev.rounds[c.key()] for c in configs if ev.rounds[c.key()] and not ev.failures[c.key()]])
+    got = round_spread([ev.rounds[c.key()] for c in configs  # of those measured in every round
+                        if ev.rounds[c.key()] and not ev.failures[c.key()] and c.key() not in ev.left_out])
     return None if got is None else {"round_spread": round(got[0], 5), "round_spread_df": got[1]}
 
 
@@ -251,7 +256,8 @@ def _speedup(chosen: Scored, base_trial, ev: Evidence, base_med: float | None) -
     """The selection's speedup of ``chosen`` over the baseline: paired over the rounds both ran
     (``ratio_interval``), else (the baseline not re-measured, or out) its median over the baseline's figure."""
     base_key = keys.config_of(base_trial).key() if base_trial is not None else None
-    # paired only when the baseline finished every round (a round it lost would pair the others by position wrongly)
+    # paired only when the baseline finished every round it ran (a round it lost would pair the others by position
+    # wrongly); one left out of the later rounds ran a prefix of them, which pairs by position
     if base_key is not None and ev.rounds.get(base_key) and not ev.failures.get(base_key) and ev.rounds.get(
             chosen.config.key()):
         return round(ratio_interval(ev.rounds[chosen.config.key()], ev.rounds[base_key])[0], 3)
@@ -397,7 +403,7 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
                            "iqr_samples_per_s": round(x.summary.iqr, 3),
                            "trial": x.trial.number} for x in others]
                          + [{"config": c.to_dict(), "short": c.short(), "trial": t.number,
-                             "out": "; ".join(ev.failures[c.key()])} for c, t in out]),
+                             "out": ev.why_out(c.key())} for c, t in out]),
         notes=tuple(notes), reproduce=reproduce_command(ctx.workload, chosen.config, ctx.measure.memory_cap_mb),
         parity=None if parity is None or not parity.steps else parity.to_dict(),
         finalist_rounds=ev.rounds_run, search_round_pooled=ev.pooled,

@@ -539,3 +539,72 @@ def test_the_planned_searchs_best_gets_a_finalist_round_beside_faster_single_dra
     assert [x.number for x in contenders(ranked, k=2, gap=0.262, base=base, planned=planned).top] == [39, 12]
     # the plan kept the baseline: re-measured in every round anyway, it takes no finalist place
     assert [x.number for x in contenders(ranked, k=3, gap=0.262, base=base, planned=base).top] == [39, 38, 35]
+
+
+def _left_out_study(tmp_path):
+    """A real SQLite study of four finalists' search trials (batch 64, 32, 16 and the baseline's 8), and the
+    context ``finalists.choose`` reads."""
+    import optuna
+    from optuna.trial import create_trial
+
+    from autotune import Workload
+    from autotune.config import TrialConfig
+    from autotune.search.choose.finalists import FinalistContext
+    from autotune.search.choose.payback import RunLength
+    from autotune.search.record.trials import MemoryLimit
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize")
+    configs = [TrialConfig(batch_size=b) for b in (64, 32, 16, 8)]
+    for c in configs:
+        study.add_trial(create_trial(value=100.0, user_attrs={"config": c.to_dict(), "wall_s": 10.0,
+                                                              "samples_per_s": [100.0] * 3}))
+    ctx = FinalistContext(workload=Workload(model="tests.workloads_fixtures:tiny", image_size=16),
+                          hardware=hardware(), measure=QUICK, limit=MemoryLimit(None), study_name="s",
+                          storage_url=url, artifacts_dir=tmp_path, compile_cache_dir=tmp_path,
+                          run_length=RunLength.default(), parity_steps=0, parity=None, log=lambda m: None)
+    return study, configs, study.get_trials(), ctx
+
+
+def test_a_finalist_left_out_of_round_two_is_out_said_and_the_speedup_pairs_the_round_it_ran(tmp_path):
+    """``finalist_rounds.remeasure`` leaves the slowest out of a round that fits only for fewer (here the baseline,
+    after round 1): it is out, the notes and runners-up say why, the speedup over it pairs round 1 (130/60, where
+    the pooled medians would say 129/60), and the spread the confirmation plans by is of the three measured in both
+    rounds (2 degrees of freedom; with the baseline's one round, the rounds in common would be one)."""
+    from autotune.search.choose.finalist_rounds import Evidence
+    from autotune.search.choose.finalists import choose
+
+    study, configs, trials, ctx = _left_out_study(tmp_path)
+    rounds = {64: [[130.0] * 3, [128.0] * 3], 32: [[110.0] * 3, [108.0] * 3], 16: [[100.0] * 3, [99.0] * 3],
+              8: [[60.0] * 3]}
+    why = "left out of round 2: the time left fitted a round of the 3 fastest only (60.0 samples/s over 1 round(s))"
+    ev = Evidence({c.key(): rounds[c.batch_size] for c in configs}, {c.key(): 100.0 for c in configs},
+                  {c.key(): [] for c in configs}, {c.key(): None for c in configs}, rounds_run=2,
+                  left_out={configs[3].key(): why})
+    rec = choose(ctx, study, configs, trials, ev, trials[3])
+    assert rec.config == configs[0] and rec.finalist_rounds == 2
+    assert f"{configs[3].short()} (trial 3) is out: {why}" in rec.notes
+    assert [r["out"] for r in rec.runners_up if "out" in r] == [why]
+    assert rec.speedup_vs_baseline == round(130.0 / 60.0, 3)
+    assert rec.selection["round_spread_df"] == 2
+
+
+def test_where_every_finalist_of_the_later_rounds_failed_those_left_out_are_judged_on_their_rounds(tmp_path):
+    """Before, a round of all that did not fit left each finalist its one round (and the search round pooled): a
+    recommendation. Left out of a round that then failed for all who ran it, they are still judged."""
+    from autotune.search.choose.finalist_rounds import Evidence
+    from autotune.search.choose.finalists import choose
+
+    study, configs, trials, ctx = _left_out_study(tmp_path)
+    ran, left = configs[:2], configs[2:]
+    ev = Evidence({c.key(): [[100.0 + c.batch_size] * 3] for c in configs}, {c.key(): 100.0 for c in configs},
+                  {c.key(): ["round 2: timeout (over the time limit)"] if c in ran else [] for c in configs},
+                  {c.key(): None for c in configs}, rounds_run=2,
+                  left_out={c.key(): "left out of round 2: ..." for c in left})
+    rec = choose(ctx, study, configs, trials, ev, trials[3])
+    assert rec.config == configs[2]  # batch 16, the faster of the two left out
+    assert (f"none of the finalists of the later rounds qualified: {left[0].short()}, {left[1].short()} judged on "
+            "the rounds before they were left out") in rec.notes, rec.notes
+    assert {r["short"]: r.get("out") for r in rec.runners_up} == {
+        configs[3].short(): None, **{c.short(): "round 2: timeout (over the time limit)" for c in ran}}
