@@ -47,7 +47,7 @@ from autotune.search.record.run_phase import RunPhases
 from autotune.search.record.storage import (DEFAULT_STORAGE, artifacts_dir, check_study_name, machine_lock,
                                             open_study, run_lock, sqlite_path, study_name_for)
 from autotune.search.record.trials import MemoryLimit, baseline_trial, feasible_by_config, window_noise
-from autotune.search.record.untried import untried_in_study, untried_line
+from autotune.search.record.untried import one_draw_line, untried_in_study, untried_line
 from autotune._redact import redact
 
 if TYPE_CHECKING:
@@ -472,12 +472,12 @@ class Tuner:
         return rec, saved
 
     def _with_untried(self, study: Study, rec):
-        """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note."""
-        knobs = untried_in_study(self.space, study.get_trials(deepcopy=False), rec.config)
-        if not knobs:
-            return rec
-        line = untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason)
-        return dataclasses.replace(rec, untried=knobs, notes=rec.notes + (line,))
+        """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note; and
+        a note of the candidates one trial put out within the noise (``Plan.one_draw``)."""
+        knobs, plan = untried_in_study(self.space, study.get_trials(deepcopy=False), rec.config), self.plan(study)
+        lines = (untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason),
+                 one_draw_line(plan.one_draw if plan is not None else [], rec.config))
+        return dataclasses.replace(rec, untried=knobs or rec.untried, notes=rec.notes + tuple(x for x in lines if x))
 
     def _record(self, study: Study, rec, saved: SavedRounds | None):
         """Keep ``rec`` in the study (a provisional one too, with its confirmation), with its ceilings and why the

@@ -51,13 +51,13 @@ from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, k
 from autotune.search.space.complete import complete
 from autotune.search.space.likely import sweep_order
 
-__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT"]
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT", "ONE_DRAW"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
 MAX_TRIED = 4
-# Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
-NOT_SWEPT = ("batch_size", "compile_mode")
+# Knobs the coordinate step leaves alone (the walk covers the batch, compile is last); a one-trial note's words
+NOT_SWEPT, ONE_DRAW = ("batch_size", "compile_mode"), "decided on this one trial"
 
 @dataclass(frozen=True)
 class Measured:
@@ -97,6 +97,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     done = property(lambda self: self.phase == "done")
+    one_draw = property(lambda self: [n.split(" once,")[0] for n in self.notes if ONE_DRAW in n])  # "amp=bf16: -2.1%"
 
     def label(self) -> str:
         """For the progress bar."""
@@ -250,6 +251,9 @@ class _Replay:
         if a.value <= 0 or b.value <= 0:
             return a.value > 0
         ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
+        self.notes += [f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise ({100 * noise:.0f}%) "
+                       f"but not above: {ONE_DRAW} (a candidate is measured again only where it lands above), the "
+                       "config before stays"] if 1 / (1 + noise) < ratio <= 1 else []  # said (2026-11-30g: bf16)
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
         old = self.by_key[self.key(cand)][1:2] + self.by_key[self.key(inc)][1:2]  # a study from before ``round_of``:

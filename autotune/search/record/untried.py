@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from autotune.search.record.trials import CONFIG, config_of
 
-__all__ = ["untried", "untried_in_study", "untried_line", "NOT_LISTED"]
+__all__ = ["untried", "untried_in_study", "untried_line", "one_draw_line", "NOT_LISTED"]
 
 # walked by its own plan (batch_walk) and so never "untried" in the coordinate step's sense
 NOT_LISTED = ("batch_size",)
@@ -78,3 +78,24 @@ def untried_line(knobs: dict[str, list], *, budget_ended: bool) -> str:
 
 def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
+
+
+def one_draw_line(decided: list[str], config: Any) -> str:
+    """The note that says which candidates one trial put out within the noise (``coordinate.Plan.one_draw``: each
+    "knob=value[, knob=value]: -2.1%"), but those the recommended ``config`` holds anyway; "" for none.
+
+    >>> from autotune.config import TrialConfig
+    >>> line = one_draw_line(["amp=bf16: -2.1%", "malloc=retain: -1.0%"], TrialConfig(batch_size=8, malloc="retain"))
+    >>> line.split("; ")[0]
+    'decided on one trial, within the noise below the config before it: amp=bf16 (-2.1%)'
+    """
+    out = []
+    for d in dict.fromkeys(decided):  # the same note twice (two comparisons, the same gap): named once
+        knobs, _, gap = d.rpartition(":")
+        pairs = [kv.split("=", 1) for kv in knobs.split(", ")]
+        if not all(len(kv) == 2 and str(getattr(config, kv[0], None)) == kv[1] for kv in pairs):
+            out.append(f"{knobs} ({gap.strip()})")
+    if not out:
+        return ""
+    return (f"decided on one trial, within the noise below the config before it: {', '.join(out)}; `autotune trial` "
+            "measures it again by hand if it matters to you")

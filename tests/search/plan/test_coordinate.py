@@ -130,6 +130,25 @@ def test_a_harmful_knob_in_the_bundle_does_not_hide_the_others_and_the_run_stops
     assert len(runner.ran) < 25
 
 
+def test_a_candidate_put_out_by_one_trial_within_the_noise_is_said_in_the_log_and_the_yaml(tmp_path):
+    """bf16 x0.98, channels_last x0.7, retain x0.9: the bundle loses, each knob is tried alone on the baseline, and
+    bf16 lands 2% below it, within the 5% noise: only a candidate above is measured again, so one trial decides it.
+    The log says so as it decides, and the recommendation's notes (its YAML) name it, with the gap; channels_last
+    and retain, beyond the noise, are not named. (2026-11-30g: bf16 out so at -2.1% on tiny_vit, x1.075 in truth.)"""
+    import yaml
+
+    from autotune.recommendation import Recommendation
+
+    logs: list[str] = []
+    rec = _tuner(tmp_path, _model(bf16=0.98, cl=0.7, retain=0.9), log=logs.append).run(trials=12)
+    assert rec.config.amp == "off"
+    assert any(m.startswith("amp=bf16: -2.0% once, within the noise (5%) but not above: decided on this one trial")
+               for m in logs), logs
+    line = ("decided on one trial, within the noise below the config before it: amp=bf16 (-2.0%); `autotune trial` "
+            "measures it again by hand if it matters to you")
+    assert line in rec.notes and line in Recommendation.from_dict(yaml.safe_load(rec.to_yaml())).notes
+
+
 def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
     """bf16 x0.8, channels_last x1.3, retain x1.3: the bundle beats the baseline (1.35x), so the batch walk goes
     from it first (to 32), and each knob is reverted from it there, beside the baseline at 32; reverting bf16 wins,
@@ -254,6 +273,8 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     assert any(n.startswith("channels_last=True: +3.0% once, within the noise (5%); again, by turns, +4.0%; "
                             "over both rounds +3.5%, against the 3.3% a gain must clear") and n.endswith("kept")
                for n in p.notes), p.notes
+    assert ("malloc=retain: -2.0% once, within the noise (5%) but not above: decided on this one trial (a "
+            "candidate is measured again only where it lands above), the config before stays") in p.notes, p.notes
     assert p.phase == "walk" and p.incumbent["channels_last"] and _needs(p) == [
         ("off", True, "default", 8, {"batch_line": -1}), ("off", True, "default", 32, {"batch_line": 1})]
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 5, **again}),
