@@ -315,6 +315,31 @@ def test_where_a_round_of_all_no_longer_fits_the_fastest_so_far_run_it_and_the_s
                for m in logs)
 
 
+def test_a_round_kept_from_an_interrupted_run_prices_the_next_by_its_runs_walls(tmp_path):
+    """A resumed ``--timeout`` run keeps round 1 (4 runs of 0.25 s, one after the other: 1 s) and takes no time for
+    it; with 0.5 s left, round 2 is not started (before, a kept round priced the next at 0 s, and it ran past the
+    deadline)."""
+    import optuna
+
+    from autotune.search.choose.finalist_rounds import SavedRounds, remeasure
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s")
+    configs = [TrialConfig(batch_size=b) for b in (16, 32, 64, 128)]
+    saved = SavedRounds(study, configs, rounds=2, measure=SPEC)
+    for c in configs:
+        saved.put(0, c, TrialResult(status="ok", samples_per_s=(100.0,) * 3, wall_s=0.25, batch_size=c.batch_size))
+
+    def never(*a, **kw):
+        raise AssertionError("round 2 started")
+
+    logs: list[str] = []
+    ev = remeasure(configs, 2, runner=never, workload=Workload(model="tests.workloads_fixtures:tiny"), measure=SPEC,
+                   log_dir=tmp_path, log=logs.append, saved=SavedRounds(study, configs, rounds=2, measure=SPEC),
+                   deadline=time.monotonic() + 0.5)
+    assert ev.rounds_run == 1 and any(m.startswith("  round 2/2 and after not run: the last took 1 s") for m in logs)
+
+
 def test_the_budget_record_prices_every_phase_after_the_search_with_one_estimate_of_a_run():
     """``search.budget``: its own examples hold, and the finalists' reserve, their plan and the confirmation's rounds
     price a run alike (``Budget.run_s``: the search trial's wall plus the finalists' longer windows), so what the

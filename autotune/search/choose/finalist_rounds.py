@@ -386,7 +386,8 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
     took less than the time left (the plan's estimate is the search trials' walls; a loaded machine's rounds take
     longer). Where a round of all no longer fits, a round of the fastest so far may (``_fewer``: at least two, each
     run priced as the last round's share): they run it, and the others are out, each with why; else the rounds not
-    run are said, and ``rounds_run`` counts those that ran. (2026-11-30: a round of four priced at 24 s took 27 s,
+    run are said, and ``rounds_run`` counts those that ran. A round kept from an interrupted run is priced by its runs'
+    walls. (2026-11-30: a round of four priced at 24 s took 27 s,
     and the second round of all four did not fit: the choice rested on one round, where three fitted two.)
     ``by_turns``: each round's children take turns (``run_configs``)."""
     ev = Evidence({c.key(): [] for c in configs}, {c.key(): 0.0 for c in configs}, {c.key(): [] for c in configs},
@@ -442,7 +443,10 @@ def remeasure(configs: list[TrialConfig], rounds: int, *, runner, workload, meas
         for c, res in zip(order, got):
             ev.add(r, c, res)
             log(run_line(f"round {r + 1}/{rounds}", c, res) + (" (kept)" if kept else ""))
-        last_s = time.monotonic() - started
+        # a kept round took no time now: the next is priced by its runs' walls (by turns each ran the round through)
+        walls = [res.wall_s or 0.0 for res in got]
+        last_s = (time.monotonic() - started if kept is None else
+                  max(walls) if by_turns and len(got) > 1 else sum(walls))
     return ev
 
 
