@@ -271,9 +271,9 @@ def cmd_show(args: argparse.Namespace) -> int:
               + (f"; {m['median_tokens_per_s']:.0f} tokens/s" if m.get("median_tokens_per_s") else ""))
         for line in _limits_lines(rec) + ceiling_lines(rec.get("ceilings")):
             print(line)
-        never = [n for n in rec.get("notes") or () if n.startswith("never measured")]  # the YAML's `try`, said
+        never = [n for n in rec.get("notes") or () if n.startswith(("never measured", "decided on one trial"))]
         for line in [split_line(rec.get("budget_split"))] + never:
-            if line:  # where the run's time went; what it never measured (issue 50)
+            if line:  # where the run's time went; what it never measured, or decided on one trial (issue 50)
                 print(line)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60, "display.max_rows", 500):
         print(view.to_string(index=False, na_rep=""))

@@ -25,7 +25,7 @@ from autotune.machine.hardware import detect
 from autotune.search.space.search_space import Param, space_from_dict
 from autotune.search.record.trials import role
 from autotune.search.tuner import Tuner
-from tests.helpers import search_run
+from tests.helpers import run_cli, search_run
 
 # every knob on offer whatever this machine is (bf16 needs the CPU flag, compile a C++ compiler and Python.h,
 # malloc glibc)
@@ -133,8 +133,9 @@ def test_a_harmful_knob_in_the_bundle_does_not_hide_the_others_and_the_run_stops
 def test_a_candidate_put_out_by_one_trial_within_the_noise_is_said_in_the_log_and_the_yaml(tmp_path):
     """bf16 x0.98, channels_last x0.7, retain x0.9: the bundle loses, each knob is tried alone on the baseline, and
     bf16 lands 2% below it, within the 5% noise: only a candidate above is measured again, so one trial decides it.
-    The log says so as it decides, and the recommendation's notes (its YAML) name it, with the gap; channels_last
-    and retain, beyond the noise, are not named. (2026-11-30g: bf16 out so at -2.1% on tiny_vit, x1.075 in truth.)"""
+    The log says so as it decides, and the recommendation's notes (its YAML) and `autotune show` name it, with the
+    gap; channels_last and retain, beyond the noise, are not named. (2026-11-30g: bf16 out so at -2.1% on tiny_vit,
+    x1.075 in truth.)"""
     import yaml
 
     from autotune.recommendation import Recommendation
@@ -147,6 +148,8 @@ def test_a_candidate_put_out_by_one_trial_within_the_noise_is_said_in_the_log_an
     line = ("decided on one trial, within the noise below the config before it: amp=bf16 (-2.0%); `autotune trial` "
             "measures it again by hand if it matters to you")
     assert line in rec.notes and line in Recommendation.from_dict(yaml.safe_load(rec.to_yaml())).notes
+    shown = run_cli("show", "--storage", f"sqlite:///{tmp_path}/t.db")  # `autotune show` says it too
+    assert shown.returncode == 0 and line in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
