@@ -460,12 +460,10 @@ def _down(x: float) -> str:
 
 
 def _so_far(ev: Evidence, c: TrialConfig) -> float:
-    """``c``'s median over the rounds it has run."""
-    xs = sorted(ev.samples(c.key()))
-    if not xs:
-        return 0.0
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    """``c``'s median over the rounds it has run (0 before any)."""
+    from autotune.measure import median_or_none
+
+    return median_or_none(ev.samples(c.key())) or 0.0
 
 
 def _fewer(active: list[TrialConfig], ev: Evidence, *, round_s: float, left_s: float) -> list[TrialConfig]:

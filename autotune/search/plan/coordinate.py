@@ -1,10 +1,10 @@
-"""The planned search: before the sampler takes over, walk the batch size, take the likely-winner bundle apart at
-the batch found, then try the space's other knobs one at a time.
+"""The planned search: before the sampler takes over, walk the batch size, take the likely-winner bundle apart at the
+batch found, then try the space's other knobs one at a time.
 
-Why: trial 1 switches the usual winners on together (bf16, channels_last, ``malloc: retain``). When one of them
-hurts on this model and machine (bf16 where it is no faster than fp32, say), the bundle runs about as fast as
-the defaults and hides the others' gain, and a walk and a sampler that start from it keep the harm. So each
-bundle member is measured apart, whichever way the evidence makes more informative:
+Why: trial 1 switches the usual winners on together (bf16, channels_last, ``malloc: retain``). When one of them hurts on
+this model and machine (bf16 where it is no faster than fp32, say), the bundle runs about as fast as the defaults and
+hides the others' gain, and a walk and a sampler that start from it keep the harm. So each bundle member is measured
+apart, whichever way the evidence makes more informative:
 
 * the bundle beat the baseline by more than the noise: the bundle with that knob **reverted** (leave one out:
   near the best config so far, each probe says what one knob adds there);
@@ -12,10 +12,10 @@ bundle member is measured apart, whichever way the evidence makes more informati
   walked batch first): the baseline with that knob **alone** (add one in: each probe says what it does by itself).
 
 Either way the batch is walked first (``walk_first``). The knobs that helped are combined (one more trial, unless
-measured already) and the best config measured so far is kept (an earlier study's winner, ``warm_start``, among
-them); where that is off the walked line, the walk (``batch_walk``) goes on from it. Then one coordinate step: each
-other knob in the space's order (``likely.sweep_order``; compile last, ``compile_last``), its other values measured on
-the best config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
+measured already) and the best config measured so far is kept (an earlier study's winner, ``warm_start``, among them);
+where that is off the walked line, the walk (``batch_walk``) goes on from it. Then one coordinate step: each other knob
+in the space's order (``likely.sweep_order``; compile last, ``compile_last``), its other values measured on the best
+config so far, the best of them kept if it beats it. Only then does the sampler (TPE) take over.
 
 Noise: a candidate beats the incumbent when its median is above it by more than the noise (``noise.single_noise``: the
 study's window spread or the gaps of the plan's repeats, at least 5%; fixed once both are measured). Within the noise
@@ -25,7 +25,8 @@ repeat, not read from another comparison's round minutes before), and the candid
 paired, is above 1 too and the two rounds' mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of
 fresh processes (``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over two rounds, kept no-ops that
 agreed). A candidate at or below the incumbent is not repeated. A comparison reads each config's first measurement and
-its own second round: no later repeat reopens it.
+its own second round: no later repeat reopens it. One within the noise below it is out on that one draw, and the log
+says so (``Plan.one_draw``).
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is: the order
 in which trials finish, a resumed run, or several workers change nothing; what it lacks is queued once (``Plan.needs``).
@@ -51,13 +52,13 @@ from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, k
 from autotune.search.space.complete import complete
 from autotune.search.space.likely import sweep_order
 
-__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT", "ONE_DRAW"]
+__all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT"]
 
 # An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
 # stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
 MAX_TRIED = 4
-# Knobs the coordinate step leaves alone (the walk covers the batch, compile is last); a one-trial note's words
-NOT_SWEPT, ONE_DRAW = ("batch_size", "compile_mode"), "decided on this one trial"
+# Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
+NOT_SWEPT = ("batch_size", "compile_mode")
 
 @dataclass(frozen=True)
 class Measured:
@@ -76,8 +77,7 @@ class Measured:
 
 @dataclass(frozen=True)
 class Need:
-    """A trial the plan needs and the study does not have: its params, the roles to queue it with, and a line
-    for the log."""
+    """A trial the plan needs and the study lacks: its params, the roles to queue it with, a line for the log."""
 
     params: dict[str, Any]
     roles: dict[str, Any]
@@ -86,18 +86,17 @@ class Need:
 
 @dataclass
 class Plan:
-    """Where the planned search stands: ``phase`` (``bundle``: waiting for the baseline and the likely
-    winners; ``separate``, ``warm``, ``walk``, ``sweep``; ``done``: the sampler's turn), the best config so far as
-    params (None before the first measurement, or when neither the baseline nor the bundle ran), the trials to
-    queue now, and the decisions taken so far, in order."""
+    """Where the planned search stands: ``phase`` (``bundle``: waiting for the baseline and the likely winners;
+    ``separate``, ``warm``, ``walk``, ``sweep``; ``done``: the sampler's), the best config so far (None before the
+    first measurement, or when neither baseline nor bundle ran), the trials to queue now, the decisions in order."""
 
     phase: str
     incumbent: dict[str, Any] | None
     needs: list[Need] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    one_draw: list[tuple[dict[str, Any], float]] = field(default_factory=list)  # put out by one trial: knobs, gap
 
     done = property(lambda self: self.phase == "done")
-    one_draw = property(lambda self: [n.split(" once,")[0] for n in self.notes if ONE_DRAW in n])  # "amp=bf16: -2.1%"
 
     def label(self) -> str:
         """For the progress bar."""
@@ -107,9 +106,8 @@ class Plan:
 
 
 def candidates(param, current: Any) -> list[Any]:
-    """The values of ``param`` the coordinate step tries instead of ``current``: every other choice, or for an
-    integer knob with more than ``MAX_TRIED`` choices the ones nearest half and double the current value and
-    the two ends.
+    """The values of ``param`` the coordinate step tries instead of ``current``: every other choice, or for an integer
+    knob with more than ``MAX_TRIED`` choices the ones nearest half and double the current value and the two ends.
 
     >>> from autotune.search.space.search_space import Param
     >>> candidates(Param("intra_op_threads", "int", tuple(range(1, 65))), 16)
@@ -154,9 +152,9 @@ def measurements(trials: Iterable, space, *, limit: MemoryLimit | None = None, f
             value = float(t.value or 0.0) if ok else 0.0
             windows = tuple(float(x) for x in (ua.get(keys.SAMPLES) or ())) or (value,)
             spread = ua.get(keys.REL_IQR) if isinstance(ua.get(keys.REL_IQR), (int, float)) else None
-            legacy = ua.get(keys.REPEAT_OF) is not None and ua.get(keys.ROUND_OF) is None
-            by_key.setdefault(key, []).append(Measured(t.number, value, windows if ok else (0.0,), spread,
-                                                       ua.get(keys.ROUND_OF), keys.BY_TURNS in ua, legacy))
+            by_key.setdefault(key, []).append(Measured(  # legacy: a repeat from before ``round_of``
+                t.number, value, windows if ok else (0.0,), spread, ua.get(keys.ROUND_OF), keys.BY_TURNS in ua,
+                ua.get(keys.REPEAT_OF) is not None and ua.get(keys.ROUND_OF) is None))
     return by_key, present, roles
 
 
@@ -174,7 +172,7 @@ def plan(space, trials: Iterable, *, noise: float = NOISY_REL_IQR, limit: Memory
         phase = "done"
     except _Wait:
         incumbent, phase = replay.incumbent, replay.phase
-    return Plan(phase, incumbent, replay.needs, replay.notes)
+    return Plan(phase, incumbent, replay.needs, replay.notes, replay.one_draw)
 
 
 class _Wait(Exception):
@@ -182,19 +180,19 @@ class _Wait(Exception):
 
 
 class _Replay:
-    """The planned search, replayed from the start over what the study measured: each step reads the
-    measurements it needs, or records them as needed and stops (``_Wait``)."""
+    """The planned search, replayed from the start over what the study measured: each step reads the measurements
+    it needs, or records them as needed and stops (``_Wait``)."""
 
     def __init__(self, space, by_key: dict[tuple, list[Measured]], present: Counter, noise: float, *,
                  feed: dict[str, Any] | None = None) -> None:
-        self.space, self.by_key, self.present, self.floor = space, by_key, present, noise
-        self.feed = feed
+        self.space, self.by_key, self.present, self.floor, self.feed = space, by_key, present, noise, feed
         self.spreads = sorted((m.number, m.rel_iqr) for ms in by_key.values() for m in ms if m.rel_iqr is not None)
         # each config measured twice in fresh processes (the plan's repeats): the later trial, and how far apart
         self.repeats = sorted((b.number, abs(math.log(b.value / a.value)))
                               for a, b in (ms[:2] for ms in by_key.values() if len(ms) >= 2) if a.value > 0 < b.value)
         self.needs: list[Need] = []
         self.notes: list[str] = []
+        self.one_draw: list[tuple[dict[str, Any], float]] = []  # ``Plan.one_draw``
         self.phase = "bundle"
         self.incumbent: dict[str, Any] | None = None
         self.tested: set[tuple[str, Any]] = set()  # (knob, value) pairs the bundle's separation measured
@@ -236,12 +234,14 @@ class _Replay:
             raise _Wait
         return out
 
+    def apart(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The knobs ``params`` changes from the best so far (else from the baseline), with their values."""
+        a, ref = self.space.effective(params), self.incumbent or self.space.baseline_params()
+        return {k: getattr(a, k) for k in knobs_apart(a, self.space.effective(ref))}
+
     def describe(self, params: dict[str, Any]) -> str:
         """A config as the knobs it changes from the best so far (else from the baseline)."""
-        ref = self.incumbent if self.incumbent is not None else self.space.baseline_params()
-        a, b = self.space.effective(params), self.space.effective(ref)
-        apart = knobs_apart(a, b)
-        return ", ".join(f"{k}={getattr(a, k)}" for k in apart) if apart else a.short()
+        return ", ".join(f"{k}={v}" for k, v in self.apart(params).items()) or self.space.effective(params).short()
 
     def better(self, cand: dict[str, Any], inc: dict[str, Any], roles: dict[str, Any] | None = None) -> bool:
         """Whether ``cand`` beats ``inc`` beyond the noise (module docstring); both are measured."""
@@ -251,9 +251,11 @@ class _Replay:
         if a.value <= 0 or b.value <= 0:
             return a.value > 0
         ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
-        self.notes += [f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise ({100 * noise:.0f}%) "
-                       f"but not above: {ONE_DRAW} (a candidate is measured again only where it lands above), the "
-                       "config before stays"] if 1 / (1 + noise) < ratio <= 1 else []  # said (2026-11-30g: bf16)
+        if 1 / (1 + noise) < ratio <= 1:  # one draw decides it, and says so (2026-11-30g: bf16 at -2.1%)
+            self.one_draw.append((self.apart(cand), ratio - 1))
+            self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
+                              f"({100 * noise:.0f}%) but not above: decided on this one trial (a candidate is measured "
+                              "again only where it lands above), the config before stays")
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
         old = self.by_key[self.key(cand)][1:2] + self.by_key[self.key(inc)][1:2]  # a study from before ``round_of``:
@@ -288,8 +290,7 @@ class _Replay:
     def run(self, roles: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
         if not roles[keys.BASELINE]:
             raise _Wait  # queued with the study (study_queue.queue_first_trials)
-        base = roles[keys.BASELINE][0]
-        likely = None
+        base, likely = roles[keys.BASELINE][0], None
         if self.space.likely_params() is not None:
             if not roles[keys.LIKELY_WINNER]:
                 raise _Wait
@@ -354,9 +355,8 @@ class _Replay:
         of the best before, 0.85-0.93 after), from the bundle where it beat the baseline beyond the noise (on a GPU,
         came within it), else from the baseline (which no knob can harm). Where the bundle won, its knobs are reverted
         at the walked batch beside the baseline moved there; where it tied, it runs again at that batch and is taken
-        apart there (resnet18 at 32 px, AMX Xeon, 2026-11-29: channels_last and tcmalloc tied at batch 64; at 256 each
-        alone stayed within the noise, the two together ran x1.15 of neither, re-measured by turns); where it lost,
-        each knob is tried alone on the baseline at that batch (``run`` walks on where the knobs move the best)."""
+        apart there (docs/search.md: resnet18 at 32 px, 2026-11-29); where it lost, each knob is tried alone on the
+        baseline at that batch (``run`` walks on where the knobs move the best)."""
         b, lw = (m[0] for m in self.get([(base, {}), (likely, {})]))
         noise = self.noise_at(max(b.number, lw.number))
         won = lw.value > 0 and b.value > 0 and lw.value > b.value * (1 + noise)

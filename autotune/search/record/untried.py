@@ -80,21 +80,19 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def one_draw_line(decided: list[str], config: Any) -> str:
+def one_draw_line(decided: list[tuple[dict[str, Any], float]], config: Any) -> str:
     """The note that says which candidates one trial put out within the noise (``coordinate.Plan.one_draw``: each
-    "knob=value[, knob=value]: -2.1%"), but those the recommended ``config`` holds anyway; "" for none.
+    the knobs it changed and its gap), but those the recommended ``config`` holds anyway; "" for none.
 
     >>> from autotune.config import TrialConfig
-    >>> line = one_draw_line(["amp=bf16: -2.1%", "malloc=retain: -1.0%"], TrialConfig(batch_size=8, malloc="retain"))
+    >>> line = one_draw_line([({"amp": "bf16"}, -0.021), ({"malloc": "retain"}, -0.01)],
+    ...                      TrialConfig(batch_size=8, malloc="retain"))
     >>> line.split("; ")[0]
     'decided on one trial, within the noise below the config before it: amp=bf16 (-2.1%)'
     """
-    out = []
-    for d in dict.fromkeys(decided):  # the same note twice (two comparisons, the same gap): named once
-        knobs, _, gap = d.rpartition(":")
-        pairs = [kv.split("=", 1) for kv in knobs.split(", ")]
-        if not all(len(kv) == 2 and str(getattr(config, kv[0], None)) == kv[1] for kv in pairs):
-            out.append(f"{knobs} ({gap.strip()})")
+    out = dict.fromkeys(  # the same knobs and gap twice (two comparisons): named once
+        f"{', '.join(f'{k}={v}' for k, v in knobs.items())} ({100 * gap:+.1f}%)" for knobs, gap in decided
+        if knobs and any(getattr(config, k, None) != v for k, v in knobs.items()))
     if not out:
         return ""
     return (f"decided on one trial, within the noise below the config before it: {', '.join(out)}; `autotune trial` "
