@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from autotune.config import MeasureSpec, TrialResult, Workload
+from autotune.config import MeasureSpec, TrialConfig, TrialResult, Workload
 from autotune.errors import AutotuneError
 from autotune.machine.safefs import private_dir
 from autotune.search.backends.protocol import make_sampler
 from autotune.search.budget import SEARCH_WINDOWS, TURN_EXTRA_PRIOR, Budget, confirm_measure
 from autotune.search.choose import confirm, final_checks, time_plan
 from autotune.search.choose import finalists as fin
-from autotune.search.choose.contenders import contenders, lost_gap, planned_trial
+from autotune.search.choose.contenders import contenders, lost_gap, near_misses, planned_trial, with_near
 from autotune.search.choose import finalist_rounds as fin_rounds
 from autotune.search.choose.finalist_rounds import SavedRounds
 from autotune.search.choose.payback import RunLength
@@ -389,8 +389,9 @@ class Tuner:
         gap = lost_gap(study.get_trials(deepcopy=False))
         # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``),
         chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study),
-                            planned=planned_trial(study, feasible))  # and the planned search's best
-        top = chosen.top
+                            planned=planned_trial(study, feasible))  # and the planned search's best, its near misses
+        near = near_misses(study, feasible, plan.one_draw if (plan := self.plan(study)) is not None else [])
+        top = (chosen := with_near(chosen, near, base=baseline_trial(study), gap=gap)).top
         # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps.
         # By turns a finalist runs as a confirmation run does (``Budget.finalist_measure``): the search trials' window
         # noise, run one after another, is mostly the machine's spells, which every config of a round by turns meets
@@ -475,8 +476,9 @@ class Tuner:
         """``rec`` with the knob values no finished trial ran (``record.untried``): its YAML's ``try`` and a note; and
         a note of the candidates one trial put out within the noise (``Plan.one_draw``)."""
         knobs, plan = untried_in_study(self.space, study.get_trials(deepcopy=False), rec.config), self.plan(study)
+        rounds = [rec.config.key(), *(TrialConfig.from_dict(r["config"]).key() for r in rec.runners_up)]  # measured
         lines = (untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason),
-                 one_draw_line(plan.one_draw if plan is not None else [], rec.config))
+                 one_draw_line(plan.one_draw if plan else [], rec.config, rounds * bool(rec.finalist_rounds)))
         return dataclasses.replace(rec, untried=knobs or rec.untried, notes=rec.notes + tuple(x for x in lines if x))
 
     def _record(self, study: Study, rec, saved: SavedRounds | None):

@@ -14,17 +14,20 @@ from typing import Any, NamedTuple
 from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
 
-__all__ = ["Contenders", "contenders", "planned_trial", "lighter_sibling", "lost_gap", "LOSER_SPREAD"]
+__all__ = ["Contenders", "contenders", "with_near", "planned_trial", "near_misses", "lighter_sibling", "lost_gap",
+           "LOSER_SPREAD", "NEAR_MISSES"]
 
 # The spread between fresh processes of one config (sd of log) ``lost_gap`` assumes at least: the middle of what these
 # VMs show (5-20%; 17-36% between processes of 0.3 s windows under load, benchmarks/results/coverage-windows-*).
 LOSER_SPREAD = 0.10
+# At most this many of the planned search's near misses (``near_misses``) get a finalist place, after the others.
+NEAR_MISSES = 2
 
 
 class Contenders(NamedTuple):
     """Who gets a finalist round: ``top`` (best first), the notes on those left out (``left_out``), the best config's
-    lighter sibling where it was added (``sibling``, None where not) with its note, and the planned search's best
-    where it was added (``planned``) with its note."""
+    lighter sibling where it was added (``sibling``, None where not) with its note, the planned search's best
+    where it was added (``planned``) with its note, and its near misses added (``near``) with theirs."""
 
     top: list
     left_out: tuple[str, ...] = ()
@@ -32,12 +35,36 @@ class Contenders(NamedTuple):
     sibling_note: tuple[str, ...] = ()
     planned: Any = None
     planned_note: tuple[str, ...] = ()
+    near: tuple = ()
+    near_notes: tuple[str, ...] = ()
 
     def notes_for(self, ran: list) -> tuple[str, ...]:
         """The notes a recommendation keeps, ``ran`` the finalists whose rounds ran: those left out, and each added
         finalist's where it had rounds."""
         return (self.left_out + (self.planned_note if self.planned is not None and self.planned in ran else ())
-                + (self.sibling_note if self.sibling is not None and self.sibling in ran else ()))
+                + (self.sibling_note if self.sibling is not None and self.sibling in ran else ())
+                + tuple(n for t, n in zip(self.near, self.near_notes) if t in ran))
+
+
+def with_near(chosen: Contenders, near: list, *, base=None, gap: float) -> Contenders:
+    """``chosen`` with the planned search's near misses (``near_misses``: ``(trial, OneDraw)``, nearest first) after
+    its finalists, at most ``NEAR_MISSES`` of them, each not among them already, not the baseline and within ``gap``
+    of the best (``lost_gap``). Last, so the finalists' plan drops them first where the time left is short
+    (``finalists.plan``)."""
+    top = list(chosen.top)
+    if not top or not top[0].value:
+        return chosen
+    plain = base.user_attrs.get(keys.CONFIG) if base is not None else None
+    added, notes = [], []
+    for t, d in near:
+        if (len(added) < NEAR_MISSES and all(t is not x for x in top) and t.user_attrs.get(keys.CONFIG) != plain
+                and t.value and top[0].value / t.value <= 1.0 + gap):
+            added.append(t)
+            knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
+            notes.append(f"finalist trial {t.number}: {knobs} on the planned search's best, put out of the plan by "
+                         f"that one trial within the noise below it ({100 * d.gap:+.1f}%), measured again in the "
+                         "rounds, paired")
+    return chosen._replace(top=top + added, near=tuple(added), near_notes=tuple(notes))
 
 
 def contenders(ranked: list, *, k: int, gap: float, base=None, planned=None) -> Contenders:
@@ -98,6 +125,24 @@ def planned_trial(study, feasible: dict):
     trial, ``trials.feasible_by_config``); None where the plan kept none or that config is not among them."""
     kept = study.user_attrs.get(keys.PLAN_KEPT)
     return feasible.get(TrialConfig.from_dict(kept).key()) if kept else None
+
+
+def near_misses(study, feasible: dict, one_draw) -> list:
+    """``(trial, OneDraw)`` of each config the planned search put out on one trial within the noise below the config
+    it keeps as its best (``coordinate.Plan.one_draw`` compared with ``keys.PLAN_KEPT``), nearest first, its trial
+    from ``feasible`` (config key -> trial). Why: one trial against another minutes apart is the weakest
+    comparison the search makes (fresh processes of one config differ by 5-20% here), and the near misses of the
+    config the search settled on are where a finalist round buys the most: 2026-11-30g, tiny_vit at 10 minutes,
+    bf16 put out at -2.1% on its trial, x1.075 in the rounds of the 4-minute run that kept it."""
+    kept = study.user_attrs.get(keys.PLAN_KEPT)
+    if not kept:
+        return []
+    kept_key, out = TrialConfig.from_dict(kept).key(), []
+    for d in sorted(one_draw, key=lambda d: -d.gap):
+        t = feasible.get(d.key) if d.against == kept_key else None
+        if t is not None and all(t is not x for x, _ in out):
+            out.append((t, d))
+    return out
 
 
 def lighter_sibling(ranked: list, base, *, gap: float):

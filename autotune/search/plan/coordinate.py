@@ -25,8 +25,8 @@ repeat, not read from another comparison's round minutes before), and the candid
 paired, is above 1 too and the two rounds' mean log ratio clears ``noise.REPEAT_Z`` standard errors of one comparison of
 fresh processes (``noise.repeat_keeps``; docs/search.md: the rule before, Student's t over two rounds, kept no-ops that
 agreed). A candidate at or below the incumbent is not repeated. A comparison reads each config's first measurement and
-its own second round: no later repeat reopens it. One within the noise below it is out on that one draw, and the log
-says so (``Plan.one_draw``).
+its own second round: no later repeat reopens it. One within the noise below it is out of the plan on that one draw,
+and the log says so (``Plan.one_draw``); below the plan's best, it gets a finalists' round (``contenders.near_misses``).
 
 ``plan`` is a pure function of the study's trials, worked out afresh after every trial as the batch walk is: the order
 in which trials finish, a resumed run, or several workers change nothing; what it lacks is queued once (``Plan.needs``).
@@ -49,13 +49,13 @@ from autotune.config import device_family
 from autotune.measure import NOISY_REL_IQR
 from autotune.search.plan.noise import comparison_sd, repeat_keeps, single_noise
 from autotune.search.record.trials import MemoryLimit, config_of, is_feasible, knobs_apart
+from autotune.search.record.untried import OneDraw
 from autotune.search.space.complete import complete
 from autotune.search.space.likely import sweep_order
 
 __all__ = ["Measured", "Need", "Plan", "plan", "measurements", "candidates", "MAX_TRIED", "NOT_SWEPT"]
 
-# An integer knob with more choices than this (a low/high range: threads or workers on a large machine) is
-# stepped to a few values in the coordinate step, not all of them: half and double the current one, and its ends.
+# An integer knob with more choices than this (threads, workers on a large machine): half, double, its ends only.
 MAX_TRIED = 4
 # Knobs the coordinate step leaves alone: the batch walk covers the batch size, and compile is tried last.
 NOT_SWEPT = ("batch_size", "compile_mode")
@@ -94,7 +94,7 @@ class Plan:
     incumbent: dict[str, Any] | None
     needs: list[Need] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    one_draw: list[tuple[dict[str, Any], float]] = field(default_factory=list)  # put out by one trial: knobs, gap
+    one_draw: list[OneDraw] = field(default_factory=list)  # put out by one trial within the noise below
 
     done = property(lambda self: self.phase == "done")
 
@@ -192,7 +192,7 @@ class _Replay:
                               for a, b in (ms[:2] for ms in by_key.values() if len(ms) >= 2) if a.value > 0 < b.value)
         self.needs: list[Need] = []
         self.notes: list[str] = []
-        self.one_draw: list[tuple[dict[str, Any], float]] = []  # ``Plan.one_draw``
+        self.one_draw: list[OneDraw] = []  # ``Plan.one_draw``
         self.phase = "bundle"
         self.incumbent: dict[str, Any] | None = None
         self.tested: set[tuple[str, Any]] = set()  # (knob, value) pairs the bundle's separation measured
@@ -252,10 +252,10 @@ class _Replay:
             return a.value > 0
         ratio, noise = a.value / b.value, self.noise_at(max(a.number, b.number))
         if 1 / (1 + noise) < ratio <= 1:  # one draw decides it, and says so (2026-11-30g: bf16 at -2.1%)
-            self.one_draw.append((self.apart(cand), ratio - 1))
+            self.one_draw.append(OneDraw(self.apart(cand), ratio - 1, self.key(cand), self.key(inc)))
             self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
-                              f"({100 * noise:.0f}%) but not above: decided on this one trial (a candidate is measured "
-                              "again only where it lands above), the config before stays")
+                              f"({100 * noise:.0f}%) but not above: decided on this one trial, the config before "
+                              "stays (measured again here only above it; below the plan's best, in the finalists')")
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
         old = self.by_key[self.key(cand)][1:2] + self.by_key[self.key(inc)][1:2]  # a study from before ``round_of``:

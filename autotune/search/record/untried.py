@@ -21,11 +21,11 @@ with no workers).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from autotune.search.record.trials import CONFIG, config_of
 
-__all__ = ["untried", "untried_in_study", "untried_line", "one_draw_line", "NOT_LISTED"]
+__all__ = ["untried", "untried_in_study", "untried_line", "OneDraw", "one_draw_line", "NOT_LISTED"]
 
 # walked by its own plan (batch_walk) and so never "untried" in the coordinate step's sense
 NOT_LISTED = ("batch_size",)
@@ -80,19 +80,31 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def one_draw_line(decided: list[tuple[dict[str, Any], float]], config: Any) -> str:
-    """The note that says which candidates one trial put out within the noise (``coordinate.Plan.one_draw``: each
-    the knobs it changed and its gap), but those the recommended ``config`` holds anyway; "" for none.
+class OneDraw(NamedTuple):
+    """A candidate the planned search put out on one trial within the noise below the config it was compared with
+    (``coordinate.Plan.one_draw``): the knobs it changed and their values, its gap (a fraction, <= 0), its config's
+    key and that of the config it was compared with (``TrialConfig.key``)."""
+
+    knobs: dict[str, Any]
+    gap: float
+    key: tuple = ()
+    against: tuple = ()
+
+
+def one_draw_line(decided: list[OneDraw], config: Any, measured: Iterable[tuple] = ()) -> str:
+    """The note that says which candidates one trial put out within the noise, but those the recommended ``config``
+    holds anyway and those the finalists' rounds measured again (``measured``: config keys); "" for none.
 
     >>> from autotune.config import TrialConfig
-    >>> line = one_draw_line([({"amp": "bf16"}, -0.021), ({"malloc": "retain"}, -0.01)],
+    >>> line = one_draw_line([OneDraw({"amp": "bf16"}, -0.021), OneDraw({"malloc": "retain"}, -0.01)],
     ...                      TrialConfig(batch_size=8, malloc="retain"))
     >>> line.split("; ")[0]
     'decided on one trial, within the noise below the config before it: amp=bf16 (-2.1%)'
     """
+    measured = set(measured)
     out = dict.fromkeys(  # the same knobs and gap twice (two comparisons): named once
-        f"{', '.join(f'{k}={v}' for k, v in knobs.items())} ({100 * gap:+.1f}%)" for knobs, gap in decided
-        if knobs and any(getattr(config, k, None) != v for k, v in knobs.items()))
+        f"{', '.join(f'{k}={v}' for k, v in d.knobs.items())} ({100 * d.gap:+.1f}%)" for d in decided
+        if d.knobs and d.key not in measured and any(getattr(config, k, None) != v for k, v in d.knobs.items()))
     if not out:
         return ""
     return (f"decided on one trial, within the noise below the config before it: {', '.join(out)}; `autotune trial` "

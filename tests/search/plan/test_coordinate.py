@@ -69,7 +69,8 @@ def _model(bf16: float, cl: float, retain: float, compiled: float = 1.1):
 def _tuner(tmp_path, runner, space=None, **kw):
     return Tuner(Workload(model="tests.workloads_fixtures:tiny", image_size=16), space=space or _space(),
                  hardware=HW, measure=QUICK, storage=f"sqlite:///{tmp_path}/t.db", progress=False, runner=runner,
-                 parity_steps=0, seed=0, finalists=2, finalist_rounds=1, log=kw.pop("log", lambda m: None), **kw)
+                 parity_steps=0, seed=0, finalists=2, finalist_rounds=kw.pop("finalist_rounds", 1),
+                 log=kw.pop("log", lambda m: None), **kw)
 
 
 def test_likely_winners_that_tie_at_the_baselines_batch_run_again_where_the_walk_went(tmp_path):
@@ -131,25 +132,68 @@ def test_a_harmful_knob_in_the_bundle_does_not_hide_the_others_and_the_run_stops
 
 
 def test_a_candidate_put_out_by_one_trial_within_the_noise_is_said_in_the_log_and_the_yaml(tmp_path):
-    """bf16 x0.98, channels_last x0.7, retain x0.9: the bundle loses, each knob is tried alone on the baseline, and
+    """bf16 x0.98, channels_last x0.7, retain x1.2: the bundle loses, each knob is tried alone on the baseline, and
     bf16 lands 2% below it, within the 5% noise: only a candidate above is measured again, so one trial decides it.
-    The log says so as it decides, and the recommendation's notes (its YAML) and `autotune show` name it, with the
-    gap; channels_last and retain, beyond the noise, are not named. (2026-11-30g: bf16 out so at -2.1% on tiny_vit,
-    x1.075 in truth.)"""
+    retain wins and the plan goes on from it, so bf16's trial was against a config that is no longer its best: no
+    finalist round measures it again. The log says so as it decides, and the recommendation's notes (its YAML) and
+    `autotune show` name it, with the gap; channels_last, beyond the noise, is not named."""
     import yaml
 
     from autotune.recommendation import Recommendation
 
     logs: list[str] = []
-    rec = _tuner(tmp_path, _model(bf16=0.98, cl=0.7, retain=0.9), log=logs.append).run(trials=12)
-    assert rec.config.amp == "off"
+    rec = _tuner(tmp_path, _model(bf16=0.98, cl=0.7, retain=1.2), log=logs.append).run(trials=12)
+    assert rec.config.amp == "off" and rec.config.malloc == "retain"
     assert any(m.startswith("amp=bf16: -2.0% once, within the noise (5%) but not above: decided on this one trial")
                for m in logs), logs
     line = ("decided on one trial, within the noise below the config before it: amp=bf16 (-2.0%); `autotune trial` "
             "measures it again by hand if it matters to you")
     assert line in rec.notes and line in Recommendation.from_dict(yaml.safe_load(rec.to_yaml())).notes
+    assert not any("channels_last" in n for n in rec.notes if n.startswith("decided on one trial"))
+    assert not any("put out of the plan by that one trial" in n for n in rec.notes), rec.notes
     shown = run_cli("show", "--storage", f"sqlite:///{tmp_path}/t.db")  # `autotune show` says it too
     assert shown.returncode == 0 and line in shown.stdout, shown.stdout + shown.stderr
+
+
+def _unlucky(bf16_search: float, bf16: float):
+    """``_model`` with channels_last x0.7, retain x0.9 and no gain from compile, where bf16's search trials all land
+    at ``bf16_search`` x and its rounds after the search at ``bf16`` x (one unlucky spell, or the truth)."""
+    searched, rounds = _model(bf16=bf16_search, cl=0.7, retain=0.9, compiled=1.0), _model(bf16, 0.7, 0.9, 1.0)
+
+    def run(workload, c, measure, **kw):
+        return (searched if search_run(measure, kw) else rounds)(workload, c, measure, **kw)
+
+    run.ran = searched.ran
+    return run
+
+
+def test_a_near_miss_of_the_plans_best_gets_a_finalist_round_and_wins_there_where_it_is_faster(tmp_path):
+    """The tiny_vit miss of 2026-11-30g: bf16 tried on the plan's best lands 2% below it on its one search trial (put
+    out within the noise) but runs x1.08 in truth. It is a near miss of the config the plan keeps, so it gets a
+    finalist place after the others, the paired rounds measure it at its true rate, and it is recommended; the notes
+    say why it was a finalist, and no longer that one trial decided it."""
+    logs: list[str] = []
+    rec = _tuner(tmp_path, _unlucky(0.98, 1.08), log=logs.append, finalist_rounds=2).run(trials=12)
+    assert any(m.startswith("amp=bf16: -2.0% once, within the noise (5%) but not above: decided on this one trial")
+               for m in logs), logs
+    assert rec.config.amp == "bf16" and not rec.config.channels_last and rec.config.malloc == "default", rec.config
+    assert rec.config.batch_size == 32 and rec.finalist_rounds == 2
+    near = [n for n in rec.notes if "put out of the plan by that one trial" in n]
+    assert len(near) == 1 and near[0].startswith("finalist trial ") and (
+        ": amp=bf16 on the planned search's best, put out of the plan by that one trial within the noise below it "
+        "(-2.0%), measured again in the rounds, paired") in near[0], rec.notes
+    assert not any(n.startswith("decided on one trial") for n in rec.notes), rec.notes
+
+
+def test_a_near_miss_of_the_plans_best_measured_slower_in_the_rounds_is_not_recommended(tmp_path):
+    """bf16 x0.98 in truth: its finalist rounds measure it so, the plan's best is recommended, and the notes say bf16
+    was measured again in the rounds (its median among the runners-up) rather than decided on one trial."""
+    rec = _tuner(tmp_path, _unlucky(0.98, 0.98), finalist_rounds=2).run(trials=12)
+    assert rec.config.amp == "off" and rec.config.batch_size == 32 and rec.finalist_rounds == 2
+    assert any("amp=bf16 on the planned search's best" in n for n in rec.notes), rec.notes
+    bf16 = [r for r in rec.runners_up if r["config"]["amp"] == "bf16" and r["config"]["batch_size"] == 32]
+    assert len(bf16) == 1 and abs(bf16[0]["median_samples_per_s"] / rec.median_samples_per_s - 0.98) < 0.02
+    assert not any(n.startswith("decided on one trial") for n in rec.notes), rec.notes
 
 
 def test_a_bundle_that_wins_is_taken_apart_by_reverting_each_knob(tmp_path):
@@ -276,8 +320,10 @@ def test_a_gain_within_the_noise_is_decided_on_a_second_measurement_of_both():
     assert any(n.startswith("channels_last=True: +3.0% once, within the noise (5%); again, by turns, +4.0%; "
                             "over both rounds +3.5%, against the 3.3% a gain must clear") and n.endswith("kept")
                for n in p.notes), p.notes
-    assert ("malloc=retain: -2.0% once, within the noise (5%) but not above: decided on this one trial (a "
-            "candidate is measured again only where it lands above), the config before stays") in p.notes, p.notes
+    assert ("malloc=retain: -2.0% once, within the noise (5%) but not above: decided on this one trial, the config "
+            "before stays (measured again here only above it; below the plan's best, in the finalists')") in p.notes
+    assert [(d.knobs, round(d.gap, 3)) for d in p.one_draw] == [  # the bundle too, against channels_last kept
+        ({"malloc": "retain"}, -0.02), ({"amp": "bf16", "malloc": "retain"}, -0.019)]
     assert p.phase == "walk" and p.incumbent["channels_last"] and _needs(p) == [
         ("off", True, "default", 8, {"batch_line": -1}), ("off", True, "default", 32, {"batch_line": 1})]
     space, study = _study(rows + [({**BASE, "channels_last": True}, 104.0, {"repeat_of": 5, **again}),
