@@ -387,15 +387,15 @@ class Tuner:
         ranked = sorted(feasible.values(), key=lambda t: -(t.value or 0))
         # no round for a config that lost beyond the noise; the finalists' windows as their noise asks
         gap = lost_gap(study.get_trials(deepcopy=False))
-        # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``),
-        chosen = contenders(ranked, k=self.finalists, gap=gap, base=baseline_trial(study),
-                            planned=planned_trial(study, feasible))  # and the planned search's best, its near misses
+        # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``), the planned
+        base, kept = baseline_trial(study), planned_trial(study, feasible)  # search's best, its near misses after all
         near = near_misses(study, feasible, plan.one_draw if (plan := self.plan(study)) is not None else [])
-        top = (chosen := with_near(chosen, near, base=baseline_trial(study), gap=gap)).top
+        chosen = with_near(contenders(ranked, k=self.finalists, gap=gap, base=base, planned=kept), near, gap=gap,
+                           k=self.finalists, base=base, planned=kept, fits=lambda ts: self._by_turns(ts, runner))
+        top = chosen.top
         # the rounds after the search take turns where all of them fit here at once; priced with the untimed steps.
         # By turns a finalist runs as a confirmation run does (``Budget.finalist_measure``): the search trials' window
         # noise, run one after another, is mostly the machine's spells, which every config of a round by turns meets
-        base = baseline_trial(study)
         self._turns = self._by_turns([*top, *([base] if base is not None else [])], runner)
         budget = dataclasses.replace(budget, window_noise=None if self._turns else window_noise(top),
                                      turn_extra=fin_rounds.turn_extra([*top, base]) if self._turns else 0.0,

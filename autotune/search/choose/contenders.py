@@ -9,7 +9,7 @@ May import what the rest of ``choose`` may (``search.budget``, ``search.record``
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from autotune.config import TrialConfig
 from autotune.search.record import trials as keys
@@ -46,24 +46,32 @@ class Contenders(NamedTuple):
                 + tuple(n for t, n in zip(self.near, self.near_notes) if t in ran))
 
 
-def with_near(chosen: Contenders, near: list, *, base=None, gap: float) -> Contenders:
+def with_near(chosen: Contenders, near: list, *, k: int, base=None, planned=None, gap: float,
+              fits: Callable[[list], bool] | None = None) -> Contenders:
     """``chosen`` with the planned search's near misses (``near_misses``: ``(trial, OneDraw)``, nearest first) after
     its finalists, at most ``NEAR_MISSES`` of them, each not among them already, not the baseline and within ``gap``
-    of the best (``lost_gap``). Last, so the finalists' plan drops them first where the time left is short
-    (``finalists.plan``)."""
+    of the best (``lost_gap``). Only beside the config they missed: ``planned`` (the plan's best, its trial) among
+    the finalists or the baseline's config (re-measured in every round), and ``k`` >= 2 (a user who asks for one
+    finalist gets one). ``fits(trials)``: whether a round of those trials' configs may still take turns (where
+    a round of ``chosen``'s does, a near miss that would end it gets no place). Last, so the finalists' plan drops
+    them first where the time left is short (``finalists.plan``); the search keeps no time back for them
+    (``Budget.finalists_reserve_s``): they run where its reserve has room, or the search ended early (converged)."""
     top = list(chosen.top)
-    if not top or not top[0].value:
-        return chosen
     plain = base.user_attrs.get(keys.CONFIG) if base is not None else None
+    beside = planned is not None and (any(planned is t for t in top) or planned.user_attrs.get(keys.CONFIG) == plain)
+    if k < 2 or not beside or not top or not top[0].value:
+        return chosen
+    bases = [base] if base is not None else []
+    turns = fits is not None and fits(top + bases)
     added, notes = [], []
     for t, d in near:
         if (len(added) < NEAR_MISSES and all(t is not x for x in top) and t.user_attrs.get(keys.CONFIG) != plain
-                and t.value and top[0].value / t.value <= 1.0 + gap):
+                and t.value and top[0].value / t.value <= 1.0 + gap and (not turns or fits(top + added + [t] + bases))):
             added.append(t)
             knobs = ", ".join(f"{k}={v}" for k, v in d.knobs.items())
-            notes.append(f"finalist trial {t.number}: {knobs} on the planned search's best, put out of the plan by "
-                         f"that one trial within the noise below it ({100 * d.gap:+.1f}%), measured again in the "
-                         "rounds, paired")
+            notes.append(f"finalist trial {t.number}: {knobs} on the planned search's best, put out of the plan on one "
+                         f"trial within the noise below it ({100 * d.gap:+.1f}%): a finalist, so the rounds measure it "
+                         "again, paired")
     return chosen._replace(top=top + added, near=tuple(added), near_notes=tuple(notes))
 
 

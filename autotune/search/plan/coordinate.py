@@ -255,7 +255,7 @@ class _Replay:
             self.one_draw.append(OneDraw(self.apart(cand), ratio - 1, self.key(cand), self.key(inc)))
             self.notes.append(f"{self.describe(cand)}: {100 * (ratio - 1):+.1f}% once, within the noise "
                               f"({100 * noise:.0f}%) but not above: decided on this one trial, the config before "
-                              "stays (measured again here only above it; below the plan's best, in the finalists')")
+                              "stays (a near miss of the plan's best may get a finalists' round)")
         if ratio > 1 + noise or ratio <= 1:
             return ratio > 1
         old = self.by_key[self.key(cand)][1:2] + self.by_key[self.key(inc)][1:2]  # a study from before ``round_of``:
