@@ -1,14 +1,12 @@
 """The finalists: the time the search leaves them, which of them fit the time left, their interleaved
 re-measurement, and the recommendation chosen from it.
 
-A single search trial ranks close configs by luck on a noisy machine, so the top configs and the baseline are
-measured again, interleaved (rounds rotate the order: A B C, B C A, ...), with longer windows, and the winner
-is picked by median. A config within noise of the fastest (an interval of the ratio of medians) and lighter (memory,
-device then host, by more than 10%; then threads, inter-op ones too; then knobs changed) wins if its median is within
-``settle.TIE_TOLERANCE`` of the fastest's; further behind, the two are measured in more rounds first
-(``settle.ExtraRounds``). A winner with reduced precision, channels_last, compile or N DDP ranks must pass the
-numerics check (``parity``) first. What the rounds measured is ``finalist_rounds.Evidence``.
-"""
+A single search trial ranks close configs by luck, so the top configs and the baseline are measured again, interleaved
+(A B C, B C A, ...), with longer windows; the winner is picked by median. A config within noise of the fastest and
+lighter (memory, then threads, then knobs changed) wins within ``settle.TIE_TOLERANCE`` of the fastest's median where
+the rounds can tell that (``settle.blind_tie``); further behind, or not told, the two are measured in more rounds
+first (``settle.ExtraRounds``). A winner with reduced precision, channels_last, compile or N DDP ranks must pass the
+numerics check (``parity``) first. What the rounds measured is ``finalist_rounds.Evidence``."""
 
 from __future__ import annotations
 
@@ -30,7 +28,8 @@ from autotune.trial.parity import (CHECK_STARTUP_S, LAYOUT_ONLY, check_seconds, 
 from autotune.search.choose.contenders import planned_trial
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
-from autotune.search.choose.settle import TIE_TOLERANCE, lightest, paired_speeds, ratio_interval, round_spread
+from autotune.search.choose.settle import (TIE_TOLERANCE, blind_tie, lightest, paired_speeds, ratio_interval,
+                                           round_spread)
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.search.choose.time_plan import rerun_wall_s
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -114,10 +113,8 @@ def plan(top: list, base, *, budget: Budget, rounds: int, left_s: float | None,
 
     def candidates(k: int, with_base: bool = True) -> list:
         cands = list(top[:k])
-        if with_base and base is not None and all(TrialConfig.from_dict(t.user_attrs[keys.CONFIG]).key() != base_key
-                                                  for t in cands):
-            cands.append(base)
-        return cands
+        plain = with_base and base is not None and all(keys.config_of(t).key() != base_key for t in cands)
+        return cands + [base] if plain else cands
 
     def round_s(cands: list) -> float:  # estimated from the search trials' wall times, a compile cached
         return budget.round_s([rerun_wall_s(t) for t in cands])
@@ -256,8 +253,7 @@ def _speedup(chosen: Scored, base_trial, ev: Evidence, base_med: float | None) -
     """The selection's speedup of ``chosen`` over the baseline: paired over the rounds both ran
     (``ratio_interval``), else (the baseline not re-measured, or out) its median over the baseline's figure."""
     base_key = keys.config_of(base_trial).key() if base_trial is not None else None
-    # paired only when the baseline finished every round it ran (a round it lost would pair the others by position
-    # wrongly); one left out of the later rounds ran a prefix of them, which pairs by position
+    # paired where the baseline finished each round it ran (a lost round mis-pairs the rest; a prefix pairs as it is)
     if base_key is not None and ev.rounds.get(base_key) and not ev.failures.get(base_key) and ev.rounds.get(
             chosen.config.key()):
         return round(ratio_interval(ev.rounds[chosen.config.key()], ev.rounds[base_key])[0], 3)
@@ -285,15 +281,18 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
                           if ratio_interval(rounds[best.config.key()], rounds[x.config.key()])[1] <= 1.0]
         chosen = lightest(close, ev.device_peaks)
         gap = speed[best.config.key()] / speed[chosen.config.key()] - 1
-        if chosen is best or gap <= TIE_TOLERANCE:
+        blind = chosen is not best and blind_tie(rounds[best.config.key()], rounds[chosen.config.key()], gap,
+                                                 (best.config.short(), chosen.config.short()))
+        if chosen is best or (gap <= TIE_TOLERANCE and not blind):  # a tie the rounds cannot tell: more rounds first
             break
-        why = (f"{best.config.short()} measures {100 * gap:.1f}% ahead of the lighter {chosen.config.short()}, "
-               "within noise")
-        if more is None or not more(ev, best.config, chosen.config, why, gap):
+        why = blind or (f"{best.config.short()} measures {100 * gap:.1f}% ahead of the lighter "
+                        f"{chosen.config.short()}, within noise")
+        if more is None or not more(ev, best.config, chosen.config, why, max(gap, TIE_TOLERANCE)):
             # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
-            notes.append(f"{best.config.short()} kept over the lighter {chosen.config.short()}: {100 * gap:.1f}% "
-                         f"ahead, paired over {len(rounds[best.config.key()])} rounds, within noise; a lighter "
-                         f"config wins a tie only within {100 * TIE_TOLERANCE:g}% of the fastest")
+            notes += [] if blind else [f"{best.config.short()} kept over the lighter {chosen.config.short()}: "
+                                       f"{100 * gap:.1f}% ahead, paired over {len(rounds[best.config.key()])} rounds, "
+                                       f"within noise; a lighter config wins a tie only within "
+                                       f"{100 * TIE_TOLERANCE:g}% of the fastest"]
             chosen = lightest([x for x in close if speed[best.config.key()] / speed[x.config.key()] - 1
                                <= TIE_TOLERANCE], ev.device_peaks)
             break
@@ -327,8 +326,9 @@ def choose(ctx: FinalistContext, study: Study, configs: list[TrialConfig], trial
     ``MEMORY_TIE_MB``, then threads, then knobs changed from PyTorch's defaults: ``settle.lightest``) and its median
     within ``TIE_TOLERANCE`` of the fastest's: "within noise" means the 95% interval of the ratio of their medians
     over the interleaved rounds (``ratio_interval``) includes 1, not that their windows spread widely. A lighter
-    config within noise but further behind is measured against the fastest in more rounds while ``more(ev, fastest,
-    lighter, why, gap)`` runs one (``settle.ExtraRounds``); when it runs none, the fastest by median wins. Then the
+    config within noise but further behind (or within it, where the rounds cannot tell: ``settle.blind_tie``) is
+    measured against the fastest in more rounds while ``more(ev, fastest, lighter, why, gap)`` runs one
+    (``settle.ExtraRounds``); when it runs none, the fastest by median wins (the lighter within the tolerance). Then the
     numerics guard: a winner with bf16/fp16 or compile must train like fp32 eager (``parity.parity_check``, in a
     child), else the next best (one fp32 eager process passes)."""
     notes: list[str] = []

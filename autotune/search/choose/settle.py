@@ -19,8 +19,11 @@ noise but further behind than that, the two are measured again, interleaved (A B
 more rounds, only while the time left allows a round and only while a round costs less than the gap could cost over
 the user's training run (``ExtraRounds``): each round narrows the interval, until it excludes 1 (the fastest
 wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the fastest by its paired
-estimate wins: the likelier faster config, which is what the run is for). Each pair is kept as it finishes
-(``finalist_rounds.SavedRounds``, beside the planned rounds): a run killed after it takes it from there.
+estimate wins: the likelier faster config, which is what the run is for). Within the tolerance on rounds too few or
+too scattered to tell it (``blind_tie``: the fastest may be more than 5% ahead at 95%), the extra rounds run first
+too (priced at the tolerance's stake), and the lighter wins only if, once they are spent, it is still within it.
+Each pair is kept as it finishes (``finalist_rounds.SavedRounds``, beside the planned rounds): a run killed after it
+takes it from there.
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ import statistics
 import time
 from typing import Any, Callable
 
-from autotune.measure import summarize
+from autotune.measure import NOISY_REL_IQR, summarize
 from autotune.search.budget import RUN_MARGIN
 from autotune.search.choose.finalist_rounds import run_configs, run_line, run_log
 from autotune.search.record.trials import departures
 
-__all__ = ["TIE_TOLERANCE", "MEMORY_TIE", "MEMORY_TIE_MB", "EXTRA_ROUNDS", "lightest", "ratio_interval",
+__all__ = ["TIE_TOLERANCE", "MEMORY_TIE", "MEMORY_TIE_MB", "EXTRA_ROUNDS", "lightest", "ratio_interval", "blind_tie",
            "round_ratios", "round_spread", "paired_speeds", "t_quantile", "ExtraRounds"]
 
 # A lighter config wins a tie with the fastest only within this much of its median (the quality goal: >= 0.98).
@@ -123,6 +126,28 @@ def _beta_inc(a: float, b: float, x: float) -> float:
         if abs(1 - c * d) < 1e-15:
             break
     return front * (f - 1) / a
+
+
+def blind_tie(fastest: list[list[float]], lighter: list[list[float]], gap: float, names: tuple[str, str]) -> str:
+    """Why a tie the ``lighter`` config would win within ``TIE_TOLERANCE`` (``gap``: the fastest's paired estimate
+    over it, less 1) is read off rounds that cannot tell that tolerance apart (the 95% interval of the fastest over it
+    reaches past ``1 + NOISY_REL_IQR``: the fastest may be more than 5% ahead); "" where they can, or ``gap`` is beyond
+    the tolerance (measured again anyway). Such a tie buys the extra rounds first, where time is left
+    (``finalists.settle_ties``): 2026-11-30h, transformer_tiny at 10 minutes, the lighter won 1.0% behind over two
+    rounds that strayed +/-26% ("95% interval -94.7% to +1817.1%") with 130 s of the budget unspent, and re-measured
+    x0.964 (x0.821-x1.131) of the 4-minute pick.
+
+    >>> blind_tie([[100.0], [130.0]], [[99.0], [100.0]], 0.01, ("a", "b")).split(": ")[0]
+    'b measures 1.0% behind a, within the 2% a lighter config may give up, but the 95% interval of the two reaches x5.7'
+    >>> blind_tie([[100.0]] * 5, [[99.0]] * 5, 0.01, ("a", "b"))
+    ''
+    """
+    hi = ratio_interval(fastest, lighter)[2]
+    if gap > TIE_TOLERANCE or hi <= 1 + NOISY_REL_IQR:
+        return ""
+    reach = f"x{hi:.1f}" if math.isfinite(hi) and hi < 10 else "past x10"
+    return (f"{names[1]} measures {100 * gap:.1f}% behind {names[0]}, within the {100 * TIE_TOLERANCE:g}% a lighter "
+            f"config may give up, but the 95% interval of the two reaches {reach}: the rounds cannot tell it")
 
 
 def round_ratios(a: list[list[float]], b: list[list[float]]) -> list[float]:
