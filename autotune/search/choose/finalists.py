@@ -273,28 +273,27 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
                                 *_compile_times(study, x.config, x.trial, ev)) for x in scored], ctx.run_length)
         speed = {x.config.key(): raw[x.config.key()] * pricing.factor[x.config.key()] for x in scored}
         scored.sort(key=lambda x: -speed[x.config.key()])
-        best = scored[0]
+        best, b = scored[0], scored[0].config.key()
         rounds = {k: [[v * pricing.factor[k] for v in r] for r in ev.rounds[k]]
                   for k in (x.config.key() for x in scored)}
         # within noise of the top: less memory, fewer cores busy, then fewer knobs changed from PyTorch's defaults
-        close = [best] + [x for x in scored[1:]
-                          if ratio_interval(rounds[best.config.key()], rounds[x.config.key()])[1] <= 1.0]
+        close = [best] + [x for x in scored[1:] if ratio_interval(rounds[b], rounds[x.config.key()])[1] <= 1.0]
         chosen = lightest(close, ev.device_peaks)
-        gap = speed[best.config.key()] / speed[chosen.config.key()] - 1
-        blind = chosen is not best and blind_tie(rounds[best.config.key()], rounds[chosen.config.key()], gap,
+        gap = speed[b] / speed[chosen.config.key()] - 1
+        blind = chosen is not best and blind_tie(rounds[b], rounds[chosen.config.key()], gap,
                                                  (best.config.short(), chosen.config.short()))
         if chosen is best or (gap <= TIE_TOLERANCE and not blind):  # a tie the rounds cannot tell: more rounds first
             break
         why = blind or (f"{best.config.short()} measures {100 * gap:.1f}% ahead of the lighter "
                         f"{chosen.config.short()}, within noise")
         if more is None or not more(ev, best.config, chosen.config, why, max(gap, TIE_TOLERANCE)):
-            # the rounds are spent: a lighter config wins only within the tolerance, else the likelier faster one
-            notes += [] if blind else [f"{best.config.short()} kept over the lighter {chosen.config.short()}: "
-                                       f"{100 * gap:.1f}% ahead, paired over {len(rounds[best.config.key()])} rounds, "
-                                       f"within noise; a lighter config wins a tie only within "
-                                       f"{100 * TIE_TOLERANCE:g}% of the fastest"]
-            chosen = lightest([x for x in close if speed[best.config.key()] / speed[x.config.key()] - 1
-                               <= TIE_TOLERANCE], ev.device_peaks)
+            # the rounds are spent: a lighter config wins within the tolerance (its expected cost), else the faster
+            lighter, chosen = chosen, lightest([x for x in close if speed[b] / speed[x.config.key()] - 1
+                                                <= TIE_TOLERANCE], ev.device_peaks)
+            notes += [] if chosen is not best else [
+                f"{best.config.short()} kept over the lighter {lighter.config.short()}: {100 * gap:.1f}% ahead, paired "
+                f"over {len(rounds[b])} rounds, within noise; a lighter config wins a tie only within "
+                f"{100 * TIE_TOLERANCE:g}% of the fastest"]
             break
         extra += 1
         for x in (best, chosen):  # an extra round can put either out, as any round can

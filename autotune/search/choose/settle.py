@@ -21,7 +21,8 @@ the user's training run (``ExtraRounds``): each round narrows the interval, unti
 wins), the gap closes to within the tolerance (the lighter wins), or the rounds run out (the fastest by its paired
 estimate wins: the likelier faster config, which is what the run is for). Within the tolerance on rounds too few or
 too scattered to tell it (``blind_tie``: the fastest may be more than 5% ahead at 95%), the extra rounds run first
-too (priced at the tolerance's stake), and the lighter wins only if, once they are spent, it is still within it.
+too (priced at the tolerance's stake); once they are spent, the lighter wins if its estimate is still within the
+tolerance (its expected cost; the rounds narrowed the risk around it as far as the time allowed).
 Each pair is kept as it finishes (``finalist_rounds.SavedRounds``, beside the planned rounds): a run killed after it
 takes it from there.
 """
@@ -262,8 +263,8 @@ class ExtraRounds:
             return False
         run_s = self._run_s(ev, fastest)
         if kept is None and run_s is not None and run_s * gap / (1 + gap) < need:
-            self.log(f"{why}; another round of the two (~{need:.0f} s) costs more than the gap could over the "
-                     f"{self.run.label()} run (~{run_s * gap / (1 + gap):.0f} s)")
+            self.log(f"{why}; another round of the two (~{need:.0f} s) costs more than a {100 * gap:.0f}% gap could "
+                     f"over the {self.run.label()} run (~{run_s * gap / (1 + gap):.0f} s)")
             return False
         self.ran += 1
         r = max(len(ev.rounds[c.key()]) for c in pair)
