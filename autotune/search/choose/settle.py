@@ -231,10 +231,10 @@ class ExtraRounds:
     are left: ``more(ev, fastest, lighter, why, gap)`` returns whether it ran one.
 
     A round costs the two configs' last finalist runs again. It runs only if that, ``RUN_MARGIN`` longer, ends
-    before ``deadline``
-    (``time.monotonic()``; None: no budget) and costs less than the ``gap`` (the fastest's median over the
-    lighter's, less 1) could cost over ``run`` (``payback.RunLength``: the user's training run), the same trade
-    the search's patience makes (``convergence``): a 3% gap over a 1 h run is worth ~105 s of measuring."""
+    before ``deadline`` (``time.monotonic()``; None: no budget) and costs less than the ``gap`` could cost over
+    ``run`` (``payback.RunLength``: the user's training run), the same trade the search's patience makes
+    (``convergence``): a 3% gap over a 1 h run is worth ~105 s of measuring. ``gap`` is the stake: the fastest's
+    lead over the lighter, or the tolerance where a tie within it cannot be told (``blind_tie``)."""
 
     def __init__(self, *, runner: Callable[..., Any], workload: Any, measure: Any, log_dir: Any,
                  log: Callable[[str], None], deadline: float | None = None, run: Any = None,
