@@ -389,7 +389,7 @@ class Tuner:
         gap = lost_gap(study.get_trials(deepcopy=False))
         # the best config's knobs measured against their absence, paired (``contenders.lighter_sibling``), the planned
         base, kept = baseline_trial(study), planned_trial(study, feasible)  # search's best, its near misses after all
-        near = near_misses(study, feasible, plan.one_draw if (plan := self.plan(study)) is not None else [])
+        near = near_misses(kept, feasible, plan.one_draw if (plan := self.plan(study)) is not None else [])
         chosen = with_near(contenders(ranked, k=self.finalists, gap=gap, base=base, planned=kept), near, gap=gap,
                            k=self.finalists, base=base, planned=kept, fits=lambda ts: self._by_turns(ts, runner))
         top = chosen.top
@@ -478,7 +478,7 @@ class Tuner:
         knobs, plan = untried_in_study(self.space, study.get_trials(deepcopy=False), rec.config), self.plan(study)
         rounds = [rec.config.key(), *(TrialConfig.from_dict(r["config"]).key() for r in rec.runners_up)]  # measured
         lines = (untried_line(knobs, budget_ended=self._asked_s is not None and "time" in self.stop_reason),
-                 one_draw_line(plan.one_draw if plan else [], rec.config, rounds * bool(rec.finalist_rounds)))
+                 one_draw_line(plan.one_draw if plan else [], rec.config, rounds if rec.finalist_rounds else ()))
         return dataclasses.replace(rec, untried=knobs or rec.untried, notes=rec.notes + tuple(x for x in lines if x))
 
     def _record(self, study: Study, rec, saved: SavedRounds | None):

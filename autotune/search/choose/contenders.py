@@ -135,17 +135,16 @@ def planned_trial(study, feasible: dict):
     return feasible.get(TrialConfig.from_dict(kept).key()) if kept else None
 
 
-def near_misses(study, feasible: dict, one_draw) -> list:
+def near_misses(kept, feasible: dict, one_draw) -> list:
     """``(trial, OneDraw)`` of each config the planned search put out on one trial within the noise below the config
-    it keeps as its best (``coordinate.Plan.one_draw`` compared with ``keys.PLAN_KEPT``), nearest first, its trial
-    from ``feasible`` (config key -> trial). Why: one trial against another minutes apart is the weakest
-    comparison the search makes (fresh processes of one config differ by 5-20% here), and the near misses of the
-    config the search settled on are where a finalist round buys the most: 2026-11-30g, tiny_vit at 10 minutes,
-    bf16 put out at -2.1% on its trial, x1.075 in the rounds of the 4-minute run that kept it."""
-    kept = study.user_attrs.get(keys.PLAN_KEPT)
-    if not kept:
+    it keeps as its best (``coordinate.Plan.one_draw`` compared with ``kept``, that config's trial: ``planned_trial``),
+    nearest first, its trial from ``feasible`` (config key -> trial). Why: one trial against another minutes apart is
+    the weakest comparison the search makes (fresh processes of one config differ by 5-20% here), and the near misses
+    of the config the search settled on are where a finalist round buys the most: 2026-11-30g, tiny_vit at 10
+    minutes, bf16 put out at -2.1% on its trial, x1.075 in the rounds of the 4-minute run that kept it."""
+    if kept is None:
         return []
-    kept_key, out = TrialConfig.from_dict(kept).key(), []
+    kept_key, out = keys.config_of(kept).key(), []
     for d in sorted(one_draw, key=lambda d: -d.gap):
         t = feasible.get(d.key) if d.against == kept_key else None
         if t is not None and all(t is not x for x, _ in out):

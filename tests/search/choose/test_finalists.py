@@ -583,7 +583,7 @@ def test_the_plans_near_misses_get_finalist_places_after_the_others_beside_the_c
     import optuna
 
     from autotune.config import TrialConfig
-    from autotune.search.choose.contenders import NEAR_MISSES, contenders, near_misses, with_near
+    from autotune.search.choose.contenders import NEAR_MISSES, contenders, near_misses, planned_trial, with_near
     from autotune.search.record.untried import OneDraw
 
     def t(number, value, **config):
@@ -603,9 +603,10 @@ def test_the_plans_near_misses_get_finalist_places_after_the_others_beside_the_c
              OneDraw({"num_workers": 2}, -0.045, key(far), key(kept)),
              OneDraw({"inter_op_threads": 1}, -0.007, key(inter), key(kept)),
              OneDraw({"amp": "bf16"}, -0.021, key(bf16), key(kept))]  # the same comparison read twice
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")  # the plan's best as the tuner reads it
     study.set_user_attr("plan_kept", kept.user_attrs["config"])
-    near = near_misses(study, feasible, draws)
+    assert planned_trial(study, feasible) is kept and near_misses(None, feasible, draws) == []
+    near = near_misses(kept, feasible, draws)
     assert [(x.number, d.gap) for x, d in near] == [(11, -0.007), (7, -0.021), (9, -0.045)]  # nearest first, once
     ranked = sorted(feasible.values(), key=lambda x: -x.value)
     chosen = contenders(ranked, k=3, gap=0.262, base=base, planned=kept)
