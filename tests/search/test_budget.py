@@ -403,3 +403,15 @@ def test_the_confirmations_two_rounds_on_a_short_budget_come_out_of_the_finalist
             if b.finalists_reserve_s(walls) > 0:  # the finalists' rounds come after the search's first 12 trials
                 assert budget_s - kept >= SEARCH_FIRST_TRIALS * wall - 1e-9, (budget_s, wall, kept)
     assert borrowed >= 2  # the grid reaches the short-budget case
+
+
+def test_a_round_of_the_fastest_so_far_ranks_them_round_for_round_not_by_pooled_windows():
+    """The machine halved its speed in round 2, where a ran more windows than b (a window is >= its seconds): a's
+    pooled windows are mostly slow ones (median 50) and b's fast (median 98), yet a ran ahead of b in both rounds
+    (100 to 98, 50 to 49). The round of the two fastest keeps a and c, as the choice's paired ratios would."""
+    from autotune.search.choose.finalist_rounds import Evidence, _fewer
+
+    a, b, c = (TrialConfig(batch_size=x) for x in (16, 32, 64))
+    rounds = {a.key(): [[100.0] * 3, [50.0] * 5], b.key(): [[98.0] * 5, [49.0] * 3], c.key(): [[120.0] * 4] * 2}
+    ev = Evidence(rounds, {k: 0.0 for k in rounds}, {k: [] for k in rounds}, {k: None for k in rounds})
+    assert [x.batch_size for x in _fewer([a, b, c], ev, round_s=3.0, left_s=2.5)] == [16, 64]

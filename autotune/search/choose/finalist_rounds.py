@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -237,12 +238,15 @@ class Evidence:
         return [x for r in self.rounds[key] for x in r]
 
     def add(self, r: int, c: TrialConfig, res) -> None:
-        """Round ``r``'s run of ``c``: its windows, peaks, compile time and latency, or why it failed."""
+        """Round ``r``'s run of ``c``: its windows, peaks, compile time and latency, or why it failed. The windows
+        go to ``rounds[key][r]``, a round ``c`` has no windows of before it left empty (``settle.round_ratios`` pairs
+        rounds by position: an extra round of two configs, one of them left out of a round, pairs round for round)."""
         k = c.key()
         self.walls.setdefault(k, []).append(res.wall_s or 0.0)
         if not res.ok:
             self.failures[k].append(f"round {r + 1}: {res.status}" + (f" ({res.reason})" if res.reason else ""))
             return
+        self.rounds[k].extend([] for _ in range(r - len(self.rounds[k])))
         self.rounds[k].append(list(res.samples_per_s))
         self.peaks[k] = max(self.peaks[k], res.peak_host_mb or 0.0)
         if res.peak_device_mb is not None:
@@ -460,10 +464,11 @@ def _down(x: float) -> str:
 
 
 def _so_far(ev: Evidence, c: TrialConfig) -> float:
-    """``c``'s median over the rounds it has run (0 before any)."""
-    from autotune.measure import median_or_none
-
-    return median_or_none(ev.samples(c.key())) or 0.0
+    """``c``'s speed over the rounds it has run: the geometric mean of its round medians (0 before any). Those still
+    in have run the same rounds, so this ranks them as the choice's paired ratios do (``settle.paired_speeds``);
+    pooled windows would rank by which round, on a machine that drifted, held more of a config's windows."""
+    meds = [statistics.median(r) for r in ev.rounds[c.key()] if r]
+    return math.exp(statistics.fmean(math.log(m) for m in meds)) if meds and min(meds) > 0 else 0.0
 
 
 def _fewer(active: list[TrialConfig], ev: Evidence, *, round_s: float, left_s: float) -> list[TrialConfig]:

@@ -292,7 +292,7 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
                                                 <= TIE_TOLERANCE], ev.device_peaks)
             notes += [] if chosen is not best else [
                 f"{best.config.short()} kept over the lighter {lighter.config.short()}: {100 * gap:.1f}% ahead, paired "
-                f"over {len(rounds[b])} rounds, within noise; a lighter config wins a tie only within "
+                f"over {sum(1 for r in rounds[b] if r)} rounds, within noise; a lighter config wins a tie only within "
                 f"{100 * TIE_TOLERANCE:g}% of the fastest"]
             break
         extra += 1

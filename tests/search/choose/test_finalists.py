@@ -246,6 +246,25 @@ def test_no_extra_round_costs_more_than_the_gap_could_over_the_users_run(tmp_pat
     assert steps(evidence(), a, b, "why", 0.05) is False and "(~15 s)" in said[-1]
 
 
+def test_an_extra_round_pairs_round_for_round_with_a_config_left_out_of_a_round(tmp_path):
+    """b was left out of round 2 (its rounds a prefix of a's). The extra round is round 3 of both: paired with a's
+    third run, not with its second, which b never ran beside."""
+    from autotune.search.choose.finalist_rounds import Evidence
+    from autotune.search.choose.settle import ExtraRounds, ratio_interval, round_ratios
+    from autotune.config import TrialConfig
+
+    a, b = TrialConfig(batch_size=16), TrialConfig(batch_size=16, channels_last=True)
+    ev = Evidence({a.key(): [[100.0], [50.0]], b.key(): [[100.0]]}, {a.key(): 0.0, b.key(): 0.0},
+                  {a.key(): [], b.key(): []}, {a.key(): None, b.key(): None},
+                  walls={a.key(): [1.0] * 2, b.key(): [1.0]})
+    ok = TrialResult(status="ok", samples_per_s=(80.0,), wall_s=1.0)  # the machine slower now; the two equal
+    more = ExtraRounds(runner=lambda *_, **__: ok, workload=None, measure=QUICK, log_dir=tmp_path, log=lambda _: None)
+    assert more(ev, a, b, "why", 0.05) is True
+    assert ev.rounds[b.key()] == [[100.0], [], [80.0]]
+    assert round_ratios(ev.rounds[a.key()], ev.rounds[b.key()]) == [1.0, 1.0]  # not 50/80 paired with 80/80
+    assert ratio_interval(ev.rounds[a.key()], ev.rounds[b.key()]) == (1.0, 1.0, 1.0)
+
+
 def test_a_finalist_that_goes_over_the_cap_in_round_2_is_not_recommended(tmp_path):
     speed = {(8, False): 50.0, (8, True): 95.0, (16, False): 100.0, (16, True): 60.0}
     peak = {k: 200.0 for k in speed}
