@@ -29,7 +29,7 @@ from autotune.search.choose.contenders import planned_trial
 from autotune.search.choose.payback import Priced, RunLength, price
 from autotune.search.choose.same_loader import provisional_best
 from autotune.search.choose.settle import (TIE_TOLERANCE, blind_tie, lightest, paired_speeds, ratio_interval,
-                                           round_spread)
+                                           round_ratios, round_spread)
 from autotune.search.budget import NUMERICS_SHARE, Budget, confirm_measure
 from autotune.search.choose.time_plan import rerun_wall_s
 from autotune.provenance import reproduce_command, tokens_per_sample, versions_of
@@ -290,9 +290,10 @@ def settle_ties(ctx: FinalistContext, study: Study, scored: list[Scored], out: l
             # the rounds are spent: a lighter config wins within the tolerance (its expected cost), else the faster
             lighter, chosen = chosen, lightest([x for x in close if speed[b] / speed[x.config.key()] - 1
                                                 <= TIE_TOLERANCE], ev.device_peaks)
+            paired = len(round_ratios(rounds[b], rounds[lighter.config.key()]))
             notes += [] if chosen is not best else [
                 f"{best.config.short()} kept over the lighter {lighter.config.short()}: {100 * gap:.1f}% ahead, paired "
-                f"over {sum(1 for r in rounds[b] if r)} rounds, within noise; a lighter config wins a tie only within "
+                f"over {paired} rounds, within noise; a lighter config wins a tie only within "
                 f"{100 * TIE_TOLERANCE:g}% of the fastest"]
             break
         extra += 1

@@ -190,7 +190,7 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], level: float = 0.
 
 def round_spread(configs: list[list[list[float]]]) -> tuple[float, int] | None:
     """``(sd, df)``: how far one round's log ratio of two configs strays, from several configs measured in the same
-    interleaved rounds (each ``configs[i]`` its windows by round; the rounds all have in common are read): the
+    interleaved rounds (each ``configs[i]`` its windows by round; the rounds all have windows of are read): the
     residual of an additive model (config + round) of the log round medians, sd of a pair's log ratio
     ``sqrt(2) * sigma`` with ``(k - 1)(r - 1)`` degrees of freedom. An estimate independent of any later rounds
     (the confirmation plans its rounds from it). None with fewer than two configs or two rounds.
@@ -198,12 +198,16 @@ def round_spread(configs: list[list[list[float]]]) -> tuple[float, int] | None:
     >>> sd, df = round_spread([[[100.0], [90.0]], [[110.0], [99.0]]])   # the same ratio in both rounds
     >>> round(sd, 6), df
     (0.0, 1)
+    >>> sd, df = round_spread([[[100.0], [90.0], [80.0]], [[110.0], [], [88.0]]])   # the second not in round 2
+    >>> round(sd, 6), df
+    (0.0, 1)
     """
-    rows = [[math.log(statistics.median(r)) for r in c] for c in configs if c and all(c)]
-    r = min((len(x) for x in rows), default=0)
-    if len(rows) < 2 or r < 2:
+    have = [c for c in configs if any(c)]
+    common = [j for j in range(min((len(c) for c in have), default=0)) if all(c[j] for c in have)]
+    if len(have) < 2 or len(common) < 2:
         return None
-    rows = [x[:r] for x in rows]
+    rows = [[math.log(statistics.median(c[j])) for j in common] for c in have]
+    r = len(common)
     k, grand = len(rows), statistics.fmean(v for x in rows for v in x)
     row_m = [statistics.fmean(x) for x in rows]
     col_m = [statistics.fmean(x[j] for x in rows) for j in range(r)]
