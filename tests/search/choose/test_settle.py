@@ -163,3 +163,14 @@ def test_a_tie_goes_to_fewer_threads_when_the_host_peaks_differ_by_noise_only():
     assert lightest([one, two], {one.config.key(): 900.0, two.config.key(): 500.0}) is two
     twin = fin_(1, 1000.0)
     assert lightest([twin, one], {}) is twin                    # equal in all: the faster (first) stays
+
+
+def test_the_examples_in_settles_docstrings_hold():
+    """Its docstrings' examples are claims too: the paired ratio of two rounds where the machine slowed, the blind
+    tie, the spread of configs one of which missed a middle round."""
+    import doctest
+
+    from autotune.search.choose import settle
+
+    got = doctest.testmod(settle)
+    assert got.attempted >= 5 and got.failed == 0, got
