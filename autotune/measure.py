@@ -6,12 +6,13 @@ summary warns about itself when the spread is too large to rank close configs.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none", "window_settled",
-           "MAX_UNSETTLED_WINDOWS"]
+__all__ = ["Summary", "summarize", "NOISY_REL_IQR", "relative_gap", "median_or_none", "round_level",
+           "window_settled", "MAX_UNSETTLED_WINDOWS"]
 
 # Above this IQR/median the figure cannot separate configs that differ by a few percent.
 NOISY_REL_IQR = 0.05
@@ -111,3 +112,15 @@ def median_or_none(xs) -> float | None:
     """The median of the figures in ``xs`` that are known (not None); None when none is."""
     known = [float(x) for x in xs if x is not None]
     return statistics.median(known) if known else None
+
+
+def round_level(rounds: Sequence[Sequence[float]]) -> float | None:
+    """A config's speed over its rounds (each a fresh process's windows): the geometric mean of the round medians,
+    rounds with no windows skipped; None when none has windows or a median is not positive. Each round is one draw of
+    the process's level, so each counts once, however many windows it held.
+
+    >>> round(round_level([[100.0, 100.0, 100.0], [], [25.0]]), 9)
+    50.0
+    """
+    meds = [statistics.median(r) for r in rounds if r]
+    return math.exp(statistics.fmean(math.log(m) for m in meds)) if meds and min(meds) > 0 else None

@@ -106,3 +106,19 @@ def test_relative_gap():
     assert relative_gap(105, 100) == pytest.approx(0.05)
     assert relative_gap(95, 100) == pytest.approx(-0.05)
     assert relative_gap(1, 0) == float("inf")
+
+
+def test_a_configs_level_over_rounds_counts_each_round_once_however_many_windows_it_held():
+    """Five windows in a slow round and one in a fast one: the pooled median is the slow round's, the level the
+    geometric mean of the two rounds' medians; a round with no windows is skipped, and none at all is unknown."""
+    import doctest
+    import statistics
+
+    from autotune import measure
+    from autotune.measure import round_level
+
+    rounds = [[100.0], [25.0] * 5, []]
+    assert statistics.median([x for r in rounds for x in r]) == 25.0
+    assert round_level(rounds) == pytest.approx(50.0)
+    assert round_level([[], []]) is None and round_level([[0.0]]) is None
+    assert doctest.testmod(measure).failed == 0

@@ -25,13 +25,13 @@ import dataclasses
 import hashlib
 import json
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from autotune.search.record import trials as keys
 from autotune.config import MeasureSpec, TrialConfig, TrialResult
+from autotune.measure import round_level
 from autotune.search.budget import RUN_MARGIN
 from autotune.trial.latency import worst_of
 
@@ -467,8 +467,7 @@ def _so_far(ev: Evidence, c: TrialConfig) -> float:
     """``c``'s speed over the rounds it has run: the geometric mean of its round medians (0 before any). Those still
     in have run the same rounds, so this ranks them as the choice's paired ratios do (``settle.paired_speeds``);
     pooled windows would rank by which round, on a machine that drifted, held more of a config's windows."""
-    meds = [statistics.median(r) for r in ev.rounds[c.key()] if r]
-    return math.exp(statistics.fmean(math.log(m) for m in meds)) if meds and min(meds) > 0 else 0.0
+    return round_level(ev.rounds[c.key()]) or 0.0
 
 
 def _fewer(active: list[TrialConfig], ev: Evidence, *, round_s: float, left_s: float) -> list[TrialConfig]:

@@ -35,7 +35,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from autotune.measure import NOISY_REL_IQR, summarize
+from autotune.measure import NOISY_REL_IQR, round_level, summarize
 from autotune.search.budget import RUN_MARGIN
 from autotune.search.choose.finalist_rounds import run_configs, run_line, run_log
 from autotune.search.record.trials import departures
@@ -226,7 +226,7 @@ def paired_speeds(rounds: dict[Any, list[list[float]]]) -> dict[Any, float]:
     if not have:
         return {}
     ref = max(have, key=lambda k: len([r for r in have[k] if r]))
-    base = math.exp(statistics.fmean(math.log(statistics.median(r)) for r in have[ref] if r))
+    base = round_level(have[ref])
     return {k: base if k == ref else base * ratio_interval(v, have[ref])[0] for k, v in have.items()}
 
 
